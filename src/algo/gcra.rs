@@ -1,0 +1,258 @@
+//! GCRA (generic cell rate algorithm): the token bucket and the leaky bucket
+//! in one word.
+//!
+//! ```text
+//!  63                                                              0
+//! +------------------------------------------------------------------+
+//! | TAT: theoretical arrival time, ns since the clock epoch (64 bit) |
+//! +------------------------------------------------------------------+
+//! ```
+//!
+//! All-zero means "never seen" (any `TAT <= now` is a full bucket). Time is
+//! clamped to `HORIZON` (2^63 ns) and the tolerance to 2^62 ns, so
+//! `TAT <= HORIZON + tolerance` always fits.
+//!
+//! With `T = period / count` and `tau = burst * T`, a request of cost `n` at
+//! time `t`: `new = max(TAT, t) + n*T`; allowed iff `new - t <= tau`; on allow
+//! store `new`, on deny store nothing.
+
+use super::{word_algorithm, WordStep};
+use crate::decision::Decision;
+use crate::quota::Rate;
+use crate::word::Params;
+
+/// The token bucket, as GCRA: the parameter type of [`TokenBucket`](crate::TokenBucket).
+///
+/// Admits at most `burst + rate * d` in any interval of length `d`, with no
+/// boundary artifact. State: one `u64` (the theoretical arrival time).
+///
+/// # Example
+///
+/// ```
+/// use ratewall::{algorithm::Gcra, Limiter, ManualClock, Rate};
+///
+/// let bucket: Limiter<Gcra, _> = Limiter::with_clock(Rate::per_second(10).burst(3), ManualClock::new()).unwrap();
+/// let admitted = (0..10).filter(|_| bucket.check().is_allowed()).count();
+/// assert_eq!(admitted, 3);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Gcra {
+    /// `T`, ns per unit of cost.
+    pub(crate) emission: u64,
+    /// `tau = burst * T`, ns.
+    pub(crate) tolerance: u64,
+    pub(crate) burst: u64,
+}
+
+impl Params for Gcra {
+    fn encode(&self) -> [u64; 3] {
+        [self.emission, self.tolerance, self.burst]
+    }
+    fn decode(w: [u64; 3]) -> Self {
+        Gcra {
+            emission: w[0],
+            tolerance: w[1],
+            burst: w[2],
+        }
+    }
+}
+
+impl WordStep for Gcra {
+    #[inline]
+    fn capacity(&self) -> u64 {
+        self.burst
+    }
+
+    #[inline]
+    fn step(&self, tat: u64, now: u64, n: u64) -> (Decision, Option<u64>) {
+        // No overflow: held <= tau_max <= 2^62 and n*T <= burst*T = tau <= 2^62,
+        // and an admitted `now + used` is at most HORIZON + 2^62.
+        let held = tat.saturating_sub(now);
+        let used = held.saturating_add(n * self.emission);
+        if used <= self.tolerance {
+            let remaining = (self.tolerance - used) / self.emission;
+            (
+                Decision::allow(self.burst, remaining, used),
+                Some(now + used),
+            )
+        } else {
+            let remaining = self.tolerance.saturating_sub(held) / self.emission;
+            (
+                Decision::deny(self.burst, remaining, used - self.tolerance, held),
+                None,
+            )
+        }
+    }
+
+    #[inline]
+    fn refund(&self, tat: u64, now: u64, n: u64) -> Option<u64> {
+        if tat <= now {
+            return None; // already full: nothing to give back
+        }
+        Some(tat.saturating_sub(n.saturating_mul(self.emission)))
+    }
+
+    fn rescale(&self, old: &Self, tat: u64, now: u64) -> u64 {
+        if tat <= now {
+            return tat;
+        }
+        // Keep the tokens in use: (tat - now) / T_old of them, now costing
+        // T_new each; at most a full bucket's worth under the new burst.
+        let used = u128::from(tat - now) * u128::from(self.emission) / u128::from(old.emission);
+        now + (used.min(u128::from(self.tolerance)) as u64)
+    }
+
+    #[inline]
+    fn is_idle(&self, tat: u64, now: u64) -> bool {
+        tat <= now
+    }
+}
+
+word_algorithm!(Gcra, Rate, "token bucket", |r| r.to_gcra());
+
+/// The leaky bucket, as GCRA: the parameter type of [`LeakyBucket`](crate::LeakyBucket).
+///
+/// The same arithmetic as [`Gcra`] with the burst read as the bucket's
+/// capacity: as a meter (`check`) it rejects what would overflow; as a shaper
+/// (`reserve`) it queues up to `capacity` requests and spaces their
+/// departures one emission interval apart.
+///
+/// # Example
+///
+/// ```
+/// use ratewall::{LeakyBucket, ManualClock, Rate};
+/// use std::time::Duration;
+///
+/// let leaky = LeakyBucket::with_clock(Rate::per_second(10).burst(3), ManualClock::new()).unwrap();
+/// let delays: Vec<_> = (0..4).map(|_| leaky.reserve().map(|r| r.delay())).collect();
+/// assert_eq!(delays[0], Ok(Duration::ZERO));
+/// assert_eq!(delays[2], Ok(Duration::from_millis(200)));
+/// assert!(delays[3].is_err(), "three already queued: the fourth is rejected");
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeakyGcra(pub(crate) Gcra);
+
+impl Params for LeakyGcra {
+    fn encode(&self) -> [u64; 3] {
+        self.0.encode()
+    }
+    fn decode(w: [u64; 3]) -> Self {
+        LeakyGcra(Gcra::decode(w))
+    }
+}
+
+impl WordStep for LeakyGcra {
+    #[inline]
+    fn capacity(&self) -> u64 {
+        self.0.capacity()
+    }
+    #[inline]
+    fn step(&self, s: u64, now: u64, n: u64) -> (Decision, Option<u64>) {
+        self.0.step(s, now, n)
+    }
+    #[inline]
+    fn refund(&self, s: u64, now: u64, n: u64) -> Option<u64> {
+        self.0.refund(s, now, n)
+    }
+    fn rescale(&self, old: &Self, s: u64, now: u64) -> u64 {
+        self.0.rescale(&old.0, s, now)
+    }
+    #[inline]
+    fn is_idle(&self, s: u64, now: u64) -> bool {
+        self.0.is_idle(s, now)
+    }
+}
+
+word_algorithm!(LeakyGcra, Rate, "leaky bucket", |r| r
+    .to_gcra()
+    .map(LeakyGcra));
+
+#[cfg(all(test, not(ratewall_loom)))]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    fn g(count: u64, burst: u64) -> Gcra {
+        Rate::per_second(count).burst(burst).to_gcra().unwrap()
+    }
+
+    /// (tat, now, n) -> (allowed, remaining, retry_ms, reset_ms, next tat), by hand:
+    /// 10/s so T = 100 ms, burst 3 so tau = 300 ms.
+    #[test]
+    fn table_of_hand_computed_steps() {
+        let p = g(10, 3);
+        type Row = (u64, u64, u64, bool, u64, u64, u64, Option<u64>);
+        let cases: &[Row] = &[
+            // fresh key at t=1000ms, cost 1: new = 1100, used 100, remaining (300-100)/100 = 2
+            (0, 1000, 1, true, 2, 0, 100, Some(1100)),
+            // two more: used 300 = tau exactly is allowed (<=), remaining 0
+            (1200, 1000, 1, true, 0, 0, 300, Some(1300)),
+            // a fourth: used 400 > 300: denied, wait 100, full again in 300
+            (1300, 1000, 1, false, 0, 100, 300, None),
+            // 50 ms later: used 350: wait 50
+            (1300, 1050, 1, false, 0, 50, 250, None),
+            // at 1100: used 300: allowed again
+            (1300, 1100, 1, true, 0, 0, 300, Some(1400)),
+            // cost 3 on a full bucket: used 300, allowed, empty
+            (0, 5000, 3, true, 0, 0, 300, Some(5300)),
+            // cost 3 with one token used: used 400: wait 100, 2 remaining
+            (5100, 5000, 3, false, 2, 100, 100, None),
+            // tat long past: same as fresh
+            (10, 9000, 2, true, 1, 0, 200, Some(9200)),
+        ];
+        for &(tat, now, n, allowed, remaining, retry, reset, next) in cases {
+            let (d, nx) = p.step(tat * MS, now * MS, n);
+            let ctx = format!("tat={tat} now={now} n={n}: {d:?}");
+            assert_eq!(d.is_allowed(), allowed, "{ctx}");
+            assert_eq!(d.remaining(), remaining, "{ctx}");
+            assert_eq!(d.retry_after().as_nanos() as u64, retry * MS, "{ctx}");
+            assert_eq!(d.reset_after().as_nanos() as u64, reset * MS, "{ctx}");
+            assert_eq!(d.limit(), 3, "{ctx}");
+            assert_eq!(nx, next.map(|t| t * MS), "{ctx}");
+        }
+    }
+
+    #[test]
+    fn refund_gives_back_exactly_and_never_overfills() {
+        let p = g(10, 3);
+        assert_eq!(p.refund(1300 * MS, 1000 * MS, 2), Some(1100 * MS));
+        assert_eq!(p.refund(1300 * MS, 1000 * MS, 99), Some(0));
+        assert_eq!(
+            p.refund(900 * MS, 1000 * MS, 1),
+            None,
+            "a full bucket stays full"
+        );
+        // A refund followed by a check behaves as if the refunded request never came.
+        let (_, a) = p.step(0, 1000 * MS, 1);
+        let (_, b) = p.step(a.unwrap(), 1000 * MS, 1);
+        let back = p.refund(b.unwrap(), 1000 * MS, 1).unwrap();
+        assert_eq!(back, a.unwrap());
+    }
+
+    #[test]
+    fn rescale_keeps_tokens_in_use() {
+        let old = g(10, 10); // T = 100 ms
+        let new = g(100, 10); // T = 10 ms
+                              // 5 tokens in use (500 ms) under old -> 5 tokens (50 ms) under new.
+        assert_eq!(new.rescale(&old, 1500 * MS, 1000 * MS), 1050 * MS);
+        // Capped at the new full bucket.
+        let small = g(10, 2);
+        assert_eq!(small.rescale(&old, 1900 * MS, 1000 * MS), 1200 * MS);
+        // Idle state stays idle.
+        assert_eq!(new.rescale(&old, 700 * MS, 1000 * MS), 700 * MS);
+    }
+
+    #[test]
+    fn horizon_values_do_not_overflow() {
+        let p = Rate::new(1, std::time::Duration::from_nanos(1 << 62))
+            .to_gcra()
+            .unwrap();
+        let now = crate::quota::HORIZON;
+        let (d, next) = p.step(0, now, 1);
+        assert!(d.is_allowed());
+        let (d2, _) = p.step(next.unwrap(), now, 1);
+        assert!(!d2.is_allowed());
+        assert_eq!(next.unwrap(), now + (1 << 62));
+    }
+}

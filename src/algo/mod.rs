@@ -1,0 +1,171 @@
+//! The algorithms. Each is a validated parameter type with a pure step
+//! function; `word.rs` applies the single-word ones atomically.
+//!
+//! [`Algorithm`] is public so it can name a limiter's type
+//! (`Limiter<Gcra>`), but it is sealed: its methods are internal.
+
+use crate::decision::Decision;
+use crate::error::{ConfigError, InsufficientCapacity};
+use crate::word::{AtomicWord, ParamCell, Params};
+use std::fmt;
+
+mod gcra;
+
+pub use gcra::{Gcra, LeakyGcra};
+
+/// A rate-limiting algorithm: the type parameter of [`Limiter`](crate::Limiter).
+///
+/// Implemented by [`Gcra`] (token bucket), [`LeakyGcra`] (leaky bucket),
+/// and the window algorithms. Sealed: it cannot be implemented outside this
+/// crate.
+///
+/// # Example
+///
+/// ```
+/// use ratewall::{algorithm::Gcra, Limiter, Rate};
+///
+/// fn describe<A: ratewall::algorithm::Algorithm>(l: &Limiter<A>) -> String {
+///     format!("{} with {:?}", A::NAME, l.quota())
+/// }
+/// let bucket: Limiter<Gcra> = Limiter::new(Rate::per_second(5)).unwrap();
+/// assert!(describe(&bucket).starts_with("token bucket"));
+/// ```
+pub trait Algorithm: sealed::Core {
+    /// A short human-readable name, such as `"token bucket"`.
+    const NAME: &'static str;
+}
+
+pub(crate) mod sealed {
+    use super::*;
+
+    /// The engine's view of an algorithm. Public in a private module, so
+    /// nothing outside the crate can name or implement it.
+    pub trait Core: Params + Copy + fmt::Debug + Send + Sync + 'static {
+        /// What users configure ([`Rate`](crate::Rate) or a window).
+        type Config: Copy + fmt::Debug + Send + Sync + 'static;
+        /// Per-limiter (per-key) state.
+        type Cell: fmt::Debug + Send + Sync;
+
+        fn from_config(config: &Self::Config) -> Result<Self, ConfigError>;
+        fn new_cell(&self) -> Self::Cell;
+        /// The largest cost that can ever pass at once.
+        fn capacity(&self) -> u64;
+        /// One check of cost `n` (0 never consumes). Parameters are read from
+        /// `params` inside the CAS loop (see `ParamCell`).
+        fn check(
+            cell: &Self::Cell,
+            params: &ParamCell,
+            now: u64,
+            n: u64,
+            consume: bool,
+        ) -> Result<Decision, InsufficientCapacity>;
+        /// Gives back `n` that an earlier check at about `now` took.
+        fn refund(cell: &Self::Cell, params: &ParamCell, now: u64, n: u64);
+        /// Back to the fresh state.
+        fn reset(cell: &Self::Cell);
+        /// Converts the state kept under `old` into the same usage under `new`.
+        fn rescale(cell: &Self::Cell, old: &Self, new: &Self, now: u64);
+        /// Whether the state equals a fresh one's at `now`.
+        fn is_idle(cell: &Self::Cell, params: &Self, now: u64) -> bool;
+    }
+}
+
+/// A single-word algorithm: pure functions over the packed state. All-zero
+/// is the fresh state. `now` is at most `HORIZON`; `n` is in `1..=capacity`.
+pub(crate) trait WordStep: Params + Copy {
+    fn capacity(&self) -> u64;
+    /// The decision for cost `n`, and the next state if it must change.
+    fn step(&self, state: u64, now: u64, n: u64) -> (Decision, Option<u64>);
+    /// The state after giving back `n`, or `None` if nothing changes.
+    fn refund(&self, state: u64, now: u64, n: u64) -> Option<u64>;
+    /// The state kept under `old`, converted to mean the same usage under `self`.
+    fn rescale(&self, old: &Self, state: u64, now: u64) -> u64;
+    /// Whether `state` carries no information at `now` (equals a fresh state).
+    fn is_idle(&self, state: u64, now: u64) -> bool;
+}
+
+/// The CAS-applied check shared by every single-word algorithm.
+#[inline]
+pub(crate) fn word_check<A: WordStep>(
+    cell: &AtomicWord,
+    params: &ParamCell,
+    now: u64,
+    n: u64,
+    consume: bool,
+) -> Result<Decision, InsufficientCapacity> {
+    cell.update(|state| {
+        let a: A = params.read();
+        let capacity = a.capacity();
+        if n > capacity {
+            return (
+                Err(InsufficientCapacity {
+                    requested: n,
+                    capacity,
+                }),
+                None,
+            );
+        }
+        // A cost of 0 asks for the decision of a unit request, without taking it.
+        let (decision, next) = a.step(state, now, n.max(1));
+        (Ok(decision), if consume && n > 0 { next } else { None })
+    })
+}
+
+#[inline]
+pub(crate) fn word_refund<A: WordStep>(cell: &AtomicWord, params: &ParamCell, now: u64, n: u64) {
+    if n == 0 {
+        return;
+    }
+    cell.update(|state| {
+        let a: A = params.read();
+        ((), a.refund(state, now, n))
+    });
+}
+
+/// Implements the engine trait for a single-word algorithm.
+macro_rules! word_algorithm {
+    ($ty:ty, $config:ty, $name:expr, $validate:expr) => {
+        impl $crate::algo::sealed::Core for $ty {
+            type Config = $config;
+            type Cell = $crate::word::AtomicWord;
+
+            fn from_config(config: &$config) -> Result<Self, $crate::error::ConfigError> {
+                let validate: fn(&$config) -> Result<$ty, $crate::error::ConfigError> = $validate;
+                validate(config)
+            }
+            fn new_cell(&self) -> Self::Cell {
+                $crate::word::AtomicWord::new(0)
+            }
+            #[inline]
+            fn capacity(&self) -> u64 {
+                $crate::algo::WordStep::capacity(self)
+            }
+            #[inline]
+            fn check(
+                cell: &Self::Cell,
+                params: &$crate::word::ParamCell,
+                now: u64,
+                n: u64,
+                consume: bool,
+            ) -> Result<$crate::decision::Decision, $crate::error::InsufficientCapacity> {
+                $crate::algo::word_check::<$ty>(cell, params, now, n, consume)
+            }
+            fn refund(cell: &Self::Cell, params: &$crate::word::ParamCell, now: u64, n: u64) {
+                $crate::algo::word_refund::<$ty>(cell, params, now, n)
+            }
+            fn reset(cell: &Self::Cell) {
+                cell.store(0);
+            }
+            fn rescale(cell: &Self::Cell, old: &Self, new: &Self, now: u64) {
+                cell.update(|s| ((), Some($crate::algo::WordStep::rescale(new, old, s, now))));
+            }
+            fn is_idle(cell: &Self::Cell, params: &Self, now: u64) -> bool {
+                $crate::algo::WordStep::is_idle(params, cell.load(), now)
+            }
+        }
+        impl $crate::algo::Algorithm for $ty {
+            const NAME: &'static str = $name;
+        }
+    };
+}
+pub(crate) use word_algorithm;

@@ -1,0 +1,331 @@
+//! The answer every check returns.
+
+use std::fmt;
+use std::time::Duration;
+
+/// The outcome of one check: whether the request may proceed, and what an
+/// HTTP server needs for its `Retry-After` and `RateLimit` headers.
+///
+/// All durations are exact to the nanosecond; the `*_secs` helpers round
+/// **up**, so a client told to wait is never told to come back too early.
+///
+/// # Example
+///
+/// ```
+/// use ratewall::{ManualClock, Rate, TokenBucket};
+///
+/// let bucket = TokenBucket::with_clock(Rate::per_second(2).burst(2), ManualClock::new()).unwrap();
+/// let first = bucket.check();
+/// assert!(first.is_allowed());
+/// assert_eq!((first.limit(), first.remaining()), (2, 1));
+/// let _ = bucket.check();
+/// let denied = bucket.check();
+/// assert!(!denied.is_allowed());
+/// assert_eq!(denied.retry_after().as_millis(), 500);
+/// assert_eq!(denied.retry_after_secs(), 1); // rounded up, never 0 on a denial
+/// assert_eq!(denied.reset_after().as_millis(), 1000);
+/// ```
+#[must_use = "a decision that is not looked at does not limit anything"]
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Decision {
+    pub(crate) allowed: bool,
+    pub(crate) tracking: Tracking,
+    pub(crate) limit: u64,
+    pub(crate) remaining: u64,
+    pub(crate) retry_after_ns: u64,
+    pub(crate) reset_after_ns: u64,
+}
+
+/// How a keyed limiter handled the key of a decision. Single limiters always
+/// report [`Tracking::Tracked`].
+///
+/// # Example
+///
+/// ```
+/// use ratewall::{Rate, TokenBucket, Tracking};
+///
+/// let bucket = TokenBucket::new(Rate::per_second(5)).unwrap();
+/// assert_eq!(bucket.check().tracking(), Tracking::Tracked);
+/// ```
+#[non_exhaustive]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Tracking {
+    /// The key has state in the limiter, and the decision was made on it.
+    Tracked,
+    /// The table was full of active keys and the policy is to fail open: the
+    /// request was allowed without being counted.
+    Untracked,
+    /// The table was full of active keys and the policy is to fail closed:
+    /// the request was denied without being counted.
+    Rejected,
+    /// The table was full of active keys, and the least recently active key
+    /// was evicted to make room for this one.
+    EvictedOther,
+}
+
+impl Decision {
+    pub(crate) const fn allow(limit: u64, remaining: u64, reset_after_ns: u64) -> Self {
+        Decision {
+            allowed: true,
+            tracking: Tracking::Tracked,
+            limit,
+            remaining,
+            retry_after_ns: 0,
+            reset_after_ns,
+        }
+    }
+
+    pub(crate) const fn deny(
+        limit: u64,
+        remaining: u64,
+        retry_after_ns: u64,
+        reset_after_ns: u64,
+    ) -> Self {
+        Decision {
+            allowed: false,
+            tracking: Tracking::Tracked,
+            limit,
+            remaining,
+            // A denial always has something to wait for.
+            retry_after_ns: if retry_after_ns == 0 {
+                1
+            } else {
+                retry_after_ns
+            },
+            reset_after_ns,
+        }
+    }
+
+    #[allow(dead_code)] // used by the keyed limiters
+    pub(crate) const fn with_tracking(mut self, tracking: Tracking) -> Self {
+        self.tracking = tracking;
+        self
+    }
+
+    /// Whether the request may proceed.
+    ///
+    /// ```
+    /// # use ratewall::{Rate, TokenBucket};
+    /// let bucket = TokenBucket::new(Rate::per_second(1).burst(1)).unwrap();
+    /// assert!(bucket.check().is_allowed());
+    /// assert!(!bucket.check().is_allowed());
+    /// ```
+    #[inline]
+    pub const fn is_allowed(&self) -> bool {
+        self.allowed
+    }
+
+    /// The most requests (cost units) the limiter can admit at once: the
+    /// burst of a bucket, the limit of a window.
+    ///
+    /// ```
+    /// # use ratewall::{Rate, TokenBucket};
+    /// let bucket = TokenBucket::new(Rate::per_second(100).burst(20)).unwrap();
+    /// assert_eq!(bucket.check().limit(), 20);
+    /// ```
+    #[inline]
+    pub const fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// How many more unit-cost requests would be admitted right now, after
+    /// this one.
+    ///
+    /// ```
+    /// # use ratewall::{Rate, TokenBucket};
+    /// let bucket = TokenBucket::new(Rate::per_minute(60).burst(3)).unwrap();
+    /// assert_eq!(bucket.check().remaining(), 2);
+    /// ```
+    #[inline]
+    pub const fn remaining(&self) -> u64 {
+        self.remaining
+    }
+
+    /// Zero when allowed; otherwise the earliest wait after which the same
+    /// request could pass (if nothing else is admitted meanwhile).
+    ///
+    /// ```
+    /// # use ratewall::{ManualClock, Rate, TokenBucket};
+    /// # use std::time::Duration;
+    /// let bucket = TokenBucket::with_clock(Rate::per_second(4).burst(1), ManualClock::new()).unwrap();
+    /// assert_eq!(bucket.check().retry_after(), Duration::ZERO);
+    /// assert_eq!(bucket.check().retry_after(), Duration::from_millis(250));
+    /// ```
+    #[inline]
+    pub const fn retry_after(&self) -> Duration {
+        Duration::from_nanos(self.retry_after_ns)
+    }
+
+    /// The time until the limiter is back to full capacity for this key.
+    ///
+    /// ```
+    /// # use ratewall::{ManualClock, Rate, TokenBucket};
+    /// # use std::time::Duration;
+    /// let bucket = TokenBucket::with_clock(Rate::per_second(10).burst(5), ManualClock::new()).unwrap();
+    /// let d = bucket.check_n(3).unwrap(); // 3 of 5 used, one comes back every 100 ms
+    /// assert_eq!(d.reset_after(), Duration::from_millis(300));
+    /// ```
+    #[inline]
+    pub const fn reset_after(&self) -> Duration {
+        Duration::from_nanos(self.reset_after_ns)
+    }
+
+    /// `retry_after` in whole seconds, rounded up, for the `Retry-After`
+    /// header: 0 when allowed, at least 1 when denied.
+    ///
+    /// ```
+    /// # use ratewall::{ManualClock, Rate, TokenBucket};
+    /// let bucket = TokenBucket::with_clock(Rate::per_second(1000).burst(1), ManualClock::new()).unwrap();
+    /// let _ = bucket.check();
+    /// let denied = bucket.check();
+    /// assert_eq!(denied.retry_after().as_millis(), 1);
+    /// assert_eq!(denied.retry_after_secs(), 1);
+    /// ```
+    #[inline]
+    pub const fn retry_after_secs(&self) -> u64 {
+        ceil_secs(self.retry_after_ns)
+    }
+
+    /// `reset_after` in whole seconds, rounded up: the `t` of the `RateLimit`
+    /// header, or `X-RateLimit-Reset` as a delta.
+    ///
+    /// ```
+    /// # use ratewall::{ManualClock, Rate, TokenBucket};
+    /// let bucket = TokenBucket::with_clock(Rate::per_second(2).burst(2), ManualClock::new()).unwrap();
+    /// assert_eq!(bucket.check().reset_after_secs(), 1); // 0.5 s rounds up
+    /// ```
+    #[inline]
+    pub const fn reset_after_secs(&self) -> u64 {
+        ceil_secs(self.reset_after_ns)
+    }
+
+    /// How a keyed limiter treated the key (always `Tracked` elsewhere).
+    ///
+    /// ```
+    /// # use ratewall::{Rate, TokenBucket, Tracking};
+    /// let bucket = TokenBucket::new(Rate::per_second(5)).unwrap();
+    /// assert_eq!(bucket.check().tracking(), Tracking::Tracked);
+    /// ```
+    #[inline]
+    pub const fn tracking(&self) -> Tracking {
+        self.tracking
+    }
+
+    /// The value of the `RateLimit` header field of
+    /// draft-ietf-httpapi-ratelimit-headers-10 for a policy named `policy`:
+    /// `"policy";r=<remaining>;t=<reset_after_secs>`.
+    ///
+    /// ```
+    /// # use ratewall::{ManualClock, Rate, TokenBucket};
+    /// let bucket = TokenBucket::with_clock(Rate::per_minute(60), ManualClock::new()).unwrap();
+    /// assert_eq!(bucket.check().ratelimit_header("default"), "\"default\";r=59;t=1");
+    /// ```
+    pub fn ratelimit_header(&self, policy: &str) -> String {
+        format!(
+            "\"{}\";r={};t={}",
+            policy.replace(['"', '\\'], ""),
+            self.remaining,
+            self.reset_after_secs()
+        )
+    }
+
+    /// Combines two decisions into the most restrictive one: denied if either
+    /// is, the lower `remaining`, the longer waits. Used by multi-limit checks.
+    #[allow(dead_code)] // used by multi-limit checks
+    pub(crate) fn most_restrictive(self, other: Decision) -> Decision {
+        let (primary, secondary) = if self.allowed != other.allowed {
+            if self.allowed {
+                (other, self)
+            } else {
+                (self, other)
+            }
+        } else if self.remaining <= other.remaining {
+            (self, other)
+        } else {
+            (other, self)
+        };
+        Decision {
+            allowed: primary.allowed,
+            tracking: primary.tracking,
+            limit: primary.limit,
+            remaining: primary.remaining.min(secondary.remaining),
+            retry_after_ns: if primary.allowed {
+                0
+            } else {
+                primary.retry_after_ns.max(if secondary.allowed {
+                    0
+                } else {
+                    secondary.retry_after_ns
+                })
+            },
+            reset_after_ns: primary.reset_after_ns.max(secondary.reset_after_ns),
+        }
+    }
+}
+
+const fn ceil_secs(ns: u64) -> u64 {
+    ns.div_ceil(1_000_000_000)
+}
+
+impl fmt::Debug for Decision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Decision")
+            .field("allowed", &self.allowed)
+            .field("limit", &self.limit)
+            .field("remaining", &self.remaining)
+            .field("retry_after", &self.retry_after())
+            .field("reset_after", &self.reset_after())
+            .field("tracking", &self.tracking)
+            .finish()
+    }
+}
+
+#[cfg(all(test, not(ratewall_loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seconds_round_up() {
+        let d = Decision::deny(10, 0, 1, 1_000_000_001);
+        assert_eq!(d.retry_after_secs(), 1);
+        assert_eq!(d.reset_after_secs(), 2);
+        let d = Decision::deny(10, 0, 2_000_000_000, 2_000_000_000);
+        assert_eq!(d.retry_after_secs(), 2);
+        let a = Decision::allow(10, 9, 0);
+        assert_eq!(a.retry_after_secs(), 0);
+        assert_eq!(a.reset_after_secs(), 0);
+    }
+
+    #[test]
+    fn a_denial_never_says_retry_now() {
+        let d = Decision::deny(1, 0, 0, 0);
+        assert!(d.retry_after_ns > 0);
+        assert_eq!(d.retry_after_secs(), 1);
+    }
+
+    #[test]
+    fn most_restrictive_prefers_denials_then_lowest_remaining() {
+        let a = Decision::allow(10, 7, 100);
+        let b = Decision::allow(5, 2, 300);
+        let c = Decision::deny(20, 4, 50, 80);
+        let d = Decision::deny(20, 1, 90, 10);
+        let ab = a.most_restrictive(b);
+        assert!(ab.allowed);
+        assert_eq!((ab.limit, ab.remaining, ab.reset_after_ns), (5, 2, 300));
+        let ac = a.most_restrictive(c);
+        assert!(!ac.allowed);
+        assert_eq!((ac.limit, ac.remaining, ac.retry_after_ns), (20, 4, 50));
+        let cd = c.most_restrictive(d);
+        assert_eq!(
+            (cd.remaining, cd.retry_after_ns, cd.reset_after_ns),
+            (1, 90, 80)
+        );
+        assert_eq!(b.most_restrictive(a), ab);
+    }
+
+    #[test]
+    fn header_value_strips_quotes() {
+        let d = Decision::allow(10, 3, 2_500_000_000);
+        assert_eq!(d.ratelimit_header("a\"b"), "\"ab\";r=3;t=3");
+    }
+}

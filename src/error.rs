@@ -1,0 +1,154 @@
+//! Typed errors. Configuration is validated once, at construction; the only
+//! error a check can return is a cost that could never pass.
+
+use std::fmt;
+use std::time::Duration;
+
+/// A limiter configuration that cannot be built, and what to change.
+///
+/// # Example
+///
+/// ```
+/// use ratewall::{ConfigError, Rate, TokenBucket};
+///
+/// let err = TokenBucket::new(Rate::per_second(0)).unwrap_err();
+/// assert_eq!(err, ConfigError::ZeroRate);
+/// println!("{err}"); // the message says what to change
+/// ```
+#[non_exhaustive]
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ConfigError {
+    /// A rate of 0 requests per period admits nothing.
+    ZeroRate,
+    /// The period (or window) is zero.
+    ZeroPeriod,
+    /// The period (or window) does not fit the 292-year time horizon.
+    PeriodTooLong {
+        /// The longest period accepted.
+        max: Duration,
+    },
+    /// A burst of 0 admits nothing.
+    ZeroBurst,
+    /// The burst times the emission interval exceeds the largest tolerance
+    /// the state word holds.
+    BurstTooLarge {
+        /// The burst asked for.
+        burst: u64,
+        /// The largest burst accepted at this rate.
+        max: u64,
+    },
+    /// More than one request per nanosecond: the clock cannot tell them apart.
+    RateTooHigh {
+        /// Requests asked for per period.
+        count: u64,
+        /// The period, in nanoseconds.
+        period_ns: u64,
+    },
+    /// The emission interval (period / count) is not a whole number of
+    /// nanoseconds and rounding it would change the rate by more than 0.1%.
+    RateImprecise {
+        /// Requests asked for per period.
+        count: u64,
+        /// The period, in nanoseconds.
+        period_ns: u64,
+    },
+    /// A window limit of 0 admits nothing.
+    ZeroLimit,
+    /// The window limit does not fit the bits its packed word gives it.
+    LimitTooLarge {
+        /// The limit asked for.
+        limit: u64,
+        /// The largest limit this algorithm accepts.
+        max: u64,
+    },
+    /// A keyed limiter's capacity (`max_keys`) is zero or too large.
+    InvalidCapacity {
+        /// The capacity asked for.
+        max_keys: usize,
+        /// The largest capacity accepted.
+        max: usize,
+    },
+    /// The shard count is not a power of two, or is zero or too large.
+    InvalidShards {
+        /// The shard count asked for.
+        shards: usize,
+    },
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConfigError::ZeroRate => f.write_str(
+                "rate is zero requests per period; use a count of at least 1 (to block everything, deny without a limiter)",
+            ),
+            ConfigError::ZeroPeriod => {
+                f.write_str("period or window is zero; use a duration of at least 1 ns")
+            }
+            ConfigError::PeriodTooLong { max } => write!(
+                f,
+                "period or window is longer than the time horizon; use at most {} s",
+                max.as_secs()
+            ),
+            ConfigError::ZeroBurst => f.write_str("burst is zero; use a burst of at least 1"),
+            ConfigError::BurstTooLarge { burst, max } => write!(
+                f,
+                "burst {burst} is too large at this rate (burst x interval must stay under 2^62 ns, about 146 years); use a burst of at most {max}"
+            ),
+            ConfigError::RateTooHigh { count, period_ns } => write!(
+                f,
+                "{count} per {period_ns} ns is more than one request per nanosecond; count in larger units (for example kilobytes instead of bytes)"
+            ),
+            ConfigError::RateImprecise { count, period_ns } => write!(
+                f,
+                "{count} per {period_ns} ns gives an interval of {:.3} ns, which rounding would change by more than 0.1%; pick a count that divides the period, or a rate under 1,000,000 per second",
+                *period_ns as f64 / *count as f64
+            ),
+            ConfigError::ZeroLimit => f.write_str("window limit is zero; use a limit of at least 1"),
+            ConfigError::LimitTooLarge { limit, max } => write!(
+                f,
+                "limit {limit} does not fit this algorithm's packed state; use a limit of at most {max}"
+            ),
+            ConfigError::InvalidCapacity { max_keys, max } => write!(
+                f,
+                "max_keys {max_keys} is out of range; use between 1 and {max}"
+            ),
+            ConfigError::InvalidShards { shards } => write!(
+                f,
+                "shard count {shards} is not a power of two between 1 and 65536; use for example 64"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// A request whose cost exceeds what the limiter can ever admit at once: it
+/// would be denied forever, so it is an error rather than a denial.
+///
+/// # Example
+///
+/// ```
+/// use ratewall::{InsufficientCapacity, Rate, TokenBucket};
+///
+/// let bucket = TokenBucket::new(Rate::per_second(10).burst(5)).unwrap();
+/// assert_eq!(bucket.check_n(6).unwrap_err(), InsufficientCapacity { requested: 6, capacity: 5 });
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct InsufficientCapacity {
+    /// The cost asked for.
+    pub requested: u64,
+    /// The largest cost the limiter admits at once (its burst or limit).
+    pub capacity: u64,
+}
+
+impl fmt::Display for InsufficientCapacity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "cost {} can never pass: the limiter admits at most {} at once; split the request or raise the burst",
+            self.requested, self.capacity
+        )
+    }
+}
+
+impl std::error::Error for InsufficientCapacity {}

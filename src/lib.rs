@@ -1,0 +1,55 @@
+//! # ratewall
+//!
+//! Lock-free rate limiting for hot paths. Five algorithms behind one API,
+//! each keeping its per-key state in a single atomic word (the exact sliding
+//! log keeps a ring): an allowed check is one compare-exchange, a denied
+//! check writes no shared memory at all.
+//!
+//! ```
+//! use ratewall::{Rate, TokenBucket};
+//!
+//! let limiter = TokenBucket::new(Rate::per_second(100).burst(20))?;
+//! let decision = limiter.check();
+//! if decision.is_allowed() {
+//!     // handle the request
+//! } else {
+//!     // 429 Too Many Requests, with Retry-After: decision.retry_after_secs()
+//! }
+//! # Ok::<(), ratewall::ConfigError>(())
+//! ```
+//!
+//! Every check returns a [`Decision`] with `limit`, `remaining`,
+//! `retry_after` and `reset_after`. Time comes from a [`Clock`]; tests use
+//! [`ManualClock`].
+//!
+//! See `docs/design.md` for the bit layouts, the CAS protocol and the
+//! memory orderings.
+#![cfg_attr(not(ratewall_loom), forbid(unsafe_code))]
+#![warn(
+    missing_docs,
+    missing_debug_implementations,
+    rust_2018_idioms,
+    unreachable_pub
+)]
+
+mod algo;
+mod clock;
+mod decision;
+mod error;
+mod limiter;
+mod quota;
+mod sync;
+mod word;
+
+/// The algorithm types that parametrize [`Limiter`].
+pub mod algorithm {
+    pub use crate::algo::{Algorithm, Gcra, LeakyGcra};
+}
+
+#[cfg(feature = "quanta")]
+pub use clock::QuantaClock;
+pub use clock::{Clock, ManualClock, StdClock};
+pub use decision::{Decision, Tracking};
+pub use error::{ConfigError, InsufficientCapacity};
+pub use limiter::{DefaultClock, LeakyBucket, Limiter, Reservation, TokenBucket};
+pub use quota::Rate;

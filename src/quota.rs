@@ -1,0 +1,279 @@
+//! Rates for the bucket algorithms (GCRA).
+
+use crate::algo::Gcra;
+use crate::clock::duration_nanos;
+use crate::error::ConfigError;
+use std::time::Duration;
+
+/// Time is clamped to this many nanoseconds after the clock epoch (2^63 ns,
+/// about 292 years): past it, time stands still, so nothing overflows and
+/// nothing extra is admitted.
+pub(crate) const HORIZON: u64 = 1 << 63;
+
+/// The largest GCRA tolerance (`burst x interval`) and the longest period:
+/// 2^62 ns, about 146 years. `HORIZON + MAX_TOLERANCE` fits in a `u64`.
+pub(crate) const MAX_TOLERANCE: u64 = 1 << 62;
+
+/// A rate for the token and leaky buckets: `count` requests per `period`,
+/// with up to `burst` admitted at once (the bucket's capacity).
+///
+/// The burst defaults to `count`: `Rate::per_second(100)` admits 100 at once,
+/// then one every 10 ms.
+///
+/// # Precision
+///
+/// The emission interval `period / count` is kept in whole nanoseconds. When
+/// `count` divides the period it is exact. Otherwise it is rounded **up**
+/// (the limiter is never more permissive than asked), which is accepted only
+/// while it changes the rate by at most 0.1%: any rate up to 1,000,000 per
+/// second qualifies, as does any rate whose interval is a whole number of ns
+/// (1e9/s included). Rates above one per nanosecond are rejected with
+/// [`ConfigError::RateTooHigh`]; count in larger units instead.
+///
+/// # Example
+///
+/// ```
+/// use ratewall::{Rate, TokenBucket};
+/// use std::time::Duration;
+///
+/// let api = Rate::per_second(100).burst(20);
+/// assert_eq!(api.burst_size(), 20);
+/// let slow = Rate::new(3, Duration::from_millis(100)); // 3 per 100 ms, burst 3
+/// let trickle = Rate::every(Duration::from_secs(6)); // 10 per minute, burst 1
+/// for rate in [api, slow, trickle] {
+///     assert!(TokenBucket::new(rate).is_ok());
+/// }
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Rate {
+    count: u64,
+    period: Duration,
+    burst: Option<u64>,
+}
+
+impl Rate {
+    /// `count` requests per `period`, burst `count`.
+    ///
+    /// ```
+    /// # use ratewall::Rate; use std::time::Duration;
+    /// let r = Rate::new(5, Duration::from_millis(10));
+    /// assert_eq!((r.count(), r.period(), r.burst_size()), (5, Duration::from_millis(10), 5));
+    /// ```
+    pub const fn new(count: u64, period: Duration) -> Rate {
+        Rate {
+            count,
+            period,
+            burst: None,
+        }
+    }
+
+    /// `count` requests per second.
+    ///
+    /// ```
+    /// # use ratewall::Rate; use std::time::Duration;
+    /// assert_eq!(Rate::per_second(10).period(), Duration::from_secs(1));
+    /// ```
+    pub const fn per_second(count: u64) -> Rate {
+        Rate::new(count, Duration::from_secs(1))
+    }
+
+    /// `count` requests per minute.
+    ///
+    /// ```
+    /// # use ratewall::Rate; use std::time::Duration;
+    /// assert_eq!(Rate::per_minute(10).period(), Duration::from_secs(60));
+    /// ```
+    pub const fn per_minute(count: u64) -> Rate {
+        Rate::new(count, Duration::from_secs(60))
+    }
+
+    /// `count` requests per hour.
+    ///
+    /// ```
+    /// # use ratewall::Rate; use std::time::Duration;
+    /// assert_eq!(Rate::per_hour(10).period(), Duration::from_secs(3600));
+    /// ```
+    pub const fn per_hour(count: u64) -> Rate {
+        Rate::new(count, Duration::from_secs(3600))
+    }
+
+    /// `count` requests per day.
+    ///
+    /// ```
+    /// # use ratewall::Rate; use std::time::Duration;
+    /// assert_eq!(Rate::per_day(10).period(), Duration::from_secs(86_400));
+    /// ```
+    pub const fn per_day(count: u64) -> Rate {
+        Rate::new(count, Duration::from_secs(86_400))
+    }
+
+    /// One request every `interval`, burst 1.
+    ///
+    /// ```
+    /// # use ratewall::Rate; use std::time::Duration;
+    /// let r = Rate::every(Duration::from_millis(250));
+    /// assert_eq!((r.count(), r.burst_size()), (1, 1));
+    /// ```
+    pub const fn every(interval: Duration) -> Rate {
+        Rate::new(1, interval)
+    }
+
+    /// Sets the burst: how many requests may pass at once after the limiter
+    /// has been idle (the bucket's capacity).
+    ///
+    /// ```
+    /// # use ratewall::Rate;
+    /// assert_eq!(Rate::per_second(100).burst(5).burst_size(), 5);
+    /// ```
+    pub const fn burst(mut self, burst: u64) -> Rate {
+        self.burst = Some(burst);
+        self
+    }
+
+    /// Requests per period.
+    ///
+    /// ```
+    /// # use ratewall::Rate;
+    /// assert_eq!(Rate::per_minute(7).count(), 7);
+    /// ```
+    pub const fn count(&self) -> u64 {
+        self.count
+    }
+
+    /// The period.
+    ///
+    /// ```
+    /// # use ratewall::Rate; use std::time::Duration;
+    /// assert_eq!(Rate::per_hour(7).period(), Duration::from_secs(3600));
+    /// ```
+    pub const fn period(&self) -> Duration {
+        self.period
+    }
+
+    /// The burst (defaults to `count`).
+    ///
+    /// ```
+    /// # use ratewall::Rate;
+    /// assert_eq!(Rate::per_minute(7).burst_size(), 7);
+    /// ```
+    pub const fn burst_size(&self) -> u64 {
+        match self.burst {
+            Some(b) => b,
+            None => self.count,
+        }
+    }
+
+    /// Validates the rate into GCRA parameters.
+    pub(crate) fn to_gcra(self) -> Result<Gcra, ConfigError> {
+        if self.count == 0 {
+            return Err(ConfigError::ZeroRate);
+        }
+        let period_ns = duration_nanos(self.period);
+        if period_ns == 0 {
+            return Err(ConfigError::ZeroPeriod);
+        }
+        if period_ns > MAX_TOLERANCE {
+            return Err(ConfigError::PeriodTooLong {
+                max: Duration::from_nanos(MAX_TOLERANCE),
+            });
+        }
+        let burst = self.burst_size();
+        if burst == 0 {
+            return Err(ConfigError::ZeroBurst);
+        }
+        if period_ns < self.count {
+            return Err(ConfigError::RateTooHigh {
+                count: self.count,
+                period_ns,
+            });
+        }
+        let emission = period_ns.div_ceil(self.count);
+        // Rounding error (emission*count - period) relative to the period, in
+        // u128 so the products cannot overflow.
+        let excess = u128::from(emission) * u128::from(self.count) - u128::from(period_ns);
+        if excess * 1000 > u128::from(period_ns) {
+            return Err(ConfigError::RateImprecise {
+                count: self.count,
+                period_ns,
+            });
+        }
+        let max_burst = MAX_TOLERANCE / emission;
+        if burst > max_burst {
+            return Err(ConfigError::BurstTooLarge {
+                burst,
+                max: max_burst,
+            });
+        }
+        Ok(Gcra {
+            emission,
+            tolerance: burst * emission,
+            burst,
+        })
+    }
+}
+
+#[cfg(all(test, not(ratewall_loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validation_names_each_bad_input() {
+        assert_eq!(Rate::per_second(0).to_gcra(), Err(ConfigError::ZeroRate));
+        assert_eq!(
+            Rate::new(1, Duration::ZERO).to_gcra(),
+            Err(ConfigError::ZeroPeriod)
+        );
+        assert_eq!(
+            Rate::per_second(1).burst(0).to_gcra(),
+            Err(ConfigError::ZeroBurst)
+        );
+        assert!(matches!(
+            Rate::new(1, Duration::MAX).to_gcra(),
+            Err(ConfigError::PeriodTooLong { .. })
+        ));
+        assert!(matches!(
+            Rate::per_second(2_000_000_000).to_gcra(),
+            Err(ConfigError::RateTooHigh { .. })
+        ));
+        assert!(matches!(
+            Rate::per_second(999_999_937).to_gcra(),
+            Err(ConfigError::RateImprecise { .. })
+        ));
+        assert_eq!(
+            Rate::per_second(1).burst(u64::MAX).to_gcra(),
+            Err(ConfigError::BurstTooLarge {
+                burst: u64::MAX,
+                max: MAX_TOLERANCE / 1_000_000_000
+            })
+        );
+    }
+
+    #[test]
+    fn intervals_are_exact_or_rounded_up_within_a_thousandth() {
+        let g = Rate::per_second(1_000_000_000).to_gcra().unwrap();
+        assert_eq!(g.emission, 1, "1e9/s is exact at ns resolution");
+        let g = Rate::per_second(3).to_gcra().unwrap();
+        assert_eq!(g.emission, 333_333_334, "rounded up: never more permissive");
+        let g = Rate::per_second(1_000_000).to_gcra().unwrap();
+        assert_eq!(g.emission, 1000);
+        let g = Rate::per_second(999_999).to_gcra().unwrap();
+        assert_eq!(g.emission, 1001);
+        let g = Rate::per_minute(60).burst(10).to_gcra().unwrap();
+        assert_eq!(
+            (g.emission, g.tolerance, g.burst),
+            (1_000_000_000, 10_000_000_000, 10)
+        );
+    }
+
+    #[test]
+    fn errors_say_what_to_change() {
+        for e in [
+            Rate::per_second(0).to_gcra().unwrap_err(),
+            Rate::per_second(1).burst(u64::MAX).to_gcra().unwrap_err(),
+            Rate::per_second(5_000_000_000).to_gcra().unwrap_err(),
+        ] {
+            let msg = e.to_string();
+            assert!(msg.contains("use") || msg.contains("count in"), "{msg}");
+        }
+    }
+}

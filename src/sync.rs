@@ -1,0 +1,49 @@
+//! The one place atomics, locks and spin hints come from.
+//!
+//! Under `--cfg ratewall_loom` everything here is loom's model-checked
+//! version; otherwise it is `std`'s. No other module may import
+//! `std::sync::atomic` directly (CI greps for it), so loom sees every
+//! atomic access the crate makes.
+
+#[cfg(not(ratewall_loom))]
+pub(crate) use std::sync::atomic::{fence, AtomicU64, Ordering};
+#[cfg(not(ratewall_loom))]
+pub(crate) use std::sync::{Mutex, MutexGuard};
+
+#[cfg(ratewall_loom)]
+pub(crate) use loom::sync::atomic::{fence, AtomicU64, Ordering};
+#[cfg(ratewall_loom)]
+pub(crate) use loom::sync::{Mutex, MutexGuard};
+
+/// Called in every spin loop: a CPU hint normally, a scheduling point under loom
+/// (loom must see the spinning thread yield, or the model never terminates).
+#[inline]
+pub(crate) fn spin_hint() {
+    #[cfg(not(ratewall_loom))]
+    std::hint::spin_loop();
+    #[cfg(ratewall_loom)]
+    loom::thread::yield_now();
+}
+
+/// Gives the CPU away after a spin loop ran long (the writer holding a
+/// seqlock was probably preempted: on 2 cores, spinning only delays it).
+#[inline]
+pub(crate) fn yield_now() {
+    #[cfg(not(ratewall_loom))]
+    std::thread::yield_now();
+    #[cfg(ratewall_loom)]
+    loom::thread::yield_now();
+}
+
+/// Locks a mutex, ignoring poisoning: every critical section in this crate
+/// leaves the protected data consistent before anything in it can panic.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    #[cfg(not(ratewall_loom))]
+    {
+        m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+    #[cfg(ratewall_loom)]
+    {
+        m.lock().unwrap()
+    }
+}
