@@ -204,11 +204,7 @@ impl Rate {
                 max: max_burst,
             });
         }
-        Ok(Gcra {
-            emission,
-            tolerance: burst * emission,
-            burst,
-        })
+        Ok(Gcra::new(emission, burst))
     }
 }
 
