@@ -1,1 +1,462 @@
-fn main() {}
+//! Thread sweep and memory harness: ratewall against governor, 1, 2 and 4
+//! threads, for a fixed time per point; aggregate ops/s.
+//!
+//! ```text
+//! cargo bench --bench sweep -- [--secs 1] [--threads 1,2,4] [--csv out.csv]
+//!                              [--svg out.svg] [--md out.md] [--no-memory]
+//! ```
+//!
+//! Cases:
+//! - `single allow`: one limiter, every check admitted (1e9/s, burst 1e7);
+//! - `single deny`: one limiter, every check denied (1/hour, taken);
+//! - `hot key`: a keyed limiter, every thread checks the same key (allow-heavy);
+//! - `spread keys`: a keyed limiter, 100k keys, uniform, pre-generated per thread.
+//!
+//! Memory: each (implementation, key type, key count) point runs in a fresh
+//! child process (this binary with `--mem-child`), which reads its RSS before
+//! and after inserting the keys; bytes per key is the delta over the count.
+
+#[path = "common/mod.rs"]
+mod common;
+
+use common::{ip_key, key_sequence, rss_bytes, string_key, u64_key, Dist};
+use governor::{Quota, RateLimiter};
+use ratewall::{Rate, TokenBucket};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::hash::Hash;
+use std::hint::black_box;
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+const ALLOW_BURST: u32 = 10_000_000;
+const SPREAD_KEYS: usize = 100_000;
+const SEQ_LEN: usize = 1 << 20;
+
+fn allow_rate() -> Rate {
+    Rate::per_second(1_000_000_000).burst(u64::from(ALLOW_BURST))
+}
+fn gov_allow() -> Quota {
+    Quota::with_period(Duration::from_nanos(1))
+        .unwrap()
+        .allow_burst(NonZeroU32::new(ALLOW_BURST).unwrap())
+}
+/// Keyed quota: 1e9/s per key would admit everything; 1000/s with a burst
+/// of 1000 is a realistic per-key quota that is mostly allowed with spread keys.
+fn gov_keyed() -> Quota {
+    Quota::per_second(NonZeroU32::new(1000).unwrap())
+}
+
+struct Opts {
+    secs: f64,
+    threads: Vec<usize>,
+    csv: Option<String>,
+    svg: Option<String>,
+    md: Option<String>,
+    memory: bool,
+}
+
+fn parse() -> Result<Opts, String> {
+    let mut o = Opts {
+        secs: 1.0,
+        threads: vec![1, 2, 4],
+        csv: None,
+        svg: None,
+        md: None,
+        memory: true,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut val = || args.next().ok_or(format!("{a} needs a value"));
+        match a.as_str() {
+            "--secs" => o.secs = val()?.parse().map_err(|e| format!("--secs: {e}"))?,
+            "--threads" => {
+                o.threads = val()?
+                    .split(',')
+                    .map(|t| t.parse().map_err(|e| format!("--threads: {e}")))
+                    .collect::<Result<_, _>>()?
+            }
+            "--csv" => o.csv = Some(val()?),
+            "--svg" => o.svg = Some(val()?),
+            "--md" => o.md = Some(val()?),
+            "--no-memory" => o.memory = false,
+            "--bench" => {} // passed by `cargo bench`
+            "--mem-child" => {
+                let (imp, key, n) = (val()?, val()?, val()?);
+                mem_child(&imp, &key, n.parse().map_err(|e| format!("count: {e}"))?);
+                std::process::exit(0);
+            }
+            other => return Err(format!("unknown argument {other}")),
+        }
+    }
+    Ok(o)
+}
+
+/// Runs `threads` threads for `secs`; each calls its own `op` (built by
+/// `make(thread_index)`) in batches and counts. Returns aggregate ops/s: the
+/// sum over threads of ops over that thread's own elapsed time.
+fn sweep_point<F, Op>(threads: usize, secs: f64, make: F) -> f64
+where
+    F: Fn(usize) -> Op,
+    Op: FnMut() -> bool + Send,
+{
+    let stop = AtomicBool::new(false);
+    let barrier = Barrier::new(threads + 1);
+    let ops: Vec<Op> = (0..threads).map(&make).collect();
+    std::thread::scope(|s| {
+        let handles: Vec<_> = ops
+            .into_iter()
+            .map(|mut op| {
+                let (stop, barrier) = (&stop, &barrier);
+                s.spawn(move || {
+                    barrier.wait();
+                    let start = Instant::now();
+                    let mut n = 0u64;
+                    let mut allowed = 0u64;
+                    // Relaxed: a flag with no data behind it; lateness costs one batch.
+                    while !stop.load(Ordering::Relaxed) {
+                        for _ in 0..256 {
+                            allowed += u64::from(op());
+                        }
+                        n += 256;
+                    }
+                    black_box(allowed);
+                    n as f64 / start.elapsed().as_secs_f64()
+                })
+            })
+            .collect();
+        barrier.wait();
+        std::thread::sleep(Duration::from_secs_f64(secs));
+        stop.store(true, Ordering::Relaxed);
+        handles.into_iter().map(|h| h.join().unwrap()).sum()
+    })
+}
+
+/// (case, implementation) -> threads -> ops/s
+type Results = BTreeMap<(String, String), BTreeMap<usize, f64>>;
+
+fn run_sweeps(o: &Opts) -> Results {
+    let mut res = Results::new();
+    let mut record = |case: &str, imp: &str, t: usize, v: f64| {
+        eprintln!(
+            "  {case:<12} {imp:<9} {t} threads: {:>8.2} M ops/s",
+            v / 1e6
+        );
+        res.entry((case.to_string(), imp.to_string()))
+            .or_default()
+            .insert(t, v);
+    };
+    for &t in &o.threads {
+        // One limiter, allow-heavy.
+        let rw = TokenBucket::new(allow_rate()).unwrap();
+        record(
+            "single allow",
+            "ratewall",
+            t,
+            sweep_point(t, o.secs, |_| || rw.check().is_allowed()),
+        );
+        let gv = RateLimiter::direct(gov_allow());
+        record(
+            "single allow",
+            "governor",
+            t,
+            sweep_point(t, o.secs, |_| || gv.check().is_ok()),
+        );
+
+        // One limiter, deny-heavy.
+        let rw = TokenBucket::new(Rate::per_hour(1).burst(1)).unwrap();
+        let _ = rw.check();
+        record(
+            "single deny",
+            "ratewall",
+            t,
+            sweep_point(t, o.secs, |_| || rw.check().is_allowed()),
+        );
+        let gv = RateLimiter::direct(Quota::per_hour(NonZeroU32::new(1).unwrap()));
+        let _ = gv.check();
+        record(
+            "single deny",
+            "governor",
+            t,
+            sweep_point(t, o.secs, |_| || gv.check().is_ok()),
+        );
+
+        // Keyed: one hot key (allow-heavy quota), and 100k spread keys.
+        let gv = RateLimiter::keyed(gov_allow());
+        record(
+            "hot key",
+            "governor",
+            t,
+            sweep_point(t, o.secs, |_| || gv.check_key(&u64_key(7)).is_ok()),
+        );
+        let gv = RateLimiter::keyed(gov_keyed());
+        for i in 0..SPREAD_KEYS as u64 {
+            let _ = gv.check_key(&u64_key(i));
+        }
+        let seqs: Vec<Vec<u64>> = (0..t)
+            .map(|i| key_sequence(SPREAD_KEYS, SEQ_LEN, Dist::Uniform, i as u64 + 1))
+            .collect();
+        record(
+            "spread keys",
+            "governor",
+            t,
+            sweep_point(t, o.secs, |i| {
+                let seq = &seqs[i];
+                let gv = &gv;
+                let mut j = 0usize;
+                move || {
+                    j = (j + 1) & (SEQ_LEN - 1);
+                    gv.check_key(&u64_key(seq[j])).is_ok()
+                }
+            }),
+        );
+    }
+    res
+}
+
+fn mem_child(imp: &str, key: &str, n: u64) {
+    fn gov<K: Hash + Eq + Clone>(keys: Vec<K>) -> u64 {
+        let lim = RateLimiter::keyed(gov_keyed());
+        let before = rss_bytes();
+        for k in &keys {
+            let _ = lim.check_key(k);
+        }
+        let after = rss_bytes();
+        assert_eq!(lim.len(), keys.len());
+        black_box(&lim);
+        after.saturating_sub(before)
+    }
+    let delta = match (imp, key) {
+        ("governor", "u64") => gov((0..n).map(u64_key).collect()),
+        ("governor", "IpAddr") => gov((0..n).map(ip_key).collect()),
+        ("governor", "String40") => gov((0..n).map(string_key).collect()),
+        _ => {
+            println!("n/a");
+            return;
+        }
+    };
+    println!("{:.1}", delta as f64 / n as f64);
+}
+
+/// (implementation, key type, key count) -> bytes per key
+type MemResults = Vec<(String, String, u64, Option<f64>)>;
+
+fn run_memory() -> MemResults {
+    let exe = std::env::current_exe().expect("own path");
+    let mut out = Vec::new();
+    for imp in ["ratewall", "governor"] {
+        for key in ["u64", "IpAddr", "String40"] {
+            for n in [100_000u64, 1_000_000] {
+                let o = std::process::Command::new(&exe)
+                    .args(["--mem-child", imp, key, &n.to_string()])
+                    .output()
+                    .expect("run memory child");
+                let v = String::from_utf8_lossy(&o.stdout).trim().parse().ok();
+                eprintln!("  memory {imp:<9} {key:<8} {n:>8} keys: {v:?} B/key");
+                out.push((imp.to_string(), key.to_string(), n, v));
+            }
+        }
+    }
+    out
+}
+
+fn table(o: &Opts, res: &Results, mem: &MemResults) -> String {
+    let mut s = String::new();
+    let _ = write!(s, "| case | implementation |");
+    for t in &o.threads {
+        let _ = write!(s, " {t} thr (M ops/s) |");
+    }
+    s.push('\n');
+    s.push_str("|---|---|");
+    for _ in &o.threads {
+        s.push_str("---:|");
+    }
+    s.push('\n');
+    let cases: Vec<String> = {
+        let mut c: Vec<String> = res.keys().map(|k| k.0.clone()).collect();
+        c.dedup();
+        c
+    };
+    for case in &cases {
+        let get = |imp: &str, t: usize| {
+            res.get(&(case.clone(), imp.to_string()))
+                .and_then(|m| m.get(&t))
+                .copied()
+        };
+        for imp in ["ratewall", "governor"] {
+            let _ = write!(s, "| {case} | {imp} |");
+            for &t in &o.threads {
+                match get(imp, t) {
+                    Some(v) => {
+                        let _ = write!(s, " {:.1} |", v / 1e6);
+                    }
+                    None => s.push_str(" n/a |"),
+                }
+            }
+            s.push('\n');
+        }
+        let _ = write!(s, "| {case} | **ratio** |");
+        for &t in &o.threads {
+            match (get("ratewall", t), get("governor", t)) {
+                (Some(a), Some(b)) => {
+                    let _ = write!(s, " **{:.2}x** |", a / b);
+                }
+                _ => s.push_str(" n/a |"),
+            }
+        }
+        s.push('\n');
+    }
+    if !mem.is_empty() {
+        s.push_str("\n| implementation | key type | keys | bytes per key (RSS delta) |\n|---|---|---:|---:|\n");
+        for (imp, key, n, v) in mem {
+            let v = v.map_or("n/a".to_string(), |v| format!("{v:.1}"));
+            let _ = writeln!(s, "| {imp} | {key} | {n} | {v} |");
+        }
+    }
+    s
+}
+
+fn csv(res: &Results, mem: &MemResults) -> String {
+    let mut s = String::from("kind,case,implementation,threads_or_keys,value\n");
+    for ((case, imp), m) in res {
+        for (t, v) in m {
+            let _ = writeln!(s, "ops_per_sec,{case},{imp},{t},{v:.0}");
+        }
+    }
+    for (imp, key, n, v) in mem {
+        if let Some(v) = v {
+            let _ = writeln!(s, "bytes_per_key,{key},{imp},{n},{v:.1}");
+        }
+    }
+    s
+}
+
+/// Small multiples: one panel per case, M ops/s against threads, one line
+/// per implementation. Hand-written SVG, no plotting dependency.
+fn svg(o: &Opts, res: &Results) -> String {
+    let cases: Vec<String> = {
+        let mut c: Vec<String> = res.keys().map(|k| k.0.clone()).collect();
+        c.dedup();
+        c
+    };
+    let (pw, ph, pad) = (300.0, 220.0, 45.0);
+    let w = pw * cases.len() as f64;
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{}\" font-family=\"sans-serif\" font-size=\"11\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n",
+        ph + 30.0
+    );
+    let colors = [("ratewall", "#d62728"), ("governor", "#1f77b4")];
+    let tmax = *o.threads.iter().max().unwrap_or(&1) as f64;
+    for (ci, case) in cases.iter().enumerate() {
+        let x0 = ci as f64 * pw;
+        let ymax = colors
+            .iter()
+            .filter_map(|(imp, _)| res.get(&(case.clone(), imp.to_string())))
+            .flat_map(|m| m.values())
+            .fold(0.0f64, |a, &b| a.max(b / 1e6))
+            * 1.1;
+        let ymax = if ymax > 0.0 { ymax } else { 1.0 };
+        let px = |t: f64| x0 + pad + (t - 1.0) / (tmax - 1.0).max(1.0) * (pw - pad - 15.0);
+        let py = |v: f64| ph - pad + 20.0 - v / ymax * (ph - pad - 10.0);
+        let _ = writeln!(
+            s,
+            "<text x=\"{}\" y=\"14\" text-anchor=\"middle\" font-weight=\"bold\">{case}</text>",
+            x0 + pw / 2.0
+        );
+        let _ = writeln!(
+            s,
+            "<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>",
+            px(1.0),
+            py(0.0),
+            px(tmax),
+            py(0.0)
+        );
+        let _ = writeln!(
+            s,
+            "<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>",
+            px(1.0),
+            py(0.0),
+            px(1.0),
+            py(ymax)
+        );
+        for k in 0..=4 {
+            let v = ymax * k as f64 / 4.0;
+            let _ = writeln!(
+                s,
+                "<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{v:.0}</text>",
+                px(1.0) - 4.0,
+                py(v) + 4.0
+            );
+        }
+        for &t in &o.threads {
+            let _ = writeln!(
+                s,
+                "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{t}</text>",
+                px(t as f64),
+                py(0.0) + 14.0
+            );
+        }
+        let _ = writeln!(
+            s,
+            "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">threads (y: M ops/s)</text>",
+            x0 + pw / 2.0,
+            ph + 22.0
+        );
+        for (li, (imp, color)) in colors.iter().enumerate() {
+            if let Some(m) = res.get(&(case.clone(), imp.to_string())) {
+                let pts: Vec<String> = m
+                    .iter()
+                    .map(|(&t, &v)| format!("{:.1},{:.1}", px(t as f64), py(v / 1e6)))
+                    .collect();
+                let _ = writeln!(
+                    s,
+                    "<polyline points=\"{}\" fill=\"none\" stroke=\"{color}\" stroke-width=\"2\"/>",
+                    pts.join(" ")
+                );
+                for p in &pts {
+                    let (x, y) = p.split_once(',').unwrap();
+                    let _ = writeln!(
+                        s,
+                        "<circle cx=\"{x}\" cy=\"{y}\" r=\"3\" fill=\"{color}\"/>"
+                    );
+                }
+                let _ = writeln!(
+                    s,
+                    "<text x=\"{}\" y=\"{}\" fill=\"{color}\">{imp}</text>",
+                    x0 + pw - 80.0,
+                    30.0 + 14.0 * li as f64
+                );
+            }
+        }
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+fn main() {
+    let o = match parse() {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("sweep: {e}");
+            std::process::exit(2);
+        }
+    };
+    eprintln!("sweep: {} s per point, threads {:?}", o.secs, o.threads);
+    let res = run_sweeps(&o);
+    let mem = if o.memory { run_memory() } else { Vec::new() };
+    let t = table(&o, &res, &mem);
+    println!("{t}");
+    let write = |path: &Option<String>, body: String| {
+        if let Some(p) = path {
+            std::fs::write(p, body).unwrap_or_else(|e| panic!("write {p}: {e}"));
+        }
+    };
+    write(&o.csv, csv(&res, &mem));
+    write(&o.svg, svg(&o, &res));
+    write(&o.md, t);
+}
