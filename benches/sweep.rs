@@ -59,6 +59,8 @@ struct Opts {
     svg: Option<String>,
     md: Option<String>,
     memory: bool,
+    sweep: bool,
+    criterion: Option<String>,
 }
 
 fn parse() -> Result<Opts, String> {
@@ -69,6 +71,8 @@ fn parse() -> Result<Opts, String> {
         svg: None,
         md: None,
         memory: true,
+        sweep: true,
+        criterion: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -85,7 +89,14 @@ fn parse() -> Result<Opts, String> {
             "--svg" => o.svg = Some(val()?),
             "--md" => o.md = Some(val()?),
             "--no-memory" => o.memory = false,
+            "--no-sweep" => o.sweep = false,
+            "--criterion" => o.criterion = Some(val()?),
             "--bench" => {} // passed by `cargo bench`
+            "--ops" => {
+                let (case, n) = (val()?, val()?);
+                ops(&case, n.parse().map_err(|e| format!("count: {e}"))?)?;
+                std::process::exit(0);
+            }
             "--mem-child" => {
                 let (imp, key, n) = (val()?, val()?, val()?);
                 mem_child(&imp, &key, n.parse().map_err(|e| format!("count: {e}"))?);
@@ -241,6 +252,87 @@ fn mem_child(imp: &str, key: &str, n: u64) {
         }
     };
     println!("{:.1}", delta as f64 / n as f64);
+}
+
+/// `--ops CASE N`: N single-threaded operations and nothing else, for
+/// instruction counts under `valgrind --tool=callgrind` (repeatable on a
+/// noisy machine). Subtract the `noop` case's total and divide by N.
+fn ops(case: &str, n: u64) -> Result<(), String> {
+    fn run(n: u64, mut op: impl FnMut(u64) -> bool) {
+        let mut allowed = 0u64;
+        for i in 0..n {
+            allowed += u64::from(op(black_box(i)));
+        }
+        println!("{allowed} of {n} allowed");
+    }
+    let deny = || {
+        let l = TokenBucket::new(Rate::per_hour(1).burst(1)).unwrap();
+        let _ = l.check();
+        l
+    };
+    let gov_deny = || {
+        let l = RateLimiter::direct(Quota::per_hour(NonZeroU32::new(1).unwrap()));
+        let _ = l.check();
+        l
+    };
+    match case {
+        "noop" => run(n, |i| i & 1 == 0),
+        "rw-allow" => {
+            let l = TokenBucket::new(allow_rate()).unwrap();
+            run(n, |_| l.check().is_allowed())
+        }
+        "rw-deny" => {
+            let l = deny();
+            run(n, |_| l.check().is_allowed())
+        }
+        "rw-deny-at" => {
+            let l = deny();
+            let t = l.now();
+            run(n, |_| l.check_at(t).is_allowed())
+        }
+        "rw-allow-coarse" => {
+            let l = TokenBucket::with_clock(allow_rate(), ratewall::CoarseClock::new()).unwrap();
+            run(n, |_| l.check().is_allowed())
+        }
+        "rw-deny-leaky" => {
+            let l = ratewall::LeakyBucket::new(Rate::per_hour(1).burst(1)).unwrap();
+            let _ = l.check();
+            run(n, |_| l.check().is_allowed())
+        }
+        "gov-allow" => {
+            let l = RateLimiter::direct(gov_allow());
+            run(n, |_| l.check().is_ok())
+        }
+        "gov-deny" => {
+            let l = gov_deny();
+            run(n, |_| l.check().is_ok())
+        }
+        "rw-clock" => {
+            let c = ratewall::QuantaClock::new();
+            run(n, |_| ratewall::Clock::now(&c) & 1 == 0)
+        }
+        "gov-clock" => {
+            let c = governor::clock::DefaultClock::default();
+            let t0 = governor::clock::Clock::now(&c);
+            run(n, |_| {
+                let t = governor::clock::Clock::now(&c);
+                u64::from(governor::clock::Reference::duration_since(&t, t0)) & 1 == 0
+            })
+        }
+        "gov-keyed-100k" => {
+            let l = RateLimiter::keyed(gov_keyed());
+            for i in 0..SPREAD_KEYS as u64 {
+                let _ = l.check_key(&u64_key(i));
+            }
+            let seq = key_sequence(SPREAD_KEYS, SEQ_LEN, Dist::Uniform, 1);
+            run(n, |i| {
+                l.check_key(&u64_key(seq[i as usize & (SEQ_LEN - 1)]))
+                    .is_ok()
+            })
+        }
+        other => return Err(format!("unknown --ops case {other}")),
+    }
+    Ok(())
 }
 
 /// (implementation, key type, key count) -> bytes per key
@@ -438,6 +530,68 @@ fn svg(o: &Opts, res: &Results) -> String {
     s
 }
 
+/// Pulls one string or number field out of criterion's small JSON files
+/// (no JSON dependency: the files are flat and machine-written).
+fn json_field<'a>(json: &'a str, after: &str, field: &str) -> Option<&'a str> {
+    let start = json.find(after)? + after.len();
+    let rest = &json[start..];
+    let at = rest.find(&format!("\"{field}\":"))? + field.len() + 3;
+    let rest = &rest[at..];
+    match rest.strip_prefix('"') {
+        Some(string) => Some(&string[..string.find('"')?]),
+        None => Some(&rest[..rest.find([',', '}'])?]),
+    }
+}
+
+/// The medians criterion saved under `dir` (`target/criterion`), as a table:
+/// each group's governor entry with the shortest name is its baseline, and
+/// every other entry gets `baseline / entry` (above 1: faster than governor).
+fn criterion_table(dir: &str) -> String {
+    let mut rows: BTreeMap<String, Vec<(String, f64)>> = BTreeMap::new();
+    let walk = |d: &std::path::Path| -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(d)
+            .map(|r| r.filter_map(|e| e.ok().map(|e| e.path())).collect())
+            .unwrap_or_default()
+    };
+    for group in walk(std::path::Path::new(dir)) {
+        for bench in walk(&group) {
+            let read = |f: &str| std::fs::read_to_string(bench.join("new").join(f)).ok();
+            let (Some(meta), Some(est)) = (read("benchmark.json"), read("estimates.json")) else {
+                continue;
+            };
+            let (Some(g), Some(f), Some(m)) = (
+                json_field(&meta, "", "group_id"),
+                json_field(&meta, "", "function_id"),
+                json_field(&est, "\"median\"", "point_estimate").and_then(|m| m.parse().ok()),
+            ) else {
+                continue;
+            };
+            rows.entry(g.to_string())
+                .or_default()
+                .push((f.to_string(), m));
+        }
+    }
+    let mut s = String::from(
+        "| group | benchmark | median ns/op | governor / this |\n|---|---|---:|---:|\n",
+    );
+    for (g, mut v) in rows {
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        let base = v
+            .iter()
+            .filter(|(f, _)| f.starts_with("governor"))
+            .min_by_key(|(f, _)| f.len())
+            .map(|(_, m)| *m);
+        for (f, m) in &v {
+            let ratio = match base {
+                Some(b) if !f.starts_with("governor") => format!("{:.2}x", b / m),
+                _ => String::new(),
+            };
+            let _ = writeln!(s, "| {g} | {f} | {m:.2} | {ratio} |");
+        }
+    }
+    s
+}
+
 fn main() {
     let o = match parse() {
         Ok(o) => o,
@@ -447,9 +601,16 @@ fn main() {
         }
     };
     eprintln!("sweep: {} s per point, threads {:?}", o.secs, o.threads);
-    let res = run_sweeps(&o);
+    let res = if o.sweep {
+        run_sweeps(&o)
+    } else {
+        Results::new()
+    };
     let mem = if o.memory { run_memory() } else { Vec::new() };
-    let t = table(&o, &res, &mem);
+    let mut t = table(&o, &res, &mem);
+    if let Some(dir) = &o.criterion {
+        t = format!("{}\n{t}", criterion_table(dir));
+    }
     println!("{t}");
     let write = |path: &Option<String>, body: String| {
         if let Some(p) = path {
