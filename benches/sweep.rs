@@ -4,6 +4,8 @@
 //! ```text
 //! cargo bench --bench sweep -- [--secs 1] [--threads 1,2,4] [--csv out.csv]
 //!                              [--svg out.svg] [--md out.md] [--no-memory]
+//!                              [--rounds 3] [--no-sweep] [--criterion target/criterion]
+//!                              [--ops CASE N]
 //! ```
 //!
 //! Cases:
@@ -60,6 +62,7 @@ struct Opts {
     md: Option<String>,
     memory: bool,
     sweep: bool,
+    rounds: usize,
     criterion: Option<String>,
 }
 
@@ -72,6 +75,7 @@ fn parse() -> Result<Opts, String> {
         md: None,
         memory: true,
         sweep: true,
+        rounds: 3,
         criterion: None,
     };
     let mut args = std::env::args().skip(1);
@@ -90,6 +94,10 @@ fn parse() -> Result<Opts, String> {
             "--md" => o.md = Some(val()?),
             "--no-memory" => o.memory = false,
             "--no-sweep" => o.sweep = false,
+            "--rounds" => {
+                o.rounds = val()?.parse().map_err(|e| format!("--rounds: {e}"))?;
+                o.rounds = o.rounds.max(1);
+            }
             "--criterion" => o.criterion = Some(val()?),
             "--bench" => {} // passed by `cargo bench`
             "--ops" => {
@@ -148,84 +156,100 @@ where
     })
 }
 
-/// (case, implementation) -> threads -> ops/s
+/// (case, implementation) -> threads -> ops/s (median over rounds)
 type Results = BTreeMap<(String, String), BTreeMap<usize, f64>>;
 
+/// Every point `rounds` times, ratewall and governor alternating within each
+/// (case, threads) pair, so slow drifts of a shared machine hit both alike;
+/// the median round is reported.
 fn run_sweeps(o: &Opts) -> Results {
-    let mut res = Results::new();
-    let mut record = |case: &str, imp: &str, t: usize, v: f64| {
-        eprintln!(
-            "  {case:<12} {imp:<9} {t} threads: {:>8.2} M ops/s",
-            v / 1e6
-        );
-        res.entry((case.to_string(), imp.to_string()))
-            .or_default()
-            .insert(t, v);
-    };
-    for &t in &o.threads {
-        // One limiter, allow-heavy.
-        let rw = TokenBucket::new(allow_rate()).unwrap();
-        record(
-            "single allow",
-            "ratewall",
-            t,
-            sweep_point(t, o.secs, |_| || rw.check().is_allowed()),
-        );
-        let gv = RateLimiter::direct(gov_allow());
-        record(
-            "single allow",
-            "governor",
-            t,
-            sweep_point(t, o.secs, |_| || gv.check().is_ok()),
-        );
-
-        // One limiter, deny-heavy.
-        let rw = TokenBucket::new(Rate::per_hour(1).burst(1)).unwrap();
-        let _ = rw.check();
-        record(
-            "single deny",
-            "ratewall",
-            t,
-            sweep_point(t, o.secs, |_| || rw.check().is_allowed()),
-        );
-        let gv = RateLimiter::direct(Quota::per_hour(NonZeroU32::new(1).unwrap()));
-        let _ = gv.check();
-        record(
-            "single deny",
-            "governor",
-            t,
-            sweep_point(t, o.secs, |_| || gv.check().is_ok()),
-        );
-
-        // Keyed: one hot key (allow-heavy quota), and 100k spread keys.
-        let gv = RateLimiter::keyed(gov_allow());
-        record(
-            "hot key",
-            "governor",
-            t,
-            sweep_point(t, o.secs, |_| || gv.check_key(&u64_key(7)).is_ok()),
-        );
-        let gv = RateLimiter::keyed(gov_keyed());
-        for i in 0..SPREAD_KEYS as u64 {
-            let _ = gv.check_key(&u64_key(i));
+    let tmax = o.threads.iter().copied().max().unwrap_or(1);
+    let seqs: Vec<Vec<u64>> = (0..tmax)
+        .map(|i| key_sequence(SPREAD_KEYS, SEQ_LEN, Dist::Uniform, i as u64 + 1))
+        .collect();
+    let spread = |i: usize| {
+        let seq = &seqs[i];
+        let mut j = 0usize;
+        move || {
+            j = (j + 1) & (SEQ_LEN - 1);
+            u64_key(seq[j])
         }
-        let seqs: Vec<Vec<u64>> = (0..t)
-            .map(|i| key_sequence(SPREAD_KEYS, SEQ_LEN, Dist::Uniform, i as u64 + 1))
-            .collect();
-        record(
-            "spread keys",
-            "governor",
-            t,
-            sweep_point(t, o.secs, |i| {
-                let seq = &seqs[i];
-                let gv = &gv;
-                let mut j = 0usize;
-                move || {
-                    j = (j + 1) & (SEQ_LEN - 1);
-                    gv.check_key(&u64_key(seq[j])).is_ok()
+    };
+
+    let rw_allow = TokenBucket::new(allow_rate()).unwrap();
+    let gv_allow = RateLimiter::direct(gov_allow());
+    let rw_deny = TokenBucket::new(Rate::per_hour(1).burst(1)).unwrap();
+    let _ = rw_deny.check();
+    let gv_deny = RateLimiter::direct(Quota::per_hour(NonZeroU32::new(1).unwrap()));
+    let _ = gv_deny.check();
+    let gv_hot = RateLimiter::keyed(gov_allow());
+    let gv_spread = RateLimiter::keyed(gov_keyed());
+    for i in 0..SPREAD_KEYS as u64 {
+        let _ = gv_spread.check_key(&u64_key(i));
+    }
+
+    let mut samples: BTreeMap<(String, String, usize), Vec<f64>> = BTreeMap::new();
+    for round in 0..o.rounds {
+        for &t in &o.threads {
+            let mut point = |case: &str, imp: &str, v: f64| {
+                eprintln!(
+                    "  round {round} {case:<12} {imp:<9} {t} threads: {:>8.2} M ops/s",
+                    v / 1e6
+                );
+                samples
+                    .entry((case.to_string(), imp.to_string(), t))
+                    .or_default()
+                    .push(v);
+            };
+            // Alternate which implementation goes first.
+            for first in [round % 2 == 0, round % 2 != 0] {
+                if first {
+                    point(
+                        "single allow",
+                        "ratewall",
+                        sweep_point(t, o.secs, |_| || rw_allow.check().is_allowed()),
+                    );
+                    point(
+                        "single deny",
+                        "ratewall",
+                        sweep_point(t, o.secs, |_| || rw_deny.check().is_allowed()),
+                    );
+                    // RATEWALL KEYED CASES
+                } else {
+                    point(
+                        "single allow",
+                        "governor",
+                        sweep_point(t, o.secs, |_| || gv_allow.check().is_ok()),
+                    );
+                    point(
+                        "single deny",
+                        "governor",
+                        sweep_point(t, o.secs, |_| || gv_deny.check().is_ok()),
+                    );
+                    point(
+                        "hot key",
+                        "governor",
+                        sweep_point(t, o.secs, |_| || gv_hot.check_key(&u64_key(7)).is_ok()),
+                    );
+                    point(
+                        "spread keys",
+                        "governor",
+                        sweep_point(t, o.secs, |i| {
+                            let mut key = spread(i);
+                            let gv = &gv_spread;
+                            move || gv.check_key(&key()).is_ok()
+                        }),
+                    );
                 }
-            }),
-        );
+            }
+        }
+    }
+    let mut res = Results::new();
+    for ((case, imp, t), mut v) in samples {
+        v.sort_by(f64::total_cmp);
+        res.entry((case, imp))
+            .or_default()
+            .insert(t, v[v.len() / 2]);
     }
     res
 }
@@ -600,7 +624,10 @@ fn main() {
             std::process::exit(2);
         }
     };
-    eprintln!("sweep: {} s per point, threads {:?}", o.secs, o.threads);
+    eprintln!(
+        "sweep: {} s per point, threads {:?}, {} rounds",
+        o.secs, o.threads, o.rounds
+    );
     let res = if o.sweep {
         run_sweeps(&o)
     } else {
