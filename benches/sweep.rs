@@ -285,10 +285,12 @@ fn mem_child(imp: &str, key: &str, n: u64) {
 fn ops(case: &str, n: u64) -> Result<(), String> {
     fn run(n: u64, mut op: impl FnMut(u64) -> bool) {
         let mut allowed = 0u64;
+        let start = Instant::now();
         for i in 0..n {
             allowed += u64::from(op(black_box(i)));
         }
-        println!("{allowed} of {n} allowed");
+        let ns = start.elapsed().as_nanos() as f64 / n as f64;
+        println!("{allowed} of {n} allowed, {ns:.2} ns/op");
     }
     let deny = || {
         let l = TokenBucket::new(Rate::per_hour(1).burst(1)).unwrap();
