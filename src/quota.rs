@@ -204,7 +204,11 @@ impl Rate {
                 max: max_burst,
             });
         }
-        Ok(Gcra::new(emission, burst))
+        Ok(Gcra {
+            emission,
+            tolerance: burst * emission,
+            burst,
+        })
     }
 }
 

@@ -42,53 +42,17 @@ pub struct Gcra {
     /// `tau = burst * T`, ns.
     pub(crate) tolerance: u64,
     pub(crate) burst: u64,
-    /// `floor((2^64 - 1) / T)`: turns `x / T` into a multiply (see `units`).
-    recip: u64,
-}
-
-impl Gcra {
-    /// Parameters for emission interval `T` and `burst`; the caller has checked
-    /// `T >= 1`, `burst >= 1` and `burst * T <= MAX_TOLERANCE`.
-    pub(crate) const fn new(emission: u64, burst: u64) -> Gcra {
-        Gcra {
-            emission,
-            tolerance: burst * emission,
-            burst,
-            recip: u64::MAX / emission,
-        }
-    }
-
-    /// `floor(x / T)` for `x <= 2^62`, without a hardware divide: the 64-bit
-    /// `div` was more than half the cost of a check on this repo's bench
-    /// machine (see `docs/benchmarks.md`).
-    ///
-    /// With `m = floor((2^64 - 1) / T)`, `x*m / 2^64` lies in
-    /// `(x/T - x/2^64 - x/(T*2^64), x/T]`, and `x <= 2^62` keeps the error
-    /// below 1/2, so `q = floor(x*m / 2^64)` is `floor(x/T)` or one less; one
-    /// comparison of the remainder fixes it. `q*T <= x`, so nothing underflows.
-    #[inline]
-    fn units(&self, x: u64) -> u64 {
-        debug_assert!(x <= crate::quota::MAX_TOLERANCE);
-        let q = ((u128::from(x) * u128::from(self.recip)) >> 64) as u64;
-        if x - q * self.emission >= self.emission {
-            q + 1
-        } else {
-            q
-        }
-    }
 }
 
 impl Params for Gcra {
     fn encode(&self) -> [u64; 3] {
-        [self.emission, self.burst, self.recip]
+        [self.emission, self.tolerance, self.burst]
     }
     fn decode(w: [u64; 3]) -> Self {
         Gcra {
             emission: w[0],
-            // Exact: validated `burst * T <= MAX_TOLERANCE` at construction.
-            tolerance: w[0] * w[1],
-            burst: w[1],
-            recip: w[2],
+            tolerance: w[1],
+            burst: w[2],
         }
     }
 }
@@ -106,17 +70,14 @@ impl WordStep for Gcra {
         let held = tat.saturating_sub(now);
         let used = held.saturating_add(n * self.emission);
         if used <= self.tolerance {
-            let remaining = self.units(self.tolerance - used);
-            (
-                Decision::allow(self.burst, remaining, used),
-                Some(now + used),
-            )
+            let credit = self.tolerance - used;
+            let d = Decision::allow_credit(self.burst, credit, self.emission, used);
+            (d, Some(now + used))
         } else {
-            let remaining = self.units(self.tolerance.saturating_sub(held));
-            (
-                Decision::deny(self.burst, remaining, used - self.tolerance, held),
-                None,
-            )
+            let credit = self.tolerance.saturating_sub(held);
+            let retry = used - self.tolerance;
+            let d = Decision::deny_credit(self.burst, credit, self.emission, retry, held);
+            (d, None)
         }
     }
 
@@ -246,43 +207,6 @@ mod tests {
             assert_eq!(d.reset_after().as_nanos() as u64, reset * MS, "{ctx}");
             assert_eq!(d.limit(), 3, "{ctx}");
             assert_eq!(nx, next.map(|t| t * MS), "{ctx}");
-        }
-    }
-
-    #[test]
-    fn units_matches_division_at_the_edges() {
-        let max = crate::quota::MAX_TOLERANCE;
-        for t in [
-            1,
-            2,
-            3,
-            7,
-            1_000,
-            999_999_937,
-            1 << 31,
-            (1 << 32) + 1,
-            max / 3,
-            max,
-        ] {
-            let p = Gcra::new(t, 1);
-            for x in [0, 1, t - 1, t, t + 1, 2 * t - 1, max / t * t, max - 1, max] {
-                if x <= max {
-                    assert_eq!(p.units(x), x / t, "x={x} t={t}");
-                }
-            }
-        }
-    }
-
-    proptest::proptest! {
-        #[test]
-        fn units_is_floor_division(t in 1u64..=crate::quota::MAX_TOLERANCE, x in 0u64..=crate::quota::MAX_TOLERANCE) {
-            proptest::prop_assert_eq!(Gcra::new(t, 1).units(x), x / t);
-        }
-
-        #[test]
-        fn params_round_trip(t in 1u64..1_000_000_000, burst in 1u64..1_000_000) {
-            let p = Gcra::new(t, burst);
-            proptest::prop_assert_eq!(Gcra::decode(p.encode()), p);
         }
     }
 
