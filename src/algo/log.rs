@@ -30,7 +30,7 @@ use super::Algorithm;
 use crate::decision::Decision;
 use crate::error::{ConfigError, InsufficientCapacity};
 use crate::quota::Window;
-use crate::sync::{lock, Mutex};
+use crate::sync::{lock, spin_hint, yield_now, Mutex, MutexGuard};
 use crate::word::{ParamCell, Params};
 use std::collections::VecDeque;
 use std::fmt;
@@ -127,6 +127,32 @@ impl LogRing {
     }
 }
 
+impl LogRing {
+    /// Locks the ring and reads the parameters under the lock. A quota
+    /// change rescales the ring under this lock between its `begin` and
+    /// `publish`, so the ring seen always matches the parameters read. While
+    /// a change is under way the lock is released and retaken (the change
+    /// needs it to finish): waiting for the parameters while holding the
+    /// lock would deadlock, as the loom model
+    /// `log_quota_change_races_check` showed.
+    fn lock_with(&self, params: &ParamCell) -> (MutexGuard<'_, VecDeque<u64>>, SlidingLog) {
+        let mut spins = 0u32;
+        loop {
+            let ring = lock(&self.ring);
+            if let Some(p) = params.try_read() {
+                return (ring, p);
+            }
+            drop(ring);
+            spins += 1;
+            if spins < 64 {
+                spin_hint();
+            } else {
+                yield_now();
+            }
+        }
+    }
+}
+
 impl fmt::Debug for LogRing {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let ring = lock(&self.ring);
@@ -161,11 +187,7 @@ impl Core for SlidingLog {
         n: u64,
         consume: bool,
     ) -> Result<Decision, InsufficientCapacity> {
-        let mut ring = lock(&cell.ring);
-        // Parameters are read under the key's lock: a quota change rescales
-        // the ring under the same lock between its `begin` and `publish`, so
-        // the ring seen here always matches the parameters read.
-        let p: SlidingLog = params.read();
+        let (mut ring, p) = cell.lock_with(params);
         if n > p.limit {
             return Err(InsufficientCapacity {
                 requested: n,
@@ -176,8 +198,7 @@ impl Core for SlidingLog {
     }
 
     fn refund(cell: &LogRing, params: &ParamCell, now: u64, n: u64) {
-        let mut ring = lock(&cell.ring);
-        let p: SlidingLog = params.read();
+        let (mut ring, p) = cell.lock_with(params);
         let Some(&newest) = ring.back() else { return };
         let t = newest.max(now);
         // Give back the newest entries, while they are still in the window.
