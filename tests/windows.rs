@@ -24,6 +24,9 @@ trait Model: Clone {
     fn admit(&mut self, t: u64, n: u64);
     /// Give back `n` at `t`, by the documented rule.
     fn refund(&mut self, t: u64, n: u64);
+    /// The next instant after `t` at which usage drops (a window edge, or
+    /// an admission leaving the rolling window), so tests can land on it.
+    fn next_edge(&self, t: u64) -> u64;
 }
 
 #[derive(Default, Clone)]
@@ -31,21 +34,36 @@ struct FixedModel {
     w: u64,
     l: u64,
     windows: BTreeMap<u64, u64>,
+    /// The window of the last admission: a reading from an older window is
+    /// evaluated in this one.
+    last: u64,
+}
+
+impl FixedModel {
+    fn window(&self, t: u64) -> u64 {
+        (t / self.w).max(self.last)
+    }
 }
 
 impl Model for FixedModel {
+    fn next_edge(&self, t: u64) -> u64 {
+        (self.window(t) + 1) * self.w
+    }
     fn allows(&self, t: u64, n: u64) -> bool {
         self.used(t) + n <= self.l
     }
     fn used(&self, t: u64) -> u64 {
-        self.windows.get(&(t / self.w)).copied().unwrap_or(0)
+        self.windows.get(&self.window(t)).copied().unwrap_or(0)
     }
     fn admit(&mut self, t: u64, n: u64) {
-        *self.windows.entry(t / self.w).or_default() += n;
+        self.last = self.window(t);
+        *self.windows.entry(self.last).or_default() += n;
     }
     fn refund(&mut self, t: u64, n: u64) {
-        if let Some(c) = self.windows.get_mut(&(t / self.w)) {
-            *c -= n.min(*c);
+        if t / self.w == self.last {
+            if let Some(c) = self.windows.get_mut(&self.last) {
+                *c -= n.min(*c);
+            }
         }
     }
 }
@@ -60,18 +78,23 @@ struct SlidingModel {
 }
 
 impl SlidingModel {
+    /// (prev, cur, time into the window); a reading from before the last
+    /// admission's window is evaluated at that window's start.
     fn counts(&self, t: u64) -> (u64, u64, u64) {
-        let k = t / self.w;
+        let k = (t / self.w).max(self.last);
         let cur = self.windows.get(&k).copied().unwrap_or(0);
         let prev = match k.checked_sub(1) {
             Some(p) => self.windows.get(&p).copied().unwrap_or(0),
             None => 0,
         };
-        (prev, cur, t - k * self.w)
+        (prev, cur, t.saturating_sub(k * self.w))
     }
 }
 
 impl Model for SlidingModel {
+    fn next_edge(&self, t: u64) -> u64 {
+        ((t / self.w).max(self.last) + 1) * self.w
+    }
     fn allows(&self, t: u64, n: u64) -> bool {
         // prev * (W - e) / W + cur + n <= L, exactly, in rationals.
         let (prev, cur, e) = self.counts(t);
@@ -84,15 +107,20 @@ impl Model for SlidingModel {
         (num.div_ceil(u128::from(self.w)) as u64) + cur
     }
     fn admit(&mut self, t: u64, n: u64) {
-        self.last = t / self.w;
-        *self.windows.entry(t / self.w).or_default() += n;
+        self.last = (t / self.w).max(self.last);
+        *self.windows.entry(self.last).or_default() += n;
     }
     fn refund(&mut self, t: u64, n: u64) {
         let k = t / self.w;
-        if k == self.last || k == self.last + 1 {
-            if let Some(c) = self.windows.get_mut(&self.last) {
-                *c -= n.min(*c);
-            }
+        let from = if k == self.last || k == self.last + 1 {
+            self.last
+        } else if k + 1 == self.last {
+            k
+        } else {
+            return;
+        };
+        if let Some(c) = self.windows.get_mut(&from) {
+            *c -= n.min(*c);
         }
     }
 }
@@ -103,23 +131,41 @@ struct LogModel {
     l: u64,
     /// One timestamp per admitted unit.
     times: Vec<u64>,
+    /// The latest admission time: readings before it are evaluated at it.
+    floor: u64,
+}
+
+impl LogModel {
+    /// A reading from before the newest admission is evaluated at it.
+    fn at(&self, t: u64) -> u64 {
+        t.max(self.floor)
+    }
 }
 
 impl Model for LogModel {
+    fn next_edge(&self, t: u64) -> u64 {
+        let t = self.at(t);
+        let oldest = self.times.iter().copied().find(|&ts| ts + self.w > t);
+        oldest.map_or(t + self.w, |ts| ts + self.w)
+    }
     fn allows(&self, t: u64, n: u64) -> bool {
         self.used(t) + n <= self.l
     }
     fn used(&self, t: u64) -> u64 {
         // Admissions in (t - W, t].
+        let t = self.at(t);
         self.times
             .iter()
             .filter(|&&ts| ts <= t && ts + self.w > t)
             .count() as u64
     }
     fn admit(&mut self, t: u64, n: u64) {
+        let t = self.at(t);
+        self.floor = t;
         self.times.extend(std::iter::repeat(t).take(n as usize));
     }
     fn refund(&mut self, t: u64, n: u64) {
+        let t = self.at(t);
         for _ in 0..n {
             match self.times.last() {
                 Some(&ts) if ts + self.w > t => {
@@ -152,6 +198,8 @@ fn first_true(t: u64, horizon: u64, pred: impl Fn(u64) -> bool) -> Option<u64> {
 #[derive(Clone, Copy, Debug)]
 enum Op {
     Advance(u64),
+    /// To the model's next edge, then -1, 0 or +1 ns.
+    Edge(u64),
     Back(u64),
     Check(u64),
     Peek(u64),
@@ -161,9 +209,14 @@ enum Op {
 fn ops(limit: u64, w: u64) -> impl Strategy<Value = Vec<Op>> {
     prop::collection::vec(
         prop_oneof![
-            3 => (0..3 * w).prop_map(Op::Advance),
+            2 => (0..3 * w).prop_map(Op::Advance),
             1 => (0..w).prop_map(Op::Back),
             1 => (0..w / 4).prop_map(Op::Advance),
+            // Whole milliseconds: windows are whole ms too, so these land
+            // exactly on window edges and on `t - W` of earlier admissions.
+            2 => (0..3000u64).prop_map(|k| Op::Advance(k * MS)),
+            1 => (0..1000u64).prop_map(|k| Op::Back(k * MS)),
+            3 => (0..3u64).prop_map(Op::Edge),
             6 => (1..=limit).prop_map(Op::Check),
             1 => (1..=limit).prop_map(Op::Peek),
             1 => (1..=limit).prop_map(Op::Refund),
@@ -174,26 +227,37 @@ fn ops(limit: u64, w: u64) -> impl Strategy<Value = Vec<Op>> {
 
 /// Runs `ops` on the limiter and the model side by side, comparing every
 /// decision in full, and returns the admissions the limiter made (time, cost).
-fn run<A: Algorithm<Config = Window>, M: Model>(
-    limiter: &Limiter<A, ManualClock>,
+fn run<A: Algorithm<Config = Window>, C: ratewall::Clock, M: Model>(
+    limiter: &Limiter<A, C>,
     clock: &ManualClock,
     model: &mut M,
     w: u64,
     limit: u64,
     ops: &[Op],
 ) -> Result<Vec<(u64, u64)>, TestCaseError> {
-    let mut eff = 0u64; // the limiter's guard: time never goes back
+    // With a `ManualClock` the limiter's guard makes time never go back;
+    // with the `LyingClock` the algorithms see the backward readings.
+    let guarded = !ratewall::Clock::is_monotonic(limiter.clock());
+    let mut eff = 0u64;
+    let mut latest = 0u64; // the latest reading: the state is never beyond it
     let mut admitted = Vec::new();
     for (i, &op) in ops.iter().enumerate() {
         match op {
             Op::Advance(d) => clock.advance(Duration::from_nanos(d)),
+            Op::Edge(d) => clock.set_nanos(model.next_edge(clock.now_ns()) + d - 1),
             Op::Back(d) => clock.step_back(Duration::from_nanos(d)),
             Op::Check(n) | Op::Peek(n) => {
-                eff = eff.max(clock.now_ns());
+                eff = if guarded {
+                    eff.max(clock.now_ns())
+                } else {
+                    clock.now_ns()
+                };
                 let d: Decision = match op {
                     Op::Check(_) => limiter.check_n(n).unwrap(),
                     _ => limiter.peek_n(n).unwrap(),
                 };
+                latest = latest.max(eff);
+                let horizon = latest - eff + 3 * w;
                 let ctx = format!("op {i} {op:?} at {eff}: {d:?}");
                 let allowed = model.allows(eff, n);
                 prop_assert_eq!(d.is_allowed(), allowed, "{}", ctx);
@@ -204,7 +268,7 @@ fn run<A: Algorithm<Config = Window>, M: Model>(
                     prop_assert_eq!(d.retry_after(), Duration::ZERO, "{}", ctx);
                 } else {
                     prop_assert_eq!(d.remaining(), limit.saturating_sub(used), "{}", ctx);
-                    let retry = first_true(eff, 3 * w, |t| model.allows(t, n));
+                    let retry = first_true(eff, horizon, |t| model.allows(t, n));
                     prop_assert_eq!(Some(d.retry_after().as_nanos() as u64), retry, "{}", ctx);
                 }
                 // A peek reports what the check would: as if admitted.
@@ -217,13 +281,17 @@ fn run<A: Algorithm<Config = Window>, M: Model>(
                     admitted.push((eff, n));
                 }
                 // Back to full capacity: the first time nothing is in use.
-                let reset = first_true(eff, 3 * w, |t| after.used(t) == 0)
+                let reset = first_true(eff, horizon, |t| after.used(t) == 0)
                     .filter(|_| after.used(eff) > 0)
                     .unwrap_or(0);
                 prop_assert_eq!(d.reset_after().as_nanos() as u64, reset, "{}", ctx);
             }
             Op::Refund(n) => {
-                eff = eff.max(clock.now_ns());
+                eff = if guarded {
+                    eff.max(clock.now_ns())
+                } else {
+                    clock.now_ns()
+                };
                 limiter.refund(n);
                 model.refund(eff, n);
                 admitted.push((eff, 0)); // marks the refund point
@@ -247,25 +315,47 @@ fn setup(start_ms: u64) -> ManualClock {
     ManualClock::starting_at(Duration::from_millis(start_ms))
 }
 
+/// A clock that claims to be monotonic but is not: the limiter trusts it
+/// and skips its guard, so backward readings reach the algorithms.
+#[derive(Debug, Clone, Default)]
+struct LyingClock(ManualClock);
+
+impl ratewall::Clock for LyingClock {
+    fn now(&self) -> u64 {
+        ratewall::Clock::now(&self.0)
+    }
+    fn is_monotonic(&self) -> bool {
+        true
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(300))]
 
     /// Fixed window: every decision matches the model; admitted per aligned
     /// window never exceeds L (counted from the limiter's own decisions).
     #[test]
-    fn fixed_window_matches_the_model(limit in 1u64..=8, wms in 10u64..=1000, start in 0u64..5000, ops in ops(8, 1000 * MS)) {
+    fn fixed_window_matches_the_model(limit in 1u64..=8, wms in 10u64..=1000, start in 0u64..5000, ops in ops(8, 1000 * MS), lying in any::<bool>()) {
         let w = wms * MS;
         let clock = setup(start);
-        let limiter = FixedWindow::with_clock(Window::new(limit, Duration::from_nanos(w)), clock.clone()).unwrap();
+        let window = Window::new(limit, Duration::from_nanos(w));
         let mut model = FixedModel { w, l: limit, ..Default::default() };
         let ops: Vec<Op> = ops.into_iter().map(|op| clamp_cost(op, limit)).collect();
-        let admitted = run(&limiter, &clock, &mut model, w, limit, &ops)?;
+        let admitted = if lying {
+            let limiter = FixedWindow::with_clock(window, LyingClock(clock.clone())).unwrap();
+            run(&limiter, &clock, &mut model, w, limit, &ops)?
+        } else {
+            let limiter = FixedWindow::with_clock(window, clock.clone()).unwrap();
+            run(&limiter, &clock, &mut model, w, limit, &ops)?
+        };
         // The bound, from the limiter's admissions (refunds only lower it).
         let mut per_window: BTreeMap<u64, u64> = BTreeMap::new();
         for &(t, n) in &admitted {
             *per_window.entry(t / w).or_default() += n;
         }
-        let refunded = ops.iter().any(|op| matches!(op, Op::Refund(_)));
+        // With backward readings, admissions count in the state's window:
+        // the model (matched decision by decision) has those.
+        let refunded = lying || ops.iter().any(|op| matches!(op, Op::Refund(_)));
         for (k, c) in per_window {
             if !refunded {
                 prop_assert!(c <= limit, "window {} admitted {} > {}", k, c, limit);
@@ -279,14 +369,22 @@ proptest! {
     /// Sliding counter: every decision matches the exact rational model;
     /// admitted per aligned window never exceeds L.
     #[test]
-    fn sliding_counter_matches_the_model(limit in 1u64..=8, wms in 135u64..=1000, start in 0u64..5000, ops in ops(8, 1000 * MS)) {
+    fn sliding_counter_matches_the_model(limit in 1u64..=8, wms in 135u64..=1000, start in 0u64..5000, ops in ops(8, 1000 * MS), lying in any::<bool>()) {
         let w = wms * MS;
         let clock = setup(start);
-        let limiter = SlidingWindowCounter::with_clock(Window::new(limit, Duration::from_nanos(w)), clock.clone()).unwrap();
+        let window = Window::new(limit, Duration::from_nanos(w));
         let mut model = SlidingModel { w, l: limit, ..Default::default() };
         let ops: Vec<Op> = ops.into_iter().map(|op| clamp_cost(op, limit)).collect();
-        let admitted = run(&limiter, &clock, &mut model, w, limit, &ops)?;
-        let refunded = ops.iter().any(|op| matches!(op, Op::Refund(_)));
+        let admitted = if lying {
+            let limiter = SlidingWindowCounter::with_clock(window, LyingClock(clock.clone())).unwrap();
+            run(&limiter, &clock, &mut model, w, limit, &ops)?
+        } else {
+            let limiter = SlidingWindowCounter::with_clock(window, clock.clone()).unwrap();
+            run(&limiter, &clock, &mut model, w, limit, &ops)?
+        };
+        // With backward readings, admissions count in the state's window:
+        // the model (matched decision by decision) has those.
+        let refunded = lying || ops.iter().any(|op| matches!(op, Op::Refund(_)));
         let mut per_window: BTreeMap<u64, u64> = BTreeMap::new();
         for &(t, n) in &admitted {
             *per_window.entry(t / w).or_default() += n;
@@ -304,23 +402,31 @@ proptest! {
     /// Sliding log: every decision matches the model, and no rolling window
     /// of length W ever holds more than L admissions (exact).
     #[test]
-    fn sliding_log_matches_the_model(limit in 1u64..=8, wms in 1u64..=1000, start in 0u64..5000, ops in ops(8, 1000 * MS)) {
+    fn sliding_log_matches_the_model(limit in 1u64..=8, wms in 1u64..=1000, start in 0u64..5000, ops in ops(8, 1000 * MS), lying in any::<bool>()) {
         let w = wms * MS;
         let clock = setup(start);
-        let limiter = SlidingWindowLog::with_clock(Window::new(limit, Duration::from_nanos(w)), clock.clone()).unwrap();
+        let window = Window::new(limit, Duration::from_nanos(w));
         let mut model = LogModel { w, l: limit, ..Default::default() };
         let ops: Vec<Op> = ops.into_iter().map(|op| clamp_cost(op, limit)).collect();
-        let admitted = run(&limiter, &clock, &mut model, w, limit, &ops)?;
-        if !ops.iter().any(|op| matches!(op, Op::Refund(_))) {
+        let admitted = if lying {
+            let limiter = SlidingWindowLog::with_clock(window, LyingClock(clock.clone())).unwrap();
+            run(&limiter, &clock, &mut model, w, limit, &ops)?
+        } else {
+            let limiter = SlidingWindowLog::with_clock(window, clock.clone()).unwrap();
+            run(&limiter, &clock, &mut model, w, limit, &ops)?
+        };
+        if !lying && !ops.iter().any(|op| matches!(op, Op::Refund(_))) {
             // Every rolling window ending at an admission (the maxima).
             for &(t, _) in &admitted {
                 let inside: u64 = admitted.iter().filter(|&&(s, _)| s <= t && s + w > t).map(|&(_, n)| n).sum();
                 prop_assert!(inside <= limit, "({}, {}] holds {} > {}", t.saturating_sub(w), t, inside, limit);
             }
         }
-        // With refunds, the model's log (admissions minus refunds) obeys it.
+        // With refunds or backward readings: the model's log (effective
+        // admission times, minus refunds) obeys it, in every window.
         for &t in &model.times {
-            prop_assert!(model.used(t) <= limit);
+            let inside = model.times.iter().filter(|&&s| s <= t && s + w > t).count() as u64;
+            prop_assert!(inside <= limit, "({}, {}] holds {} > {}", t.saturating_sub(w), t, inside, limit);
         }
     }
 }
@@ -409,6 +515,32 @@ fn a_clock_step_back_never_moves_a_key_to_an_older_window() {
     assert!(!f.check_at(500 * MS).is_allowed());
     assert!(!s.check_at(500 * MS).is_allowed());
     assert!(!l.check_at(500 * MS).is_allowed());
+}
+
+#[test]
+fn unguarded_backward_readings_are_evaluated_in_the_states_window() {
+    let clock = LyingClock::default();
+    clock.0.set(Duration::from_millis(2100));
+    let w = Window::per_second(2);
+    let f = FixedWindow::with_clock(w, clock.clone()).unwrap();
+    let s = SlidingWindowCounter::with_clock(w, clock.clone()).unwrap();
+    let l = SlidingWindowLog::with_clock(w, clock.clone()).unwrap();
+    assert!(f.check_n(2).unwrap().is_allowed());
+    assert!(s.check_n(2).unwrap().is_allowed());
+    assert!(l.check_n(2).unwrap().is_allowed());
+    for back_ms in [50, 100, 600, 1100, 2100] {
+        clock.0.set(Duration::from_millis(2100 - back_ms));
+        let t = 2100 - back_ms;
+        let (df, ds, dl) = (f.check(), s.check(), l.check());
+        assert!(!df.is_allowed(), "fixed at {t} ms: {df:?}");
+        assert!(!ds.is_allowed(), "sliding at {t} ms: {ds:?}");
+        assert!(!dl.is_allowed(), "log at {t} ms: {dl:?}");
+        // The waits count from the reading to the state's window end / the
+        // log's newest entry leaving: never shorter than at the latest time.
+        assert_eq!(df.retry_after(), Duration::from_millis(3000 - t));
+        assert_eq!(dl.retry_after(), Duration::from_millis(3100 - t));
+    }
+    assert!(!f.is_idle() && !s.is_idle() && !l.is_idle());
 }
 
 #[test]

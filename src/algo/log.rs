@@ -2,14 +2,15 @@
 //! admission timestamps behind a small lock.
 //!
 //! ```text
-//! LogRing = Mutex { VecDeque<u64> }      capacity L, allocated once
+//! LogRing = Mutex { times: VecDeque<u64>, floor: u64 }   capacity L, allocated once
 //!   front                                   back
 //!   [ t_0 <= t_1 <= ... <= t_(len-1) ]      len <= L, one entry per cost unit
 //! ```
 //!
-//! A check at `now` of cost `n`, under the key's lock: `t = max(now, newest)`
-//! (a clock that stepped back is evaluated at the latest admission, so the
-//! ring stays sorted); entries with `ts + W <= t` have left the window
+//! A check at `now` of cost `n`, under the key's lock: `t = max(now, floor)`
+//! where `floor` is the time of the latest admission (a clock that stepped
+//! back is evaluated there, so the ring stays sorted; a refund does not
+//! lower it, so a refund never reopens room for an older reading); entries with `ts + W <= t` have left the window
 //! `(t - W, t]` (found by binary search); allowed iff `in_window + n <= L`;
 //! on allow the expired entries are dropped and `n` copies of `t` appended.
 //! The ring never holds more than `L` entries, so it never reallocates after
@@ -42,7 +43,7 @@ pub(crate) const LOG_MAX_LIMIT: u64 = 1 << 20;
 /// [`SlidingWindowLog`](crate::SlidingWindowLog).
 ///
 /// Never more than `L` admitted in any rolling window of length `W`. State:
-/// a ring of `L` timestamps per key (`8*L` bytes plus 40 bytes), behind a
+/// a ring of `L` timestamps per key (`8*L` bytes plus 48 bytes), behind a
 /// per-key lock.
 ///
 /// # Example
@@ -75,26 +76,28 @@ impl SlidingLog {
     }
 
     /// The decision for cost `n` (`1..=L`) at `now`; appends on allow if `consume`.
-    fn step(&self, ring: &mut VecDeque<u64>, now: u64, n: u64, consume: bool) -> Decision {
+    fn step(&self, ring: &mut Ring, now: u64, n: u64, consume: bool) -> Decision {
         let (w, l) = (self.length, self.limit);
-        let newest = ring.back().copied();
         // Never earlier than the latest admission: the ring stays sorted and
         // a clock that stepped back never reopens room.
-        let t = newest.map_or(now, |b| b.max(now));
+        let t = now.max(ring.floor);
+        let times = &mut ring.times;
         // No overflow: times are at most 2^63 and W at most 2^62.
-        let expired = ring.partition_point(|&ts| ts + w <= t);
-        let in_window = (ring.len() - expired) as u64;
+        let expired = times.partition_point(|&ts| ts + w <= t);
+        let in_window = (times.len() - expired) as u64;
         if in_window + n <= l {
             if consume {
-                ring.drain(..expired);
-                ring.extend(std::iter::repeat(t).take(n as usize));
+                times.drain(..expired);
+                times.extend(std::iter::repeat(t).take(n as usize));
+                ring.floor = t;
             }
             return Decision::allow(l, l - in_window - n, t + w - now);
         }
-        // The (in_window + n - L)-th oldest entry in the window must leave.
+        // The (in_window + n - L)-th oldest entry in the window must leave;
+        // the window is not empty here (n <= L).
         let must_leave = (in_window + n - l) as usize;
-        let oldest = ring[expired + must_leave - 1];
-        let newest = newest.unwrap_or(t); // non-empty here: n <= L
+        let oldest = times[expired + must_leave - 1];
+        let newest = times[times.len() - 1];
         Decision::deny(l, l - in_window, oldest + w - now, newest + w - now)
     }
 }
@@ -116,13 +119,23 @@ impl Params for SlidingLog {
 /// keyed table can hold one per slot. Memory: 40 bytes plus `8*L` on the
 /// heap, allocated once.
 pub struct LogRing {
-    ring: Mutex<VecDeque<u64>>,
+    ring: Mutex<Ring>,
+}
+
+/// The admission times, oldest first, and the time of the latest admission.
+#[derive(Debug)]
+struct Ring {
+    times: VecDeque<u64>,
+    floor: u64,
 }
 
 impl LogRing {
     pub(crate) fn with_capacity(limit: u64) -> Self {
         LogRing {
-            ring: Mutex::new(VecDeque::with_capacity(limit as usize)),
+            ring: Mutex::new(Ring {
+                times: VecDeque::with_capacity(limit as usize),
+                floor: 0,
+            }),
         }
     }
 }
@@ -135,7 +148,7 @@ impl LogRing {
     /// needs it to finish): waiting for the parameters while holding the
     /// lock would deadlock, as the loom model
     /// `log_quota_change_races_check` showed.
-    fn lock_with(&self, params: &ParamCell) -> (MutexGuard<'_, VecDeque<u64>>, SlidingLog) {
+    fn lock_with(&self, params: &ParamCell) -> (MutexGuard<'_, Ring>, SlidingLog) {
         let mut spins = 0u32;
         loop {
             let ring = lock(&self.ring);
@@ -157,8 +170,8 @@ impl fmt::Debug for LogRing {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let ring = lock(&self.ring);
         f.debug_struct("LogRing")
-            .field("len", &ring.len())
-            .field("newest", &ring.back())
+            .field("len", &ring.times.len())
+            .field("floor", &ring.floor)
             .finish()
     }
 }
@@ -199,13 +212,13 @@ impl Core for SlidingLog {
 
     fn refund(cell: &LogRing, params: &ParamCell, now: u64, n: u64) {
         let (mut ring, p) = cell.lock_with(params);
-        let Some(&newest) = ring.back() else { return };
-        let t = newest.max(now);
+        let t = now.max(ring.floor);
         // Give back the newest entries, while they are still in the window.
+        // The floor stays: time does not move back with them.
         for _ in 0..n {
-            match ring.back() {
+            match ring.times.back() {
                 Some(&ts) if ts + p.length > t => {
-                    ring.pop_back();
+                    ring.times.pop_back();
                 }
                 _ => break,
             }
@@ -213,7 +226,9 @@ impl Core for SlidingLog {
     }
 
     fn reset(cell: &LogRing) {
-        lock(&cell.ring).clear();
+        let mut ring = lock(&cell.ring);
+        ring.times.clear();
+        ring.floor = 0;
     }
 
     fn rescale(cell: &LogRing, _old: &Self, new: &Self, _now: u64) {
@@ -222,17 +237,18 @@ impl Core for SlidingLog {
         // keeps the newest L entries: the older ones leave the window first,
         // so every later decision is the same as with the full history.
         let keep = new.limit as usize;
-        if ring.len() > keep {
-            let drop = ring.len() - keep;
-            ring.drain(..drop);
+        let times = &mut ring.times;
+        if times.len() > keep {
+            let drop = times.len() - keep;
+            times.drain(..drop);
         }
         // A larger limit grows the ring once, here, not on the hot path.
-        let len = ring.len();
-        ring.reserve(keep - len);
+        times.reserve(keep - times.len());
     }
 
     fn is_idle(cell: &LogRing, params: &Self, now: u64) -> bool {
         lock(&cell.ring)
+            .times
             .back()
             .map_or(true, |&b| b + params.length <= now)
     }
@@ -257,7 +273,10 @@ mod tests {
     #[test]
     fn table_of_hand_computed_steps() {
         let p = log(3, 1000);
-        let mut ring = VecDeque::new();
+        let mut ring = Ring {
+            times: VecDeque::new(),
+            floor: 0,
+        };
         let rows: &[(u64, u64, bool, u64, u64, u64)] = &[
             (100, 1, true, 2, 0, 1000),
             (400, 1, true, 1, 0, 1000),
@@ -275,9 +294,9 @@ mod tests {
             assert_eq!(d.remaining(), remaining, "{ctx}");
             assert_eq!(d.retry_after().as_nanos() as u64, retry * MS, "{ctx}");
             assert_eq!(d.reset_after().as_nanos() as u64, reset * MS, "{ctx}");
-            assert!(ring.len() <= 3);
+            assert!(ring.times.len() <= 3);
         }
-        let times: Vec<u64> = ring.iter().map(|t| t / MS).collect();
+        let times: Vec<u64> = ring.times.iter().map(|t| t / MS).collect();
         assert_eq!(times, [400, 700, 1100]);
     }
 
@@ -286,11 +305,11 @@ mod tests {
         let p = log(5, 10);
         let cell = p.new_cell();
         let params = ParamCell::new(p);
-        let cap = lock(&cell.ring).capacity();
+        let cap = lock(&cell.ring).times.capacity();
         for t in 0..1000u64 {
             let _ = SlidingLog::check(&cell, &params, t * MS / 3, 1 + t % 3, true);
         }
-        assert_eq!(lock(&cell.ring).capacity(), cap);
+        assert_eq!(lock(&cell.ring).times.capacity(), cap);
     }
 
     #[test]
