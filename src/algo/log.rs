@@ -11,7 +11,7 @@
 //! where `floor` is the time of the latest admission (a clock that stepped
 //! back is evaluated there, so the ring stays sorted; a refund does not
 //! lower it, so a refund never reopens room for an older reading); entries with `ts + W <= t` have left the window
-//! `(t - W, t]` (found by binary search); allowed iff `in_window + n <= L`;
+//! `(t - W, t]` (found by a short scan from the front, then a binary search); allowed iff `in_window + n <= L`;
 //! on allow the expired entries are dropped and `n` copies of `t` appended.
 //! The ring never holds more than `L` entries, so it never reallocates after
 //! construction (a quota change to a larger limit grows it once).
@@ -35,6 +35,10 @@ use crate::sync::{lock, spin_hint, yield_now, Mutex, MutexGuard};
 use crate::word::{ParamCell, Params};
 use std::collections::VecDeque;
 use std::fmt;
+
+/// How many expired entries a check looks for one by one before it
+/// switches to a binary search.
+const SCAN: usize = 4;
 
 /// The largest limit: 2^20 timestamps, 8 MiB per key.
 pub(crate) const LOG_MAX_LIMIT: u64 = 1 << 20;
@@ -82,13 +86,26 @@ impl SlidingLog {
         // a clock that stepped back never reopens room.
         let t = now.max(ring.floor);
         let times = &mut ring.times;
-        // No overflow: times are at most 2^63 and W at most 2^62.
-        let expired = times.partition_point(|&ts| ts + w <= t);
+        // Entries that have left (t - W, t]. Usually none or one (each
+        // allow drains them), so scan from the front; past a few (a peek
+        // after a long idle), binary search. No overflow: times are at most
+        // 2^63 and W at most 2^62.
+        let gone = |ts: &u64| ts + w <= t;
+        let mut expired = times.iter().take(SCAN).take_while(|ts| gone(ts)).count();
+        if expired == SCAN {
+            expired = times.partition_point(gone);
+        }
         let in_window = (times.len() - expired) as u64;
         if in_window + n <= l {
             if consume {
-                times.drain(..expired);
-                times.extend(std::iter::repeat(t).take(n as usize));
+                // Plain pops and pushes: cheaper than `drain`/`extend` for
+                // the usual zero or one entry, and never past capacity L.
+                for _ in 0..expired {
+                    times.pop_front();
+                }
+                for _ in 0..n {
+                    times.push_back(t);
+                }
                 ring.floor = t;
             }
             return Decision::allow(l, l - in_window - n, t + w - now);
