@@ -186,7 +186,7 @@ fn contended() {
                         let mut n = 0u64;
                         while std::time::Instant::now() < stop {
                             for _ in 0..100 {
-                                black_box(l.check());
+                                let _ = black_box(l.check());
                             }
                             n += 100;
                         }
