@@ -165,6 +165,28 @@ impl ParamCell {
         }
     }
 
+    /// A consistent snapshot, or `None` while a change is under way (or if
+    /// one raced this read). For callers that hold a lock the change also
+    /// takes, and so must not wait for it while holding that lock.
+    #[inline]
+    pub(crate) fn try_read<P: Params>(&self) -> Option<P> {
+        // Acquire: as in `read`.
+        let v1 = self.version.load(Ordering::Acquire);
+        if v1 & 1 != 0 {
+            return None;
+        }
+        // Relaxed: ordered by the Acquire above and the fence below.
+        let words = [
+            self.words[0].load(Ordering::Relaxed),
+            self.words[1].load(Ordering::Relaxed),
+            self.words[2].load(Ordering::Relaxed),
+        ];
+        // Acquire fence: as in `read`.
+        fence(Ordering::Acquire);
+        // Relaxed: ordered by the fence above.
+        (self.version.load(Ordering::Relaxed) == v1).then(|| P::decode(words))
+    }
+
     /// Starts a change: readers wait until `publish`. The caller must hold
     /// the owner's writer mutex.
     pub(crate) fn begin(&self) {
