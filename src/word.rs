@@ -126,9 +126,11 @@ impl ParamCell {
         }
     }
 
-    /// One attempt: `None` if a change was under way or raced the read.
+    /// A consistent snapshot, or `None` while a change is under way (or if
+    /// one raced this read). For callers that hold a lock the change also
+    /// takes, and so must not wait for it while holding that lock.
     #[inline]
-    fn try_read<P: Params>(&self) -> Option<P> {
+    pub(crate) fn try_read<P: Params>(&self) -> Option<P> {
         // Acquire: pairs with `publish`'s Release store of the even
         // version, so the words written before it are visible below.
         let v1 = self.version.load(Ordering::Acquire);
@@ -163,28 +165,6 @@ impl ParamCell {
                 return p;
             }
         }
-    }
-
-    /// A consistent snapshot, or `None` while a change is under way (or if
-    /// one raced this read). For callers that hold a lock the change also
-    /// takes, and so must not wait for it while holding that lock.
-    #[inline]
-    pub(crate) fn try_read<P: Params>(&self) -> Option<P> {
-        // Acquire: as in `read`.
-        let v1 = self.version.load(Ordering::Acquire);
-        if v1 & 1 != 0 {
-            return None;
-        }
-        // Relaxed: ordered by the Acquire above and the fence below.
-        let words = [
-            self.words[0].load(Ordering::Relaxed),
-            self.words[1].load(Ordering::Relaxed),
-            self.words[2].load(Ordering::Relaxed),
-        ];
-        // Acquire fence: as in `read`.
-        fence(Ordering::Acquire);
-        // Relaxed: ordered by the fence above.
-        (self.version.load(Ordering::Relaxed) == v1).then(|| P::decode(words))
     }
 
     /// Starts a change: readers wait until `publish`. The caller must hold
