@@ -4,7 +4,7 @@
 #
 #     sh benches/run.sh
 #
-# - criterion benches (clock floor, single limiters, keyed), 1 s warm-up and
+# - criterion benches (clock floor, single limiters, windows, keyed), 1 s warm-up and
 #   2 s measurement each: medians land in target/criterion/;
 # - the thread sweep (1, 2, 4 threads, 1 s per point) and the memory
 #   measurement (one child process per point);
@@ -14,7 +14,7 @@ set -eu
 cd "$(dirname "$0")/.."
 out=target/bench-report
 mkdir -p "$out"
-benches=$(for b in clock single keyed; do [ -f "benches/$b.rs" ] && printf -- '--bench %s ' "$b"; done)
+benches=$(for b in clock single windows keyed; do [ -f "benches/$b.rs" ] && printf -- '--bench %s ' "$b"; done)
 # shellcheck disable=SC2086 # $benches is a word list on purpose
 cargo bench $benches -- --warm-up-time 1 --measurement-time 2 2>&1 | tee "$out/criterion.txt"
 cargo bench --bench sweep -- --secs 1 --threads 1,2,4 \
