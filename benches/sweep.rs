@@ -326,6 +326,23 @@ fn ops(case: &str, n: u64) -> Result<(), String> {
             let _ = l.check();
             run(n, |_| l.check().is_allowed())
         }
+        "rw-deny-fixed" => {
+            let l = ratewall::FixedWindow::new(ratewall::Window::per_hour(1)).unwrap();
+            let _ = l.check();
+            run(n, |_| l.check().is_allowed())
+        }
+        "rw-deny-sliding" => {
+            let l = ratewall::SlidingWindowCounter::new(ratewall::Window::per_hour(1)).unwrap();
+            let _ = l.check();
+            run(n, |_| l.check().is_allowed())
+        }
+        "rw-deny-log" => {
+            let l = ratewall::SlidingWindowLog::new(ratewall::Window::per_hour(1000)).unwrap();
+            for _ in 0..1000 {
+                let _ = l.check();
+            }
+            run(n, |_| l.check().is_allowed())
+        }
         "gov-allow" => {
             let l = RateLimiter::direct(gov_allow());
             run(n, |_| l.check().is_ok())
