@@ -14,7 +14,10 @@ set -eu
 cd "$(dirname "$0")/.."
 out=target/bench-report
 mkdir -p "$out"
-benches=$(for b in clock single windows keyed; do [ -f "benches/$b.rs" ] && printf -- '--bench %s ' "$b"; done)
+benches=""
+for b in clock single windows keyed; do
+    if [ -f "benches/$b.rs" ]; then benches="$benches --bench $b"; fi
+done
 # shellcheck disable=SC2086 # $benches is a word list on purpose
 cargo bench $benches -- --warm-up-time 1 --measurement-time 2 2>&1 | tee "$out/criterion.txt"
 cargo bench --bench sweep -- --secs 1 --threads 1,2,4 \
