@@ -900,6 +900,18 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         self.table.memory_bytes() + std::mem::size_of::<Self>()
     }
 
+    /// Test hook (not part of the API): the shard and the first slot of the
+    /// key's probe window. Loom models use it to make two keys compete for
+    /// one slot.
+    #[doc(hidden)]
+    pub fn __home_slot<Q>(&self, key: &Q) -> (usize, usize)
+    where
+        K: Borrow<Q>,
+        Q: Hash + ?Sized,
+    {
+        self.table.home(self.hash(key))
+    }
+
     /// One reading of this limiter's clock (guarded against backward steps).
     ///
     /// ```

@@ -51,6 +51,7 @@ const SWEEP: usize = 64;
 const LOAD_NUM: usize = 4;
 const LOAD_DEN: usize = 3;
 
+#[cfg(not(ratewall_loom))]
 const _: () = assert!(std::mem::size_of::<AtomicU128>() == 16);
 
 #[inline]
@@ -412,6 +413,13 @@ impl Table {
             }
         }
         drop(guards);
+    }
+
+    /// (shard, window start) of a hash: for tests that need two keys to
+    /// compete for one slot.
+    pub(crate) fn home(&self, h: u64) -> (usize, usize) {
+        let (_, start) = self.locate(h);
+        ((h & self.shard_mask) as usize, start)
     }
 
     /// Keys tracked (idle ones not yet reclaimed included).
