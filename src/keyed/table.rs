@@ -217,60 +217,42 @@ impl Table {
             if let Some(r) = self.update(h, step) {
                 return Inserted::Existing(r);
             }
+            // The key's chain, up to its first empty slot: the first free
+            // slot (empty or tombstone) and the first idle key.
             let mut free: Option<(usize, u128)> = None;
             let mut idle: Option<(usize, u128)> = None;
-            let mut victim: Option<(usize, u128, u64)> = None;
-            // Past the first empty slot the key's chain has ended: slots
-            // there cannot take the key, but their keys can be reclaimed or
-            // evicted to make room.
-            let mut past_end = false;
             let mut i = start;
             for _ in 0..window {
-                let slot = &shard.slots[i];
                 // Acquire: as in `find`.
-                let v = slot.load(Ordering::Acquire);
+                let v = shard.slots[i].load(Ordering::Acquire);
                 match fp_of(v) {
                     EMPTY => {
-                        if !past_end {
-                            free.get_or_insert((i, v));
-                        }
-                        past_end = true;
+                        free.get_or_insert((i, v));
+                        break; // the chain ends: no slot beyond can take the key
                     }
                     TOMB => {
-                        if !past_end {
-                            free.get_or_insert((i, v));
-                        }
-                    }
-                    _ if view.is_idle(state_of(v)) => {
-                        if idle.is_none() && !past_end {
-                            idle = Some((i, v));
-                        } else {
-                            // Reclaim idle keys on the way (amortized eviction).
-                            tombstone(shard, i, v, view);
-                        }
+                        free.get_or_insert((i, v));
                     }
                     _ => {
-                        let ttl = view.time_to_idle(state_of(v));
-                        if victim.map_or(true, |(_, _, best)| ttl < best) {
-                            victim = Some((i, v, ttl));
+                        if idle.is_none() && view.is_idle(state_of(v)) {
+                            idle = Some((i, v));
                         }
                     }
                 }
                 i = if i + 1 == n { 0 } else { i + 1 };
             }
-            // Relaxed: written only under the mutex we hold (the scan may
-            // have reclaimed some).
+            // Relaxed: `len` is written only under the mutex we hold.
             let len = shard.len.load(Ordering::Relaxed);
-            // Prefer reusing an idle key's slot (the count stays the same),
-            // then a free one if the shard is under its cap.
-            let mut target = idle.map(|(i, v)| (i, v, false));
-            if target.is_none() {
-                if let Some((i, v)) = free {
-                    if len < shard.cap || sweep(shard, &mut cursor, view) {
-                        target = Some((i, v, true));
-                    }
-                }
-            }
+            // A free slot while under the cap; else an idle key's slot (the
+            // count stays the same); else, at the cap, reclaim idle keys
+            // further on (amortized: `SWEEP` slots per insert) and take the
+            // free slot if that made room.
+            let target = match (free, idle) {
+                (Some((i, v)), _) if len < shard.cap => Some((i, v, true)),
+                (_, Some((i, v))) => Some((i, v, false)),
+                (Some((i, v)), None) if sweep(shard, &mut cursor, view) => Some((i, v, true)),
+                _ => None,
+            };
             if let Some((i, v, grows)) = target {
                 let (outcome, next) = step(0);
                 let Some(next) = next else {
@@ -301,7 +283,22 @@ impl Table {
                 }
             }
             // No room: the window is full of active keys, or the shard is at
-            // its cap with no idle key found.
+            // its cap with no idle key found. Look at the whole window: the
+            // active key closest to idle is the victim (or the `soonest` a
+            // rejected key may retry).
+            let mut victim: Option<(usize, u128, u64)> = None;
+            let mut i = start;
+            for _ in 0..window {
+                // Acquire: as in `find`.
+                let v = shard.slots[i].load(Ordering::Acquire);
+                if fp_of(v) > TOMB {
+                    let ttl = view.time_to_idle(state_of(v));
+                    if victim.map_or(true, |(_, _, best)| ttl < best) {
+                        victim = Some((i, v, ttl));
+                    }
+                }
+                i = if i + 1 == n { 0 } else { i + 1 };
+            }
             if policy != Full::Evict {
                 return Inserted::Full {
                     soonest: victim.map_or(0, |(_, _, t)| t),
