@@ -99,6 +99,13 @@ fn keyed_throughput(n_keys: u64) {
         let _ = rw.check_key(&k);
         let _ = gv.check_key(&k);
     }
+    // The machine's floor for this access pattern: one random 16-byte slot
+    // of a table the same size, a plain 8-byte load + CAS, no hash, no clock.
+    let floor_table: Arc<Vec<std::sync::atomic::AtomicU64>> = Arc::new(
+        (0..rw.memory_bytes() / 8)
+            .map(|_| std::sync::atomic::AtomicU64::new(0))
+            .collect(),
+    );
     for threads in [1, 2] {
         let (r, k) = (Arc::clone(&rw), Arc::clone(&ks));
         let ours = ops_per_sec(threads, move |t, i| {
@@ -108,6 +115,17 @@ fn keyed_throughput(n_keys: u64) {
         let theirs = ops_per_sec(threads, move |t, i| {
             let _ = black_box(g.check_key(&k[t][i & (LEN - 1)]));
         });
+        let (f, k) = (Arc::clone(&floor_table), Arc::clone(&ks));
+        let floor = ops_per_sec(threads, move |t, i| {
+            use std::sync::atomic::Ordering::Relaxed;
+            let slot = &f[(k[t][i & (LEN - 1)].wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 20) as usize % f.len() & !1];
+            let v = slot.load(Relaxed);
+            let _ = slot.compare_exchange(v, v + 1, Relaxed, Relaxed);
+        });
+        println!(
+            "  (floor: random load+CAS in a table of the same size, {threads} thread(s): {:.2} M/s)",
+            floor / 1e6
+        );
         println!(
             "keyed {n_keys:>9} keys, {threads} thread(s): ratewall {:>7.2} M/s  governor {:>6.2} M/s  ratio {:.2}x",
             ours / 1e6,
@@ -273,6 +291,21 @@ fn main() {
     }
     if run("hot") {
         hot_key();
+    }
+    if only == "prof" {
+        // ratewall alone, 100k keys, 1 thread: for `perf record`.
+        const LEN: usize = 1 << 22;
+        let ks = keys(100_000, LEN, 1);
+        let rw = KeyedTokenBucket::<u64>::builder(generous()).max_keys(112_500).build().unwrap();
+        let start = Instant::now();
+        let mut n = 0usize;
+        while start.elapsed() < Duration::from_secs_f64(secs()) {
+            for _ in 0..4096 {
+                let _ = black_box(rw.check_key(&ks[n & (LEN - 1)]));
+                n += 1;
+            }
+        }
+        println!("prof: {:.1} ns/check", start.elapsed().as_nanos() as f64 / n as f64);
     }
     if run("multi") {
         multi();
