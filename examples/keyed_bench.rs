@@ -118,7 +118,8 @@ fn keyed_throughput(n_keys: u64) {
         let (f, k) = (Arc::clone(&floor_table), Arc::clone(&ks));
         let floor = ops_per_sec(threads, move |t, i| {
             use std::sync::atomic::Ordering::Relaxed;
-            let slot = &f[(k[t][i & (LEN - 1)].wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 20) as usize % f.len() & !1];
+            let h = k[t][i & (LEN - 1)].wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 20;
+            let slot = &f[((h as usize) % f.len()) & !1];
             let v = slot.load(Relaxed);
             let _ = slot.compare_exchange(v, v + 1, Relaxed, Relaxed);
         });
@@ -296,7 +297,10 @@ fn main() {
         // ratewall alone, 100k keys, 1 thread: for `perf record`.
         const LEN: usize = 1 << 22;
         let ks = keys(100_000, LEN, 1);
-        let rw = KeyedTokenBucket::<u64>::builder(generous()).max_keys(112_500).build().unwrap();
+        let rw = KeyedTokenBucket::<u64>::builder(generous())
+            .max_keys(112_500)
+            .build()
+            .unwrap();
         let start = Instant::now();
         let mut n = 0usize;
         while start.elapsed() < Duration::from_secs_f64(secs()) {
@@ -305,7 +309,10 @@ fn main() {
                 n += 1;
             }
         }
-        println!("prof: {:.1} ns/check", start.elapsed().as_nanos() as f64 / n as f64);
+        println!(
+            "prof: {:.1} ns/check",
+            start.elapsed().as_nanos() as f64 / n as f64
+        );
     }
     if run("multi") {
         multi();
