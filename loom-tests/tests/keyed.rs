@@ -120,3 +120,50 @@ fn check_racing_eviction_of_an_active_key() {
         }
     });
 }
+
+/// Three threads on the only slot: A checks idle key 1, B inserts key 2
+/// (reclaiming key 1's slot if it is still idle), C runs `retain_active`
+/// (evicting idle keys). With room for one key and frozen time, exactly one
+/// of A and B is tracked (the other is rejected: the table is full of an
+/// active key), and each tracked key holds exactly its own admission.
+#[test]
+fn check_evict_and_insert_on_one_slot() {
+    loom::model(|| {
+        let clock = ManualClock::new();
+        let l = Arc::new(table(&clock, WhenFull::RejectNew));
+        assert!(l.check_key(&1).is_allowed());
+        l.reset_key(&1); // tracked, idle
+        let k2 = rival_of_key_1(&l);
+
+        let spawn = |f: Box<
+            dyn Fn(&KeyedTokenBucket<u64, ManualClock>) -> Option<ratewall::Decision> + Send,
+        >| {
+            let l = Arc::clone(&l);
+            thread::spawn(move || f(&l))
+        };
+        let a = spawn(Box::new(|l| Some(l.check_key(&1))));
+        let b = spawn(Box::new(move |l| Some(l.check_key(&k2))));
+        let c = spawn(Box::new(|l| {
+            let _ = l.retain_active();
+            None
+        }));
+        let da = a.join().unwrap().unwrap();
+        let db = b.join().unwrap().unwrap();
+        c.join().unwrap();
+
+        assert!(l.len() <= 1);
+        let tracked = |d: &ratewall::Decision| d.tracking() == Tracking::Tracked;
+        assert!(
+            tracked(&da) != tracked(&db),
+            "exactly one key tracked: {da:?} {db:?}"
+        );
+        let (p1, p2) = (l.peek_key(&1).remaining(), l.peek_key(&k2).remaining());
+        if tracked(&da) {
+            assert!(da.is_allowed() && db.tracking() == Tracking::Rejected);
+            assert_eq!((p1, p2), (0, 1));
+        } else {
+            assert!(db.is_allowed() && da.tracking() == Tracking::Rejected);
+            assert_eq!((p1, p2), (1, 0));
+        }
+    });
+}
