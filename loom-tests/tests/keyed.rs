@@ -6,6 +6,8 @@ use loom::sync::Arc;
 use loom::thread;
 use ratewall::{KeyedTokenBucket, ManualClock, Rate, Tracking, WhenFull};
 
+type Job = Box<dyn Fn(&KeyedTokenBucket<u64, ManualClock>) -> Option<ratewall::Decision> + Send>;
+
 fn table(clock: &ManualClock, policy: WhenFull) -> KeyedTokenBucket<u64, ManualClock> {
     // One shard, one key: every new key must reuse the only key's slot.
     KeyedTokenBucket::<u64, _>::builder(Rate::per_second(1).burst(2))
@@ -135,9 +137,7 @@ fn check_evict_and_insert_on_one_slot() {
         l.reset_key(&1); // tracked, idle
         let k2 = rival_of_key_1(&l);
 
-        let spawn = |f: Box<
-            dyn Fn(&KeyedTokenBucket<u64, ManualClock>) -> Option<ratewall::Decision> + Send,
-        >| {
+        let spawn = |f: Job| {
             let l = Arc::clone(&l);
             thread::spawn(move || f(&l))
         };
