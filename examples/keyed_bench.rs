@@ -272,6 +272,47 @@ fn memory() {
     );
 }
 
+/// The slot design's raw costs: an 8-byte vs a 16-byte load + CAS on one
+/// uncontended word, and whether a 16-byte load writes the cache line (if it
+/// did, two threads only loading one word would slow each other down).
+fn slot_costs() {
+    use portable_atomic::AtomicU128;
+    use std::sync::atomic::{AtomicU64, Ordering::*};
+    const N: u64 = 20_000_000;
+    let w8 = AtomicU64::new(0);
+    let t = Instant::now();
+    for _ in 0..N {
+        let v = w8.load(Acquire);
+        let _ = black_box(w8.compare_exchange(v, v + 1, AcqRel, Acquire));
+    }
+    let c8 = t.elapsed().as_nanos() as f64 / N as f64;
+    let w16 = AtomicU128::new(0);
+    let t = Instant::now();
+    for _ in 0..N {
+        let v = w16.load(Acquire);
+        let _ = black_box(w16.compare_exchange(v, v + 1, AcqRel, Acquire));
+    }
+    let c16 = t.elapsed().as_nanos() as f64 / N as f64;
+    println!("slot: load+CAS 8-byte {c8:.1} ns, 16-byte {c16:.1} ns (1 thread, uncontended)");
+    let word = Arc::new(AtomicU128::new(7));
+    for threads in [1, 2] {
+        let w = Arc::clone(&word);
+        let loads = ops_per_sec(threads, move |_, _| {
+            black_box(w.load(Acquire));
+        });
+        let w = Arc::clone(&word);
+        let cas_loads = ops_per_sec(threads, move |_, _| {
+            // A load done as cmpxchg16b (what portable-atomic does without AVX).
+            let _ = black_box(w.compare_exchange(0, 0, AcqRel, Acquire));
+        });
+        println!(
+            "slot: 16-byte loads of one word, {threads} thread(s): vmovdqa {:.0} M/s, cmpxchg16b-as-load {:.0} M/s",
+            loads / 1e6,
+            cas_loads / 1e6
+        );
+    }
+}
+
 fn main() {
     println!(
         "ratewall keyed vs governor 0.10, {} s per measurement, {} CPUs",
@@ -293,12 +334,19 @@ fn main() {
     if run("hot") {
         hot_key();
     }
+    if only == "slot" {
+        slot_costs();
+    }
     if only == "prof" {
         // ratewall alone, 100k keys, 1 thread: for `perf record`.
         const LEN: usize = 1 << 22;
-        let ks = keys(100_000, LEN, 1);
+        let n: u64 = std::env::var("PROF_KEYS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(100_000);
+        let ks = keys(n, LEN, 1);
         let rw = KeyedTokenBucket::<u64>::builder(generous())
-            .max_keys(112_500)
+            .max_keys(n as usize * 9 / 8)
             .build()
             .unwrap();
         let start = Instant::now();
