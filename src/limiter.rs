@@ -282,6 +282,12 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
         A::check(&self.state, &self.params, self.now(), n, false)
     }
 
+    /// [`peek_n`](Self::peek_n) at a time the caller read (multi-limit checks).
+    #[inline]
+    pub(crate) fn peek_n_at(&self, now: u64, n: u64) -> Result<Decision, InsufficientCapacity> {
+        A::check(&self.state, &self.params, self.clamp(now), n, false)
+    }
+
     /// Gives back `n` units that an allowed check took (a cancelled
     /// reservation, a request that failed before doing work). The limiter
     /// never holds more than its capacity, so an over-refund is harmless.
