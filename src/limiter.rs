@@ -342,8 +342,8 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
     /// new one, never a mix of the two.
     ///
     /// ```
-    /// # use ratewall::{Rate, TokenBucket};
-    /// let bucket = TokenBucket::new(Rate::per_second(10).burst(10)).unwrap();
+    /// # use ratewall::{ManualClock, Rate, TokenBucket};
+    /// let bucket = TokenBucket::with_clock(Rate::per_second(10).burst(10), ManualClock::new()).unwrap();
     /// let _ = bucket.check_n(4).unwrap();
     /// bucket.set_quota(Rate::per_second(100).burst(20)).unwrap();
     /// assert_eq!(bucket.peek().remaining(), 15); // 4 still in use, 1 for the peek

@@ -702,8 +702,11 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
     /// quota or the new one, never a mix.
     ///
     /// ```
-    /// # use ratewall::{KeyedTokenBucket, Rate};
-    /// let l = KeyedTokenBucket::<u64>::builder(Rate::per_second(10).burst(10)).build().unwrap();
+    /// # use ratewall::{KeyedTokenBucket, ManualClock, Rate};
+    /// let l = KeyedTokenBucket::<u64>::builder(Rate::per_second(10).burst(10))
+    ///     .clock(ManualClock::new())
+    ///     .build()
+    ///     .unwrap();
     /// let _ = l.check_key_n(&1, 4).unwrap();
     /// l.set_quota(Rate::per_second(100).burst(20)).unwrap();
     /// assert_eq!(l.peek_key(&1).remaining(), 15);
