@@ -23,7 +23,7 @@ mod common;
 
 use common::{ip_key, key_sequence, rss_bytes, string_key, u64_key, Dist};
 use governor::{Quota, RateLimiter};
-use ratewall::{Rate, TokenBucket};
+use ratewall::{KeyedTokenBucket, Rate, TokenBucket};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::hash::Hash;
@@ -52,6 +52,10 @@ fn gov_allow() -> Quota {
 /// of 1000 is a realistic per-key quota that is mostly allowed with spread keys.
 fn gov_keyed() -> Quota {
     Quota::per_second(NonZeroU32::new(1000).unwrap())
+}
+
+fn gov_keyed_rate() -> Rate {
+    Rate::per_second(1000)
 }
 
 struct Opts {
@@ -182,6 +186,16 @@ fn run_sweeps(o: &Opts) -> Results {
     let _ = rw_deny.check();
     let gv_deny = RateLimiter::direct(Quota::per_hour(NonZeroU32::new(1).unwrap()));
     let _ = gv_deny.check();
+    let rw_hot = KeyedTokenBucket::<u64>::builder(allow_rate())
+        .build()
+        .unwrap();
+    let rw_spread = KeyedTokenBucket::<u64>::builder(Rate::per_second(1000))
+        .max_keys(SPREAD_KEYS)
+        .build()
+        .unwrap();
+    for i in 0..SPREAD_KEYS as u64 {
+        let _ = rw_spread.check_key(&u64_key(i));
+    }
     let gv_hot = RateLimiter::keyed(gov_allow());
     let gv_spread = RateLimiter::keyed(gov_keyed());
     for i in 0..SPREAD_KEYS as u64 {
@@ -214,7 +228,20 @@ fn run_sweeps(o: &Opts) -> Results {
                         "ratewall",
                         sweep_point(t, o.secs, |_| || rw_deny.check().is_allowed()),
                     );
-                    // RATEWALL KEYED CASES
+                    point(
+                        "hot key",
+                        "ratewall",
+                        sweep_point(t, o.secs, |_| || rw_hot.check_key(&u64_key(7)).is_allowed()),
+                    );
+                    point(
+                        "spread keys",
+                        "ratewall",
+                        sweep_point(t, o.secs, |i| {
+                            let mut key = spread(i);
+                            let rw = &rw_spread;
+                            move || rw.check_key(&key()).is_allowed()
+                        }),
+                    );
                 } else {
                     point(
                         "single allow",
@@ -254,6 +281,10 @@ fn run_sweeps(o: &Opts) -> Results {
     res
 }
 
+/// The limiter's own accounting of its memory (`memory_bytes()`), where it
+/// has one, for the memory child to print after the RSS figure.
+static OWN_BYTES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+
 fn mem_child(imp: &str, key: &str, n: u64) {
     /// All `keys` inserted into a fresh governor keyed limiter (it has no
     /// bound); the RSS delta over the keys tracked.
@@ -267,7 +298,32 @@ fn mem_child(imp: &str, key: &str, n: u64) {
         black_box(&lim);
         (after.saturating_sub(before), lim.len())
     }
+    /// A table for `n` keys, filled: keys are offered until it tracks `n`
+    /// (shards have equal caps, so some reject before all are full), then
+    /// the RSS delta is divided by the keys tracked.
+    fn rw<K: Hash + Eq>(keys: Vec<K>, n: usize) -> (u64, usize) {
+        let before = rss_bytes();
+        let lim = KeyedTokenBucket::<K>::builder(Rate::per_hour(1).burst(1))
+            .max_keys(n)
+            .build()
+            .unwrap();
+        for k in &keys {
+            if lim.len() >= n {
+                break;
+            }
+            let _ = lim.check_key(k);
+        }
+        let after = rss_bytes();
+        let tracked = lim.len();
+        assert!(tracked <= n, "never above max_keys");
+        let _ = OWN_BYTES.set(lim.memory_bytes());
+        black_box(&lim);
+        (after.saturating_sub(before), tracked)
+    }
     let (delta, tracked) = match (imp, key) {
+        ("ratewall", "u64") => rw((0..n * 5 / 4).map(u64_key).collect(), n as usize),
+        ("ratewall", "IpAddr") => rw((0..n * 5 / 4).map(ip_key).collect(), n as usize),
+        ("ratewall", "String40") => rw((0..n * 5 / 4).map(string_key).collect(), n as usize),
         ("governor", "u64") => gov((0..n).map(u64_key).collect()),
         ("governor", "IpAddr") => gov((0..n).map(ip_key).collect()),
         ("governor", "String40") => gov((0..n).map(string_key).collect()),
@@ -277,6 +333,9 @@ fn mem_child(imp: &str, key: &str, n: u64) {
         }
     };
     println!("{:.1}", delta as f64 / tracked.max(1) as f64);
+    if let Some(own) = OWN_BYTES.get() {
+        println!("{:.1}", *own as f64 / tracked.max(1) as f64);
+    }
 }
 
 /// `--ops CASE N`: N single-threaded operations and nothing else, for
@@ -363,6 +422,20 @@ fn ops(case: &str, n: u64) -> Result<(), String> {
                 u64::from(governor::clock::Reference::duration_since(&t, t0)) & 1 == 0
             })
         }
+        "rw-keyed-100k" => {
+            let l = KeyedTokenBucket::<u64>::builder(gov_keyed_rate())
+                .max_keys(SPREAD_KEYS)
+                .build()
+                .unwrap();
+            for i in 0..SPREAD_KEYS as u64 {
+                let _ = l.check_key(&u64_key(i));
+            }
+            let seq = key_sequence(SPREAD_KEYS, SEQ_LEN, Dist::Uniform, 1);
+            run(n, |i| {
+                l.check_key(&u64_key(seq[i as usize & (SEQ_LEN - 1)]))
+                    .is_allowed()
+            })
+        }
         "gov-keyed-100k" => {
             let l = RateLimiter::keyed(gov_keyed());
             for i in 0..SPREAD_KEYS as u64 {
@@ -379,8 +452,8 @@ fn ops(case: &str, n: u64) -> Result<(), String> {
     Ok(())
 }
 
-/// (implementation, key type, key count) -> bytes per key
-type MemResults = Vec<(String, String, u64, Option<f64>)>;
+/// (implementation, key type, key count, RSS bytes per key, own accounting)
+type MemResults = Vec<(String, String, u64, Option<f64>, Option<f64>)>;
 
 fn run_memory() -> MemResults {
     let exe = std::env::current_exe().expect("own path");
@@ -392,9 +465,13 @@ fn run_memory() -> MemResults {
                     .args(["--mem-child", imp, key, &n.to_string()])
                     .output()
                     .expect("run memory child");
-                let v = String::from_utf8_lossy(&o.stdout).trim().parse().ok();
-                eprintln!("  memory {imp:<9} {key:<8} {n:>8} keys: {v:?} B/key");
-                out.push((imp.to_string(), key.to_string(), n, v));
+                let text = String::from_utf8_lossy(&o.stdout);
+                let mut lines = text.lines().map(|l| l.trim().parse::<f64>().ok());
+                let (rss, own) = (lines.next().flatten(), lines.next().flatten());
+                eprintln!(
+                    "  memory {imp:<9} {key:<8} {n:>8} keys: RSS {rss:?} B/key, own {own:?} B/key"
+                );
+                out.push((imp.to_string(), key.to_string(), n, rss, own));
             }
         }
     }
@@ -448,10 +525,10 @@ fn table(o: &Opts, res: &Results, mem: &MemResults) -> String {
         s.push('\n');
     }
     if !mem.is_empty() {
-        s.push_str("\n| implementation | key type | keys | bytes per key (RSS delta) |\n|---|---|---:|---:|\n");
-        for (imp, key, n, v) in mem {
-            let v = v.map_or("n/a".to_string(), |v| format!("{v:.1}"));
-            let _ = writeln!(s, "| {imp} | {key} | {n} | {v} |");
+        s.push_str("\n| implementation | key type | keys | bytes per key (RSS delta) | bytes per key (`memory_bytes()`) |\n|---|---|---:|---:|---:|\n");
+        let f = |v: &Option<f64>| v.map_or("n/a".to_string(), |v| format!("{v:.1}"));
+        for (imp, key, n, rss, own) in mem {
+            let _ = writeln!(s, "| {imp} | {key} | {n} | {} | {} |", f(rss), f(own));
         }
     }
     s
@@ -464,9 +541,12 @@ fn csv(res: &Results, mem: &MemResults) -> String {
             let _ = writeln!(s, "ops_per_sec,{case},{imp},{t},{v:.0}");
         }
     }
-    for (imp, key, n, v) in mem {
-        if let Some(v) = v {
-            let _ = writeln!(s, "bytes_per_key,{key},{imp},{n},{v:.1}");
+    for (imp, key, n, rss, own) in mem {
+        if let Some(v) = rss {
+            let _ = writeln!(s, "rss_bytes_per_key,{key},{imp},{n},{v:.1}");
+        }
+        if let Some(v) = own {
+            let _ = writeln!(s, "own_bytes_per_key,{key},{imp},{n},{v:.1}");
         }
     }
     s
