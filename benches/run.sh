@@ -14,6 +14,7 @@ set -eu
 cd "$(dirname "$0")/.."
 out=target/bench-report
 mkdir -p "$out"
+rm -rf target/criterion # the report reads every median there: no stale ones
 benches=""
 for b in clock single windows keyed; do
     if [ -f "benches/$b.rs" ]; then benches="$benches --bench $b"; fi

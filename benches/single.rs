@@ -36,7 +36,7 @@ fn gov_deny() -> Quota {
 }
 
 fn allow(c: &mut Criterion) {
-    let mut g = c.benchmark_group("allow");
+    let mut g = c.benchmark_group("single allow");
     let tb = TokenBucket::new(allow_rate()).unwrap();
     g.bench_function("ratewall token bucket", |b| {
         b.iter(|| assert!(black_box(&tb).check().is_allowed()))
@@ -73,7 +73,7 @@ fn allow(c: &mut Criterion) {
 }
 
 fn deny(c: &mut Criterion) {
-    let mut g = c.benchmark_group("deny");
+    let mut g = c.benchmark_group("single deny");
     let tb = TokenBucket::new(deny_rate()).unwrap();
     let _ = tb.check();
     g.bench_function("ratewall token bucket", |b| {
