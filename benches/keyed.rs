@@ -10,7 +10,7 @@
 mod common;
 
 use common::{key_sequence, u64_key, Dist};
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use criterion::{criterion_group, criterion_main, Criterion};
 use governor::{Quota, RateLimiter};
 use ratewall::{check_all, KeyedTokenBucket, Limit, Rate, TokenBucket};
 use std::hint::black_box;
@@ -137,7 +137,7 @@ fn multi(c: &mut Criterion) {
     g.bench_function("ratewall 1 keyed check", |b| {
         b.iter(|| assert!(per_ip.check_key(black_box(&7)).is_allowed()))
     });
-    g.bench_function(BenchmarkId::new("ratewall check_all", 3), |b| {
+    g.bench_function("ratewall check_all of 3", |b| {
         b.iter(|| {
             let limits: [&dyn Limit<_>; 3] = [
                 &per_ip.with_key(black_box(&7u64)),
