@@ -1,12 +1,12 @@
 #!/bin/sh
-# Every benchmark in one command, with short measurement times (about 6
+# Every benchmark in one command, with short measurement times (about 5
 # minutes on the 2-core bench machine, after the build):
 #
 #     sh benches/run.sh
 #
 # - criterion benches (clock floor, single limiters, windows, keyed), 1 s warm-up and
 #   2 s measurement each: medians land in target/criterion/;
-# - the thread sweep (1, 2, 4 threads, 1 s per point) and the memory
+# - the thread sweep (1, 2, 4 threads, 1 s per point, 3 interleaved rounds) and the memory
 #   measurement (one child process per point);
 # - a report: target/bench-report/report.md (the tables in
 #   docs/benchmarks.md), sweep.csv, and docs/sweep.svg.
