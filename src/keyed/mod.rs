@@ -426,26 +426,56 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         consume: bool,
     ) -> Result<Decision, InsufficientCapacity> {
         let take = consume && n > 0;
-        let mut step = |state: u64| {
-            let a = self.params_for(h);
-            let capacity = a.k_capacity();
-            if n > capacity {
-                return (
-                    Err(InsufficientCapacity {
-                        requested: n,
-                        capacity,
-                    }),
-                    None,
-                );
-            }
-            // A cost of 0 asks for a unit request's decision, without taking it.
-            let (d, next) = a.k_step(state, now, n.max(1));
-            (Ok(d), if take { next } else { None })
-        };
-        if let Some(r) = self.table.update(h, &mut step) {
+        // The hot path gets a closure of its own (one call site), so the
+        // step is inlined into the slot loop instead of returning its
+        // 64-byte outcome through memory.
+        if let Some(r) = self
+            .table
+            .update(h, &mut |state| self.step_at(h, state, now, n, take))
+        {
             return r;
         }
-        // Not tracked: a fresh key's decision, unless it must be stored.
+        self.run_untracked(h, now, n, take)
+    }
+
+    /// One step of the algorithm on `state` (see `run`).
+    #[inline(always)]
+    fn step_at(
+        &self,
+        h: u64,
+        state: u64,
+        now: u64,
+        n: u64,
+        take: bool,
+    ) -> (Result<Decision, InsufficientCapacity>, Option<u64>) {
+        let a = self.params_for(h);
+        let capacity = a.k_capacity();
+        if n > capacity {
+            return (
+                Err(InsufficientCapacity {
+                    requested: n,
+                    capacity,
+                }),
+                None,
+            );
+        }
+        // A cost of 0 asks for a unit request's decision, without taking it.
+        let (d, next) = a.k_step(state, now, n.max(1));
+        (Ok(d), if take { next } else { None })
+    }
+
+    /// `run` for a key the table does not hold: a fresh key's decision,
+    /// stored only if it must be.
+    #[cold]
+    #[inline(never)]
+    fn run_untracked(
+        &self,
+        h: u64,
+        now: u64,
+        n: u64,
+        take: bool,
+    ) -> Result<Decision, InsufficientCapacity> {
+        let mut step = |state: u64| self.step_at(h, state, now, n, take);
         let (fresh, next) = step(0);
         if next.is_none() {
             return fresh;
