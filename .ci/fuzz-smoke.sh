@@ -10,6 +10,8 @@
 # The targets run with `-s none` (no AddressSanitizer): ratewall forbids
 # unsafe code, so ASan has nothing to check, and it costs ~2x throughput.
 # Debug assertions and overflow checks stay on (cargo-fuzz's default).
+# FUZZ_SEED=0 starts from an empty corpus (to measure how fast a planted bug
+# is found without the committed inputs' help).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${FUZZ_SECS:-20}
@@ -34,8 +36,11 @@ status=0
 for target in $(cargo +nightly fuzz list); do
     t=$SECONDS
     work=$(mktemp -d)
+    seed=("corpus/$target")
+    [ "${FUZZ_SEED:-1}" = 0 ] && seed=()
+    rm -rf "artifacts/$target"
     # New inputs go to the scratch dir (first); the committed corpus is only read.
-    if timeout $((secs + 120)) cargo +nightly fuzz run -s none "$target" "$work" "corpus/$target" -- \
+    if timeout $((secs + 120)) cargo +nightly fuzz run -s none "$target" "$work" "${seed[@]}" -- \
         -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
         >"$work.log" 2>&1; then
         runs=$(grep -o 'Done [0-9]* runs' "$work.log" | tail -1 || true)
@@ -44,6 +49,7 @@ for target in $(cargo +nightly fuzz list); do
         status=1
         echo "fuzz-smoke: $target FAILED after $((SECONDS - t)) s"
         grep -E -A12 'panicked|ERROR: libFuzzer|SUMMARY' "$work.log" | head -60 || tail -40 "$work.log"
+        grep -E '^#[0-9]+' "$work.log" | tail -1 || true
         for crash in artifacts/"$target"/crash-* artifacts/"$target"/timeout-* artifacts/"$target"/oom-*; do
             [ -e "$crash" ] || continue
             cp "$crash" "corpus/$target/"

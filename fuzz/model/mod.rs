@@ -141,15 +141,47 @@ enum SmallPeriod {
 }
 
 /// Arbitrary numbers: the configuration target explores validation and the
-/// arithmetic at its edges.
+/// arithmetic at its edges. Besides any value, each field can land next to a
+/// validation boundary (computed here from the documented rules), where
+/// off-by-one mistakes live and where uniformly random numbers never land.
 #[derive(Arbitrary, Clone, Copy, Debug)]
 pub struct WildRate {
     count: u64,
-    secs: u64,
-    nanos: u32,
-    burst: Option<u64>,
+    period: WildPeriod,
+    burst: WildBurst,
 }
 
+#[derive(Arbitrary, Clone, Copy, Debug)]
+enum WildPeriod {
+    Any {
+        secs: u64,
+        nanos: u32,
+    },
+    Ns(u64),
+    /// 2^62 ns (the longest period) + delta.
+    NearLongest(i16),
+    /// `count` ns (one request per ns, the highest rate) + delta.
+    NearCount(i16),
+    /// Where rounding `period / count` up changes the rate by exactly 0.1%
+    /// (the largest error accepted), + delta. Makes `count` a multiple of 1001.
+    NearImprecise {
+        interval: u16,
+        delta: i16,
+    },
+}
+
+#[derive(Arbitrary, Clone, Copy, Debug)]
+enum WildBurst {
+    Default,
+    Any(u64),
+    /// The largest burst (2^62 ns / interval) + delta.
+    NearMax(i16),
+}
+
+fn offset(base: u128, delta: i16) -> u64 {
+    let v = base as i128 + i128::from(delta);
+    v.clamp(0, i128::from(u64::MAX)) as u64
+}
 /// A generator of rates for the bucket runners.
 pub trait RateSpec: for<'a> Arbitrary<'a> + Copy + Debug {
     fn parts(&self) -> (u64, Duration, Option<u64>);
@@ -183,11 +215,37 @@ impl RateSpec for SmallRate {
 
 impl RateSpec for WildRate {
     fn parts(&self) -> (u64, Duration, Option<u64>) {
-        (
-            self.count,
-            Duration::new(self.secs, self.nanos % 1_000_000_000),
-            self.burst,
-        )
+        let mut count = u128::from(self.count);
+        if let WildPeriod::NearImprecise { .. } = self.period {
+            count = 1001 * (count % (1 << 30)).max(1);
+        }
+        let period = match self.period {
+            WildPeriod::Any { secs, nanos } => Duration::new(secs, nanos % 1_000_000_000),
+            WildPeriod::Ns(ns) => Duration::from_nanos(ns),
+            WildPeriod::NearLongest(d) => Duration::from_nanos(offset(gcra::MAX_TOLERANCE, d)),
+            WildPeriod::NearCount(d) => Duration::from_nanos(offset(count, d)),
+            // With k = interval, c = 1001m and x = k*c/1001 = k*m: the period
+            // k*c - x = 1000x has interval k (for k <= 1000) and rounding
+            // error x, so error * 1000 == period: the last accepted value.
+            WildPeriod::NearImprecise { interval, delta } => {
+                let k = u128::from(interval.max(1));
+                Duration::from_nanos(offset(k * count - k * count / 1001, delta))
+            }
+        };
+        let burst = match self.burst {
+            WildBurst::Default => None,
+            WildBurst::Any(b) => Some(b),
+            WildBurst::NearMax(d) => {
+                let p = period.as_nanos();
+                let interval = if count > 0 && p >= count {
+                    p.div_ceil(count)
+                } else {
+                    1
+                };
+                Some(offset(gcra::MAX_TOLERANCE / interval, d))
+            }
+        };
+        (count as u64, period, burst)
     }
 }
 
