@@ -8,8 +8,9 @@
 //! 1. load the word;
 //! 2. run a pure step on the value seen, which returns the outcome and, if
 //!    the state must change, the next value;
-//! 3. no next value (a denial, a peek, a no-op refund): return at once,
-//!    nothing is written;
+//! 3. no next value (a denial, a peek, a no-op refund): load the word again;
+//!    if it still holds the value the step saw, return, nothing is written
+//!    (otherwise a quota change moved it under the step: go back to 2);
 //! 4. otherwise compare-exchange from the value seen to the next one; on
 //!    failure, go back to step 2 with the value the failed exchange observed.
 //!
@@ -48,14 +49,23 @@ impl AtomicWord {
         let mut seen = self.load();
         loop {
             let (outcome, next) = step(seen);
-            let Some(next) = next else {
-                // No write (a denial, a peek): nothing to publish.
-                return outcome;
+            let next = match next {
+                Some(next) if next != seen => next,
+                // No write (a denial, a peek, or a step that changed nothing):
+                // nothing to publish. The step read the parameters after
+                // loading `seen`; if a quota change rescaled the word in
+                // between, the outcome mixed new parameters with the old
+                // word, so confirm the word is still `seen` (a plain load of
+                // a line we hold: the deny path stays read-only).
+                _ => {
+                    let again = self.load();
+                    if again == seen {
+                        return outcome;
+                    }
+                    seen = again;
+                    continue;
+                }
             };
-            if next == seen {
-                // The step changed nothing: skip the write, the result stands.
-                return outcome;
-            }
             // Success AcqRel: Release so a parameter writer's odd version,
             // stored before its rescaling CAS, is visible to whoever reads this
             // word next (Acquire above); Acquire so our own next step sees it.
