@@ -55,7 +55,12 @@ fn token_bucket() {
             row(start, n, &bucket.check());
         }
     }
-    let d = bucket.check();
+    let d = loop {
+        let d = bucket.check();
+        if !d.is_allowed() {
+            break d;
+        }
+    };
     println!(
         "  a denied client is told: Retry-After: {}   RateLimit: {}\n",
         d.retry_after_secs(),

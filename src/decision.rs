@@ -26,12 +26,15 @@ use std::time::Duration;
 /// assert_eq!(denied.reset_after().as_millis(), 1000);
 /// ```
 #[must_use = "a decision that is not looked at does not limit anything"]
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy)]
 pub struct Decision {
     pub(crate) allowed: bool,
     pub(crate) tracking: Tracking,
     pub(crate) limit: u64,
-    pub(crate) remaining: u64,
+    /// `remaining = credit / unit`, divided only when asked: a 64-bit
+    /// division would otherwise be a good part of a check's cost.
+    credit: u64,
+    unit: u64,
     pub(crate) retry_after_ns: u64,
     pub(crate) reset_after_ns: u64,
 }
@@ -64,15 +67,9 @@ pub enum Tracking {
 }
 
 impl Decision {
+    #[allow(dead_code)] // used by the window algorithms
     pub(crate) const fn allow(limit: u64, remaining: u64, reset_after_ns: u64) -> Self {
-        Decision {
-            allowed: true,
-            tracking: Tracking::Tracked,
-            limit,
-            remaining,
-            retry_after_ns: 0,
-            reset_after_ns,
-        }
+        Self::allow_credit(limit, remaining, 1, reset_after_ns)
     }
 
     pub(crate) const fn deny(
@@ -81,11 +78,43 @@ impl Decision {
         retry_after_ns: u64,
         reset_after_ns: u64,
     ) -> Self {
+        Self::deny_credit(limit, remaining, 1, retry_after_ns, reset_after_ns)
+    }
+
+    /// An allowed decision whose `remaining` is `credit / unit` (`unit > 0`).
+    #[inline]
+    pub(crate) const fn allow_credit(
+        limit: u64,
+        credit: u64,
+        unit: u64,
+        reset_after_ns: u64,
+    ) -> Self {
+        Decision {
+            allowed: true,
+            tracking: Tracking::Tracked,
+            limit,
+            credit,
+            unit,
+            retry_after_ns: 0,
+            reset_after_ns,
+        }
+    }
+
+    /// A denial whose `remaining` is `credit / unit` (`unit > 0`).
+    #[inline]
+    pub(crate) const fn deny_credit(
+        limit: u64,
+        credit: u64,
+        unit: u64,
+        retry_after_ns: u64,
+        reset_after_ns: u64,
+    ) -> Self {
         Decision {
             allowed: false,
             tracking: Tracking::Tracked,
             limit,
-            remaining,
+            credit,
+            unit,
             // A denial always has something to wait for.
             retry_after_ns: if retry_after_ns == 0 {
                 1
@@ -138,7 +167,7 @@ impl Decision {
     /// ```
     #[inline]
     pub const fn remaining(&self) -> u64 {
-        self.remaining
+        self.credit / self.unit
     }
 
     /// Zero when allowed; otherwise the earliest wait after which the same
@@ -224,7 +253,7 @@ impl Decision {
         format!(
             "\"{}\";r={};t={}",
             policy.replace(['"', '\\'], ""),
-            self.remaining,
+            self.remaining(),
             self.reset_after_secs()
         )
     }
@@ -239,7 +268,7 @@ impl Decision {
             } else {
                 (self, other)
             }
-        } else if self.remaining <= other.remaining {
+        } else if self.remaining() <= other.remaining() {
             (self, other)
         } else {
             (other, self)
@@ -248,7 +277,8 @@ impl Decision {
             allowed: primary.allowed,
             tracking: primary.tracking,
             limit: primary.limit,
-            remaining: primary.remaining.min(secondary.remaining),
+            credit: primary.remaining().min(secondary.remaining()),
+            unit: 1,
             retry_after_ns: if primary.allowed {
                 0
             } else {
@@ -263,6 +293,33 @@ impl Decision {
     }
 }
 
+impl Decision {
+    fn key(&self) -> (bool, Tracking, u64, u64, u64, u64) {
+        (
+            self.allowed,
+            self.tracking,
+            self.limit,
+            self.remaining(),
+            self.retry_after_ns,
+            self.reset_after_ns,
+        )
+    }
+}
+
+impl PartialEq for Decision {
+    fn eq(&self, other: &Self) -> bool {
+        self.key() == other.key()
+    }
+}
+
+impl Eq for Decision {}
+
+impl std::hash::Hash for Decision {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.key().hash(state);
+    }
+}
+
 const fn ceil_secs(ns: u64) -> u64 {
     ns.div_ceil(1_000_000_000)
 }
@@ -272,7 +329,7 @@ impl fmt::Debug for Decision {
         f.debug_struct("Decision")
             .field("allowed", &self.allowed)
             .field("limit", &self.limit)
-            .field("remaining", &self.remaining)
+            .field("remaining", &self.remaining())
             .field("retry_after", &self.retry_after())
             .field("reset_after", &self.reset_after())
             .field("tracking", &self.tracking)
@@ -311,13 +368,13 @@ mod tests {
         let d = Decision::deny(20, 1, 90, 10);
         let ab = a.most_restrictive(b);
         assert!(ab.allowed);
-        assert_eq!((ab.limit, ab.remaining, ab.reset_after_ns), (5, 2, 300));
+        assert_eq!((ab.limit, ab.remaining(), ab.reset_after_ns), (5, 2, 300));
         let ac = a.most_restrictive(c);
         assert!(!ac.allowed);
-        assert_eq!((ac.limit, ac.remaining, ac.retry_after_ns), (20, 4, 50));
+        assert_eq!((ac.limit, ac.remaining(), ac.retry_after_ns), (20, 4, 50));
         let cd = c.most_restrictive(d);
         assert_eq!(
-            (cd.remaining, cd.retry_after_ns, cd.reset_after_ns),
+            (cd.remaining(), cd.retry_after_ns, cd.reset_after_ns),
             (1, 90, 80)
         );
         assert_eq!(b.most_restrictive(a), ab);

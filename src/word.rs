@@ -120,33 +120,47 @@ impl ParamCell {
     /// A consistent snapshot; spins (then yields) while a change is under way.
     #[inline]
     pub(crate) fn read<P: Params>(&self) -> P {
+        match self.try_read() {
+            Some(p) => p,
+            None => self.read_contended(),
+        }
+    }
+
+    /// One attempt: `None` if a change was under way or raced the read.
+    #[inline]
+    fn try_read<P: Params>(&self) -> Option<P> {
+        // Acquire: pairs with `publish`'s Release store of the even
+        // version, so the words written before it are visible below.
+        let v1 = self.version.load(Ordering::Acquire);
+        // Relaxed: ordered by the Acquire above and the fence below.
+        let words = [
+            self.words[0].load(Ordering::Relaxed),
+            self.words[1].load(Ordering::Relaxed),
+            self.words[2].load(Ordering::Relaxed),
+        ];
+        // Acquire fence: the word loads above happen before the version
+        // re-check, so a concurrent writer's odd version (or its later even
+        // one) is seen if any word was torn.
+        fence(Ordering::Acquire);
+        // Relaxed: ordered by the fence above.
+        let v2 = self.version.load(Ordering::Relaxed);
+        (v1 == v2 && v1 & 1 == 0).then(|| P::decode(words))
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn read_contended<P: Params>(&self) -> P {
         let mut spins = 0u32;
         loop {
-            // Acquire: pairs with `publish`'s Release store of the even
-            // version, so the words written before it are visible below.
-            let v1 = self.version.load(Ordering::Acquire);
-            if v1 & 1 == 0 {
-                // Relaxed: ordered by the Acquire above and the fence below.
-                let words = [
-                    self.words[0].load(Ordering::Relaxed),
-                    self.words[1].load(Ordering::Relaxed),
-                    self.words[2].load(Ordering::Relaxed),
-                ];
-                // Acquire fence: the word loads above happen before the
-                // version re-check, so a concurrent writer's odd version (or
-                // its later even one) is seen if any word was torn.
-                fence(Ordering::Acquire);
-                // Relaxed: ordered by the fence above.
-                if self.version.load(Ordering::Relaxed) == v1 {
-                    return P::decode(words);
-                }
-            }
-            spins += 1;
             if spins < 64 {
                 spin_hint();
             } else {
                 // The writer was likely preempted; on 2 cores spinning only delays it.
                 yield_now();
+            }
+            spins += 1;
+            if let Some(p) = self.try_read() {
+                return p;
             }
         }
     }

@@ -70,17 +70,14 @@ impl WordStep for Gcra {
         let held = tat.saturating_sub(now);
         let used = held.saturating_add(n * self.emission);
         if used <= self.tolerance {
-            let remaining = (self.tolerance - used) / self.emission;
-            (
-                Decision::allow(self.burst, remaining, used),
-                Some(now + used),
-            )
+            let credit = self.tolerance - used;
+            let d = Decision::allow_credit(self.burst, credit, self.emission, used);
+            (d, Some(now + used))
         } else {
-            let remaining = self.tolerance.saturating_sub(held) / self.emission;
-            (
-                Decision::deny(self.burst, remaining, used - self.tolerance, held),
-                None,
-            )
+            let credit = self.tolerance.saturating_sub(held);
+            let retry = used - self.tolerance;
+            let d = Decision::deny_credit(self.burst, credit, self.emission, retry, held);
+            (d, None)
         }
     }
 
