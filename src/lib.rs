@@ -43,7 +43,7 @@ mod word;
 
 /// The algorithm types that parametrize [`Limiter`].
 pub mod algorithm {
-    pub use crate::algo::{Algorithm, Gcra, LeakyGcra};
+    pub use crate::algo::{Algorithm, FixedCounter, Gcra, LeakyGcra, SlidingCounter, SlidingLog};
 }
 
 #[cfg(feature = "quanta")]
@@ -51,5 +51,8 @@ pub use clock::QuantaClock;
 pub use clock::{Clock, ManualClock, StdClock};
 pub use decision::{Decision, Tracking};
 pub use error::{ConfigError, InsufficientCapacity};
-pub use limiter::{DefaultClock, LeakyBucket, Limiter, Reservation, TokenBucket};
-pub use quota::Rate;
+pub use limiter::{
+    DefaultClock, FixedWindow, LeakyBucket, Limiter, Reservation, SlidingWindowCounter,
+    SlidingWindowLog, TokenBucket,
+};
+pub use quota::{Rate, Window};
