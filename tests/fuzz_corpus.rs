@@ -46,3 +46,8 @@ fn leaky_bucket_corpus() {
 fn config_corpus() {
     replay("config", model::run_config);
 }
+
+#[test]
+fn windows_corpus() {
+    replay("windows", model::run_windows);
+}

@@ -504,8 +504,322 @@ pub fn run_config(data: &[u8]) {
     let Some((&which, rest)) = data.split_first() else {
         return;
     };
-    match which % 2 {
+    match which % 5 {
         0 => run_bucket::<TokenBucket<ManualClock>, WildRate>(rest),
-        _ => run_bucket::<LeakyBucket<ManualClock>, WildRate>(rest),
+        1 => run_bucket::<LeakyBucket<ManualClock>, WildRate>(rest),
+        2 => run_window::<FixedWindow<ManualClock>, WildWindow>(rest),
+        3 => run_window::<SlidingWindowCounter<ManualClock>, WildWindow>(rest),
+        _ => run_window::<SlidingWindowLog<ManualClock>, WildWindow>(rest),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Windows: fixed window, sliding-window counter, sliding-window log.
+
+pub mod window;
+
+use ratewall::{FixedWindow, SlidingWindowCounter, SlidingWindowLog, Window};
+
+/// A generator of window quotas.
+pub trait WindowSpec: for<'a> Arbitrary<'a> + Copy + Debug {
+    fn parts(&self, kind: window::Kind) -> (u64, Duration);
+    fn window(&self, kind: window::Kind) -> Window {
+        let (limit, length) = self.parts(kind);
+        Window::new(limit, length)
+    }
+}
+
+/// Small, mostly valid windows.
+#[derive(Arbitrary, Clone, Copy, Debug)]
+pub struct SmallWindow {
+    limit: u8,
+    length: SmallLength,
+}
+
+#[derive(Arbitrary, Clone, Copy, Debug)]
+enum SmallLength {
+    Ms(u16),
+    Secs(u8),
+    Minute,
+    /// The algorithm's shortest window + delta ns.
+    NearShortest(i8),
+}
+
+impl WindowSpec for SmallWindow {
+    fn parts(&self, kind: window::Kind) -> (u64, Duration) {
+        let length = match self.length {
+            SmallLength::Ms(ms) => Duration::from_millis(ms.into()),
+            SmallLength::Secs(s) => Duration::from_secs(s.into()),
+            SmallLength::Minute => Duration::from_secs(60),
+            SmallLength::NearShortest(d) => {
+                Duration::from_nanos(offset(kind.bounds().1.into(), d.into()))
+            }
+        };
+        (self.limit.into(), length)
+    }
+}
+
+/// Arbitrary numbers, and values next to each documented boundary.
+#[derive(Arbitrary, Clone, Copy, Debug)]
+pub struct WildWindow {
+    limit: WildLimit,
+    length: WildLength,
+}
+
+#[derive(Arbitrary, Clone, Copy, Debug)]
+enum WildLimit {
+    Any(u64),
+    /// The algorithm's largest limit + delta.
+    NearMax(i16),
+}
+
+#[derive(Arbitrary, Clone, Copy, Debug)]
+enum WildLength {
+    Any {
+        secs: u64,
+        nanos: u32,
+    },
+    Ns(u64),
+    /// 2^62 ns + delta.
+    NearLongest(i16),
+    /// The algorithm's shortest window + delta.
+    NearShortest(i16),
+}
+
+impl WindowSpec for WildWindow {
+    fn parts(&self, kind: window::Kind) -> (u64, Duration) {
+        let (max_limit, min_ns) = kind.bounds();
+        let limit = match self.limit {
+            WildLimit::Any(l) => l,
+            WildLimit::NearMax(d) => offset(max_limit.into(), d),
+        };
+        let length = match self.length {
+            WildLength::Any { secs, nanos } => Duration::new(secs, nanos % 1_000_000_000),
+            WildLength::Ns(ns) => Duration::from_nanos(ns),
+            WildLength::NearLongest(d) => Duration::from_nanos(offset(gcra::MAX_TOLERANCE, d)),
+            WildLength::NearShortest(d) => Duration::from_nanos(offset(min_ns.into(), d)),
+        };
+        (limit, length)
+    }
+}
+
+/// One step of a window run.
+#[derive(Arbitrary, Clone, Copy, Debug)]
+pub enum WindowOp<W> {
+    Check(u8),
+    CheckHuge(u64),
+    CheckAt {
+        ms: u16,
+        ahead: bool,
+        n: u8,
+    },
+    Peek(u8),
+    Refund(u8),
+    RefundHuge(u64),
+    Reset,
+    Time(TimeOp),
+    SetQuota(W),
+    IsIdle,
+    /// Sets the clock to `num/den` of the way into the current window, plus
+    /// `delta` ns: window edges and exact fractions of `W` are where the
+    /// counters' rounding lives, and random nanoseconds never land there.
+    Edge {
+        num: u8,
+        den: u8,
+        delta: i16,
+    },
+}
+
+/// What the runner needs from a window limiter.
+pub trait WindowSubject: Sized + Debug {
+    const KIND: window::Kind;
+    fn build(w: Window, clock: ManualClock) -> Result<Self, ConfigError>;
+    fn check_n(&self, n: u64) -> Result<Decision, InsufficientCapacity>;
+    fn check_n_at(&self, t: u64, n: u64) -> Result<Decision, InsufficientCapacity>;
+    fn peek_n(&self, n: u64) -> Result<Decision, InsufficientCapacity>;
+    fn refund(&self, n: u64);
+    fn reset(&self);
+    fn set_quota(&self, w: Window) -> Result<(), ConfigError>;
+    fn quota(&self) -> Window;
+    fn capacity(&self) -> u64;
+    fn is_idle(&self) -> bool;
+}
+
+macro_rules! window_subject {
+    ($ty:ty, $kind:expr) => {
+        impl WindowSubject for $ty {
+            const KIND: window::Kind = $kind;
+            fn build(w: Window, clock: ManualClock) -> Result<Self, ConfigError> {
+                <$ty>::with_clock(w, clock)
+            }
+            fn check_n(&self, n: u64) -> Result<Decision, InsufficientCapacity> {
+                <$ty>::check_n(self, n)
+            }
+            fn check_n_at(&self, t: u64, n: u64) -> Result<Decision, InsufficientCapacity> {
+                <$ty>::check_n_at(self, t, n)
+            }
+            fn peek_n(&self, n: u64) -> Result<Decision, InsufficientCapacity> {
+                <$ty>::peek_n(self, n)
+            }
+            fn refund(&self, n: u64) {
+                <$ty>::refund(self, n)
+            }
+            fn reset(&self) {
+                <$ty>::reset(self)
+            }
+            fn set_quota(&self, w: Window) -> Result<(), ConfigError> {
+                <$ty>::set_quota(self, w)
+            }
+            fn quota(&self) -> Window {
+                <$ty>::quota(self)
+            }
+            fn capacity(&self) -> u64 {
+                <$ty>::capacity(self)
+            }
+            fn is_idle(&self) -> bool {
+                <$ty>::is_idle(self)
+            }
+        }
+    };
+}
+
+window_subject!(FixedWindow<ManualClock>, window::Kind::Fixed);
+window_subject!(SlidingWindowCounter<ManualClock>, window::Kind::Sliding);
+window_subject!(SlidingWindowLog<ManualClock>, window::Kind::Log);
+
+/// Decodes and runs one window scenario; panics on any disagreement.
+pub fn run_window<S: WindowSubject, W: WindowSpec>(data: &[u8]) {
+    let kind = S::KIND;
+    let mut u = Unstructured::new(data);
+    let Ok(spec) = W::arbitrary(&mut u) else {
+        return;
+    };
+    let model_quota = |spec: &W| {
+        let (limit, length) = spec.parts(kind);
+        window::violations(kind, limit, length)
+    };
+    let clock = ManualClock::new();
+    let mut time = TimeModel::default();
+    let last = kind.last_ns();
+    let (real, mut model) = match (
+        S::build(spec.window(kind), clock.clone()),
+        model_quota(&spec),
+    ) {
+        (Ok(real), Ok(q)) => (real, window::WindowModel::new(kind, q)),
+        (Err(e), Err(allowed)) => {
+            assert!(
+                allowed.contains(&e),
+                "{kind:?} {spec:?}: ratewall says {e:?}, the rules broken are {allowed:?}"
+            );
+            return;
+        }
+        (Ok(real), Err(v)) => panic!("{kind:?} {spec:?} accepted ({real:?}) but breaks {v:?}"),
+        (Err(e), Ok(q)) => panic!("{kind:?} {spec:?} rejected with {e:?} but is valid: {q:?}"),
+    };
+    let mut quota = spec.window(kind);
+    for step in 0..MAX_STEPS {
+        if u.is_empty() {
+            break;
+        }
+        let Ok(op) = WindowOp::<W>::arbitrary(&mut u) else {
+            break;
+        };
+        let ctx = (kind, step, op, time);
+        let cap = model.quota.limit;
+        let check = |got: Result<Decision, InsufficientCapacity>, want: Option<Dec>, n: u64| match (
+            got, want,
+        ) {
+            (Ok(d), Some(m)) => assert_decision(&d, &m, &ctx),
+            (Err(e), None) => assert_eq!(
+                e,
+                InsufficientCapacity {
+                    requested: n,
+                    capacity: cap
+                },
+                "at {ctx:?}"
+            ),
+            (got, want) => panic!("at {ctx:?}: ratewall {got:?}, model {want:?}"),
+        };
+        match op {
+            WindowOp::Check(n) => {
+                let n = u64::from(n);
+                let got = real.check_n(n);
+                let t = time.read().min(last);
+                check(got, model.check(t, n, true), n);
+            }
+            WindowOp::CheckHuge(n) => {
+                let got = real.check_n(n);
+                let t = time.read().min(last);
+                check(got, model.check(t, n, true), n);
+            }
+            WindowOp::CheckAt { ms, ahead, n } => {
+                let delta = u64::from(ms) * 1_000_000;
+                let at = if ahead {
+                    time.clock.saturating_add(delta)
+                } else {
+                    time.clock.saturating_sub(delta)
+                };
+                let n = u64::from(n);
+                let got = real.check_n_at(at, n);
+                let t = time.observe(at).min(last);
+                check(got, model.check(t, n, true), n);
+            }
+            WindowOp::Peek(n) => {
+                let n = u64::from(n);
+                let got = real.peek_n(n);
+                let t = time.read().min(last);
+                check(got, model.check(t, n, false), n);
+            }
+            WindowOp::Refund(n) => {
+                real.refund(n.into());
+                let t = time.read().min(last);
+                model.refund(t, n.into());
+            }
+            WindowOp::RefundHuge(n) => {
+                real.refund(n);
+                let t = time.read().min(last);
+                model.refund(t, n);
+            }
+            WindowOp::Reset => {
+                real.reset();
+                model.reset();
+            }
+            WindowOp::Time(op) => op.apply(&clock, &mut time),
+            WindowOp::SetQuota(w) => match (real.set_quota(w.window(kind)), model_quota(&w)) {
+                (Ok(()), Ok(q)) => {
+                    let t = time.read().min(last);
+                    model.set_quota(t, q);
+                    quota = w.window(kind);
+                }
+                (Err(e), Err(v)) => assert!(v.contains(&e), "at {ctx:?}: {e:?} not in {v:?}"),
+                (got, want) => panic!("at {ctx:?}: set_quota {got:?}, model {want:?}"),
+            },
+            WindowOp::IsIdle => {
+                let got = real.is_idle();
+                let t = time.read().min(last);
+                assert_eq!(got, model.is_idle(t), "is_idle at {ctx:?}: {model:?}");
+            }
+            WindowOp::Edge { num, den, delta } => {
+                let w = model.quota.length;
+                let start = u128::from(time.clock) / w * w;
+                let into = w * u128::from(num) / u128::from(den.max(1));
+                let at = offset(start + into, delta);
+                TimeOp::Set(at).apply(&clock, &mut time);
+            }
+        }
+        assert_eq!(real.capacity(), model.quota.limit, "capacity at {ctx:?}");
+        assert_eq!(real.quota(), quota, "quota at {ctx:?}");
+    }
+}
+
+/// The window target: the first byte picks the algorithm.
+pub fn run_windows(data: &[u8]) {
+    let Some((&which, rest)) = data.split_first() else {
+        return;
+    };
+    match which % 3 {
+        0 => run_window::<FixedWindow<ManualClock>, SmallWindow>(rest),
+        1 => run_window::<SlidingWindowCounter<ManualClock>, SmallWindow>(rest),
+        _ => run_window::<SlidingWindowLog<ManualClock>, SmallWindow>(rest),
     }
 }
