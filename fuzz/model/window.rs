@@ -6,6 +6,7 @@
 
 use super::{Dec, HORIZON};
 use ratewall::ConfigError;
+use std::collections::VecDeque;
 use std::time::Duration;
 
 /// Which window algorithm.
@@ -86,7 +87,7 @@ pub enum State {
     /// The window id, the previous window's count and the current one's.
     Sliding { id: u128, prev: u64, cur: u64 },
     /// One timestamp per admitted unit, oldest first.
-    Log { times: Vec<u128> },
+    Log { times: VecDeque<u128> },
 }
 
 #[derive(Clone, Debug)]
@@ -113,7 +114,9 @@ impl WindowModel {
                 prev: 0,
                 cur: 0,
             },
-            Kind::Log => State::Log { times: Vec::new() },
+            Kind::Log => State::Log {
+                times: VecDeque::new(),
+            },
         }
     }
 
@@ -173,7 +176,8 @@ impl WindowModel {
             }
             State::Log { times } => {
                 // "On allow the expired entries are dropped and n copies of t appended."
-                times.retain(|&ts| ts + w > t);
+                let expired = times.partition_point(|&ts| ts + w <= t);
+                times.drain(..expired);
                 times.extend(std::iter::repeat(t).take(n as usize));
             }
         }
@@ -247,9 +251,9 @@ impl WindowModel {
             }
             State::Log { times } => {
                 for _ in 0..n {
-                    match times.last() {
+                    match times.back() {
                         Some(&ts) if ts + w > t => {
-                            times.pop();
+                            times.pop_back();
                         }
                         _ => break,
                     }
@@ -287,7 +291,7 @@ impl WindowModel {
             State::Log { times } => {
                 let keep = times.len().min(new.limit as usize);
                 State::Log {
-                    times: times[times.len() - keep..].to_vec(),
+                    times: times.iter().skip(times.len() - keep).copied().collect(),
                 }
             }
         };
