@@ -36,7 +36,9 @@ mod algo;
 mod clock;
 mod decision;
 mod error;
+mod keyed;
 mod limiter;
+mod multi;
 mod quota;
 mod sync;
 mod word;
@@ -44,6 +46,7 @@ mod word;
 /// The algorithm types that parametrize [`Limiter`].
 pub mod algorithm {
     pub use crate::algo::{Algorithm, FixedCounter, Gcra, LeakyGcra, SlidingCounter, SlidingLog};
+    pub use crate::keyed::KeyedAlgorithm;
 }
 
 #[cfg(feature = "quanta")]
@@ -51,8 +54,12 @@ pub use clock::QuantaClock;
 pub use clock::{Clock, ManualClock, StdClock};
 pub use decision::{Decision, Tracking};
 pub use error::{ConfigError, InsufficientCapacity};
+pub use keyed::{
+    KeyedBuilder, KeyedLeakyBucket, KeyedLimiter, KeyedTokenBucket, WhenFull, MAX_KEYS,
+};
 pub use limiter::{
     DefaultClock, FixedWindow, LeakyBucket, Limiter, Reservation, SlidingWindowCounter,
     SlidingWindowLog, TokenBucket,
 };
+pub use multi::{check_all, check_all_n, KeyedRef, Limit};
 pub use quota::{Rate, Window};

@@ -282,6 +282,12 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
         A::check(&self.state, &self.params, self.clamped_now(), n, false)
     }
 
+    /// [`peek_n`](Self::peek_n) at a time the caller read (multi-limit checks).
+    #[inline]
+    pub(crate) fn peek_n_at(&self, now: u64, n: u64) -> Result<Decision, InsufficientCapacity> {
+        A::check(&self.state, &self.params, self.clamp(now), n, false)
+    }
+
     /// Gives back `n` units that an allowed check took (a cancelled
     /// reservation, a request that failed before doing work). The limiter
     /// never holds more than its capacity, so an over-refund is harmless.
@@ -336,8 +342,8 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
     /// new one, never a mix of the two.
     ///
     /// ```
-    /// # use ratewall::{Rate, TokenBucket};
-    /// let bucket = TokenBucket::new(Rate::per_second(10).burst(10)).unwrap();
+    /// # use ratewall::{ManualClock, Rate, TokenBucket};
+    /// let bucket = TokenBucket::with_clock(Rate::per_second(10).burst(10), ManualClock::new()).unwrap();
     /// let _ = bucket.check_n(4).unwrap();
     /// bucket.set_quota(Rate::per_second(100).burst(20)).unwrap();
     /// assert_eq!(bucket.peek().remaining(), 15); // 4 still in use, 1 for the peek

@@ -1,0 +1,169 @@
+#![cfg(ratewall_loom)]
+//! Loom models of the keyed table's slot protocol: a check of one key racing
+//! with the reclaim of its slot and the slot's reuse by another key.
+
+use loom::sync::Arc;
+use loom::thread;
+use ratewall::{KeyedTokenBucket, ManualClock, Rate, Tracking, WhenFull};
+
+type Job = Box<dyn Fn(&KeyedTokenBucket<u64, ManualClock>) -> Option<ratewall::Decision> + Send>;
+
+fn table(clock: &ManualClock, policy: WhenFull) -> KeyedTokenBucket<u64, ManualClock> {
+    // One shard, one key: every new key must reuse the only key's slot.
+    KeyedTokenBucket::<u64, _>::builder(Rate::per_second(1).burst(2))
+        .max_keys(1)
+        .shards(1)
+        .seed(7)
+        .when_full(policy)
+        .clock(clock.clone())
+        .build()
+        .unwrap()
+}
+
+/// A key whose probe window starts where key 1's does, so that it reuses
+/// key 1's slot rather than the table's other (empty) slot.
+fn rival_of_key_1(l: &KeyedTokenBucket<u64, ManualClock>) -> u64 {
+    (2..10_000)
+        .find(|k| l.__home_slot(k) == l.__home_slot(&1))
+        .expect("a key with the same home slot")
+}
+
+/// Key 1 sits idle (state 0, the value a fresh key's state also takes) in the
+/// table's only slot. Thread A checks key 1; thread B checks key 2 (which
+/// reclaims key 1's slot) and then resets key 2 (state 0 again). A's
+/// decision must never land on key 2's state, even when the state word holds
+/// the very value A saw for key 1: key 2, touched only by B, ends fresh or
+/// untracked, so a peek of it says `burst - 1` remain.
+#[test]
+fn check_racing_reclaim_and_reuse_of_its_slot() {
+    loom::model(|| {
+        let clock = ManualClock::new();
+        let l = Arc::new(table(&clock, WhenFull::RejectNew));
+        assert!(l.check_key(&1).is_allowed());
+        l.reset_key(&1); // tracked, idle, state 0
+        assert_eq!(l.len(), 1);
+        let k2 = rival_of_key_1(&l);
+
+        let a = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || l.check_key(&1))
+        };
+        let b = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || {
+                let d = l.check_key(&k2);
+                l.reset_key(&k2);
+                d
+            })
+        };
+        let da = a.join().unwrap();
+        let db = b.join().unwrap();
+
+        assert_eq!(
+            l.peek_key(&k2).remaining(),
+            1,
+            "key 1's check touched key 2 ({da:?}, {db:?})"
+        );
+        assert!(l.len() <= 1);
+        match da.tracking() {
+            Tracking::Tracked => {
+                assert!(da.is_allowed());
+                // Key 1 holds its one check unless B reclaimed or rejected...
+                let p = l.peek_key(&1).remaining();
+                assert!(p == 0 || p == 1, "key 1: {p}");
+            }
+            Tracking::Rejected => assert!(!da.is_allowed()),
+            other => panic!("unexpected {other:?}"),
+        }
+        if db.tracking() == Tracking::Tracked {
+            assert!(db.is_allowed());
+        }
+    });
+}
+
+/// Key 1 is active in the only slot; A checks key 1 while B's new key 2
+/// evicts it. Whoever wins, each decision is applied to its own key: the
+/// slot's final state holds exactly one admission, for the key it belongs to.
+#[test]
+fn check_racing_eviction_of_an_active_key() {
+    loom::model(|| {
+        let clock = ManualClock::new();
+        let l = Arc::new(table(&clock, WhenFull::EvictLeastRecent));
+        assert!(l.check_key(&1).is_allowed()); // active: 1 of 2 used
+        let k2 = rival_of_key_1(&l);
+
+        let a = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || l.check_key(&1))
+        };
+        let b = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || l.check_key(&k2))
+        };
+        let da = a.join().unwrap();
+        let db = b.join().unwrap();
+        assert!(da.is_allowed() && db.is_allowed());
+        assert_eq!(l.len(), 1);
+        let (p1, p2) = (l.peek_key(&1), l.peek_key(&k2));
+        // Both keys have room for one more; the tracked one holds exactly one
+        // admission (remaining 0 after the peek), the other peeks as fresh.
+        assert!(
+            p1.is_allowed() && p2.is_allowed(),
+            "a key holds two admissions: {p1:?} {p2:?}"
+        );
+        if da.tracking() == Tracking::EvictedOther {
+            // B evicted key 1, then A's retry evicted key 2 and re-inserted key 1.
+            assert_eq!((p1.remaining(), p2.remaining()), (0, 1));
+        } else {
+            // A's check of key 1 won, then B evicted key 1 for key 2.
+            assert_eq!(da.remaining(), 0);
+            assert_eq!(db.tracking(), Tracking::EvictedOther);
+            assert_eq!((p1.remaining(), p2.remaining()), (1, 0));
+        }
+    });
+}
+
+/// Three threads on the only slot: A checks idle key 1, B inserts key 2
+/// (reclaiming key 1's slot if it is still idle), C runs `retain_active`
+/// (evicting idle keys). With room for one key and frozen time, exactly one
+/// of A and B is tracked (the other is rejected: the table is full of an
+/// active key), and each tracked key holds exactly its own admission.
+#[test]
+fn check_evict_and_insert_on_one_slot() {
+    loom::model(|| {
+        let clock = ManualClock::new();
+        let l = Arc::new(table(&clock, WhenFull::RejectNew));
+        assert!(l.check_key(&1).is_allowed());
+        l.reset_key(&1); // tracked, idle
+        let k2 = rival_of_key_1(&l);
+
+        let spawn = |f: Job| {
+            let l = Arc::clone(&l);
+            thread::spawn(move || f(&l))
+        };
+        let a = spawn(Box::new(|l| Some(l.check_key(&1))));
+        let b = spawn(Box::new(move |l| Some(l.check_key(&k2))));
+        let c = spawn(Box::new(|l| {
+            let _ = l.retain_active();
+            None
+        }));
+        let da = a.join().unwrap().unwrap();
+        let db = b.join().unwrap().unwrap();
+        c.join().unwrap();
+
+        assert!(l.len() <= 1);
+        let tracked = |d: &ratewall::Decision| d.tracking() == Tracking::Tracked;
+        assert!(
+            tracked(&da) != tracked(&db),
+            "exactly one key tracked: {da:?} {db:?}"
+        );
+        let (p1, p2) = (l.peek_key(&1).remaining(), l.peek_key(&k2).remaining());
+        if tracked(&da) {
+            assert!(da.is_allowed() && db.tracking() == Tracking::Rejected);
+            assert_eq!((p1, p2), (0, 1));
+        } else {
+            assert!(db.is_allowed() && da.tracking() == Tracking::Rejected);
+            assert_eq!((p1, p2), (1, 0));
+        }
+    });
+}

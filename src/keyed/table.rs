@@ -1,0 +1,577 @@
+//! The sharded open-addressing table behind [`KeyedLimiter`](super::KeyedLimiter).
+//!
+//! # Layout
+//!
+//! ```text
+//!  127                           64 63                            0
+//! +-------------------------------+-------------------------------+
+//! | fingerprint (64-bit key hash) | state word (the algorithm's)  |
+//! +-------------------------------+-------------------------------+
+//! ```
+//!
+//! One slot is one 16-byte atomic. Fingerprint 0 is an empty slot (never
+//! used: a probe stops there), 1 is a tombstone (a removed key: a probe goes
+//! on, an insert may reuse it); a key's hash is mapped away from 0 and 1.
+//! No key is stored, so the table's memory does not depend on the key type.
+//!
+//! The table has `2^k` cache-padded shards picked by the hash's low bits.
+//! Within a shard a key lives in its *window*: the `PROBE` slots (wrapping)
+//! from a start picked by the hash's high bits, and no empty slot lies
+//! between the start and the key (linear probing; empties never come back).
+//!
+//! # Slot protocol
+//!
+//! - Check of an existing key (lock-free): load the slot; if its fingerprint
+//!   is ours, run the step on its state; a step that writes nothing returns
+//!   at once (a denial writes no memory); otherwise compare-exchange the
+//!   whole 16 bytes from (ours, seen) to (ours, next). A failure whose
+//!   fingerprint is still ours recomputes from the observed state; a failure
+//!   whose fingerprint changed means the slot was reclaimed for another key:
+//!   the check looks the key up again. Because the exchange compares the
+//!   fingerprint with the state, a decision computed for one key can never be
+//!   written over another key's state, whatever values the states take (ABA).
+//! - Everything that changes a fingerprint (insert, reclaim, eviction,
+//!   `retain_active`) holds the shard's mutex and uses the same 16-byte
+//!   compare-exchange, so it also loses cleanly to a concurrent check.
+
+use crate::sync::{lock, AtomicU128, AtomicU64, Mutex, Ordering};
+use crossbeam_utils::CachePadded;
+use std::fmt;
+
+/// Fingerprint of a slot that was never used.
+pub(crate) const EMPTY: u64 = 0;
+/// Fingerprint of a slot whose key was removed.
+pub(crate) const TOMB: u64 = 1;
+/// Slots scanned for one key: 32 x 16 B = 512 B, eight cache lines.
+pub(crate) const PROBE: usize = 32;
+/// Slots scanned per insert, beyond the key's window, to reclaim idle keys
+/// when the shard is at its cap (amortized eviction).
+const SWEEP: usize = 64;
+/// Slots per key: 4/3, a 75% load factor at a full table (21.3 B per key).
+const LOAD_NUM: usize = 4;
+const LOAD_DEN: usize = 3;
+
+#[cfg(not(ratewall_loom))]
+const _: () = assert!(std::mem::size_of::<AtomicU128>() == 16);
+
+#[inline]
+fn pack(fp: u64, state: u64) -> u128 {
+    (u128::from(fp) << 64) | u128::from(state)
+}
+
+#[inline]
+fn fp_of(v: u128) -> u64 {
+    (v >> 64) as u64
+}
+
+#[inline]
+fn state_of(v: u128) -> u64 {
+    v as u64
+}
+
+/// A key's fingerprint: its hash, moved away from the two reserved values.
+#[inline]
+pub(crate) fn fingerprint(h: u64) -> u64 {
+    if h <= TOMB {
+        h + 2
+    } else {
+        h
+    }
+}
+
+struct Shard {
+    slots: Box<[AtomicU128]>,
+    /// Most keys this shard may track; the caps add up to `max_keys`.
+    cap: u64,
+    /// Keys tracked. Written only under `inner`; read with Relaxed by `len()`.
+    len: AtomicU64,
+    /// Serializes fingerprint changes; holds the reclaim sweep's cursor.
+    inner: Mutex<usize>,
+}
+
+/// What the insert path does when the key's window has no room.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Full {
+    Reject,
+    Untracked,
+    Evict,
+}
+
+/// How an insert went.
+pub(crate) enum Inserted<R> {
+    /// The key was present after all (another thread inserted it).
+    Existing(R),
+    /// The key now has a slot; `evicted` says whether an active key made room.
+    New { outcome: R, evicted: bool },
+    /// The step asked for no write (nothing to track).
+    NotStored(R),
+    /// No room and the policy did not evict. `soonest` is the least time
+    /// (by the caller's measure) until an active key in the way goes idle.
+    Full { soonest: u64 },
+}
+
+/// Per-algorithm views of a state word the insert path needs.
+pub(crate) trait StateView {
+    /// Whether the state equals a fresh key's (may be reclaimed).
+    fn is_idle(&self, state: u64) -> bool;
+    /// Nanoseconds until the state goes idle (eviction picks the least).
+    fn time_to_idle(&self, state: u64) -> u64;
+}
+
+pub(crate) struct Table {
+    shards: Box<[CachePadded<Shard>]>,
+    shard_mask: u64,
+}
+
+impl Table {
+    /// A table for `max_keys` keys over `shards` shards (a power of two, at
+    /// most `max_keys`; the caller validated both).
+    pub(crate) fn new(max_keys: usize, shards: usize) -> Table {
+        debug_assert!(shards.is_power_of_two() && shards <= max_keys);
+        let base = max_keys / shards;
+        let extra = max_keys % shards;
+        let shards: Box<[CachePadded<Shard>]> = (0..shards)
+            .map(|i| {
+                let cap = base + usize::from(i < extra);
+                let n = (cap * LOAD_NUM).div_ceil(LOAD_DEN).max(cap + 1);
+                CachePadded::new(Shard {
+                    slots: (0..n).map(|_| AtomicU128::new(0)).collect(),
+                    cap: cap as u64,
+                    len: AtomicU64::new(0),
+                    inner: Mutex::new(0),
+                })
+            })
+            .collect();
+        let shard_mask = shards.len() as u64 - 1;
+        Table { shards, shard_mask }
+    }
+
+    #[inline]
+    fn locate(&self, h: u64) -> (&Shard, usize) {
+        let shard = &self.shards[(h & self.shard_mask) as usize];
+        let n = shard.slots.len() as u128;
+        // The high bits pick the start (the low ones picked the shard).
+        let start = ((u128::from(h) * n) >> 64) as usize;
+        (shard, start)
+    }
+
+    /// Runs `step` on the key's state if the key is tracked, with the slot
+    /// protocol (see the module doc). `None`: not tracked.
+    #[inline]
+    pub(crate) fn update<R>(
+        &self,
+        h: u64,
+        step: &mut impl FnMut(u64) -> (R, Option<u64>),
+    ) -> Option<R> {
+        let fp = fingerprint(h);
+        let (shard, start) = self.locate(h);
+        'lookup: loop {
+            let (slot, mut seen) = find(shard, start, fp)?;
+            loop {
+                let (outcome, next) = step(state_of(seen));
+                let next = match next {
+                    Some(next) if next != state_of(seen) => next,
+                    // No write (a denial, a peek, a step that changed
+                    // nothing): nothing to publish. As in
+                    // `AtomicWord::update`, confirm the slot still holds what
+                    // the step saw: the step read the parameters after
+                    // loading it, and a quota change may have rescaled it in
+                    // between (a plain load: the deny path stays read-only).
+                    _ => {
+                        // Acquire: as the slot loads in `find`.
+                        let again = slot.load(Ordering::Acquire);
+                        if again == seen {
+                            return Some(outcome);
+                        }
+                        if fp_of(again) != fp {
+                            continue 'lookup;
+                        }
+                        seen = again;
+                        continue;
+                    }
+                };
+                // Success AcqRel / failure Acquire: as `AtomicWord::update`
+                // (pairs with a quota change's rescaling exchange).
+                match slot.compare_exchange(
+                    seen,
+                    pack(fp, next),
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                ) {
+                    Ok(_) => return Some(outcome),
+                    // Lost the race to a check of the same key: recompute
+                    // from the state we saw, never from the one we wanted.
+                    Err(actual) if fp_of(actual) == fp => seen = actual,
+                    // The slot was reclaimed for another key meanwhile: our
+                    // decision must not touch its state; look up again.
+                    Err(_) => continue 'lookup,
+                }
+            }
+        }
+    }
+
+    /// The insert path for a key `update` did not find: under the shard
+    /// mutex, finds the key or a slot for it and stores `step(0)`'s state.
+    pub(crate) fn insert<R>(
+        &self,
+        h: u64,
+        step: &mut impl FnMut(u64) -> (R, Option<u64>),
+        view: &impl StateView,
+        policy: Full,
+    ) -> Inserted<R> {
+        let fp = fingerprint(h);
+        let (shard, start) = self.locate(h);
+        let mut cursor = lock(&shard.inner);
+        let n = shard.slots.len();
+        let window = PROBE.min(n);
+        loop {
+            // Fingerprints change only under this mutex: if the key is here
+            // now, it stays; `update` only retries on a state race.
+            if let Some(r) = self.update(h, step) {
+                return Inserted::Existing(r);
+            }
+            // The key's chain, up to its first empty slot: the first free
+            // slot (empty or tombstone) and the first idle key.
+            let mut free: Option<(usize, u128)> = None;
+            let mut idle: Option<(usize, u128)> = None;
+            let mut i = start;
+            for _ in 0..window {
+                // Acquire: as in `find`.
+                let v = shard.slots[i].load(Ordering::Acquire);
+                match fp_of(v) {
+                    EMPTY => {
+                        free.get_or_insert((i, v));
+                        break; // the chain ends: no slot beyond can take the key
+                    }
+                    TOMB => {
+                        free.get_or_insert((i, v));
+                    }
+                    _ => {
+                        if idle.is_none() && view.is_idle(state_of(v)) {
+                            idle = Some((i, v));
+                        }
+                    }
+                }
+                i = if i + 1 == n { 0 } else { i + 1 };
+            }
+            // Relaxed: `len` is written only under the mutex we hold.
+            let len = shard.len.load(Ordering::Relaxed);
+            // A free slot while under the cap; else an idle key's slot (the
+            // count stays the same); else, at the cap, reclaim idle keys
+            // further on (amortized: `SWEEP` slots per insert) and take the
+            // free slot if that made room.
+            let target = match (free, idle) {
+                (Some((i, v)), _) if len < shard.cap => Some((i, v, true)),
+                (_, Some((i, v))) => Some((i, v, false)),
+                (Some((i, v)), None) if sweep(shard, &mut cursor, view) => Some((i, v, true)),
+                _ => None,
+            };
+            if let Some((i, v, grows)) = target {
+                let (outcome, next) = step(0);
+                let Some(next) = next else {
+                    // A fresh key's step that writes nothing: nothing to track.
+                    return Inserted::NotStored(outcome);
+                };
+                // AcqRel: publishes the new key's state like any update.
+                match shard.slots[i].compare_exchange(
+                    v,
+                    pack(fp, next),
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                ) {
+                    Ok(_) => {
+                        if grows {
+                            // Relaxed: written only under the mutex we hold.
+                            shard
+                                .len
+                                .store(shard.len.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+                        }
+                        return Inserted::New {
+                            outcome,
+                            evicted: false,
+                        };
+                    }
+                    // A check made the idle key active again: start over.
+                    Err(_) => continue,
+                }
+            }
+            // No room: the window is full of active keys, or the shard is at
+            // its cap with no idle key found. Look at the whole window: the
+            // active key closest to idle is the victim (or the `soonest` a
+            // rejected key may retry).
+            let mut victim: Option<(usize, u128, u64)> = None;
+            let mut i = start;
+            for _ in 0..window {
+                // Acquire: as in `find`.
+                let v = shard.slots[i].load(Ordering::Acquire);
+                if fp_of(v) > TOMB {
+                    let ttl = view.time_to_idle(state_of(v));
+                    if victim.map_or(true, |(_, _, best)| ttl < best) {
+                        victim = Some((i, v, ttl));
+                    }
+                }
+                i = if i + 1 == n { 0 } else { i + 1 };
+            }
+            if policy != Full::Evict {
+                return Inserted::Full {
+                    soonest: victim.map_or(0, |(_, _, t)| t),
+                };
+            }
+            // Evict: the active key closest to idle. With a free slot in the
+            // chain, the victim becomes a tombstone and the key takes the free
+            // slot; otherwise the key takes the victim's slot.
+            let (at, expect, grows) = match (victim, free) {
+                (Some((vi, vv, _)), Some((fi, fv))) => {
+                    if !evict(shard, vi, vv) {
+                        continue; // the victim was checked meanwhile: choose again
+                    }
+                    (fi, fv, true)
+                }
+                (Some((vi, vv, _)), None) => (vi, vv, false),
+                (None, Some((fi, fv))) => {
+                    // The window has room but the shard is at its cap with
+                    // every key active: evict the sweep's best victim.
+                    if !evict_elsewhere(shard, &mut cursor, view) {
+                        return Inserted::Full { soonest: 0 };
+                    }
+                    (fi, fv, true)
+                }
+                (None, None) => return Inserted::Full { soonest: 0 },
+            };
+            let (outcome, next) = step(0);
+            let Some(next) = next else {
+                return Inserted::NotStored(outcome);
+            };
+            // AcqRel: as for any insert.
+            match shard.slots[at].compare_exchange(
+                expect,
+                pack(fp, next),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => {
+                    if grows {
+                        // Relaxed: under the mutex; the eviction freed one.
+                        shard
+                            .len
+                            .store(shard.len.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+                    }
+                    return Inserted::New {
+                        outcome,
+                        evicted: true,
+                    };
+                }
+                // The victim was checked meanwhile: choose again.
+                Err(_) => continue,
+            }
+        }
+    }
+
+    /// Removes every idle key, one shard at a time (each shard's inserts
+    /// wait for its own pass only). Returns how many were removed.
+    pub(crate) fn retain_active(&self, view: &impl StateView) -> usize {
+        let mut removed = 0;
+        for shard in self.shards.iter() {
+            let _guard = lock(&shard.inner);
+            for i in 0..shard.slots.len() {
+                // Acquire: as in `find`.
+                let v = shard.slots[i].load(Ordering::Acquire);
+                if fp_of(v) > TOMB && view.is_idle(state_of(v)) && tombstone(shard, i, v, view) {
+                    removed += 1;
+                }
+            }
+        }
+        removed
+    }
+
+    /// Applies `f` to every tracked key's state (quota changes) with the
+    /// slot protocol (a racing check wins or loses cleanly). Takes every
+    /// shard's mutex first and holds them all: an insert reads the parameters
+    /// under its shard's mutex, so a quota change that made the parameters
+    /// unreadable while waiting for a shard would deadlock. `between` runs
+    /// once all are held, before the first state changes (it starts the
+    /// parameter change).
+    pub(crate) fn for_each_state(
+        &self,
+        between: impl FnOnce(),
+        mut f: impl FnMut(u64, u64) -> u64,
+    ) {
+        let guards: Vec<_> = self.shards.iter().map(|s| lock(&s.inner)).collect();
+        between();
+        for shard in self.shards.iter() {
+            for slot in shard.slots.iter() {
+                // Acquire: as in `find`.
+                let mut v = slot.load(Ordering::Acquire);
+                while fp_of(v) > TOMB {
+                    let next = f(fp_of(v), state_of(v));
+                    if next == state_of(v) {
+                        break;
+                    }
+                    // AcqRel: Release pairs with a checker's Acquire load (see
+                    // `ParamCell`); the fingerprint cannot change (we hold the
+                    // mutex), so a failure is a racing check: redo its result.
+                    match slot.compare_exchange(
+                        v,
+                        pack(fp_of(v), next),
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                    ) {
+                        Ok(_) => break,
+                        Err(actual) => v = actual,
+                    }
+                }
+            }
+        }
+        drop(guards);
+    }
+
+    /// (shard, window start) of a hash: for tests that need two keys to
+    /// compete for one slot.
+    pub(crate) fn home(&self, h: u64) -> (usize, usize) {
+        let (_, start) = self.locate(h);
+        ((h & self.shard_mask) as usize, start)
+    }
+
+    /// Keys tracked (idle ones not yet reclaimed included).
+    pub(crate) fn len(&self) -> usize {
+        self.shards
+            .iter()
+            // Relaxed: a count for reporting; it publishes nothing.
+            .map(|s| s.len.load(Ordering::Relaxed) as usize)
+            .sum()
+    }
+
+    /// The most keys the table tracks.
+    pub(crate) fn capacity(&self) -> usize {
+        self.shards.iter().map(|s| s.cap as usize).sum()
+    }
+
+    pub(crate) fn shard_count(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// Bytes the table owns: slots plus shard headers.
+    pub(crate) fn memory_bytes(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.slots.len() * std::mem::size_of::<AtomicU128>())
+            .sum::<usize>()
+            + self.shards.len() * std::mem::size_of::<CachePadded<Shard>>()
+            + std::mem::size_of::<Self>()
+    }
+}
+
+/// The key's slot in its window, and the value seen there.
+#[inline]
+fn find(shard: &Shard, start: usize, fp: u64) -> Option<(&AtomicU128, u128)> {
+    let n = shard.slots.len();
+    let mut i = start;
+    for _ in 0..PROBE.min(n) {
+        let slot = &shard.slots[i];
+        // Acquire: pairs with the AcqRel exchange that stored this value, so
+        // the state (and, for a quota change, the odd parameter version
+        // ordered before it) is visible to the step.
+        let v = slot.load(Ordering::Acquire);
+        let f = fp_of(v);
+        if f == fp {
+            return Some((slot, v));
+        }
+        if f == EMPTY {
+            return None;
+        }
+        i = if i + 1 == n { 0 } else { i + 1 };
+    }
+    None
+}
+
+/// Turns an idle key's slot into a tombstone if it is still `v` (caller holds
+/// the shard mutex). A racing check that makes the key active wins.
+fn tombstone(shard: &Shard, i: usize, v: u128, view: &impl StateView) -> bool {
+    debug_assert!(view.is_idle(state_of(v)));
+    // AcqRel: a check of the removed key that loses this race sees the
+    // tombstone and looks its key up again.
+    if shard.slots[i]
+        .compare_exchange(v, pack(TOMB, 0), Ordering::AcqRel, Ordering::Acquire)
+        .is_ok()
+    {
+        // Relaxed: written only under the mutex the caller holds.
+        shard
+            .len
+            .store(shard.len.load(Ordering::Relaxed) - 1, Ordering::Relaxed);
+        true
+    } else {
+        false
+    }
+}
+
+/// Evicts the active key in slot `i` if the slot still holds `v`.
+fn evict(shard: &Shard, i: usize, v: u128) -> bool {
+    // AcqRel: as in `tombstone`.
+    if shard.slots[i]
+        .compare_exchange(v, pack(TOMB, 0), Ordering::AcqRel, Ordering::Acquire)
+        .is_ok()
+    {
+        // Relaxed: written only under the mutex the caller holds.
+        shard
+            .len
+            .store(shard.len.load(Ordering::Relaxed) - 1, Ordering::Relaxed);
+        true
+    } else {
+        false
+    }
+}
+
+/// At the shard's cap: scans the next `SWEEP` slots from the cursor and
+/// reclaims the idle keys there. Whether the shard is now under its cap.
+fn sweep(shard: &Shard, cursor: &mut usize, view: &impl StateView) -> bool {
+    let n = shard.slots.len();
+    for _ in 0..SWEEP.min(n) {
+        let i = *cursor % n;
+        *cursor = (i + 1) % n;
+        // Acquire: as in `find`.
+        let v = shard.slots[i].load(Ordering::Acquire);
+        if fp_of(v) > TOMB && view.is_idle(state_of(v)) {
+            tombstone(shard, i, v, view);
+        }
+    }
+    // Relaxed: written only under the mutex the caller holds.
+    shard.len.load(Ordering::Relaxed) < shard.cap
+}
+
+/// Evicts the key closest to idle among the next `SWEEP` slots from the
+/// cursor. Whether one was removed.
+fn evict_elsewhere(shard: &Shard, cursor: &mut usize, view: &impl StateView) -> bool {
+    let n = shard.slots.len();
+    for _attempt in 0..4 {
+        let mut best: Option<(usize, u128, u64)> = None;
+        for k in 0..SWEEP.min(n) {
+            let i = (*cursor + k) % n;
+            // Acquire: as in `find`.
+            let v = shard.slots[i].load(Ordering::Acquire);
+            if fp_of(v) > TOMB {
+                let ttl = view.time_to_idle(state_of(v));
+                if best.map_or(true, |(_, _, b)| ttl < b) {
+                    best = Some((i, v, ttl));
+                }
+            }
+        }
+        *cursor = (*cursor + SWEEP.min(n)) % n;
+        if let Some((i, v, _)) = best {
+            if evict(shard, i, v) {
+                return true;
+            }
+        }
+    }
+    false
+}
+
+impl fmt::Debug for Table {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Table")
+            .field("shards", &self.shards.len())
+            .field("len", &self.len())
+            .field("capacity", &self.capacity())
+            .field("memory_bytes", &self.memory_bytes())
+            .finish()
+    }
+}

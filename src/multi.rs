@@ -1,0 +1,251 @@
+//! All-or-nothing checks across several limits (per IP, per user, per
+//! route, global): one clock read, no allocation, and a denial by any limit
+//! gives back what the others took before the call returns.
+//!
+//! # Protocol
+//!
+//! 1. Read the clock once (the first limit's clock).
+//! 2. Check the limits in order at that time, each with its own CAS. Remember
+//!    which ones took something (a bit per limit, on the stack).
+//! 3. On the first denial (or a cost some limit can never admit), refund
+//!    the limits that took, at the same time, in reverse order; then peek
+//!    the others so the decision reports the most restrictive limit.
+//!
+//! "As if it never came" holds for each limit up to the refund's precision:
+//! a GCRA refund moves the arrival time back by exactly what was added, and
+//! a window refund gives the units back to the window they were taken from.
+//! Concurrent checks may see the capacity taken for the short time before
+//! the refund (they may be denied in that time, never admitted beyond the
+//! limit).
+
+use crate::algo::Algorithm;
+use crate::clock::Clock;
+use crate::decision::{Decision, Tracking};
+use crate::error::InsufficientCapacity;
+use crate::keyed::{KeyedAlgorithm, KeyedLimiter};
+use crate::limiter::Limiter;
+use std::borrow::Borrow;
+use std::fmt;
+use std::hash::Hash;
+
+/// One limit of a multi-limit check: a [`Limiter`], or a [`KeyedLimiter`]
+/// with a key ([`KeyedLimiter::with_key`]). All limits of one check share
+/// one clock type. Sealed; its methods are internal.
+///
+/// # Example
+///
+/// ```
+/// use ratewall::{check_all, KeyedTokenBucket, Limit, Rate, TokenBucket};
+///
+/// let global = TokenBucket::new(Rate::per_second(10_000))?;
+/// let per_user = KeyedTokenBucket::<u64>::builder(Rate::per_second(10)).build()?;
+/// let limits: [&dyn Limit<_>; 2] = [&per_user.with_key(&42), &global];
+/// assert!(check_all(&limits).is_allowed());
+/// # Ok::<(), ratewall::ConfigError>(())
+/// ```
+pub trait Limit<C: Clock>: sealed::Sealed {
+    #[doc(hidden)]
+    fn read_clock(&self) -> u64;
+    #[doc(hidden)]
+    fn take_at(&self, now: u64, n: u64) -> Result<Decision, InsufficientCapacity>;
+    #[doc(hidden)]
+    fn peek_at(&self, now: u64, n: u64) -> Result<Decision, InsufficientCapacity>;
+    #[doc(hidden)]
+    fn give_back_at(&self, now: u64, n: u64);
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+impl<A: Algorithm, C: Clock> sealed::Sealed for Limiter<A, C> {}
+
+impl<A: Algorithm, C: Clock> Limit<C> for Limiter<A, C> {
+    #[inline]
+    fn read_clock(&self) -> u64 {
+        self.now()
+    }
+    #[inline]
+    fn take_at(&self, now: u64, n: u64) -> Result<Decision, InsufficientCapacity> {
+        self.check_n_at(now, n)
+    }
+    fn peek_at(&self, now: u64, n: u64) -> Result<Decision, InsufficientCapacity> {
+        self.peek_n_at(now, n)
+    }
+    fn give_back_at(&self, now: u64, n: u64) {
+        self.refund_at(now, n);
+    }
+}
+
+/// A [`KeyedLimiter`] with one key: a [`Limit`] for [`check_all`].
+///
+/// # Example
+///
+/// ```
+/// use ratewall::{KeyedTokenBucket, Rate};
+///
+/// let per_ip = KeyedTokenBucket::<[u8; 4]>::builder(Rate::per_second(5)).build()?;
+/// let one = per_ip.with_key(&[192, 0, 2, 1]);
+/// println!("{one:?}");
+/// # Ok::<(), ratewall::ConfigError>(())
+/// ```
+pub struct KeyedRef<'a, K, Q: ?Sized, A: Algorithm, C: Clock> {
+    limiter: &'a KeyedLimiter<K, A, C>,
+    key: &'a Q,
+}
+
+impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
+    /// This limiter with one key, for a multi-limit [`check_all`].
+    ///
+    /// ```
+    /// # use ratewall::{check_all, KeyedTokenBucket, Limit, Rate};
+    /// let per_route = KeyedTokenBucket::<&str>::builder(Rate::per_second(100)).build().unwrap();
+    /// let per_user = KeyedTokenBucket::<u32>::builder(Rate::per_second(1).burst(1)).build().unwrap();
+    /// let check = || check_all::<_>(&[&per_user.with_key(&7), &per_route.with_key(&"/search")]);
+    /// assert!(check().is_allowed());
+    /// assert!(!check().is_allowed()); // per-user denies: nothing taken from per-route
+    /// assert_eq!(per_route.peek_key("/search").remaining(), 98);
+    /// ```
+    pub fn with_key<'a, Q>(&'a self, key: &'a Q) -> KeyedRef<'a, K, Q, A, C>
+    where
+        K: Borrow<Q>,
+        Q: Hash + ?Sized,
+    {
+        KeyedRef { limiter: self, key }
+    }
+}
+
+impl<K, Q: ?Sized, A: Algorithm, C: Clock> sealed::Sealed for KeyedRef<'_, K, Q, A, C> {}
+
+impl<K, Q, A, C> Limit<C> for KeyedRef<'_, K, Q, A, C>
+where
+    K: Borrow<Q>,
+    Q: Hash + ?Sized,
+    A: KeyedAlgorithm,
+    C: Clock,
+{
+    #[inline]
+    fn read_clock(&self) -> u64 {
+        self.limiter.now()
+    }
+    #[inline]
+    fn take_at(&self, now: u64, n: u64) -> Result<Decision, InsufficientCapacity> {
+        self.limiter.check_key_n_at(self.key, now, n)
+    }
+    fn peek_at(&self, now: u64, n: u64) -> Result<Decision, InsufficientCapacity> {
+        self.limiter.peek_key_n_at(self.key, now, n)
+    }
+    fn give_back_at(&self, now: u64, n: u64) {
+        self.limiter.refund_key_at(self.key, now, n);
+    }
+}
+
+impl<K, Q: ?Sized + fmt::Debug, A: Algorithm, C: Clock> fmt::Debug for KeyedRef<'_, K, Q, A, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyedRef")
+            .field("limiter", self.limiter)
+            .field("key", &self.key)
+            .finish()
+    }
+}
+
+/// Checks one request of cost 1 against every limit, all or nothing: it is
+/// taken from all of them, or from none. The decision is the most
+/// restrictive one (denied if any denies; the lowest `remaining`; the
+/// longest `retry_after`). One clock read (the first limit's clock) serves
+/// the whole call. An empty list allows.
+///
+/// Limits past the 64th are refunded on a denial whenever they allowed
+/// (the first 64 only if they tracked what they took).
+///
+/// # Example
+///
+/// ```
+/// use ratewall::{check_all, KeyedTokenBucket, Limit, ManualClock, Rate, TokenBucket};
+///
+/// let clock = ManualClock::new();
+/// let global = TokenBucket::with_clock(Rate::per_second(100), clock.clone())?;
+/// let per_ip = KeyedTokenBucket::<u32, _>::builder(Rate::per_second(2).burst(2))
+///     .clock(clock.clone())
+///     .build()?;
+/// for _ in 0..2 {
+///     assert!(check_all(&[&per_ip.with_key(&1), &global]).is_allowed());
+/// }
+/// let denied = check_all(&[&per_ip.with_key(&1), &global]);
+/// assert!(!denied.is_allowed());
+/// assert_eq!(global.peek().remaining(), 97); // 2 taken; the denied one was given back
+/// # Ok::<(), ratewall::ConfigError>(())
+/// ```
+pub fn check_all<C: Clock>(limits: &[&dyn Limit<C>]) -> Decision {
+    match check_all_n(limits, 1) {
+        Ok(d) => d,
+        // Every limit's capacity is at least 1.
+        Err(_) => Decision::deny(0, 0, u64::MAX, u64::MAX),
+    }
+}
+
+/// [`check_all`] for a request of cost `n`. A cost that some limit can never
+/// admit is an error, and nothing is taken.
+///
+/// ```
+/// use ratewall::{check_all_n, Limit, Rate, TokenBucket};
+///
+/// let small = TokenBucket::new(Rate::per_second(10).burst(5))?;
+/// let large = TokenBucket::new(Rate::per_second(100).burst(50))?;
+/// let both: [&dyn Limit<_>; 2] = [&large, &small];
+/// assert!(check_all_n(&both, 5).unwrap().is_allowed());
+/// assert!(check_all_n(&both, 6).is_err());
+/// assert_eq!(large.peek().remaining(), 44); // the error took nothing
+/// # Ok::<(), ratewall::ConfigError>(())
+/// ```
+pub fn check_all_n<C: Clock>(
+    limits: &[&dyn Limit<C>],
+    n: u64,
+) -> Result<Decision, InsufficientCapacity> {
+    let Some(first) = limits.first() else {
+        return Ok(Decision::allow(u64::MAX, u64::MAX, 0));
+    };
+    let now = first.read_clock();
+    let mut took: u64 = 0;
+    let mut combined: Option<Decision> = None;
+    for (i, limit) in limits.iter().enumerate() {
+        let d = match limit.take_at(now, n) {
+            Ok(d) => d,
+            Err(e) => {
+                roll_back(&limits[..i], took, now, n);
+                return Err(e);
+            }
+        };
+        if !d.is_allowed() {
+            roll_back(&limits[..i], took, now, n);
+            // Report the most restrictive limit, as seen after the rollback.
+            let mut worst = d;
+            for (j, other) in limits.iter().enumerate() {
+                if j != i {
+                    if let Ok(p) = other.peek_at(now, n) {
+                        worst = worst.most_restrictive(p);
+                    }
+                }
+            }
+            return Ok(worst);
+        }
+        if i < 64 && n > 0 && matches!(d.tracking(), Tracking::Tracked | Tracking::EvictedOther) {
+            took |= 1 << i;
+        }
+        combined = Some(match combined {
+            Some(c) => c.most_restrictive(d),
+            None => d,
+        });
+    }
+    Ok(combined.unwrap_or(Decision::allow(u64::MAX, u64::MAX, 0)))
+}
+
+/// Gives back what the limits before the denial took, latest first.
+#[cold]
+fn roll_back<C: Clock>(limits: &[&dyn Limit<C>], took: u64, now: u64, n: u64) {
+    for (i, limit) in limits.iter().enumerate().rev() {
+        if i >= 64 || took & (1 << i) != 0 {
+            limit.give_back_at(now, n);
+        }
+    }
+}

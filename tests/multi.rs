@@ -1,0 +1,210 @@
+//! Multi-limit checks: all or nothing, most restrictive decision, one clock
+//! read; a proptest of "a denied request leaves every limiter as if it never
+//! came" against a reference model, and a concurrent stress test.
+
+use proptest::prelude::*;
+use ratewall::{
+    check_all, check_all_n, KeyedTokenBucket, Limit, ManualClock, Rate, TokenBucket, Tracking,
+};
+use std::sync::Arc;
+use std::time::Duration;
+
+const MS: u64 = 1_000_000;
+
+#[test]
+fn all_allowed_takes_from_every_limit_and_reports_the_tightest() {
+    let clock = ManualClock::new();
+    let global = TokenBucket::with_clock(Rate::per_second(100).burst(100), clock.clone()).unwrap();
+    let per_user = KeyedTokenBucket::<u32, _>::builder(Rate::per_second(5).burst(5))
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let d = check_all(&[&per_user.with_key(&1), &global]);
+    assert!(d.is_allowed());
+    assert_eq!((d.limit(), d.remaining()), (5, 4));
+    assert_eq!(global.peek().remaining(), 98);
+}
+
+#[test]
+fn a_denial_refunds_the_others_and_reports_the_longest_wait() {
+    let clock = ManualClock::new();
+    let route = TokenBucket::with_clock(Rate::per_second(10).burst(10), clock.clone()).unwrap();
+    let user = TokenBucket::with_clock(Rate::per_second(1).burst(1), clock.clone()).unwrap();
+    let ip = TokenBucket::with_clock(Rate::per_second(2).burst(1), clock.clone()).unwrap();
+    let limits: [&dyn Limit<_>; 3] = [&route, &ip, &user];
+    assert!(check_all(&limits).is_allowed());
+    let d = check_all(&limits);
+    assert!(!d.is_allowed());
+    assert_eq!(
+        d.retry_after(),
+        Duration::from_secs(1),
+        "user's wait is the longest"
+    );
+    assert_eq!(
+        route.peek().remaining(),
+        8,
+        "route gave back the denied request"
+    );
+    assert_eq!(d.remaining(), 0);
+}
+
+#[test]
+fn an_impossible_cost_is_an_error_and_takes_nothing() {
+    let clock = ManualClock::new();
+    let big = TokenBucket::with_clock(Rate::per_second(10).burst(10), clock.clone()).unwrap();
+    let small = TokenBucket::with_clock(Rate::per_second(10).burst(2), clock.clone()).unwrap();
+    let err = check_all_n::<ManualClock>(&[&big, &small], 3).unwrap_err();
+    assert_eq!(err.capacity, 2);
+    assert_eq!(big.peek().remaining(), 9);
+    assert!(check_all::<ManualClock>(&[]).is_allowed());
+}
+
+#[test]
+fn an_untracked_keyed_admission_is_not_refunded_into_another_key() {
+    let clock = ManualClock::new();
+    let per_ip = KeyedTokenBucket::<u32, _>::builder(Rate::per_hour(1))
+        .max_keys(1)
+        .when_full(ratewall::WhenFull::AdmitUntracked)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let deny = TokenBucket::with_clock(Rate::per_hour(1), clock.clone()).unwrap();
+    let _ = deny.check();
+    let _ = per_ip.check_key(&1);
+    let d = check_all(&[&per_ip.with_key(&2), &deny]);
+    assert!(!d.is_allowed());
+    assert_eq!(per_ip.peek_key(&1).tracking(), Tracking::Tracked);
+    assert!(!per_ip.peek_key(&1).is_allowed(), "key 1 keeps its usage");
+}
+
+// ---- reference model ----
+
+const T: [u64; 3] = [100 * MS, 250 * MS, 50 * MS];
+const B: [u64; 3] = [3, 2, 5];
+
+fn decide(tat: u64, now: u64, n: u64, t: u64, b: u64) -> Option<u64> {
+    let used = tat.saturating_sub(now) + n * t;
+    (used <= b * t).then_some(now + used)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+    /// Random multi-checks over three limits (two single, one keyed with
+    /// three keys) against a model that applies a request to every limit or
+    /// to none. After every step, each limit's peek matches the model.
+    #[test]
+    fn a_denied_request_leaves_every_limiter_as_if_it_never_came(
+        ops in proptest::collection::vec((0u8..8, 0u32..3, 1u64..=2, 0u64..300), 1..80),
+    ) {
+        let clock = ManualClock::new();
+        let a = TokenBucket::with_clock(Rate::new(10, Duration::from_secs(1)).burst(B[0]), clock.clone()).unwrap();
+        let b = TokenBucket::with_clock(Rate::new(4, Duration::from_secs(1)).burst(B[1]), clock.clone()).unwrap();
+        let k = KeyedTokenBucket::<u32, _>::builder(Rate::new(20, Duration::from_secs(1)).burst(B[2]))
+            .max_keys(16)
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+        let mut model_a = 0u64;
+        let mut model_b = 0u64;
+        let mut model_k = [0u64; 3];
+        for (mask, key, n, advance_ms) in ops {
+            clock.advance(Duration::from_millis(advance_ms));
+            let now = clock.now_ns();
+            let mask = if mask == 0 { 7 } else { mask };
+            let kref = k.with_key(&key);
+            let mut limits: Vec<&dyn Limit<ManualClock>> = Vec::new();
+            if mask & 1 != 0 { limits.push(&a); }
+            if mask & 2 != 0 { limits.push(&kref); }
+            if mask & 4 != 0 { limits.push(&b); }
+            let d = check_all_n(&limits, n).unwrap();
+            let na = if mask & 1 != 0 { decide(model_a, now, n, T[0], B[0]) } else { Some(model_a) };
+            let nk = if mask & 2 != 0 { decide(model_k[key as usize], now, n, T[2], B[2]) } else { Some(model_k[key as usize]) };
+            let nb = if mask & 4 != 0 { decide(model_b, now, n, T[1], B[1]) } else { Some(model_b) };
+            let all = na.is_some() && nk.is_some() && nb.is_some();
+            prop_assert_eq!(d.is_allowed(), all);
+            if all {
+                model_a = na.unwrap();
+                model_k[key as usize] = nk.unwrap();
+                model_b = nb.unwrap();
+            }
+            // Every limit as the model says (a peek is a decision for 1 at now).
+            let peek = |tat: u64, t: u64, b: u64| decide(tat, now, 1, t, b).map(|x| (b * t - (x - now)) / t);
+            prop_assert_eq!(a.peek().is_allowed().then(|| a.peek().remaining()), peek(model_a, T[0], B[0]));
+            prop_assert_eq!(b.peek().is_allowed().then(|| b.peek().remaining()), peek(model_b, T[1], B[1]));
+            for kk in 0..3u32 {
+                let p = k.peek_key(&kk);
+                prop_assert_eq!(p.is_allowed().then(|| p.remaining()), peek(model_k[kk as usize], T[2], B[2]), "key {}", kk);
+            }
+        }
+    }
+}
+
+trait NowNs {
+    fn now_ns(&self) -> u64;
+}
+impl NowNs for ManualClock {
+    fn now_ns(&self) -> u64 {
+        ratewall::Clock::now(self)
+    }
+}
+
+/// Threads hammer three limits with multi-checks under frozen time: the
+/// total admitted never exceeds any limit's burst, and every limit ends
+/// holding exactly the admitted requests (no leaked partial takes).
+#[test]
+fn concurrent_multi_checks_never_leak_partial_takes() {
+    let clock = ManualClock::new();
+    let global =
+        Arc::new(TokenBucket::with_clock(Rate::per_hour(1000).burst(1000), clock.clone()).unwrap());
+    let per_user = Arc::new(
+        KeyedTokenBucket::<u32, _>::builder(Rate::per_hour(50).burst(50))
+            .clock(clock.clone())
+            .build()
+            .unwrap(),
+    );
+    let route =
+        Arc::new(TokenBucket::with_clock(Rate::per_hour(120).burst(120), clock.clone()).unwrap());
+    let handles: Vec<_> = (0..4u32)
+        .map(|t| {
+            let (g, u, r) = (
+                Arc::clone(&global),
+                Arc::clone(&per_user),
+                Arc::clone(&route),
+            );
+            std::thread::spawn(move || {
+                let mut admitted = [0u64; 4];
+                for i in 0..2000u32 {
+                    let user = (i + t) % 4;
+                    if check_all(&[&u.with_key(&user), &*r, &*g]).is_allowed() {
+                        admitted[user as usize] += 1;
+                    }
+                }
+                admitted
+            })
+        })
+        .collect();
+    let mut per = [0u64; 4];
+    for h in handles {
+        for (p, a) in per.iter_mut().zip(h.join().unwrap()) {
+            *p += a;
+        }
+    }
+    let total: u64 = per.iter().sum();
+    // The route's burst binds; transient takes by requests that are then
+    // refunded can only deny others for a moment, never admit extra.
+    assert!((100..=120).contains(&total), "{per:?}");
+    assert!(per.iter().all(|&p| p <= 50));
+    assert_eq!(global.peek().remaining(), 1000 - total - 1);
+    let r = route.peek();
+    assert_eq!(r.is_allowed(), total < 120);
+    if total < 120 {
+        assert_eq!(r.remaining(), 120 - total - 1);
+    }
+    for (user, &p) in per.iter().enumerate() {
+        let left = per_user.peek_key(&(user as u32));
+        assert_eq!(left.is_allowed(), p < 50, "user {user}");
+        if p < 50 {
+            assert_eq!(left.remaining(), 50 - p - 1, "user {user}");
+        }
+    }
+}
