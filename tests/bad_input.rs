@@ -199,3 +199,211 @@ fn instants_past_the_horizon_read_as_the_horizon_everywhere() {
     assert_eq!(leaky.reserve().unwrap().delay(), Duration::ZERO);
     assert!(leaky.reserve().is_err());
 }
+
+mod windows {
+    use ratewall::{
+        ConfigError, FixedWindow, ManualClock, SlidingWindowCounter, SlidingWindowLog, Window,
+    };
+    use std::time::Duration;
+
+    /// All three window algorithms reject `w` with `want(max_limit, min_ns)`.
+    #[track_caller]
+    fn rejected(w: Window, want: impl Fn(u64, u64) -> ConfigError) {
+        let c = ManualClock::new;
+        assert_eq!(
+            FixedWindow::with_clock(w, c()).unwrap_err(),
+            want((1 << 24) - 1, 1 << 23)
+        );
+        assert_eq!(
+            SlidingWindowCounter::with_clock(w, c()).unwrap_err(),
+            want((1 << 14) - 1, 1 << 27)
+        );
+        assert_eq!(
+            SlidingWindowLog::with_clock(w, c()).unwrap_err(),
+            want(1 << 20, 1)
+        );
+    }
+
+    #[test]
+    fn zero_limit_and_zero_window_are_typed_errors() {
+        rejected(Window::per_second(0), |_, _| ConfigError::ZeroLimit);
+        rejected(Window::new(5, Duration::ZERO), |_, _| {
+            ConfigError::ZeroPeriod
+        });
+    }
+
+    #[test]
+    fn huge_limits_and_windows_are_typed_errors() {
+        rejected(Window::per_second(u64::MAX), |max, _| {
+            ConfigError::LimitTooLarge {
+                limit: u64::MAX,
+                max,
+            }
+        });
+        rejected(Window::new(1, Duration::MAX), |_, _| {
+            ConfigError::PeriodTooLong {
+                max: Duration::from_nanos(1 << 62),
+            }
+        });
+    }
+
+    #[test]
+    fn windows_too_short_for_the_packed_id_are_typed_errors() {
+        let w = Window::new(1, Duration::from_nanos((1 << 23) - 1));
+        assert_eq!(
+            FixedWindow::with_clock(w, ManualClock::new()).unwrap_err(),
+            ConfigError::WindowTooShort {
+                min: Duration::from_nanos(1 << 23)
+            }
+        );
+        assert!(FixedWindow::with_clock(
+            Window::new(1, Duration::from_nanos(1 << 23)),
+            ManualClock::new()
+        )
+        .is_ok());
+        let w = Window::new(1, Duration::from_nanos((1 << 27) - 1));
+        assert_eq!(
+            SlidingWindowCounter::with_clock(w, ManualClock::new()).unwrap_err(),
+            ConfigError::WindowTooShort {
+                min: Duration::from_nanos(1 << 27)
+            }
+        );
+        assert!(SlidingWindowLog::with_clock(
+            Window::new(1, Duration::from_nanos(1)),
+            ManualClock::new()
+        )
+        .is_ok());
+    }
+
+    #[test]
+    fn windows_at_u64_max_instants_stand_still() {
+        let clock = ManualClock::new();
+        clock.set_nanos(u64::MAX);
+        let fixed = FixedWindow::with_clock(Window::per_second(2), clock.clone()).unwrap();
+        let sliding =
+            SlidingWindowCounter::with_clock(Window::per_second(2), clock.clone()).unwrap();
+        let log = SlidingWindowLog::with_clock(Window::per_second(2), clock.clone()).unwrap();
+        assert!(fixed.check_n(2).unwrap().is_allowed());
+        assert!(sliding.check_n(2).unwrap().is_allowed());
+        assert!(log.check_n(2).unwrap().is_allowed());
+        clock.advance(std::time::Duration::from_secs(10)); // saturates: still u64::MAX
+        assert!(!fixed.check().is_allowed() && !fixed.peek().is_allowed());
+        assert!(!sliding.check().is_allowed() && !sliding.peek().is_allowed());
+        assert!(!log.check().is_allowed() && !log.peek().is_allowed());
+        assert!(!fixed.is_idle() && !sliding.is_idle() && !log.is_idle());
+    }
+}
+
+mod keyed {
+    use ratewall::{
+        ConfigError, KeyedTokenBucket, ManualClock, Rate, Tracking, WhenFull, MAX_KEYS,
+    };
+
+    #[test]
+    fn zero_and_huge_max_keys_and_bad_shards_are_typed_errors() {
+        let b = || KeyedTokenBucket::<u64>::builder(Rate::per_second(1)).clock(ManualClock::new());
+        for bad in [0, MAX_KEYS + 1, usize::MAX] {
+            assert_eq!(
+                b().max_keys(bad).build().unwrap_err(),
+                ConfigError::InvalidCapacity {
+                    max_keys: bad,
+                    max: MAX_KEYS
+                }
+            );
+        }
+        for bad in [0, 3, 1 << 17, usize::MAX] {
+            assert_eq!(
+                b().shards(bad).build().unwrap_err(),
+                ConfigError::InvalidShards { shards: bad }
+            );
+        }
+        assert_eq!(b().max_keys(10).build().map(|_| ()), Ok(()),);
+        assert_eq!(
+            KeyedTokenBucket::<u64>::builder(Rate::per_second(0))
+                .clock(ManualClock::new())
+                .build()
+                .unwrap_err(),
+            ConfigError::ZeroRate
+        );
+    }
+
+    /// A full table of active keys: each policy does what it says, and the
+    /// table never tracks more than `max_keys`.
+    #[test]
+    fn a_full_table_applies_the_policy_and_stays_bounded() {
+        for (policy, want) in [
+            (WhenFull::RejectNew, Tracking::Rejected),
+            (WhenFull::AdmitUntracked, Tracking::Untracked),
+            (WhenFull::EvictLeastRecent, Tracking::EvictedOther),
+        ] {
+            let l = KeyedTokenBucket::<u32>::builder(Rate::per_hour(1))
+                .max_keys(8)
+                .when_full(policy)
+                .clock(ManualClock::new())
+                .build()
+                .unwrap();
+            let mut seen = Vec::new();
+            for key in 0..100 {
+                let d = l.check_key(&key);
+                seen.push(d.tracking());
+                assert!(l.len() <= 8, "{policy:?}: {} keys", l.len());
+                match d.tracking() {
+                    Tracking::Rejected => assert!(!d.is_allowed() && d.retry_after_secs() >= 1),
+                    _ => assert!(d.is_allowed(), "{policy:?} key {key}: {d:?}"),
+                }
+            }
+            assert!(seen.contains(&want), "{policy:?} never acted: {seen:?}");
+        }
+    }
+
+    /// Keys in the millions against a bounded table: memory stays bounded,
+    /// keys already tracked keep their state.
+    #[test]
+    #[ignore = "stress: millions of keys (CI runs it in release)"]
+    fn millions_of_keys_stay_within_max_keys() {
+        let max_keys = 1 << 16;
+        let l = KeyedTokenBucket::<u64>::builder(Rate::per_hour(1).burst(1))
+            .max_keys(max_keys)
+            .when_full(WhenFull::RejectNew)
+            .clock(ManualClock::new())
+            .build()
+            .unwrap();
+        assert!(l.check_key(&0).is_allowed());
+        for key in 1..2_000_000u64 {
+            let d = l.check_key(&key);
+            assert!(
+                d.is_allowed() || d.tracking() == Tracking::Rejected,
+                "{key}: {d:?}"
+            );
+        }
+        assert!(l.len() <= max_keys, "{}", l.len());
+        assert!(l.len() > max_keys / 2, "{}", l.len());
+        let again = l.check_key(&0);
+        assert!(!again.is_allowed(), "key 0 kept its state: {again:?}");
+        assert_eq!(again.tracking(), Tracking::Tracked);
+    }
+
+    /// Regression: `peek_key` (and quota changes) used the clock reading
+    /// without the horizon clamp, so past 2^63 ns a peek overflowed in
+    /// `Gcra::step` (found by the `keyed` fuzz target).
+    #[test]
+    fn keyed_instants_past_the_horizon_read_as_the_horizon() {
+        let clock = ManualClock::new();
+        let l = KeyedTokenBucket::<u8>::builder(Rate::per_second(10).burst(2))
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+        clock.set_nanos(u64::MAX);
+        assert!(l.peek_key(&1).is_allowed());
+        assert!(l.check_key_n(&1, 2).unwrap().is_allowed());
+        assert!(!l.peek_key(&1).is_allowed(), "peek must agree with check");
+        assert!(!l.check_key(&1).is_allowed());
+        l.set_quota(Rate::per_second(20).burst(2)).unwrap();
+        assert!(
+            !l.peek_key(&1).is_allowed(),
+            "the tokens in use survive the change"
+        );
+        assert_eq!(l.retain_active(), 0, "the active key is kept");
+        assert_eq!(l.len(), 1);
+    }
+}

@@ -51,3 +51,13 @@ fn config_corpus() {
 fn windows_corpus() {
     replay("windows", model::run_windows);
 }
+
+#[test]
+fn keyed_corpus() {
+    replay("keyed", model::run_keyed);
+}
+
+#[test]
+fn multi_corpus() {
+    replay("multi", model::run_multi);
+}

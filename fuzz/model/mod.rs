@@ -823,3 +823,11 @@ pub fn run_windows(data: &[u8]) {
         _ => run_window::<SlidingWindowLog<ManualClock>, SmallWindow>(rest),
     }
 }
+
+// ---------------------------------------------------------------------------
+// Keyed limiters and multi-limit checks.
+
+pub mod keyed;
+
+#[allow(unused_imports)]
+pub use keyed::{run_keyed, run_multi};
