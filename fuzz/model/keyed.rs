@@ -38,6 +38,7 @@ enum KeyedOp {
     Refund { key: u8, n: u8 },
     Reset { key: u8 },
     Time(TimeOp),
+    SetQuota(SmallRate),
 }
 
 /// The states a key may be in (TATs, with any TAT <= now written as 0: such
@@ -89,7 +90,7 @@ pub fn run_keyed(data: &[u8]) {
     ) else {
         return;
     };
-    let Ok(q) = spec.model() else {
+    let Ok(mut q) = spec.model() else {
         return; // validation is the config target's job
     };
     let clock = ManualClock::new();
@@ -222,6 +223,26 @@ pub fn run_keyed(data: &[u8]) {
                 keys[(key % KEYS) as usize] = Maybe(vec![0]);
             }
             KeyedOp::Time(op) => op.apply(&clock, &mut time),
+            KeyedOp::SetQuota(r) => match (real.set_quota(r.rate()), r.model()) {
+                (Ok(()), Ok(new)) => {
+                    // Every key keeps its tokens in use, rescaled.
+                    let t = time.read();
+                    for m in keys.iter_mut() {
+                        m.normalize(t);
+                        for tat in &mut m.0 {
+                            let mut b = Bucket {
+                                quota: q,
+                                tat: *tat,
+                            };
+                            b.set_quota(t, new);
+                            *tat = b.tat;
+                        }
+                    }
+                    q = new;
+                }
+                (Err(e), Err(v)) => assert!(v.contains(&e), "at {ctx:?}: {e:?} not in {v:?}"),
+                (got, want) => panic!("at {ctx:?}: set_quota {got:?}, model {want:?}"),
+            },
         }
         let len = real.len();
         assert!(len <= max_keys, "len {len} > max_keys at {ctx:?}");
