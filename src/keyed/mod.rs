@@ -639,7 +639,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         K: Borrow<Q>,
         Q: Hash + ?Sized,
     {
-        self.run(self.hash(key), self.now(), n, false)
+        self.run(self.hash(key), self.clamp(self.now()), n, false)
     }
 
     /// [`peek_key_n`](Self::peek_key_n) at a time the caller read.
@@ -746,7 +746,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         let new = A::from_config(&config)?;
         let mut current = lock(&self.config);
         let old: A = self.params.read();
-        let now = self.now();
+        let now = self.clamp(self.now());
         // Relaxed: read under the config mutex, which every override change holds.
         let overrides = (self.override_count.load(Ordering::Relaxed) != 0)
             .then(|| lock(&self.overrides).clone());
@@ -786,7 +786,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         let h = self.hash(key);
         let fp = table::fingerprint(h);
         let old = self.params_for(h);
-        let now = self.now();
+        let now = self.clamp(self.now());
         {
             let mut map = lock(&self.overrides);
             if map.insert(fp, new).is_none() {
@@ -820,7 +820,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         let h = self.hash(key);
         let fp = table::fingerprint(h);
         let global: A = self.params.read();
-        let now = self.now();
+        let now = self.clamp(self.now());
         let removed = lock(&self.overrides).remove(&fp);
         if let Some(own) = removed {
             let _ = self
@@ -916,7 +916,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
     pub fn retain_active(&self) -> usize {
         let view = View {
             params: self.params.read::<A>(),
-            now: self.now(),
+            now: self.clamp(self.now()),
         };
         self.table.retain_active(&view)
     }
