@@ -407,22 +407,12 @@ pub fn run_multi(data: &[u8]) {
                             assert_eq!(e.requested, n, "at {ctx:?}");
                             assert!(too_big.contains(&e.capacity), "at {ctx:?}: {e:?}");
                         }
-                        // KNOWN MISMATCH (reported): the docs say a cost some
-                        // limit can never admit is an error, but `check_all_n`
-                        // stops at the first denial, so a limit that denies
-                        // before the too-small one yields a denial. Accept
-                        // exactly that case, with the decision it must carry.
-                        Ok(d) => {
-                            let first_err = parts.iter().position(Option::is_none).unwrap();
-                            assert!(
-                                parts[..first_err].iter().any(|p| !p.unwrap().allowed),
-                                "at {ctx:?}: cost {n} exceeds a capacity ({too_big:?}) but check_all_n says {d:?}"
-                            );
-                            let ok: Vec<Dec> = parts.iter().flatten().copied().collect();
-                            let mut seen = fields(&d);
-                            seen.limit = 0;
-                            assert_eq!(seen, fold(&ok), "check_all_n at {ctx:?}: parts {parts:?}");
-                        }
+                        // A cost some limit can never admit is an error,
+                        // whatever the other limits say (capacities are
+                        // checked before anything is taken).
+                        Ok(d) => panic!(
+                            "at {ctx:?}: cost {n} exceeds a capacity ({too_big:?}) but check_all_n says {d:?}"
+                        ),
                     }
                     continue;
                 }

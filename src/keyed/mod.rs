@@ -395,6 +395,12 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         self.hasher.hash_one(key)
     }
 
+    /// The largest cost `key` can ever be admitted at once (its own quota's
+    /// if it has one): what a multi-limit check validates before taking.
+    pub(crate) fn capacity_for<Q: Hash + ?Sized>(&self, key: &Q) -> u64 {
+        self.params_for(self.hash(key)).k_capacity()
+    }
+
     /// The parameters for the key with hash `h`. Called inside the step,
     /// after the slot load (see `ParamCell`).
     #[inline]
