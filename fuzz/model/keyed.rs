@@ -350,6 +350,26 @@ pub fn run_multi(data: &[u8]) {
                 let ordered: Vec<&dyn Limit<ManualClock>> =
                     perm.iter().map(|&i| limits[i]).collect();
                 let got = check_all_n(&ordered, n);
+                // Documented: a cost some limit can never admit is an error,
+                // found before anything is read or taken: no clock is read,
+                // no mark moves, no state changes.
+                let too_big: Vec<u64> = perm
+                    .iter()
+                    .map(|&i| quotas[i].burst)
+                    .filter(|&cap| n > cap)
+                    .collect();
+                if !too_big.is_empty() {
+                    match got {
+                        Err(e) => {
+                            assert_eq!(e.requested, n, "at {ctx:?}");
+                            assert!(too_big.contains(&e.capacity), "at {ctx:?}: {e:?}");
+                        }
+                        Ok(d) => panic!(
+                            "at {ctx:?}: cost {n} exceeds a capacity ({too_big:?}) but check_all_n says {d:?}"
+                        ),
+                    }
+                    continue;
+                }
                 // One read of the first limit's clock serves all of them.
                 let first = perm[0];
                 floors[first] = floors[first].max(clock_model.clock);
@@ -365,28 +385,12 @@ pub fn run_multi(data: &[u8]) {
                     }
                 };
                 let t_of = |i: usize| u128::from(marks[i].max(now)).min(super::HORIZON);
-                // Documented: a cost some limit can never admit is an error
-                // and takes nothing; otherwise all or nothing, most restrictive.
-                let too_big: Vec<u64> = perm
-                    .iter()
-                    .map(|&i| quotas[i].burst)
-                    .filter(|&cap| n > cap)
-                    .collect();
-                // Per-limit decisions, without taking (None: cost above its capacity).
+                // All or nothing, most restrictive (every cost fits here).
                 let parts: Vec<Option<Dec>> = perm
                     .iter()
                     .map(|&i| decide(quotas[i], tat_of(i), t_of(i), n, false).0)
                     .collect();
-                // The call stops at the first limit the cost can never pass,
-                // unless a limit before it denies (then every limit is peeked).
-                let reached = match parts
-                    .iter()
-                    .position(|p| !matches!(p, Some(d) if d.allowed))
-                {
-                    Some(j) if parts[j].is_none() => j + 1,
-                    _ => 3,
-                };
-                for &i in &perm[..reached] {
+                for &i in &perm {
                     floors[i] = floors[i].max(now);
                 }
                 let fold = |ds: &[Dec]| Dec {
@@ -401,21 +405,6 @@ pub fn run_multi(data: &[u8]) {
                         .unwrap_or(0),
                     reset_ns: ds.iter().map(|d| d.reset_ns).max().unwrap(),
                 };
-                if !too_big.is_empty() {
-                    match got {
-                        Err(e) => {
-                            assert_eq!(e.requested, n, "at {ctx:?}");
-                            assert!(too_big.contains(&e.capacity), "at {ctx:?}: {e:?}");
-                        }
-                        // A cost some limit can never admit is an error,
-                        // whatever the other limits say (capacities are
-                        // checked before anything is taken).
-                        Ok(d) => panic!(
-                            "at {ctx:?}: cost {n} exceeds a capacity ({too_big:?}) but check_all_n says {d:?}"
-                        ),
-                    }
-                    continue;
-                }
                 let ds: Vec<Dec> = parts.iter().map(|p| p.unwrap()).collect();
                 let allowed = ds.iter().all(|d| d.allowed);
                 let want = fold(&ds);
