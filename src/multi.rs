@@ -59,6 +59,7 @@ pub trait Limit<C: Clock>: sealed::Sealed {
 mod sealed {
     pub trait Sealed {}
 }
+pub(crate) use sealed::Sealed;
 
 impl<A: Algorithm, C: Clock> sealed::Sealed for Limiter<A, C> {}
 

@@ -183,6 +183,13 @@ impl LogRing {
     }
 }
 
+impl LogRing {
+    /// The newest admission still recorded (for picking eviction victims).
+    pub(crate) fn newest(&self) -> Option<u64> {
+        lock(&self.ring).times.back().copied()
+    }
+}
+
 impl fmt::Debug for LogRing {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let ring = lock(&self.ring);

@@ -17,6 +17,7 @@ mod window;
 
 pub use fixed::FixedCounter;
 pub use gcra::{Gcra, LeakyGcra};
+pub(crate) use log::LogRing;
 pub use log::SlidingLog;
 pub use sliding::SlidingCounter;
 

@@ -7,7 +7,10 @@
 //! writes nothing at all). A new key takes its shard's mutex to claim a slot,
 //! and reclaims idle keys on its way. See `docs/design.md`, "Keyed table".
 
+mod log;
 mod table;
+
+pub use log::{KeyedLogRef, KeyedSlidingWindowLog};
 
 use crate::algo::{Algorithm, Gcra, LeakyGcra, WordStep};
 use crate::clock::{Clock, Timebase};
@@ -231,19 +234,11 @@ impl<K, A: KeyedAlgorithm> KeyedLimiter<K, A, DefaultClock> {
     /// # Ok::<(), ratewall::ConfigError>(())
     /// ```
     pub fn builder(config: A::Config) -> KeyedBuilder<K, A, DefaultClock> {
-        KeyedBuilder {
-            config,
-            max_keys: DEFAULT_MAX_KEYS,
-            shards: None,
-            policy: WhenFull::default(),
-            seed: None,
-            clock: DefaultClock::default(),
-            _key: PhantomData,
-        }
+        KeyedBuilder::new(config)
     }
 }
 
-impl<K, A: KeyedAlgorithm, C: Clock> KeyedBuilder<K, A, C> {
+impl<K, A: Algorithm, C: Clock> KeyedBuilder<K, A, C> {
     /// The most keys tracked at once (1 to 2^32). Memory is allocated up
     /// front: about 21.3 bytes per key.
     ///
@@ -323,15 +318,9 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedBuilder<K, A, C> {
         }
     }
 
-    /// Validates the configuration and allocates the table.
-    ///
-    /// ```
-    /// # use ratewall::{ConfigError, KeyedTokenBucket, Rate};
-    /// let err = KeyedTokenBucket::<u64>::builder(Rate::per_second(5)).max_keys(0).build();
-    /// assert!(matches!(err, Err(ConfigError::InvalidCapacity { .. })));
-    /// ```
-    pub fn build(self) -> Result<KeyedLimiter<K, A, C>, ConfigError> {
-        let params = A::from_config(&self.config)?;
+    /// Validates `max_keys` and the shard count; returns the shard count to
+    /// use (shared by every keyed limiter's `build`).
+    fn validated_shards(&self) -> Result<usize, ConfigError> {
         if self.max_keys == 0 || self.max_keys > MAX_KEYS {
             return Err(ConfigError::InvalidCapacity {
                 max_keys: self.max_keys,
@@ -348,11 +337,45 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedBuilder<K, A, C> {
         if self.shards.is_none() {
             shards = shards.min(prev_power_of_two((self.max_keys / 1024).max(1)));
         }
-        let hasher = match self.seed {
+        Ok(shards)
+    }
+
+    /// The key hasher: seeded as asked, fixed under loom, random otherwise.
+    fn key_hasher(&self) -> ahash::RandomState {
+        match self.seed {
             Some(s) => ahash::RandomState::with_seeds(s, s ^ 0x9e37_79b9_7f4a_7c15, 1, 2),
             None if cfg!(ratewall_loom) => ahash::RandomState::with_seeds(0, 1, 2, 3),
             None => ahash::RandomState::new(),
-        };
+        }
+    }
+}
+
+impl<K, A: Algorithm> KeyedBuilder<K, A, DefaultClock> {
+    pub(crate) fn new(config: A::Config) -> Self {
+        KeyedBuilder {
+            config,
+            max_keys: DEFAULT_MAX_KEYS,
+            shards: None,
+            policy: WhenFull::default(),
+            seed: None,
+            clock: DefaultClock::default(),
+            _key: PhantomData,
+        }
+    }
+}
+
+impl<K, A: KeyedAlgorithm, C: Clock> KeyedBuilder<K, A, C> {
+    /// Validates the configuration and allocates the table.
+    ///
+    /// ```
+    /// # use ratewall::{ConfigError, KeyedTokenBucket, Rate};
+    /// let err = KeyedTokenBucket::<u64>::builder(Rate::per_second(5)).max_keys(0).build();
+    /// assert!(matches!(err, Err(ConfigError::InvalidCapacity { .. })));
+    /// ```
+    pub fn build(self) -> Result<KeyedLimiter<K, A, C>, ConfigError> {
+        let params = A::from_config(&self.config)?;
+        let shards = self.validated_shards()?;
+        let hasher = self.key_hasher();
         Ok(KeyedLimiter {
             table: Table::new(self.max_keys, shards),
             params: CachePadded::new(ParamCell::new(params)),

@@ -1,0 +1,625 @@
+//! The exact sliding-window log, per key: `KeyedSlidingWindowLog`.
+//!
+//! The log keeps up to `L` timestamps per key, not one word, so it does not
+//! fit the slot table of `KeyedLimiter`. It lives in sharded maps instead:
+//!
+//! ```text
+//! shards: [CachePadded<Mutex<Shard>>; power of two]   picked by the key hash's low bits
+//! Shard  { rings: HashMap<fingerprint, LogRing>,      pre-sized to the shard's cap: never rehashes
+//!          cap, sweep_credit }
+//! LogRing: Mutex { VecDeque<u64> of capacity L, floor } (src/algo/log.rs)
+//! ```
+//!
+//! - A key is its 64-bit seeded hash (its fingerprint), as in the slot
+//!   table: no key copies, memory independent of `K`.
+//! - Every operation locks the key's shard (then the ring's own, uncontended,
+//!   lock). The log was already a per-key lock; here the lock is per shard,
+//!   so keys of one shard serialize. Checks of a hot log key are not
+//!   read-only: pick a window counter for mostly-denied hot keys.
+//! - Memory: `8*L` bytes of ring per key plus about 64 bytes of map entry,
+//!   lock and deque header, for at most `max_keys` keys (caps per shard add
+//!   up to `max_keys`). A new key allocates its ring; a reclaimed or evicted
+//!   key's ring is cleared and reused for the key that replaces it.
+//! - Reclaiming: a key whose newest entry has left the window is idle (its
+//!   state equals a fresh key's). An insert into a full shard sweeps the
+//!   shard for idle keys and notes the earliest time a remaining key can
+//!   go idle; the shard does not sweep again before then, so every sweep
+//!   either frees a key or could not have. Then `WhenFull` applies; `EvictLeastRecent` evicts, among a
+//!   sample of 32 keys, the one whose newest admission is oldest.
+//! - Quota changes take every shard lock first, then run the `ParamCell`
+//!   change (odd version, rescale every ring, publish): no check holds a
+//!   shard lock while the version is odd, so none can wait on it.
+
+use super::{KeyedBuilder, WhenFull};
+use crate::algo::sealed::Core;
+use crate::algo::{LogRing, SlidingLog};
+use crate::clock::{Clock, Timebase};
+use crate::decision::{Decision, Tracking};
+use crate::error::{ConfigError, InsufficientCapacity};
+use crate::limiter::DefaultClock;
+use crate::quota::{Window, HORIZON};
+use crate::sync::{lock, Mutex};
+use crate::word::ParamCell;
+use crossbeam_utils::CachePadded;
+use std::borrow::Borrow;
+use std::fmt;
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::marker::PhantomData;
+
+/// How many keys `EvictLeastRecent` compares to pick a victim.
+const EVICT_SAMPLE: usize = 32;
+
+/// A keyed exact sliding-window log: for every key, never more than
+/// `limit` admissions in any rolling window of `length`. Bounded by
+/// `max_keys`, with idle keys reclaimed as new ones arrive.
+///
+/// Built with [`KeyedSlidingWindowLog::builder`]; the knobs are those of
+/// [`KeyedBuilder`] (`max_keys`, `shards`, `when_full`, `seed`, `clock`).
+///
+/// # Example
+///
+/// ```
+/// use ratewall::{KeyedSlidingWindowLog, ManualClock, Window};
+/// use std::time::Duration;
+///
+/// let clock = ManualClock::new();
+/// let per_user = KeyedSlidingWindowLog::<&str>::builder(Window::per_second(2))
+///     .max_keys(10_000)
+///     .clock(clock.clone())
+///     .build()?;
+/// assert!(per_user.check_key("ann").is_allowed());
+/// assert!(per_user.check_key("ann").is_allowed());
+/// assert!(!per_user.check_key("ann").is_allowed()); // 2 in the last second
+/// assert!(per_user.check_key("bob").is_allowed()); // every key on its own
+/// clock.advance(Duration::from_secs(1));
+/// assert!(per_user.check_key("ann").is_allowed());
+/// # Ok::<(), ratewall::ConfigError>(())
+/// ```
+pub struct KeyedSlidingWindowLog<K, C: Clock = DefaultClock> {
+    shards: Box<[CachePadded<Mutex<Shard>>]>,
+    shard_mask: u64,
+    params: CachePadded<ParamCell>,
+    time: Timebase<C>,
+    hasher: ahash::RandomState,
+    policy: WhenFull,
+    max_keys: usize,
+    /// Serializes quota changes; holds the window they were built from.
+    config: Mutex<Window>,
+    _key: PhantomData<fn(&K)>,
+}
+
+struct Shard {
+    rings: hashbrown::HashMap<u64, LogRing, Fingerprint>,
+    cap: usize,
+    /// No key can be idle before this time (the earliest expiry the last
+    /// sweep saw): a full shard does not sweep again until then.
+    next_idle_at: u64,
+}
+
+/// The map's hasher: the key is already a seeded 64-bit hash.
+#[derive(Clone, Copy, Default)]
+struct Fingerprint;
+
+impl BuildHasher for Fingerprint {
+    type Hasher = FingerprintHasher;
+    fn build_hasher(&self) -> FingerprintHasher {
+        FingerprintHasher(0)
+    }
+}
+
+struct FingerprintHasher(u64);
+
+impl Hasher for FingerprintHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u64` is used (the map's key is a `u64`).
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v;
+    }
+}
+
+impl<K, C: Clock> KeyedBuilder<K, SlidingLog, C> {
+    /// Builds the keyed sliding log, or says which setting to change.
+    ///
+    /// ```
+    /// # use ratewall::{ConfigError, KeyedSlidingWindowLog, Window};
+    /// let bad = KeyedSlidingWindowLog::<u64>::builder(Window::per_second(0)).build();
+    /// assert_eq!(bad.unwrap_err(), ConfigError::ZeroLimit);
+    /// ```
+    pub fn build(self) -> Result<KeyedSlidingWindowLog<K, C>, ConfigError> {
+        let params = SlidingLog::from_config(&self.config)?;
+        let shards = self.validated_shards()?;
+        let (base, extra) = (self.max_keys / shards, self.max_keys % shards);
+        let shards: Box<[_]> = (0..shards)
+            .map(|i| {
+                let cap = base + usize::from(i < extra);
+                CachePadded::new(Mutex::new(Shard {
+                    rings: hashbrown::HashMap::with_capacity_and_hasher(cap, Fingerprint),
+                    cap,
+                    next_idle_at: 0,
+                }))
+            })
+            .collect();
+        let hasher = self.key_hasher();
+        Ok(KeyedSlidingWindowLog {
+            shard_mask: shards.len() as u64 - 1,
+            shards,
+            params: CachePadded::new(ParamCell::new(params)),
+            time: Timebase::new(self.clock),
+            hasher,
+            policy: self.policy,
+            max_keys: self.max_keys,
+            config: Mutex::new(self.config),
+            _key: PhantomData,
+        })
+    }
+}
+
+impl<K> KeyedSlidingWindowLog<K, DefaultClock> {
+    /// A builder for the window quota, with the defaults of
+    /// [`KeyedLimiter::builder`](crate::KeyedLimiter::builder).
+    ///
+    /// ```
+    /// use ratewall::{KeyedSlidingWindowLog, Window};
+    /// let l = KeyedSlidingWindowLog::<u64>::builder(Window::per_minute(100)).build()?;
+    /// assert!(l.check_key(&7).is_allowed());
+    /// # Ok::<(), ratewall::ConfigError>(())
+    /// ```
+    pub fn builder(window: Window) -> KeyedBuilder<K, SlidingLog, DefaultClock> {
+        KeyedBuilder::new(window)
+    }
+}
+
+impl<K, C: Clock> KeyedSlidingWindowLog<K, C> {
+    /// Checks one request for `key` and takes it if allowed.
+    ///
+    /// ```
+    /// # use ratewall::{KeyedSlidingWindowLog, Window};
+    /// let l = KeyedSlidingWindowLog::<u32>::builder(Window::per_hour(1)).build().unwrap();
+    /// assert!(l.check_key(&1).is_allowed());
+    /// assert!(!l.check_key(&1).is_allowed());
+    /// ```
+    pub fn check_key<Q>(&self, key: &Q) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Hash + ?Sized,
+    {
+        match self.check_key_n_at(key, self.now(), 1) {
+            Ok(d) => d,
+            // The limit is at least 1 (validated), so a unit cost fits.
+            Err(e) => Decision::deny(e.capacity, 0, u64::MAX, u64::MAX),
+        }
+    }
+
+    /// Checks a request of cost `n` for `key`: all of it or nothing.
+    ///
+    /// ```
+    /// # use ratewall::{KeyedSlidingWindowLog, Window};
+    /// let l = KeyedSlidingWindowLog::<u32>::builder(Window::per_hour(5)).build().unwrap();
+    /// assert!(l.check_key_n(&1, 4).unwrap().is_allowed());
+    /// assert!(!l.check_key_n(&1, 2).unwrap().is_allowed());
+    /// assert!(l.check_key_n(&1, 6).is_err()); // can never pass
+    /// ```
+    pub fn check_key_n<Q>(&self, key: &Q, n: u64) -> Result<Decision, InsufficientCapacity>
+    where
+        K: Borrow<Q>,
+        Q: Hash + ?Sized,
+    {
+        self.check_key_n_at(key, self.now(), n)
+    }
+
+    /// [`check_key_n`](Self::check_key_n) at a time the caller read.
+    ///
+    /// ```
+    /// # use ratewall::{KeyedSlidingWindowLog, ManualClock, Window};
+    /// let l = KeyedSlidingWindowLog::<u32>::builder(Window::per_second(1))
+    ///     .clock(ManualClock::new()).build().unwrap();
+    /// assert!(l.check_key_n_at(&1, 5, 1).unwrap().is_allowed());
+    /// assert!(!l.check_key_n_at(&1, 6, 1).unwrap().is_allowed());
+    /// ```
+    pub fn check_key_n_at<Q>(
+        &self,
+        key: &Q,
+        now: u64,
+        n: u64,
+    ) -> Result<Decision, InsufficientCapacity>
+    where
+        K: Borrow<Q>,
+        Q: Hash + ?Sized,
+    {
+        self.run(key, self.clamp(now), n, true)
+    }
+
+    /// The decision a request of cost `n` for `key` would get, taking nothing.
+    ///
+    /// ```
+    /// # use ratewall::{KeyedSlidingWindowLog, Window};
+    /// let l = KeyedSlidingWindowLog::<u32>::builder(Window::per_hour(2)).build().unwrap();
+    /// assert_eq!(l.peek_key_n(&1, 1).unwrap().remaining(), 1);
+    /// assert_eq!(l.check_key(&1).remaining(), 1); // the peek took nothing
+    /// ```
+    pub fn peek_key_n<Q>(&self, key: &Q, n: u64) -> Result<Decision, InsufficientCapacity>
+    where
+        K: Borrow<Q>,
+        Q: Hash + ?Sized,
+    {
+        self.run(key, self.clamp(self.now()), n, false)
+    }
+
+    /// Gives back `n` units `key` took (the newest admissions still in the
+    /// window).
+    ///
+    /// ```
+    /// # use ratewall::{KeyedSlidingWindowLog, Window};
+    /// let l = KeyedSlidingWindowLog::<u32>::builder(Window::per_hour(1)).build().unwrap();
+    /// assert!(l.check_key(&1).is_allowed());
+    /// l.refund_key(&1, 1);
+    /// assert!(l.check_key(&1).is_allowed());
+    /// ```
+    pub fn refund_key<Q>(&self, key: &Q, n: u64)
+    where
+        K: Borrow<Q>,
+        Q: Hash + ?Sized,
+    {
+        self.refund_key_at(key, self.now(), n);
+    }
+
+    /// [`refund_key`](Self::refund_key) at a time the caller read.
+    ///
+    /// ```
+    /// # use ratewall::{KeyedSlidingWindowLog, ManualClock, Window};
+    /// let l = KeyedSlidingWindowLog::<u32>::builder(Window::per_second(1))
+    ///     .clock(ManualClock::new()).build().unwrap();
+    /// assert!(l.check_key_n_at(&1, 0, 1).unwrap().is_allowed());
+    /// l.refund_key_at(&1, 0, 1);
+    /// assert!(l.check_key_n_at(&1, 0, 1).unwrap().is_allowed());
+    /// ```
+    pub fn refund_key_at<Q>(&self, key: &Q, now: u64, n: u64)
+    where
+        K: Borrow<Q>,
+        Q: Hash + ?Sized,
+    {
+        let now = self.clamp(now);
+        let fp = self.fingerprint(key);
+        let shard = lock(self.shard(fp));
+        if let Some(ring) = shard.rings.get(&fp) {
+            SlidingLog::refund(ring, &self.params, now, n);
+        }
+    }
+
+    /// Forgets `key`: its next check is a fresh key's, and its place is free.
+    ///
+    /// ```
+    /// # use ratewall::{KeyedSlidingWindowLog, Window};
+    /// let l = KeyedSlidingWindowLog::<u32>::builder(Window::per_hour(1)).build().unwrap();
+    /// let _ = l.check_key(&1);
+    /// l.reset_key(&1);
+    /// assert!(l.check_key(&1).is_allowed());
+    /// ```
+    pub fn reset_key<Q>(&self, key: &Q)
+    where
+        K: Borrow<Q>,
+        Q: Hash + ?Sized,
+    {
+        let fp = self.fingerprint(key);
+        lock(self.shard(fp)).rings.remove(&fp);
+    }
+
+    /// Changes the window quota for every key, keeping each key's log (a
+    /// smaller limit keeps the newest entries).
+    ///
+    /// ```
+    /// # use ratewall::{KeyedSlidingWindowLog, ManualClock, Window};
+    /// let l = KeyedSlidingWindowLog::<u32>::builder(Window::per_hour(2))
+    ///     .clock(ManualClock::new()).build().unwrap();
+    /// let _ = l.check_key(&1);
+    /// l.set_quota(Window::per_hour(5)).unwrap();
+    /// assert_eq!(l.check_key(&1).remaining(), 3);
+    /// assert!(l.set_quota(Window::per_hour(0)).is_err());
+    /// ```
+    pub fn set_quota(&self, window: Window) -> Result<(), ConfigError> {
+        let new = SlidingLog::from_config(&window)?;
+        let mut current = lock(&self.config);
+        let old: SlidingLog = self.params.read();
+        let now = self.clamp(self.now());
+        // Every shard first: a check holding a shard lock may be waiting for
+        // the parameters, so none may hold one while the version is odd.
+        let guards: Vec<_> = self.shards.iter().map(|s| lock(s)).collect();
+        self.params.begin();
+        for shard in &guards {
+            for ring in shard.rings.values() {
+                SlidingLog::rescale(ring, &old, &new, now);
+            }
+        }
+        self.params.publish(new);
+        drop(guards);
+        *current = window;
+        Ok(())
+    }
+
+    /// The window quota in force.
+    ///
+    /// ```
+    /// # use ratewall::{KeyedSlidingWindowLog, Window};
+    /// let l = KeyedSlidingWindowLog::<u32>::builder(Window::per_hour(2)).build().unwrap();
+    /// assert_eq!(l.quota(), Window::per_hour(2));
+    /// ```
+    pub fn quota(&self) -> Window {
+        *lock(&self.config)
+    }
+
+    /// How many keys are tracked now (idle ones not yet reclaimed included).
+    ///
+    /// ```
+    /// # use ratewall::{KeyedSlidingWindowLog, Window};
+    /// let l = KeyedSlidingWindowLog::<u32>::builder(Window::per_hour(2)).build().unwrap();
+    /// let _ = l.check_key(&1);
+    /// let _ = l.check_key(&2);
+    /// assert_eq!(l.len(), 2);
+    /// ```
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| lock(s).rings.len()).sum()
+    }
+
+    /// Whether no key is tracked.
+    ///
+    /// ```
+    /// # use ratewall::{KeyedSlidingWindowLog, Window};
+    /// let l = KeyedSlidingWindowLog::<u32>::builder(Window::per_hour(2)).build().unwrap();
+    /// assert!(l.is_empty());
+    /// ```
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The most keys tracked at once.
+    ///
+    /// ```
+    /// # use ratewall::{KeyedSlidingWindowLog, Window};
+    /// let l = KeyedSlidingWindowLog::<u32>::builder(Window::per_hour(2)).max_keys(100).build().unwrap();
+    /// assert_eq!(l.max_keys(), 100);
+    /// ```
+    pub fn max_keys(&self) -> usize {
+        self.max_keys
+    }
+
+    /// Drops every idle key (one shard at a time) and returns how many are
+    /// left. Inserts do this as they need room; call it to free memory early.
+    ///
+    /// ```
+    /// # use ratewall::{KeyedSlidingWindowLog, ManualClock, Window};
+    /// # use std::time::Duration;
+    /// let clock = ManualClock::new();
+    /// let l = KeyedSlidingWindowLog::<u32>::builder(Window::per_second(2))
+    ///     .clock(clock.clone()).build().unwrap();
+    /// let _ = l.check_key(&1);
+    /// clock.advance(Duration::from_secs(1));
+    /// assert_eq!(l.retain_active(), 0);
+    /// ```
+    pub fn retain_active(&self) -> usize {
+        let now = self.clamp(self.now());
+        let params: SlidingLog = self.params.read();
+        self.shards
+            .iter()
+            .map(|s| {
+                let mut shard = lock(s);
+                shard
+                    .rings
+                    .retain(|_, ring| !SlidingLog::is_idle(ring, &params, now));
+                shard.rings.len()
+            })
+            .sum()
+    }
+
+    /// One reading of the clock, guarded against backward steps when the
+    /// clock is not monotonic.
+    ///
+    /// ```
+    /// # use ratewall::{KeyedSlidingWindowLog, ManualClock, Window};
+    /// let l = KeyedSlidingWindowLog::<u32>::builder(Window::per_second(2))
+    ///     .clock(ManualClock::new()).build().unwrap();
+    /// assert_eq!(l.now(), 0);
+    /// ```
+    pub fn now(&self) -> u64 {
+        self.time.now()
+    }
+
+    /// The clock.
+    ///
+    /// ```
+    /// # use ratewall::{Clock, KeyedSlidingWindowLog, ManualClock, Window};
+    /// let l = KeyedSlidingWindowLog::<u32>::builder(Window::per_second(2))
+    ///     .clock(ManualClock::new()).build().unwrap();
+    /// assert_eq!(l.clock().now(), 0);
+    /// ```
+    pub fn clock(&self) -> &C {
+        self.time.clock()
+    }
+
+    /// `key`'s limit in this log, as one limit of a multi-limit check
+    /// ([`check_all`](crate::check_all)).
+    ///
+    /// ```
+    /// # use ratewall::{check_all, KeyedSlidingWindowLog, ManualClock, Rate, TokenBucket, Window};
+    /// let clock = ManualClock::new();
+    /// let per_user = KeyedSlidingWindowLog::<u32>::builder(Window::per_hour(1))
+    ///     .clock(clock.clone()).build().unwrap();
+    /// let global = TokenBucket::with_clock(Rate::per_second(100), clock).unwrap();
+    /// assert!(check_all(&[&per_user.with_key(&7), &global]).is_allowed());
+    /// assert!(!check_all(&[&per_user.with_key(&7), &global]).is_allowed());
+    /// assert_eq!(global.peek().remaining(), 98, "the denied call gave its unit back");
+    /// ```
+    pub fn with_key<'a, Q>(&'a self, key: &'a Q) -> KeyedLogRef<'a, K, Q, C>
+    where
+        K: Borrow<Q>,
+        Q: Hash + ?Sized,
+    {
+        KeyedLogRef { log: self, key }
+    }
+
+    fn clamp(&self, now: u64) -> u64 {
+        self.time.clamp(now).min(HORIZON)
+    }
+
+    fn fingerprint<Q: Hash + ?Sized>(&self, key: &Q) -> u64 {
+        self.hasher.hash_one(key)
+    }
+
+    fn shard(&self, fp: u64) -> &Mutex<Shard> {
+        &self.shards[(fp & self.shard_mask) as usize]
+    }
+
+    fn run<Q: Hash + ?Sized>(
+        &self,
+        key: &Q,
+        now: u64,
+        n: u64,
+        consume: bool,
+    ) -> Result<Decision, InsufficientCapacity> {
+        let fp = self.fingerprint(key);
+        let mut shard = lock(self.shard(fp));
+        if let Some(ring) = shard.rings.get(&fp) {
+            return SlidingLog::check(ring, &self.params, now, n, consume);
+        }
+        // A new key: its decision on an empty log, stored only if it takes.
+        let params: SlidingLog = self.params.read();
+        let fresh = params.new_cell();
+        let d = SlidingLog::check(&fresh, &self.params, now, n, false)?;
+        if !consume || n == 0 || !d.is_allowed() {
+            return Ok(d);
+        }
+        let (ring, tracking) = match self.make_room(&mut shard, &params, now) {
+            Some(room) => room,
+            None => {
+                return Ok(match self.policy {
+                    WhenFull::AdmitUntracked => d.with_tracking(Tracking::Untracked),
+                    _ => Decision::deny(d.limit(), 0, 1, 1).with_tracking(Tracking::Rejected),
+                })
+            }
+        };
+        let ring = ring.unwrap_or(fresh);
+        let d = SlidingLog::check(&ring, &self.params, now, n, true)?;
+        shard.rings.insert(fp, ring);
+        Ok(d.with_tracking(tracking))
+    }
+
+    /// Room for one more key in a full shard, if the policy allows: a ring
+    /// to reuse (cleared) if one was freed, and how the room was made.
+    /// `None`: no room (the policy says reject or admit untracked).
+    fn make_room(
+        &self,
+        shard: &mut Shard,
+        params: &SlidingLog,
+        now: u64,
+    ) -> Option<(Option<LogRing>, Tracking)> {
+        if shard.rings.len() < shard.cap {
+            return Some((None, Tracking::Tracked));
+        }
+        // Full: reclaim idle keys, unless none can be idle yet.
+        if now >= shard.next_idle_at {
+            let mut next_idle_at = u64::MAX;
+            let mut reused = None;
+            shard.rings.retain(|_, ring| {
+                if SlidingLog::is_idle(ring, params, now) {
+                    if reused.is_none() {
+                        reused = Some(std::mem::replace(ring, LogRing::with_capacity(0)));
+                    }
+                    false
+                } else {
+                    let expiry = ring.newest().map_or(0, |t| t.saturating_add(params.length));
+                    next_idle_at = next_idle_at.min(expiry);
+                    true
+                }
+            });
+            // Keys inserted from now on expire no earlier than `now + W`,
+            // which is at least every remaining key's expiry.
+            shard.next_idle_at = next_idle_at;
+            if let Some(ring) = reused {
+                SlidingLog::reset(&ring);
+                return Some((Some(ring), Tracking::Tracked));
+            }
+        }
+        if self.policy != WhenFull::EvictLeastRecent {
+            return None;
+        }
+        // The sampled key whose newest admission is oldest.
+        let victim = shard
+            .rings
+            .iter()
+            .take(EVICT_SAMPLE)
+            .min_by_key(|(_, r)| r.newest())
+            .map(|(&fp, _)| fp)?;
+        let ring = shard.rings.remove(&victim)?;
+        SlidingLog::reset(&ring);
+        Some((Some(ring), Tracking::EvictedOther))
+    }
+}
+
+impl<K, C: Clock> fmt::Debug for KeyedSlidingWindowLog<K, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyedSlidingWindowLog")
+            .field("quota", &self.quota())
+            .field("max_keys", &self.max_keys)
+            .field("shards", &self.shards.len())
+            .field("policy", &self.policy)
+            .field("clock", self.time.clock())
+            .finish()
+    }
+}
+
+/// A key of a [`KeyedSlidingWindowLog`], as one limit of a multi-limit
+/// check. Made by [`KeyedSlidingWindowLog::with_key`].
+///
+/// # Example
+///
+/// ```
+/// use ratewall::{check_all, KeyedSlidingWindowLog, Window};
+/// let log = KeyedSlidingWindowLog::<u32>::builder(Window::per_hour(1)).build()?;
+/// let alice = log.with_key(&1);
+/// assert!(check_all(&[&alice]).is_allowed());
+/// # Ok::<(), ratewall::ConfigError>(())
+/// ```
+pub struct KeyedLogRef<'a, K, Q: ?Sized, C: Clock> {
+    log: &'a KeyedSlidingWindowLog<K, C>,
+    key: &'a Q,
+}
+
+impl<K, Q: ?Sized, C: Clock> fmt::Debug for KeyedLogRef<'_, K, Q, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyedLogRef")
+            .field("log", self.log)
+            .finish()
+    }
+}
+
+impl<K, Q: ?Sized, C: Clock> crate::multi::Sealed for KeyedLogRef<'_, K, Q, C> {}
+
+impl<K, Q, C> crate::multi::Limit<C> for KeyedLogRef<'_, K, Q, C>
+where
+    K: Borrow<Q>,
+    Q: Hash + ?Sized,
+    C: Clock,
+{
+    fn read_clock(&self) -> u64 {
+        self.log.now()
+    }
+    fn take_at(&self, now: u64, n: u64) -> Result<Decision, InsufficientCapacity> {
+        self.log.check_key_n_at(self.key, now, n)
+    }
+    fn peek_at(&self, now: u64, n: u64) -> Result<Decision, InsufficientCapacity> {
+        let now = self.log.clamp(now);
+        self.log.run(self.key, now, n, false)
+    }
+    fn give_back_at(&self, now: u64, n: u64) {
+        self.log.refund_key_at(self.key, now, n);
+    }
+    fn capacity(&self) -> u64 {
+        self.log.params.read::<SlidingLog>().capacity()
+    }
+}

@@ -1,0 +1,233 @@
+//! The keyed exact sliding log against naive per-key logs, its full-table
+//! policies, its memory bound and concurrent exactness.
+
+use proptest::prelude::*;
+use ratewall::Clock;
+use ratewall::{
+    check_all, KeyedSlidingWindowLog, ManualClock, Rate, TokenBucket, Tracking, WhenFull, Window,
+};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::Duration;
+
+const W: u64 = 1_000_000_000;
+
+/// The naive exact log: every admission time per key; allowed iff fewer than
+/// `limit - n + 1` admissions lie in `(t - W, t]`.
+fn naive_allows(times: &[u64], t: u64, n: u64, limit: u64) -> bool {
+    let in_window = times.iter().filter(|&&a| a + W > t).count() as u64;
+    in_window + n <= limit
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// With room for every key, each key's decisions are exactly the naive
+    /// log's, through costs, peeks, refunds, resets and backward steps.
+    #[test]
+    fn every_key_matches_a_naive_log(
+        limit in 1u64..6,
+        ops in prop::collection::vec((0u8..5, 0u64..4, 0u64..4, 0u64..700_000_000), 1..150),
+    ) {
+        let clock = ManualClock::new();
+        let log = KeyedSlidingWindowLog::<u64>::builder(Window::new(limit, Duration::from_nanos(W)))
+            .clock(clock.clone())
+            .max_keys(64)
+            .build()
+            .unwrap();
+        let mut model: HashMap<u64, Vec<u64>> = HashMap::new();
+        let mut latest = 0u64;
+        for (kind, key, n, dt) in ops {
+            match kind {
+                0 | 1 => {
+                    latest = latest.max(clock.now());
+                    let times = model.entry(key).or_default();
+                    let got = if kind == 0 { log.check_key_n(&key, n) } else { log.peek_key_n(&key, n) };
+                    if n > limit {
+                        prop_assert!(got.is_err());
+                        continue;
+                    }
+                    let d = got.unwrap();
+                    let want = naive_allows(times, latest, n.max(1), limit);
+                    prop_assert_eq!(d.is_allowed(), want, "key {} n {} at {}: {:?}", key, n, latest, times);
+                    let in_window = times.iter().filter(|&&a| a + W > latest).count() as u64;
+                    let after = if d.is_allowed() { in_window + n.max(1) } else { in_window };
+                    prop_assert_eq!(d.remaining(), limit - after.min(limit));
+                    if kind == 0 && d.is_allowed() && n > 0 {
+                        times.extend(std::iter::repeat(latest).take(n as usize));
+                    }
+                }
+                2 => clock.advance(Duration::from_nanos(dt)),
+                3 => clock.step_back(Duration::from_nanos(dt)),
+                _ => {
+                    if n == 0 {
+                        log.reset_key(&key);
+                        model.remove(&key);
+                    } else {
+                        latest = latest.max(clock.now());
+                        log.refund_key(&key, n);
+                        let times = model.entry(key).or_default();
+                        for _ in 0..n {
+                            match times.last() {
+                                Some(&a) if a + W > latest => { times.pop(); }
+                                _ => break,
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Never more than `max_keys` tracked, whatever the keys and policy.
+    #[test]
+    fn never_more_than_max_keys(
+        max_keys in 1usize..12,
+        policy in 0u8..3,
+        keys in prop::collection::vec((0u64..40, 0u64..300_000_000), 1..200),
+    ) {
+        let clock = ManualClock::new();
+        let policy = [WhenFull::RejectNew, WhenFull::AdmitUntracked, WhenFull::EvictLeastRecent][policy as usize];
+        let log = KeyedSlidingWindowLog::<u64>::builder(Window::new(3, Duration::from_nanos(W)))
+            .clock(clock.clone())
+            .max_keys(max_keys)
+            .when_full(policy)
+            .build()
+            .unwrap();
+        for (key, dt) in keys {
+            clock.advance(Duration::from_nanos(dt));
+            let d = log.check_key(&key);
+            match d.tracking() {
+                Tracking::Rejected => prop_assert!(!d.is_allowed() && policy == WhenFull::RejectNew),
+                Tracking::Untracked => prop_assert!(d.is_allowed() && policy == WhenFull::AdmitUntracked),
+                Tracking::EvictedOther => prop_assert!(policy == WhenFull::EvictLeastRecent),
+                _ => {}
+            }
+            prop_assert!(log.len() <= max_keys, "{} keys tracked, max {}", log.len(), max_keys);
+        }
+    }
+}
+
+#[test]
+fn full_table_policies_act_and_say_so() {
+    let clock = ManualClock::new();
+    let build = |policy| {
+        KeyedSlidingWindowLog::<u32>::builder(Window::per_second(2))
+            .clock(clock.clone())
+            .max_keys(1)
+            .when_full(policy)
+            .build()
+            .unwrap()
+    };
+    let reject = build(WhenFull::RejectNew);
+    assert!(reject.check_key(&1).is_allowed());
+    let d = reject.check_key(&2);
+    assert_eq!((d.is_allowed(), d.tracking()), (false, Tracking::Rejected));
+
+    let open = build(WhenFull::AdmitUntracked);
+    assert!(open.check_key(&1).is_allowed());
+    let d = open.check_key(&2);
+    assert_eq!((d.is_allowed(), d.tracking()), (true, Tracking::Untracked));
+    assert_eq!(open.len(), 1);
+
+    let evict = build(WhenFull::EvictLeastRecent);
+    assert!(evict.check_key(&1).is_allowed());
+    let d = evict.check_key(&2);
+    assert_eq!(
+        (d.is_allowed(), d.tracking()),
+        (true, Tracking::EvictedOther)
+    );
+    assert_eq!(evict.len(), 1);
+    // Key 1 was evicted: it starts fresh (a new key, evicting key 2 in turn).
+    assert_eq!(evict.check_key(&1).remaining(), 1);
+}
+
+#[test]
+fn idle_keys_are_reclaimed_for_new_ones() {
+    let clock = ManualClock::new();
+    let log = KeyedSlidingWindowLog::<u32>::builder(Window::per_second(2))
+        .clock(clock.clone())
+        .max_keys(4)
+        .shards(1)
+        .build()
+        .unwrap();
+    for k in 0..4 {
+        assert!(log.check_key(&k).is_allowed());
+    }
+    assert_eq!(log.check_key(&9).tracking(), Tracking::Rejected);
+    clock.advance(Duration::from_secs(1)); // every log has emptied: all idle
+    for k in 10..14 {
+        let d = log.check_key(&k);
+        assert!(d.is_allowed(), "key {k}: {d:?}");
+        assert_eq!(d.tracking(), Tracking::Tracked);
+    }
+    assert_eq!(log.len(), 4);
+}
+
+#[test]
+fn threads_admit_exactly_the_limit_per_key() {
+    let clock = ManualClock::new();
+    let log = Arc::new(
+        KeyedSlidingWindowLog::<u32>::builder(Window::per_second(25))
+            .clock(clock.clone())
+            .max_keys(100)
+            .build()
+            .unwrap(),
+    );
+    let admitted = Arc::new(AtomicU64::new(0));
+    let barrier = Arc::new(Barrier::new(4));
+    let handles: Vec<_> = (0..4)
+        .map(|_| {
+            let (log, admitted, barrier) = (log.clone(), admitted.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                barrier.wait();
+                for i in 0..2000u32 {
+                    if log.check_key(&(i % 8)).is_allowed() {
+                        admitted.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    assert_eq!(admitted.load(Ordering::Relaxed), 8 * 25);
+}
+
+#[test]
+fn multi_limit_with_a_keyed_log_rolls_back() {
+    let clock = ManualClock::new();
+    let per_user = KeyedSlidingWindowLog::<u32>::builder(Window::per_hour(1))
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let global = TokenBucket::with_clock(Rate::per_second(10).burst(10), clock).unwrap();
+    assert!(check_all(&[&global, &per_user.with_key(&5)]).is_allowed());
+    let d = check_all(&[&global, &per_user.with_key(&5)]);
+    assert!(!d.is_allowed());
+    assert_eq!(
+        global.peek().remaining(),
+        8,
+        "global gave back the denied call's unit"
+    );
+    assert_eq!(per_user.peek_key_n(&5, 1).unwrap().remaining(), 0);
+}
+
+#[test]
+fn set_quota_keeps_each_keys_log() {
+    let clock = ManualClock::new();
+    let log = KeyedSlidingWindowLog::<u32>::builder(Window::per_second(4))
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    assert!(log.check_key_n(&1, 3).unwrap().is_allowed());
+    log.set_quota(Window::per_second(2)).unwrap();
+    assert!(
+        !log.check_key(&1).is_allowed(),
+        "the 3 entries are kept (2 newest count)"
+    );
+    log.set_quota(Window::per_second(10)).unwrap();
+    assert_eq!(log.check_key(&1).remaining(), 7);
+}
