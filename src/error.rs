@@ -61,6 +61,12 @@ pub enum ConfigError {
         /// The largest limit this algorithm accepts.
         max: u64,
     },
+    /// The window is shorter than this algorithm's packed window id allows
+    /// (the id must not wrap within the 292-year time horizon).
+    WindowTooShort {
+        /// The shortest window accepted.
+        min: Duration,
+    },
     /// A keyed limiter's capacity (`max_keys`) is zero or too large.
     InvalidCapacity {
         /// The capacity asked for.
@@ -107,6 +113,11 @@ impl fmt::Display for ConfigError {
             ConfigError::LimitTooLarge { limit, max } => write!(
                 f,
                 "limit {limit} does not fit this algorithm's packed state; use a limit of at most {max}"
+            ),
+            ConfigError::WindowTooShort { min } => write!(
+                f,
+                "window is too short for this algorithm's packed window id; use a window of at least {} ns, or a token bucket for shorter periods",
+                min.as_nanos()
             ),
             ConfigError::InvalidCapacity { max_keys, max } => write!(
                 f,

@@ -45,7 +45,7 @@ mod word;
 
 /// The algorithm types that parametrize [`Limiter`].
 pub mod algorithm {
-    pub use crate::algo::{Algorithm, Gcra, LeakyGcra};
+    pub use crate::algo::{Algorithm, FixedCounter, Gcra, LeakyGcra, SlidingCounter, SlidingLog};
     pub use crate::keyed::KeyedAlgorithm;
 }
 
@@ -55,8 +55,12 @@ pub use clock::{Clock, ManualClock, StdClock};
 pub use decision::{Decision, Tracking};
 pub use error::{ConfigError, InsufficientCapacity};
 pub use keyed::{
-    KeyedBuilder, KeyedLeakyBucket, KeyedLimiter, KeyedTokenBucket, WhenFull, MAX_KEYS,
+    KeyedBuilder, KeyedFixedWindow, KeyedLeakyBucket, KeyedLimiter, KeyedSlidingWindowCounter,
+    KeyedTokenBucket, WhenFull, MAX_KEYS,
 };
-pub use limiter::{DefaultClock, LeakyBucket, Limiter, Reservation, TokenBucket};
+pub use limiter::{
+    DefaultClock, FixedWindow, LeakyBucket, Limiter, Reservation, SlidingWindowCounter,
+    SlidingWindowLog, TokenBucket,
+};
 pub use multi::{check_all, check_all_n, KeyedRef, Limit};
-pub use quota::Rate;
+pub use quota::{Rate, Window};

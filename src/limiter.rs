@@ -1,6 +1,6 @@
 //! One limiter (one key), generic over the algorithm and the clock.
 
-use crate::algo::{Algorithm, Gcra, LeakyGcra};
+use crate::algo::{Algorithm, FixedCounter, Gcra, LeakyGcra, SlidingCounter, SlidingLog};
 use crate::clock::{Clock, Timebase};
 use crate::decision::Decision;
 use crate::error::{ConfigError, InsufficientCapacity};
@@ -55,6 +55,70 @@ pub type TokenBucket<C = DefaultClock> = Limiter<Gcra, C>;
 /// # Ok::<(), ratewall::ConfigError>(())
 /// ```
 pub type LeakyBucket<C = DefaultClock> = Limiter<LeakyGcra, C>;
+
+/// A fixed window: at most `limit` per aligned window `[k*W, (k+1)*W)`, so up
+/// to twice the limit across a window boundary. One atomic word per key.
+///
+/// # Example
+///
+/// ```
+/// use ratewall::{FixedWindow, ManualClock, Window};
+/// use std::time::Duration;
+///
+/// let clock = ManualClock::new();
+/// let fixed = FixedWindow::with_clock(Window::per_second(2), clock.clone())?;
+/// assert!(fixed.check().is_allowed());
+/// assert!(fixed.check().is_allowed());
+/// let denied = fixed.check();
+/// assert_eq!(denied.retry_after(), Duration::from_secs(1)); // the window's end
+/// clock.advance(Duration::from_secs(1));
+/// assert!(fixed.check().is_allowed()); // a new window
+/// # Ok::<(), ratewall::ConfigError>(())
+/// ```
+pub type FixedWindow<C = DefaultClock> = Limiter<FixedCounter, C>;
+
+/// A sliding-window counter: the previous window's count, weighted by how
+/// much of it the rolling window still covers, plus the current count. At
+/// most `limit` per aligned window and close to it over any rolling window,
+/// in one atomic word per key.
+///
+/// # Example
+///
+/// ```
+/// use ratewall::{ManualClock, SlidingWindowCounter, Window};
+/// use std::time::Duration;
+///
+/// let clock = ManualClock::new();
+/// let sliding = SlidingWindowCounter::with_clock(Window::per_minute(100), clock.clone())?;
+/// assert!(sliding.check_n(100)?.is_allowed());
+/// clock.advance(Duration::from_secs(75)); // 15 s into the next minute
+/// // 100 * 45/60 = 75 of the previous minute still count.
+/// assert_eq!(sliding.check().remaining(), 24);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub type SlidingWindowCounter<C = DefaultClock> = Limiter<SlidingCounter, C>;
+
+/// An exact sliding-window log: never more than `limit` in any rolling
+/// window of length `W`. Keeps one timestamp per admitted unit (a ring of
+/// `limit` entries per key, behind a per-key lock).
+///
+/// # Example
+///
+/// ```
+/// use ratewall::{ManualClock, SlidingWindowLog, Window};
+/// use std::time::Duration;
+///
+/// let clock = ManualClock::new();
+/// let log = SlidingWindowLog::with_clock(Window::per_second(2), clock.clone())?;
+/// clock.set(Duration::from_millis(900));
+/// assert!(log.check_n(2)?.is_allowed());
+/// clock.set(Duration::from_millis(1100)); // a new aligned window, same rolling one
+/// let denied = log.check();
+/// assert!(!denied.is_allowed());
+/// assert_eq!(denied.retry_after(), Duration::from_millis(800)); // at 1.9 s
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub type SlidingWindowLog<C = DefaultClock> = Limiter<SlidingLog, C>;
 
 /// A rate limiter for one key: algorithm `A`, clock `C`.
 ///

@@ -1,4 +1,4 @@
-//! Rates for the bucket algorithms (GCRA).
+//! Rates for the bucket algorithms (GCRA) and windows for the window algorithms.
 
 use crate::algo::Gcra;
 use crate::clock::duration_nanos;
@@ -212,9 +212,162 @@ impl Rate {
     }
 }
 
+/// A window quota for the window algorithms: at most `limit` cost units per
+/// window of `length`.
+///
+/// Windows are aligned to the clock's epoch: the `k`-th window is
+/// `[k*length, (k+1)*length)` in nanoseconds. The length is kept in whole
+/// nanoseconds. Each algorithm validates the window into its own parameters
+/// at construction and says what to change if it does not fit (see
+/// [`ConfigError`]): [`FixedWindow`](crate::FixedWindow) accepts limits up to
+/// 2^24 - 1 and windows from about 8.4 ms,
+/// [`SlidingWindowCounter`](crate::SlidingWindowCounter) limits up to
+/// 2^14 - 1 and windows from about 134 ms, and
+/// [`SlidingWindowLog`](crate::SlidingWindowLog) limits up to 2^20 with any
+/// window of at least 1 ns.
+///
+/// # Example
+///
+/// ```
+/// use ratewall::{FixedWindow, SlidingWindowCounter, SlidingWindowLog, Window};
+/// use std::time::Duration;
+///
+/// let w = Window::new(100, Duration::from_secs(60));
+/// assert_eq!((w.limit(), w.length()), (100, Duration::from_secs(60)));
+/// assert_eq!(w, Window::per_minute(100));
+/// assert!(FixedWindow::new(w).is_ok());
+/// assert!(SlidingWindowCounter::new(w).is_ok());
+/// assert!(SlidingWindowLog::new(w).is_ok());
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Window {
+    limit: u64,
+    length: Duration,
+}
+
+impl Window {
+    /// At most `limit` per window of `length`.
+    ///
+    /// ```
+    /// # use ratewall::Window; use std::time::Duration;
+    /// let w = Window::new(5, Duration::from_millis(500));
+    /// assert_eq!(w.limit(), 5);
+    /// ```
+    pub const fn new(limit: u64, length: Duration) -> Window {
+        Window { limit, length }
+    }
+
+    /// At most `limit` per one-second window.
+    ///
+    /// ```
+    /// # use ratewall::Window; use std::time::Duration;
+    /// assert_eq!(Window::per_second(10).length(), Duration::from_secs(1));
+    /// ```
+    pub const fn per_second(limit: u64) -> Window {
+        Window::new(limit, Duration::from_secs(1))
+    }
+
+    /// At most `limit` per one-minute window.
+    ///
+    /// ```
+    /// # use ratewall::Window; use std::time::Duration;
+    /// assert_eq!(Window::per_minute(10).length(), Duration::from_secs(60));
+    /// ```
+    pub const fn per_minute(limit: u64) -> Window {
+        Window::new(limit, Duration::from_secs(60))
+    }
+
+    /// At most `limit` per one-hour window.
+    ///
+    /// ```
+    /// # use ratewall::Window; use std::time::Duration;
+    /// assert_eq!(Window::per_hour(10).length(), Duration::from_secs(3600));
+    /// ```
+    pub const fn per_hour(limit: u64) -> Window {
+        Window::new(limit, Duration::from_secs(3600))
+    }
+
+    /// The most cost units admitted per window.
+    ///
+    /// ```
+    /// # use ratewall::Window;
+    /// assert_eq!(Window::per_hour(7).limit(), 7);
+    /// ```
+    pub const fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// The window length.
+    ///
+    /// ```
+    /// # use ratewall::Window; use std::time::Duration;
+    /// assert_eq!(Window::per_hour(7).length(), Duration::from_secs(3600));
+    /// ```
+    pub const fn length(&self) -> Duration {
+        self.length
+    }
+
+    /// Validates the limit against `max_limit` and the length against
+    /// `min_ns ..= MAX_TOLERANCE`, returning `(limit, length_ns)`.
+    pub(crate) fn validate(self, max_limit: u64, min_ns: u64) -> Result<(u64, u64), ConfigError> {
+        if self.limit == 0 {
+            return Err(ConfigError::ZeroLimit);
+        }
+        let length = duration_nanos(self.length);
+        if length == 0 {
+            return Err(ConfigError::ZeroPeriod);
+        }
+        if length > MAX_TOLERANCE {
+            return Err(ConfigError::PeriodTooLong {
+                max: Duration::from_nanos(MAX_TOLERANCE),
+            });
+        }
+        if length < min_ns {
+            return Err(ConfigError::WindowTooShort {
+                min: Duration::from_nanos(min_ns),
+            });
+        }
+        if self.limit > max_limit {
+            return Err(ConfigError::LimitTooLarge {
+                limit: self.limit,
+                max: max_limit,
+            });
+        }
+        Ok((self.limit, length))
+    }
+}
+
 #[cfg(all(test, not(ratewall_loom)))]
 mod tests {
     use super::*;
+
+    #[test]
+    fn window_validation_names_each_bad_input() {
+        let ok = Window::new(5, Duration::from_secs(1));
+        assert_eq!(ok.validate(10, 100), Ok((5, 1_000_000_000)));
+        assert_eq!(
+            Window::new(0, Duration::from_secs(1)).validate(10, 1),
+            Err(ConfigError::ZeroLimit)
+        );
+        assert_eq!(
+            Window::new(1, Duration::ZERO).validate(10, 1),
+            Err(ConfigError::ZeroPeriod)
+        );
+        assert!(matches!(
+            Window::new(1, Duration::MAX).validate(10, 1),
+            Err(ConfigError::PeriodTooLong { .. })
+        ));
+        assert_eq!(
+            Window::new(1, Duration::from_nanos(99)).validate(10, 100),
+            Err(ConfigError::WindowTooShort {
+                min: Duration::from_nanos(100)
+            })
+        );
+        assert_eq!(
+            Window::new(11, Duration::from_secs(1)).validate(10, 1),
+            Err(ConfigError::LimitTooLarge { limit: 11, max: 10 })
+        );
+    }
 
     #[test]
     fn validation_names_each_bad_input() {

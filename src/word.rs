@@ -126,9 +126,11 @@ impl ParamCell {
         }
     }
 
-    /// One attempt: `None` if a change was under way or raced the read.
+    /// A consistent snapshot, or `None` while a change is under way (or if
+    /// one raced this read). For callers that hold a lock the change also
+    /// takes, and so must not wait for it while holding that lock.
     #[inline]
-    fn try_read<P: Params>(&self) -> Option<P> {
+    pub(crate) fn try_read<P: Params>(&self) -> Option<P> {
         // Acquire: pairs with `publish`'s Release store of the even
         // version, so the words written before it are visible below.
         let v1 = self.version.load(Ordering::Acquire);

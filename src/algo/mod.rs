@@ -9,9 +9,16 @@ use crate::error::{ConfigError, InsufficientCapacity};
 use crate::word::{AtomicWord, ParamCell, Params};
 use std::fmt;
 
+mod fixed;
 mod gcra;
+mod log;
+mod sliding;
+mod window;
 
+pub use fixed::FixedCounter;
 pub use gcra::{Gcra, LeakyGcra};
+pub use log::SlidingLog;
+pub use sliding::SlidingCounter;
 
 /// A rate-limiting algorithm: the type parameter of [`Limiter`](crate::Limiter).
 ///

@@ -9,7 +9,7 @@
 
 mod table;
 
-use crate::algo::{Algorithm, Gcra, LeakyGcra, WordStep};
+use crate::algo::{Algorithm, FixedCounter, Gcra, LeakyGcra, SlidingCounter, WordStep};
 use crate::clock::{Clock, Timebase};
 use crate::decision::{Decision, Tracking};
 use crate::error::{ConfigError, InsufficientCapacity};
@@ -147,6 +147,36 @@ pub type KeyedTokenBucket<K, C = DefaultClock> = KeyedLimiter<K, Gcra, C>;
 /// # Ok::<(), ratewall::ConfigError>(())
 /// ```
 pub type KeyedLeakyBucket<K, C = DefaultClock> = KeyedLimiter<K, LeakyGcra, C>;
+
+/// A keyed fixed window: one window counter per key.
+///
+/// # Example
+///
+/// ```
+/// use ratewall::{KeyedFixedWindow, Window};
+/// use std::time::Duration;
+///
+/// let per_user = KeyedFixedWindow::<u64>::builder(Window::new(2, Duration::from_secs(60))).build()?;
+/// assert!(per_user.check_key(&1).is_allowed());
+/// assert!(per_user.check_key(&1).is_allowed());
+/// assert!(!per_user.check_key(&1).is_allowed());
+/// # Ok::<(), ratewall::ConfigError>(())
+/// ```
+pub type KeyedFixedWindow<K, C = DefaultClock> = KeyedLimiter<K, FixedCounter, C>;
+
+/// A keyed sliding-window counter: one counter pair per key.
+///
+/// # Example
+///
+/// ```
+/// use ratewall::{KeyedSlidingWindowCounter, Window};
+/// use std::time::Duration;
+///
+/// let per_ip = KeyedSlidingWindowCounter::<[u8; 4]>::builder(Window::new(100, Duration::from_secs(1))).build()?;
+/// assert!(per_ip.check_key(&[192, 0, 2, 1]).is_allowed());
+/// # Ok::<(), ratewall::ConfigError>(())
+/// ```
+pub type KeyedSlidingWindowCounter<K, C = DefaultClock> = KeyedLimiter<K, SlidingCounter, C>;
 
 /// One limit per key, for any key type `K: Hash + Eq` (tuples included),
 /// with memory bounded by `max_keys`.
