@@ -566,7 +566,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
     ///
     /// ```
     /// # use ratewall::{KeyedTokenBucket, Rate};
-    /// let l = KeyedTokenBucket::<u64>::builder(Rate::per_second(10).burst(10)).build().unwrap();
+    /// let l = KeyedTokenBucket::<u64>::builder(Rate::per_hour(10).burst(10)).build().unwrap();
     /// assert!(l.check_key_n(&1, 8).unwrap().is_allowed());
     /// assert!(!l.check_key_n(&1, 8).unwrap().is_allowed());
     /// assert!(l.check_key_n(&1, 11).is_err());
@@ -732,8 +732,11 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
     /// quota or the new one, never a mix.
     ///
     /// ```
-    /// # use ratewall::{KeyedTokenBucket, Rate};
-    /// let l = KeyedTokenBucket::<u64>::builder(Rate::per_second(10).burst(10)).build().unwrap();
+    /// # use ratewall::{KeyedTokenBucket, ManualClock, Rate};
+    /// let l = KeyedTokenBucket::<u64, _>::builder(Rate::per_second(10).burst(10))
+    ///     .clock(ManualClock::new())
+    ///     .build()
+    ///     .unwrap();
     /// let _ = l.check_key_n(&1, 4).unwrap();
     /// l.set_quota(Rate::per_second(100).burst(20)).unwrap();
     /// assert_eq!(l.peek_key(&1).remaining(), 15);
