@@ -289,7 +289,12 @@ fn window_counters_work_keyed_and_expire_into_reclaimable_slots() {
         assert_eq!(d.tracking(), Tracking::Tracked, "{name}");
     }
     assert!(fixed.len() <= 4 && sliding.len() <= 4);
-    assert_eq!(fixed.retain_active() + 1, 4, "all but key 9 were idle");
+    // The insert may already have swept the idle keys; whatever is left
+    // idle goes now, and only key 9 stays.
+    let _ = fixed.retain_active();
+    assert_eq!(fixed.len(), 1, "all but key 9 were idle");
+    let _ = sliding.retain_active();
+    assert_eq!(sliding.len(), 1, "all but key 9 were idle");
 }
 
 #[test]
