@@ -187,6 +187,143 @@ impl Clock for QuantaClock {
     }
 }
 
+/// A cached clock: one relaxed load of a process-wide word (about 1 ns)
+/// instead of reading the time-stamp counter (about 10 ns).
+///
+/// A background thread, started by the first `CoarseClock` in the process and
+/// never stopped, stores a [`QuantaClock`] reading into that word every
+/// interval (1 ms unless the first clock asked for another with
+/// [`with_interval`](Self::with_interval)). Readings are therefore in the same
+/// epoch as `QuantaClock`'s, so the two can be mixed in `check_at`.
+///
+/// # Precision trade-off
+///
+/// - A reading lags real time by up to the interval plus however long the
+///   OS keeps the updating thread from running (on a loaded machine, a
+///   scheduler tick or more). All checks within one interval see the same time.
+/// - A limiter on this clock refills late: it may deny a request that a
+///   precise clock would already allow, by up to the lag.
+/// - Admission bounds hold in the clock's own time. Measured in real time, a
+///   token bucket admits at most `burst + rate * (d + lag)` in any interval of
+///   length `d`: the lag stretches the interval, it never multiplies the rate.
+///   Use it where a rate of 1000/s must not cost 10 ns a check, not where a
+///   limit must hold to the microsecond.
+/// - Readings never go backwards: the thread only ever raises the word
+///   (`fetch_max`), so [`is_monotonic`](Clock::is_monotonic) is `true`.
+/// - If the thread cannot be spawned, the clock reads `QuantaClock` directly.
+///
+/// # Example
+///
+/// ```
+/// use ratewall::{Clock, CoarseClock, Rate, TokenBucket};
+/// use std::time::Duration;
+///
+/// let clock = CoarseClock::new();
+/// assert_eq!(clock.interval(), Duration::from_millis(1));
+/// let bucket = TokenBucket::with_clock(Rate::per_second(1000), clock).unwrap();
+/// assert!(bucket.check().is_allowed());
+/// let a = clock.now();
+/// std::thread::sleep(Duration::from_millis(20));
+/// assert!(clock.now() > a, "the background thread moves it forward");
+/// ```
+#[cfg(all(feature = "quanta", not(ratewall_loom)))]
+#[derive(Clone, Copy)]
+pub struct CoarseClock {
+    /// `None` when the updating thread could not be started.
+    interval: Option<Duration>,
+}
+
+/// The latest reading stored by the coarse clock's thread, ns since the
+/// `QuantaClock` epoch. Only ever raised (`fetch_max`).
+#[cfg(all(feature = "quanta", not(ratewall_loom)))]
+static COARSE_NOW: AtomicU64 = AtomicU64::new(0);
+
+#[cfg(all(feature = "quanta", not(ratewall_loom)))]
+impl CoarseClock {
+    /// The interval used when the first clock does not choose one.
+    pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(1);
+    /// The shortest interval accepted (shorter ones are raised to it), so
+    /// the thread never spins.
+    pub const MIN_INTERVAL: Duration = Duration::from_micros(50);
+
+    /// The process-wide coarse clock; starts its thread (1 ms interval) on
+    /// first use.
+    pub fn new() -> Self {
+        Self::with_interval(Self::DEFAULT_INTERVAL)
+    }
+
+    /// Like [`new`](Self::new), but the first call in the process sets the
+    /// update interval (at least [`MIN_INTERVAL`](Self::MIN_INTERVAL)).
+    /// Later calls get the interval already running; check it with
+    /// [`interval`](Self::interval).
+    ///
+    /// ```
+    /// use ratewall::CoarseClock;
+    /// use std::time::Duration;
+    /// let clock = CoarseClock::with_interval(Duration::from_micros(200));
+    /// assert!(clock.interval() >= CoarseClock::MIN_INTERVAL);
+    /// ```
+    pub fn with_interval(interval: Duration) -> Self {
+        static STARTED: OnceLock<Option<Duration>> = OnceLock::new();
+        let interval = *STARTED.get_or_init(|| {
+            let interval = interval.max(Self::MIN_INTERVAL);
+            let precise = QuantaClock::new();
+            // Relaxed: the word publishes no other memory; `fetch_max` keeps it
+            // non-decreasing in its modification order, which every reader follows.
+            COARSE_NOW.fetch_max(precise.now(), Ordering::Relaxed);
+            std::thread::Builder::new()
+                .name("ratewall-coarse-clock".into())
+                .spawn(move || loop {
+                    std::thread::sleep(interval);
+                    // Relaxed: as above.
+                    COARSE_NOW.fetch_max(precise.now(), Ordering::Relaxed);
+                })
+                .ok()
+                .map(|_| interval)
+        });
+        CoarseClock { interval }
+    }
+
+    /// The update interval: the readings' granularity, and the least lag.
+    /// Zero if the thread could not start and the clock reads `QuantaClock`.
+    pub fn interval(&self) -> Duration {
+        self.interval.unwrap_or(Duration::ZERO)
+    }
+}
+
+#[cfg(all(feature = "quanta", not(ratewall_loom)))]
+impl Default for CoarseClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(all(feature = "quanta", not(ratewall_loom)))]
+impl fmt::Debug for CoarseClock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CoarseClock")
+            .field("interval", &self.interval())
+            .finish()
+    }
+}
+
+#[cfg(all(feature = "quanta", not(ratewall_loom)))]
+impl Clock for CoarseClock {
+    #[inline]
+    fn now(&self) -> u64 {
+        if self.interval.is_some() {
+            // Relaxed: read-read coherence on one word means a thread never
+            // sees it go back; it publishes no other memory.
+            COARSE_NOW.load(Ordering::Relaxed)
+        } else {
+            QuantaClock::new().now()
+        }
+    }
+    fn is_monotonic(&self) -> bool {
+        true
+    }
+}
+
 fn std_epoch() -> std::time::Instant {
     static EPOCH: OnceLock<std::time::Instant> = OnceLock::new();
     *EPOCH.get_or_init(std::time::Instant::now)
@@ -417,6 +554,33 @@ mod tests {
         assert_eq!(tb.clamp(70), 100);
         c.set_nanos(150);
         assert_eq!(tb.now(), 150);
+    }
+
+    #[cfg(feature = "quanta")]
+    #[test]
+    fn coarse_clock_lags_the_precise_one_and_moves_forward() {
+        let coarse = CoarseClock::new();
+        assert!(coarse.is_monotonic());
+        assert!(coarse.interval() > Duration::ZERO, "the thread started");
+        let a = coarse.now();
+        let precise = QuantaClock::new().now();
+        assert!(
+            a <= precise,
+            "coarse {a} is never ahead of precise {precise}"
+        );
+        let mut last = a;
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while coarse.now() == a && std::time::Instant::now() < deadline {
+            let t = coarse.now();
+            assert!(t >= last, "went back from {last} to {t}");
+            last = t;
+            std::thread::yield_now();
+        }
+        let b = coarse.now();
+        assert!(b > a, "coarse clock stuck at {a}");
+        // Same epoch as QuantaClock: the lag is small, not an epoch offset.
+        let lag = QuantaClock::new().now().saturating_sub(b);
+        assert!(lag < 1_000_000_000, "lag {lag} ns");
     }
 
     #[test]

@@ -49,6 +49,8 @@ pub mod algorithm {
     pub use crate::keyed::KeyedAlgorithm;
 }
 
+#[cfg(all(feature = "quanta", not(ratewall_loom)))]
+pub use clock::CoarseClock;
 #[cfg(feature = "quanta")]
 pub use clock::QuantaClock;
 pub use clock::{Clock, ManualClock, StdClock};

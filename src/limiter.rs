@@ -194,7 +194,7 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
     /// let allowed = (0..5).filter(|_| bucket.check().is_allowed()).count();
     /// assert_eq!(allowed, 3);
     /// ```
-    #[inline]
+    #[inline(always)]
     pub fn check(&self) -> Decision {
         self.check_at(self.now())
     }
@@ -230,7 +230,7 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
     /// let t = per_ip.now(); // one read; all QuantaClocks share an epoch
     /// assert!(per_ip.check_at(t).is_allowed() && global.check_at(t).is_allowed());
     /// ```
-    #[inline]
+    #[inline(always)]
     pub fn check_at(&self, now: u64) -> Decision {
         match A::check(&self.state, &self.params, self.clamp(now), 1, true) {
             Ok(d) => d,
@@ -342,8 +342,8 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
     /// new one, never a mix of the two.
     ///
     /// ```
-    /// # use ratewall::{Rate, TokenBucket};
-    /// let bucket = TokenBucket::new(Rate::per_second(10).burst(10)).unwrap();
+    /// # use ratewall::{ManualClock, Rate, TokenBucket};
+    /// let bucket = TokenBucket::with_clock(Rate::per_second(10).burst(10), ManualClock::new()).unwrap();
     /// let _ = bucket.check_n(4).unwrap();
     /// bucket.set_quota(Rate::per_second(100).burst(20)).unwrap();
     /// assert_eq!(bucket.peek().remaining(), 15); // 4 still in use, 1 for the peek

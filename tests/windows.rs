@@ -714,3 +714,37 @@ fn stress_log_real_clock_exact_bound() {
         );
     }
 }
+
+/// The window counters are single-word algorithms, so the keyed table takes
+/// them as they are: per-key windows, with expired keys idle.
+#[test]
+fn keyed_window_counters_limit_each_key_on_its_own() {
+    use ratewall::algorithm::{FixedCounter, SlidingCounter};
+    use ratewall::KeyedLimiter;
+    let clock = ManualClock::starting_at(Duration::from_millis(100));
+    let fixed = KeyedLimiter::<u64, FixedCounter, _>::builder(Window::per_second(2))
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let sliding = KeyedLimiter::<u64, SlidingCounter, _>::builder(Window::per_second(2))
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    for key in [1u64, 2] {
+        assert!(fixed.check_key(&key).is_allowed() && fixed.check_key(&key).is_allowed());
+        assert!(
+            !fixed.check_key(&key).is_allowed(),
+            "key {key}: third in the window"
+        );
+        assert!(sliding.check_key_n(&key, 2).unwrap().is_allowed());
+        assert!(!sliding.check_key(&key).is_allowed());
+    }
+    clock.advance(Duration::from_secs(1)); // 0.1 s into the next window
+    assert!(fixed.check_key(&1).is_allowed(), "a new fixed window");
+    assert!(
+        !sliding.check_key(&1).is_allowed(),
+        "2 * 0.9 = 1.8 still counts"
+    );
+    clock.advance(Duration::from_millis(500)); // 0.6 s in: 2 * 0.4 = 0.8
+    assert!(sliding.check_key(&1).is_allowed());
+}

@@ -65,12 +65,12 @@ impl FixedCounter {
     }
 }
 
-#[inline]
+#[inline(always)]
 fn unpack(s: u64) -> (u64, u64) {
     (s >> ID_SHIFT, s & COUNT_MASK)
 }
 
-#[inline]
+#[inline(always)]
 fn pack(id: u64, count: u64) -> u64 {
     debug_assert!(id <= MAX_ID && count <= COUNT_MASK);
     id << ID_SHIFT | count
@@ -91,7 +91,7 @@ impl WordStep for FixedCounter {
         self.0.limit
     }
 
-    #[inline]
+    #[inline(always)]
     fn step(&self, state: u64, now: u64, n: u64) -> (Decision, Option<u64>) {
         let p = &self.0;
         let now = now.min(LAST_NS);

@@ -330,6 +330,14 @@ mod tests {
     }
 
     #[test]
+    #[cfg(target_pointer_width = "64")]
+    fn a_ring_is_48_bytes_plus_8_per_unit_of_limit() {
+        assert_eq!(std::mem::size_of::<LogRing>(), 48);
+        let cell = log(1000, 10).new_cell();
+        assert!(lock(&cell.ring).times.capacity() >= 1000);
+    }
+
+    #[test]
     fn limits_are_validated() {
         assert_eq!(
             SlidingLog::from_window(&Window::per_second(LOG_MAX_LIMIT + 1)),

@@ -74,7 +74,7 @@ impl SlidingCounter {
     }
 
     /// The state seen at `now`: `(id, window start, prev, cur, e)`.
-    #[inline]
+    #[inline(always)]
     fn view(&self, state: u64, now: u64) -> (u64, u64, u64, u64, u64) {
         let p = &self.0;
         let (sid, prev, cur) = unpack(state);
@@ -95,7 +95,7 @@ impl SlidingCounter {
     }
 
     /// `ceil(pv * (W - e) / W)`, the previous window's weighted count.
-    #[inline]
+    #[inline(always)]
     fn weighted(&self, pv: u64, e: u64) -> u64 {
         let faded = match pv.checked_mul(e) {
             Some(x) if x <= LAST_NS => self.0.div.div(x),
@@ -106,12 +106,12 @@ impl SlidingCounter {
     }
 }
 
-#[inline]
+#[inline(always)]
 fn unpack(s: u64) -> (u64, u64, u64) {
     (s >> ID_SHIFT, (s >> PREV_SHIFT) & CUR_MASK, s & CUR_MASK)
 }
 
-#[inline]
+#[inline(always)]
 fn pack(id: u64, prev: u64, cur: u64) -> u64 {
     debug_assert!(id <= MAX_ID && prev <= CUR_MASK && cur <= CUR_MASK);
     id << ID_SHIFT | prev << PREV_SHIFT | cur
@@ -137,7 +137,7 @@ impl WordStep for SlidingCounter {
         self.0.limit
     }
 
-    #[inline]
+    #[inline(always)]
     fn step(&self, state: u64, now: u64, n: u64) -> (Decision, Option<u64>) {
         let (w, l) = (self.0.length, self.0.limit);
         let now = now.min(LAST_NS);

@@ -169,14 +169,27 @@ impl Table {
             let (slot, mut seen) = find(shard, start, fp)?;
             loop {
                 let (outcome, next) = step(state_of(seen));
-                let Some(next) = next else {
-                    // No write (a denial, a peek): nothing to publish.
-                    return Some(outcome);
+                let next = match next {
+                    Some(next) if next != state_of(seen) => next,
+                    // No write (a denial, a peek, a step that changed
+                    // nothing): nothing to publish. As in
+                    // `AtomicWord::update`, confirm the slot still holds what
+                    // the step saw: the step read the parameters after
+                    // loading it, and a quota change may have rescaled it in
+                    // between (a plain load: the deny path stays read-only).
+                    _ => {
+                        // Acquire: as the slot loads in `find`.
+                        let again = slot.load(Ordering::Acquire);
+                        if again == seen {
+                            return Some(outcome);
+                        }
+                        if fp_of(again) != fp {
+                            continue 'lookup;
+                        }
+                        seen = again;
+                        continue;
+                    }
                 };
-                if next == state_of(seen) {
-                    // The step changed nothing: skip the write.
-                    return Some(outcome);
-                }
                 // Success AcqRel / failure Acquire: as `AtomicWord::update`
                 // (pairs with a quota change's rescaling exchange).
                 match slot.compare_exchange(
