@@ -21,6 +21,7 @@ fn main() {
     leaky_bucket();
     side_by_side();
     multi_limit();
+    hostile_clock();
     throughput();
     coarse_clock();
     keyed_million();
@@ -309,3 +310,27 @@ fn coarse_clock() {
 
 #[cfg(not(feature = "quanta"))]
 fn coarse_clock() {}
+
+/// A clock that jumps backwards, and an absurd instant: neither causes a
+/// wrong decision nor a panic.
+fn hostile_clock() {
+    let clock = ManualClock::new();
+    let bucket =
+        TokenBucket::with_clock(Rate::per_second(10).burst(2), clock.clone()).expect("valid rate");
+    clock.set(Duration::from_secs(100));
+    let _ = bucket.check_n(2).expect("cost within the burst");
+    clock.step_back(Duration::from_secs(50));
+    let d = bucket.check();
+    println!("A hostile clock (simulated):");
+    println!(
+        "  after a 50 s backward step: allowed={} retry_after={:?} (time stood still; it did not run back)",
+        d.is_allowed(),
+        d.retry_after()
+    );
+    clock.set_nanos(u64::MAX);
+    println!(
+        "  at u64::MAX ns: peek={} check={} (clamped at the 292-year horizon; they agree, nothing overflows)\n",
+        bucket.peek().is_allowed(),
+        bucket.check().is_allowed()
+    );
+}

@@ -279,7 +279,7 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
     /// ```
     #[inline]
     pub fn peek_n(&self, n: u64) -> Result<Decision, InsufficientCapacity> {
-        A::check(&self.state, &self.params, self.now(), n, false)
+        A::check(&self.state, &self.params, self.clamped_now(), n, false)
     }
 
     /// [`peek_n`](Self::peek_n) at a time the caller read (multi-limit checks).
@@ -353,7 +353,7 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
         let new = A::from_config(&config)?;
         let mut current = lock(&self.config);
         let old: A = self.params.read();
-        let now = self.now();
+        let now = self.clamped_now();
         self.params.begin();
         A::rescale(&self.state, &old, &new, now);
         self.params.publish(new);
@@ -393,7 +393,7 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
     /// ```
     pub fn is_idle(&self) -> bool {
         let params: A = self.params.read();
-        A::is_idle(&self.state, &params, self.now())
+        A::is_idle(&self.state, &params, self.clamped_now())
     }
 
     /// One reading of this limiter's clock, in nanoseconds since its epoch,
@@ -427,6 +427,13 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
     #[inline]
     fn clamp(&self, now: u64) -> u64 {
         self.time.clamp(now).min(HORIZON)
+    }
+
+    /// A reading for the engine: guarded, and clamped at the horizon like
+    /// every time the state words see (past it, time stands still).
+    #[inline]
+    fn clamped_now(&self) -> u64 {
+        self.now().min(HORIZON)
     }
 }
 

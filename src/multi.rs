@@ -52,6 +52,8 @@ pub trait Limit<C: Clock>: sealed::Sealed {
     fn peek_at(&self, now: u64, n: u64) -> Result<Decision, InsufficientCapacity>;
     #[doc(hidden)]
     fn give_back_at(&self, now: u64, n: u64);
+    #[doc(hidden)]
+    fn capacity(&self) -> u64;
 }
 
 mod sealed {
@@ -74,6 +76,9 @@ impl<A: Algorithm, C: Clock> Limit<C> for Limiter<A, C> {
     }
     fn give_back_at(&self, now: u64, n: u64) {
         self.refund_at(now, n);
+    }
+    fn capacity(&self) -> u64 {
+        Limiter::capacity(self)
     }
 }
 
@@ -137,6 +142,9 @@ where
     }
     fn give_back_at(&self, now: u64, n: u64) {
         self.limiter.refund_key_at(self.key, now, n);
+    }
+    fn capacity(&self) -> u64 {
+        self.limiter.capacity_for(self.key)
     }
 }
 
@@ -205,6 +213,19 @@ pub fn check_all_n<C: Clock>(
     let Some(first) = limits.first() else {
         return Ok(Decision::allow(u64::MAX, u64::MAX, 0));
     };
+    // A cost some limit can never admit is an error, whatever the others
+    // say, and nothing is taken: check every capacity first (a parameter
+    // read each, no state touched). A quota change racing this call can
+    // still make `take_at` fail below; that path rolls back too.
+    for limit in limits {
+        let capacity = limit.capacity();
+        if n > capacity {
+            return Err(InsufficientCapacity {
+                requested: n,
+                capacity,
+            });
+        }
+    }
     let now = first.read_clock();
     let mut took: u64 = 0;
     let mut combined: Option<Decision> = None;
@@ -229,6 +250,9 @@ pub fn check_all_n<C: Clock>(
             }
             return Ok(worst);
         }
+        // Limits past the 64th are not in the mask: `roll_back` gives their
+        // units back unconditionally (a no-op for an untracked key, exact
+        // for everything else).
         if i < 64 && n > 0 && matches!(d.tracking(), Tracking::Tracked | Tracking::EvictedOther) {
             took |= 1 << i;
         }

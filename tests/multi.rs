@@ -208,3 +208,25 @@ fn concurrent_multi_checks_never_leak_partial_takes() {
         }
     }
 }
+
+/// A cost that some limit can never admit is an error even when an earlier
+/// limit denies, and nothing is taken from any limit (found by the multi
+/// fuzz target: the check used to stop at the first denial).
+#[test]
+fn impossible_cost_is_an_error_even_after_a_denial() {
+    use ratewall::{check_all_n, InsufficientCapacity, ManualClock, Rate, TokenBucket};
+    let clock = ManualClock::new();
+    let empty = TokenBucket::with_clock(Rate::per_hour(10).burst(10), clock.clone()).unwrap();
+    assert!(empty.check_n(10).unwrap().is_allowed()); // will deny everything
+    let roomy = TokenBucket::with_clock(Rate::per_second(100).burst(100), clock.clone()).unwrap();
+    let small = TokenBucket::with_clock(Rate::per_second(1).burst(3), clock.clone()).unwrap();
+    assert_eq!(
+        check_all_n(&[&empty, &roomy, &small], 5),
+        Err(InsufficientCapacity {
+            requested: 5,
+            capacity: 3
+        })
+    );
+    assert_eq!(roomy.peek().remaining(), 99, "nothing was taken");
+    assert_eq!(small.peek().remaining(), 2, "nothing was taken");
+}

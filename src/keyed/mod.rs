@@ -425,6 +425,12 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         self.hasher.hash_one(key)
     }
 
+    /// The largest cost `key` can ever be admitted at once (its own quota's
+    /// if it has one): what a multi-limit check validates before taking.
+    pub(crate) fn capacity_for<Q: Hash + ?Sized>(&self, key: &Q) -> u64 {
+        self.params_for(self.hash(key)).k_capacity()
+    }
+
     /// The parameters for the key with hash `h`. Called inside the step,
     /// after the slot load (see `ParamCell`).
     #[inline]
@@ -456,26 +462,56 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         consume: bool,
     ) -> Result<Decision, InsufficientCapacity> {
         let take = consume && n > 0;
-        let mut step = |state: u64| {
-            let a = self.params_for(h);
-            let capacity = a.k_capacity();
-            if n > capacity {
-                return (
-                    Err(InsufficientCapacity {
-                        requested: n,
-                        capacity,
-                    }),
-                    None,
-                );
-            }
-            // A cost of 0 asks for a unit request's decision, without taking it.
-            let (d, next) = a.k_step(state, now, n.max(1));
-            (Ok(d), if take { next } else { None })
-        };
-        if let Some(r) = self.table.update(h, &mut step) {
+        // The hot path gets a closure of its own (one call site), so the
+        // step is inlined into the slot loop instead of returning its
+        // 64-byte outcome through memory.
+        if let Some(r) = self
+            .table
+            .update(h, &mut |state| self.step_at(h, state, now, n, take))
+        {
             return r;
         }
-        // Not tracked: a fresh key's decision, unless it must be stored.
+        self.run_untracked(h, now, n, take)
+    }
+
+    /// One step of the algorithm on `state` (see `run`).
+    #[inline(always)]
+    fn step_at(
+        &self,
+        h: u64,
+        state: u64,
+        now: u64,
+        n: u64,
+        take: bool,
+    ) -> (Result<Decision, InsufficientCapacity>, Option<u64>) {
+        let a = self.params_for(h);
+        let capacity = a.k_capacity();
+        if n > capacity {
+            return (
+                Err(InsufficientCapacity {
+                    requested: n,
+                    capacity,
+                }),
+                None,
+            );
+        }
+        // A cost of 0 asks for a unit request's decision, without taking it.
+        let (d, next) = a.k_step(state, now, n.max(1));
+        (Ok(d), if take { next } else { None })
+    }
+
+    /// `run` for a key the table does not hold: a fresh key's decision,
+    /// stored only if it must be.
+    #[cold]
+    #[inline(never)]
+    fn run_untracked(
+        &self,
+        h: u64,
+        now: u64,
+        n: u64,
+        take: bool,
+    ) -> Result<Decision, InsufficientCapacity> {
+        let mut step = |state: u64| self.step_at(h, state, now, n, take);
         let (fresh, next) = step(0);
         if next.is_none() {
             return fresh;
@@ -639,7 +675,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         K: Borrow<Q>,
         Q: Hash + ?Sized,
     {
-        self.run(self.hash(key), self.now(), n, false)
+        self.run(self.hash(key), self.clamp(self.now()), n, false)
     }
 
     /// [`peek_key_n`](Self::peek_key_n) at a time the caller read.
@@ -746,7 +782,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         let new = A::from_config(&config)?;
         let mut current = lock(&self.config);
         let old: A = self.params.read();
-        let now = self.now();
+        let now = self.clamp(self.now());
         // Relaxed: read under the config mutex, which every override change holds.
         let overrides = (self.override_count.load(Ordering::Relaxed) != 0)
             .then(|| lock(&self.overrides).clone());
@@ -786,7 +822,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         let h = self.hash(key);
         let fp = table::fingerprint(h);
         let old = self.params_for(h);
-        let now = self.now();
+        let now = self.clamp(self.now());
         {
             let mut map = lock(&self.overrides);
             if map.insert(fp, new).is_none() {
@@ -820,7 +856,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         let h = self.hash(key);
         let fp = table::fingerprint(h);
         let global: A = self.params.read();
-        let now = self.now();
+        let now = self.clamp(self.now());
         let removed = lock(&self.overrides).remove(&fp);
         if let Some(own) = removed {
             let _ = self
@@ -916,7 +952,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
     pub fn retain_active(&self) -> usize {
         let view = View {
             params: self.params.read::<A>(),
-            now: self.now(),
+            now: self.clamp(self.now()),
         };
         self.table.retain_active(&view)
     }
