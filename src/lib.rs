@@ -57,8 +57,8 @@ pub use clock::{Clock, ManualClock, StdClock};
 pub use decision::{Decision, Tracking};
 pub use error::{ConfigError, InsufficientCapacity};
 pub use keyed::{
-    KeyedBuilder, KeyedLeakyBucket, KeyedLimiter, KeyedLogRef, KeyedSlidingWindowLog,
-    KeyedTokenBucket, WhenFull, MAX_KEYS,
+    KeyedBuilder, KeyedFixedWindow, KeyedLeakyBucket, KeyedLimiter, KeyedLogRef,
+    KeyedSlidingWindowCounter, KeyedSlidingWindowLog, KeyedTokenBucket, WhenFull, MAX_KEYS,
 };
 pub use limiter::{
     DefaultClock, FixedWindow, LeakyBucket, Limiter, Reservation, SlidingWindowCounter,

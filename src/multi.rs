@@ -105,7 +105,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
     ///
     /// ```
     /// # use ratewall::{check_all, KeyedTokenBucket, Limit, Rate};
-    /// let per_route = KeyedTokenBucket::<&str>::builder(Rate::per_second(100)).build().unwrap();
+    /// let per_route = KeyedTokenBucket::<&str>::builder(Rate::per_hour(100)).build().unwrap();
     /// let per_user = KeyedTokenBucket::<u32>::builder(Rate::per_second(1).burst(1)).build().unwrap();
     /// let check = || check_all::<_>(&[&per_user.with_key(&7), &per_route.with_key(&"/search")]);
     /// assert!(check().is_allowed());
@@ -199,8 +199,8 @@ pub fn check_all<C: Clock>(limits: &[&dyn Limit<C>]) -> Decision {
 /// ```
 /// use ratewall::{check_all_n, Limit, Rate, TokenBucket};
 ///
-/// let small = TokenBucket::new(Rate::per_second(10).burst(5))?;
-/// let large = TokenBucket::new(Rate::per_second(100).burst(50))?;
+/// let small = TokenBucket::new(Rate::per_hour(10).burst(5))?;
+/// let large = TokenBucket::new(Rate::per_hour(100).burst(50))?;
 /// let both: [&dyn Limit<_>; 2] = [&large, &small];
 /// assert!(check_all_n(&both, 5).unwrap().is_allowed());
 /// assert!(check_all_n(&both, 6).is_err());

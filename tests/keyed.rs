@@ -244,6 +244,60 @@ fn leaky_bucket_works_keyed() {
 }
 
 #[test]
+fn window_counters_work_keyed_and_expire_into_reclaimable_slots() {
+    use ratewall::{KeyedFixedWindow, KeyedSlidingWindowCounter, Window};
+    let clock = ManualClock::new();
+    let w = Window::new(2, Duration::from_secs(1));
+    let fixed = KeyedFixedWindow::<u64, _>::builder(w)
+        .max_keys(4)
+        .shards(1)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let sliding = KeyedSlidingWindowCounter::<u64, _>::builder(w)
+        .max_keys(4)
+        .shards(1)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    for k in 0..4u64 {
+        for (name, admitted) in [
+            (
+                "fixed",
+                (0..3).filter(|_| fixed.check_key(&k).is_allowed()).count(),
+            ),
+            (
+                "sliding",
+                (0..3)
+                    .filter(|_| sliding.check_key(&k).is_allowed())
+                    .count(),
+            ),
+        ] {
+            assert_eq!(admitted, 2, "{name} key {k}");
+        }
+    }
+    // Full of active keys: a fifth key is rejected by both.
+    assert_eq!(fixed.check_key(&9).tracking(), Tracking::Rejected);
+    assert_eq!(sliding.check_key(&9).tracking(), Tracking::Rejected);
+    // Two windows later every key has expired: the new key takes a slot.
+    clock.advance(Duration::from_secs(2));
+    for (name, d) in [
+        ("fixed", fixed.check_key(&9)),
+        ("sliding", sliding.check_key(&9)),
+    ] {
+        assert!(d.is_allowed(), "{name}");
+        assert_eq!(d.tracking(), Tracking::Tracked, "{name}");
+    }
+    assert!(fixed.len() <= 4 && sliding.len() <= 4);
+    // The insert may already have swept the idle keys; whatever is left
+    // idle goes now, and only key 9 stays.
+    let _ = fixed.retain_active();
+    assert_eq!(fixed.len(), 1, "all but key 9 were idle");
+    let _ = sliding.retain_active();
+    assert_eq!(sliding.len(), 1, "all but key 9 were idle");
+}
+
+#[test]
 fn builder_validates() {
     let b = || KeyedTokenBucket::<u64>::builder(Rate::per_second(1));
     assert!(b().max_keys(0).build().is_err());

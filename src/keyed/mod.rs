@@ -12,7 +12,7 @@ mod table;
 
 pub use log::{KeyedLogRef, KeyedSlidingWindowLog};
 
-use crate::algo::{Algorithm, Gcra, LeakyGcra, WordStep};
+use crate::algo::{Algorithm, FixedCounter, Gcra, LeakyGcra, SlidingCounter, WordStep};
 use crate::clock::{Clock, Timebase};
 use crate::decision::{Decision, Tracking};
 use crate::error::{ConfigError, InsufficientCapacity};
@@ -150,6 +150,36 @@ pub type KeyedTokenBucket<K, C = DefaultClock> = KeyedLimiter<K, Gcra, C>;
 /// # Ok::<(), ratewall::ConfigError>(())
 /// ```
 pub type KeyedLeakyBucket<K, C = DefaultClock> = KeyedLimiter<K, LeakyGcra, C>;
+
+/// A keyed fixed window: one window counter per key.
+///
+/// # Example
+///
+/// ```
+/// use ratewall::{KeyedFixedWindow, Window};
+/// use std::time::Duration;
+///
+/// let per_user = KeyedFixedWindow::<u64>::builder(Window::new(2, Duration::from_secs(60))).build()?;
+/// assert!(per_user.check_key(&1).is_allowed());
+/// assert!(per_user.check_key(&1).is_allowed());
+/// assert!(!per_user.check_key(&1).is_allowed());
+/// # Ok::<(), ratewall::ConfigError>(())
+/// ```
+pub type KeyedFixedWindow<K, C = DefaultClock> = KeyedLimiter<K, FixedCounter, C>;
+
+/// A keyed sliding-window counter: one counter pair per key.
+///
+/// # Example
+///
+/// ```
+/// use ratewall::{KeyedSlidingWindowCounter, Window};
+/// use std::time::Duration;
+///
+/// let per_ip = KeyedSlidingWindowCounter::<[u8; 4]>::builder(Window::new(100, Duration::from_secs(1))).build()?;
+/// assert!(per_ip.check_key(&[192, 0, 2, 1]).is_allowed());
+/// # Ok::<(), ratewall::ConfigError>(())
+/// ```
+pub type KeyedSlidingWindowCounter<K, C = DefaultClock> = KeyedLimiter<K, SlidingCounter, C>;
 
 /// One limit per key, for any key type `K: Hash + Eq` (tuples included),
 /// with memory bounded by `max_keys`.
@@ -595,7 +625,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
     ///
     /// ```
     /// # use ratewall::{KeyedTokenBucket, Rate};
-    /// let l = KeyedTokenBucket::<u64>::builder(Rate::per_second(10).burst(10)).build().unwrap();
+    /// let l = KeyedTokenBucket::<u64>::builder(Rate::per_hour(10).burst(10)).build().unwrap();
     /// assert!(l.check_key_n(&1, 8).unwrap().is_allowed());
     /// assert!(!l.check_key_n(&1, 8).unwrap().is_allowed());
     /// assert!(l.check_key_n(&1, 11).is_err());
@@ -762,7 +792,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
     ///
     /// ```
     /// # use ratewall::{KeyedTokenBucket, ManualClock, Rate};
-    /// let l = KeyedTokenBucket::<u64>::builder(Rate::per_second(10).burst(10))
+    /// let l = KeyedTokenBucket::<u64, _>::builder(Rate::per_second(10).burst(10))
     ///     .clock(ManualClock::new())
     ///     .build()
     ///     .unwrap();
