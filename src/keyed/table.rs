@@ -89,6 +89,22 @@ struct Shard {
     inner: Mutex<usize>,
 }
 
+impl Shard {
+    /// One more key tracked. Caller holds `inner`.
+    fn count_insert(&self) {
+        // Relaxed: `len` is written only under `inner`, which the caller holds.
+        self.len
+            .store(self.len.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+    }
+
+    /// One key fewer. Caller holds `inner`.
+    fn count_removal(&self) {
+        // Relaxed: as in `count_insert`.
+        self.len
+            .store(self.len.load(Ordering::Relaxed) - 1, Ordering::Relaxed);
+    }
+}
+
 /// What the insert path does when the key's window has no room.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Full {
@@ -281,10 +297,7 @@ impl Table {
                 ) {
                     Ok(_) => {
                         if grows {
-                            // Relaxed: written only under the mutex we hold.
-                            shard
-                                .len
-                                .store(shard.len.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+                            shard.count_insert();
                         }
                         return Inserted::New {
                             outcome,
@@ -351,10 +364,8 @@ impl Table {
             ) {
                 Ok(_) => {
                     if grows {
-                        // Relaxed: under the mutex; the eviction freed one.
-                        shard
-                            .len
-                            .store(shard.len.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+                        // The eviction freed one.
+                        shard.count_insert();
                     }
                     return Inserted::New {
                         outcome,
@@ -488,37 +499,22 @@ fn find(shard: &Shard, start: usize, fp: u64) -> Option<(&AtomicU128, u128)> {
 /// the shard mutex). A racing check that makes the key active wins.
 fn tombstone(shard: &Shard, i: usize, v: u128, view: &impl StateView) -> bool {
     debug_assert!(view.is_idle(state_of(v)));
-    // AcqRel: a check of the removed key that loses this race sees the
-    // tombstone and looks its key up again.
-    if shard.slots[i]
-        .compare_exchange(v, pack(TOMB, 0), Ordering::AcqRel, Ordering::Acquire)
-        .is_ok()
-    {
-        // Relaxed: written only under the mutex the caller holds.
-        shard
-            .len
-            .store(shard.len.load(Ordering::Relaxed) - 1, Ordering::Relaxed);
-        true
-    } else {
-        false
-    }
+    evict(shard, i, v)
 }
 
-/// Evicts the active key in slot `i` if the slot still holds `v`.
+/// Removes the key in slot `i` (leaving a tombstone) if the slot still holds
+/// `v`; caller holds the shard mutex. A racing check that changed the slot
+/// wins, and the caller chooses again.
 fn evict(shard: &Shard, i: usize, v: u128) -> bool {
-    // AcqRel: as in `tombstone`.
-    if shard.slots[i]
+    // AcqRel: a check of the removed key that loses this race sees the
+    // tombstone and looks its key up again.
+    let removed = shard.slots[i]
         .compare_exchange(v, pack(TOMB, 0), Ordering::AcqRel, Ordering::Acquire)
-        .is_ok()
-    {
-        // Relaxed: written only under the mutex the caller holds.
-        shard
-            .len
-            .store(shard.len.load(Ordering::Relaxed) - 1, Ordering::Relaxed);
-        true
-    } else {
-        false
+        .is_ok();
+    if removed {
+        shard.count_removal();
     }
+    removed
 }
 
 /// At the shard's cap: scans the next `SWEEP` slots from the cursor and
