@@ -47,6 +47,19 @@ fn row(start: Instant, i: usize, d: &ratewall::Decision) {
     );
 }
 
+/// Plays `SCRIPT` on the real clock, one table row per request.
+fn play_script(check: impl Fn() -> ratewall::Decision) {
+    let start = Instant::now();
+    let mut n = 0;
+    for &(pause, count) in SCRIPT {
+        sleep(Duration::from_millis(pause));
+        for _ in 0..count {
+            n += 1;
+            row(start, n, &check());
+        }
+    }
+}
+
 fn fmt_ms(d: Duration) -> String {
     format!("{:.1} ms", d.as_secs_f64() * 1e3)
 }
@@ -54,15 +67,7 @@ fn fmt_ms(d: Duration) -> String {
 fn token_bucket() {
     let bucket = TokenBucket::new(Rate::per_second(10).burst(5)).expect("valid rate");
     header("Token bucket: 10/s, burst 5 (8 at once, 3 after 250 ms, 4 after 500 ms more)");
-    let start = Instant::now();
-    let mut n = 0;
-    for &(pause, count) in SCRIPT {
-        sleep(Duration::from_millis(pause));
-        for _ in 0..count {
-            n += 1;
-            row(start, n, &bucket.check());
-        }
-    }
+    play_script(|| bucket.check());
     let d = loop {
         let d = bucket.check();
         if !d.is_allowed() {
@@ -80,15 +85,7 @@ fn leaky_bucket() {
     let leaky = LeakyBucket::new(Rate::per_second(10).burst(5)).expect("valid rate");
     println!("Leaky bucket as a meter: 10/s, capacity 5 (same script)");
     header("");
-    let start = Instant::now();
-    let mut n = 0;
-    for &(pause, count) in SCRIPT {
-        sleep(Duration::from_millis(pause));
-        for _ in 0..count {
-            n += 1;
-            row(start, n, &leaky.check());
-        }
-    }
+    play_script(|| leaky.check());
     let shaper = LeakyBucket::new(Rate::per_second(20).burst(4)).expect("valid rate");
     println!("\nLeaky bucket as a shaper: 20/s, queue of 4; 6 requests arrive at once");
     let start = Instant::now();

@@ -26,15 +26,14 @@ use std::time::Duration;
 ///
 /// ```
 /// use ratewall::{Clock, TokenBucket, Rate};
-/// use std::sync::atomic::{AtomicU64, Ordering};
-/// use std::sync::Arc;
+/// use std::sync::{Arc, Mutex};
 ///
 /// #[derive(Debug, Clone, Default)]
-/// struct Ticks(Arc<AtomicU64>);
+/// struct Ticks(Arc<Mutex<u64>>);
 ///
 /// impl Clock for Ticks {
 ///     fn now(&self) -> u64 {
-///         self.0.load(Ordering::Relaxed) * 1_000_000 // one tick is 1 ms
+///         *self.0.lock().unwrap() * 1_000_000 // one tick is 1 ms
 ///     }
 /// }
 ///
@@ -42,7 +41,7 @@ use std::time::Duration;
 /// let bucket = TokenBucket::with_clock(Rate::per_second(1).burst(1), ticks.clone()).unwrap();
 /// assert!(bucket.check().is_allowed());
 /// assert!(!bucket.check().is_allowed());
-/// ticks.0.store(1_000, Ordering::Relaxed); // one second later
+/// *ticks.0.lock().unwrap() = 1_000; // one second later
 /// assert!(bucket.check().is_allowed());
 /// ```
 pub trait Clock: Send + Sync + fmt::Debug {
