@@ -39,6 +39,7 @@ mod error;
 mod keyed;
 mod limiter;
 mod multi;
+mod policy;
 mod quota;
 mod sync;
 mod word;
@@ -64,5 +65,6 @@ pub use limiter::{
     DefaultClock, FixedWindow, LeakyBucket, Limiter, Reservation, SlidingWindowCounter,
     SlidingWindowLog, TokenBucket,
 };
-pub use multi::{check_all, check_all_n, KeyedRef, Limit};
+pub use multi::{check_all, check_all_n, check_each, KeyedRef, Limit};
+pub use policy::{KeyedPolicyBuilder, KeyedPolicyLimiter, KeyedPolicyRef, Policy, PolicyAlgorithm};
 pub use quota::{Rate, Window};

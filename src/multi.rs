@@ -274,3 +274,104 @@ fn roll_back<C: Clock>(limits: &[&dyn Limit<C>], took: u64, now: u64, n: u64) {
         }
     }
 }
+
+/// All-or-nothing like [`check_all_n`], with a cost per limit and a
+/// decision per limit: what an HTTP layer needs to charge a route 5 units
+/// and a user 1, and to send one `RateLimit` item per limit.
+///
+/// Every `(limit, cost)` is checked at one clock reading (the first
+/// limit's). A cost of 0 takes nothing from its limit and reports the
+/// decision a unit request would get. If every limit allows, each one's
+/// decision is written to `decisions[i]` and the result is `Ok(true)`. If
+/// one denies, what the others took is given back first; then `decisions[i]`
+/// holds the denial, or for the others what they decide after the
+/// rollback, and the result is `Ok(false)`. A cost that its limit can never
+/// admit is an error, nothing is taken, and `decisions` is left as it was.
+/// Only the first `decisions.len()` decisions are written.
+///
+/// No allocation: the rollback mask lives on the stack (limits past the 64th
+/// are refunded whenever they allowed, as in [`check_all`]).
+///
+/// # Example
+///
+/// ```
+/// use ratewall::{check_each, KeyedPolicyLimiter, ManualClock, Policy, Rate, Window};
+///
+/// let clock = ManualClock::new();
+/// let per_user = KeyedPolicyLimiter::<u32, _>::builder(Policy::token_bucket(Rate::per_minute(100)))
+///     .clock(clock.clone())
+///     .build()?;
+/// let reports = KeyedPolicyLimiter::<&str, _>::builder(Policy::fixed_window(Window::per_minute(10)))
+///     .clock(clock)
+///     .build()?;
+/// let mut decisions = [None; 2];
+/// assert!(check_each(&[(&per_user.with_key(&7), 1), (&reports.with_key("/report"), 5)], &mut decisions)?);
+/// let remaining = decisions.map(|d| d.unwrap().remaining());
+/// assert_eq!(remaining, [99, 5]);
+/// // 6 more units for the report do not fit: nothing is taken from the user.
+/// assert!(!check_each(&[(&per_user.with_key(&7), 1), (&reports.with_key("/report"), 6)], &mut decisions)?);
+/// assert!(!decisions[1].unwrap().is_allowed());
+/// assert_eq!(per_user.peek_key(&7).remaining(), 98);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn check_each<C: Clock>(
+    limits: &[(&dyn Limit<C>, u64)],
+    decisions: &mut [Option<Decision>],
+) -> Result<bool, InsufficientCapacity> {
+    let Some((first, _)) = limits.first() else {
+        return Ok(true);
+    };
+    // As in `check_all_n`: an impossible cost is an error before anything
+    // is taken.
+    for (limit, n) in limits {
+        let capacity = limit.capacity();
+        if *n > capacity {
+            return Err(InsufficientCapacity {
+                requested: *n,
+                capacity,
+            });
+        }
+    }
+    let now = first.read_clock();
+    let mut took: u64 = 0;
+    for (i, (limit, n)) in limits.iter().enumerate() {
+        let d = match limit.take_at(now, *n) {
+            Ok(d) => d,
+            Err(e) => {
+                roll_back_each(&limits[..i], took, now);
+                return Err(e);
+            }
+        };
+        if !d.is_allowed() {
+            roll_back_each(&limits[..i], took, now);
+            for (j, slot) in decisions.iter_mut().enumerate().take(limits.len()) {
+                *slot = if j == i {
+                    Some(d)
+                } else {
+                    let (other, m) = limits[j];
+                    other.peek_at(now, m).ok()
+                };
+            }
+            return Ok(false);
+        }
+        if let Some(slot) = decisions.get_mut(i) {
+            *slot = Some(d);
+        }
+        if i < 64 && *n > 0 && matches!(d.tracking(), Tracking::Tracked | Tracking::EvictedOther) {
+            took |= 1 << i;
+        }
+    }
+    Ok(true)
+}
+
+/// Gives back what the limits before the denial took, latest first, each
+/// its own cost.
+#[cold]
+fn roll_back_each<C: Clock>(limits: &[(&dyn Limit<C>, u64)], took: u64, now: u64) {
+    for (i, (limit, n)) in limits.iter().enumerate().rev() {
+        let taken = if i < 64 { took & (1 << i) != 0 } else { *n > 0 };
+        if taken {
+            limit.give_back_at(now, *n);
+        }
+    }
+}

@@ -230,3 +230,103 @@ fn impossible_cost_is_an_error_even_after_a_denial() {
     assert_eq!(roomy.peek().remaining(), 99, "nothing was taken");
     assert_eq!(small.peek().remaining(), 2, "nothing was taken");
 }
+
+mod check_each_costs {
+    use ratewall::{
+        check_each, KeyedPolicyLimiter, Limit, ManualClock, Policy, Rate, TokenBucket, Window,
+    };
+    use std::time::Duration;
+
+    fn policies() -> [Policy; 5] {
+        [
+            Policy::token_bucket(Rate::per_second(10)),
+            Policy::leaky_bucket(Rate::per_second(10)),
+            Policy::fixed_window(Window::per_second(10)),
+            Policy::sliding_window_counter(Window::per_second(10)),
+            Policy::sliding_window_log(Window::per_second(10)),
+        ]
+    }
+
+    #[test]
+    fn a_denial_gives_back_each_limits_own_cost_for_every_algorithm() {
+        for policy in policies() {
+            let clock = ManualClock::new();
+            let a = KeyedPolicyLimiter::<u8, _>::builder(policy)
+                .clock(clock.clone())
+                .build()
+                .unwrap();
+            let b = KeyedPolicyLimiter::<u8, _>::builder(policy)
+                .clock(clock.clone())
+                .build()
+                .unwrap();
+            let mut out = [None; 2];
+            assert!(check_each(&[(&a.with_key(&1), 3), (&b.with_key(&1), 7)], &mut out).unwrap());
+            assert_eq!(out.map(|d| d.unwrap().remaining()), [7, 3], "{policy:?}");
+            // b has 3 left: 4 more is denied, and a keeps its 7.
+            assert!(!check_each(&[(&a.with_key(&1), 2), (&b.with_key(&1), 4)], &mut out).unwrap());
+            let [da, db] = out.map(Option::unwrap);
+            assert!(
+                da.is_allowed(),
+                "{policy:?}: a would allow 2 after the rollback"
+            );
+            assert_eq!(da.remaining(), 5, "{policy:?}: a's peek at its own cost");
+            assert!(!db.is_allowed());
+            assert!(db.retry_after() > Duration::ZERO);
+            assert_eq!(a.peek_key_n(&1, 7).unwrap().remaining(), 0, "{policy:?}");
+            assert!(!a.peek_key_n(&1, 8).unwrap().is_allowed(), "{policy:?}");
+        }
+    }
+
+    #[test]
+    fn a_zero_cost_reports_without_taking_and_an_impossible_cost_takes_nothing() {
+        let clock = ManualClock::new();
+        let global = TokenBucket::with_clock(Rate::per_second(5), clock.clone()).unwrap();
+        let per_key =
+            KeyedPolicyLimiter::<u8, _>::builder(Policy::fixed_window(Window::per_second(2)))
+                .clock(clock)
+                .build()
+                .unwrap();
+        let mut out = [None; 2];
+        assert!(check_each(&[(&global, 0), (&per_key.with_key(&9), 2)], &mut out).unwrap());
+        assert_eq!(global.peek().remaining(), 4, "cost 0 took nothing");
+        assert_eq!(
+            out[0].unwrap().remaining(),
+            4,
+            "cost 0 reports a unit request"
+        );
+        let before = out;
+        let err = check_each(&[(&global, 1), (&per_key.with_key(&9), 3)], &mut out).unwrap_err();
+        assert_eq!((err.requested, err.capacity), (3, 2));
+        assert_eq!(global.peek().remaining(), 4, "the error took nothing");
+        assert_eq!(
+            out.map(|d| d.map(|d| d.remaining())),
+            before.map(|d| d.map(|d| d.remaining()))
+        );
+        assert!(check_each::<ManualClock>(&[], &mut []).unwrap());
+    }
+
+    #[test]
+    fn more_than_64_limits_roll_back_every_one() {
+        let clock = ManualClock::new();
+        let many: Vec<TokenBucket<ManualClock>> = (0..70)
+            .map(|_| TokenBucket::with_clock(Rate::per_second(3), clock.clone()).unwrap())
+            .collect();
+        let strict = TokenBucket::with_clock(Rate::per_second(1), clock.clone()).unwrap();
+        let _ = strict.check();
+        let mut limits: Vec<(&dyn Limit<ManualClock>, u64)> = many
+            .iter()
+            .map(|l| (l as &dyn Limit<ManualClock>, 2))
+            .collect();
+        limits.push((&strict, 1));
+        let mut out = vec![None; limits.len()];
+        assert!(!check_each(&limits, &mut out).unwrap());
+        for (i, l) in many.iter().enumerate() {
+            assert_eq!(l.peek().remaining(), 2, "limit {i} got its 2 units back");
+        }
+        assert!(out.iter().all(Option::is_some));
+        // A short decisions slice is filled as far as it goes, never past it.
+        let mut short = [None; 3];
+        assert!(!check_each(&limits, &mut short).unwrap());
+        assert!(short.iter().all(Option::is_some));
+    }
+}

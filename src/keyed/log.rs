@@ -389,6 +389,18 @@ impl<K, C: Clock> KeyedSlidingWindowLog<K, C> {
         self.max_keys
     }
 
+    /// The policy for new keys when the log is full of active keys.
+    ///
+    /// ```
+    /// # use ratewall::{KeyedSlidingWindowLog, WhenFull, Window};
+    /// let l = KeyedSlidingWindowLog::<u32>::builder(Window::per_hour(2))
+    ///     .when_full(WhenFull::EvictLeastRecent).build().unwrap();
+    /// assert_eq!(l.when_full(), WhenFull::EvictLeastRecent);
+    /// ```
+    pub fn when_full(&self) -> WhenFull {
+        self.policy
+    }
+
     /// Drops every idle key (one shard at a time) and returns how many are
     /// left. Inserts do this as they need room; call it to free memory early.
     ///
