@@ -585,7 +585,12 @@ proptest! {
                     let m = models.get(&k).copied().unwrap_or_default();
                     let got = (d.is_allowed(), d.remaining(), d.retry_after().as_nanos() as u64);
                     let want = m.decide(hw, 1);
-                    if policy != WhenFull::EvictLeastRecent || evictions == 0 {
+                    if d.tracking() == Tracking::Rejected {
+                        // The check would reject this new key: the table is full.
+                        prop_assert_eq!(policy, WhenFull::RejectNew);
+                        prop_assert!(!d.is_allowed());
+                        prop_assert!(!m.active(hw));
+                    } else if policy != WhenFull::EvictLeastRecent || evictions == 0 {
                         prop_assert_eq!(got, want, "peek key {}", k);
                     }
                 }

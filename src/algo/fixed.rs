@@ -155,6 +155,16 @@ impl WordStep for FixedCounter {
         let (sid, count) = unpack(state);
         count == 0 || self.0.id(now.min(LAST_NS)) > sid
     }
+
+    #[inline]
+    fn time_to_idle(&self, state: u64, now: u64) -> u64 {
+        if self.is_idle(state, now) {
+            return 0;
+        }
+        // Idle when the state's window is over. No overflow: as in `step`.
+        let (sid, _) = unpack(state);
+        (sid + 1) * self.0.length - now.min(LAST_NS)
+    }
 }
 
 word_algorithm!(FixedCounter, Window, "fixed window", |w| {

@@ -103,6 +103,11 @@ impl WordStep for Gcra {
     fn is_idle(&self, tat: u64, now: u64) -> bool {
         tat <= now
     }
+
+    #[inline]
+    fn time_to_idle(&self, tat: u64, now: u64) -> u64 {
+        tat.saturating_sub(now)
+    }
 }
 
 word_algorithm!(Gcra, Rate, "token bucket", |r| r.to_gcra());
@@ -157,6 +162,11 @@ impl WordStep for LeakyGcra {
     #[inline]
     fn is_idle(&self, s: u64, now: u64) -> bool {
         self.0.is_idle(s, now)
+    }
+
+    #[inline]
+    fn time_to_idle(&self, s: u64, now: u64) -> u64 {
+        self.0.time_to_idle(s, now)
     }
 }
 

@@ -209,6 +209,20 @@ impl WordStep for SlidingCounter {
         let (_, _, pv, c, _) = self.view(state, now.min(LAST_NS));
         pv == 0 && c == 0
     }
+
+    #[inline]
+    fn time_to_idle(&self, state: u64, now: u64) -> u64 {
+        let now = now.min(LAST_NS);
+        let (_, start, pv, c, _) = self.view(state, now);
+        // A current count is gone two windows on (it is the previous count
+        // for one window); a previous count alone, one window on.
+        // No overflow: start <= LAST_NS and W <= 2^62.
+        match (pv, c) {
+            (_, 1..) => start + 2 * self.0.length - now,
+            (1.., 0) => start + self.0.length - now,
+            (0, 0) => 0,
+        }
+    }
 }
 
 word_algorithm!(SlidingCounter, Window, "sliding window counter", |w| {

@@ -47,6 +47,8 @@ pub(crate) const PROBE: usize = 32;
 /// Slots scanned per insert, beyond the key's window, to reclaim idle keys
 /// when the shard is at its cap (amortized eviction).
 const SWEEP: usize = 64;
+/// Sweep ranges `evict_elsewhere` tries before giving up.
+const EVICT_ATTEMPTS: usize = 4;
 /// Slots per key: 4/3, a 75% load factor at a full table (21.3 B per key).
 const LOAD_NUM: usize = 4;
 const LOAD_DEN: usize = 3;
@@ -123,6 +125,18 @@ pub(crate) enum Inserted<R> {
     NotStored(R),
     /// No room and the policy did not evict. `soonest` is the least time
     /// (by the caller's measure) until an active key in the way goes idle.
+    Full { soonest: u64 },
+}
+
+/// What `insert` would do now for a key the table does not hold (a peek's
+/// prediction; it changes nothing).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Room {
+    /// A free slot or an idle key's: the key would be tracked.
+    Tracked,
+    /// An active key would be evicted for it.
+    Evict,
+    /// No room: as `Inserted::Full`.
     Full { soonest: u64 },
 }
 
@@ -378,6 +392,60 @@ impl Table {
         }
     }
 
+    /// What `insert` would do for the untracked key `h` under `policy`, read
+    /// only: the same scans, without reclaiming or evicting anything. Locks
+    /// the shard only when the key's window has no free slot under the cap.
+    pub(crate) fn room(&self, h: u64, view: &impl StateView, policy: Full) -> Room {
+        let (shard, start) = self.locate(h);
+        let n = shard.slots.len();
+        let window = PROBE.min(n);
+        let scan = || {
+            // The chain (up to the first empty slot): a free slot, an idle key.
+            let (mut free, mut idle) = (false, false);
+            // The whole window: the least time to idle (the insert's victim).
+            let mut victim: Option<u64> = None;
+            let mut chain = true;
+            let mut i = start;
+            for _ in 0..window {
+                // Acquire: as in `find`.
+                let v = shard.slots[i].load(Ordering::Acquire);
+                match fp_of(v) {
+                    EMPTY => {
+                        free |= chain;
+                        chain = false;
+                    }
+                    TOMB => free |= chain,
+                    _ => {
+                        idle |= chain && view.is_idle(state_of(v));
+                        let ttl = view.time_to_idle(state_of(v));
+                        victim = Some(victim.map_or(ttl, |best| best.min(ttl)));
+                    }
+                }
+                i = if i + 1 == n { 0 } else { i + 1 };
+            }
+            (free, idle, victim)
+        };
+        // Relaxed: a prediction; `len` changes only under the mutex.
+        let under_cap = || shard.len.load(Ordering::Relaxed) < shard.cap;
+        let (free, _, _) = scan();
+        if free && under_cap() {
+            return Room::Tracked;
+        }
+        let cursor = lock(&shard.inner);
+        let (free, idle, victim) = scan();
+        if (free && under_cap()) || idle || (free && sweep_finds_idle(shard, *cursor, view)) {
+            return Room::Tracked;
+        }
+        match (policy, victim, free) {
+            (Full::Evict, Some(_), _) => Room::Evict,
+            (Full::Evict, None, true) if sweep_finds_active(shard, *cursor) => Room::Evict,
+            (Full::Evict, _, _) => Room::Full { soonest: 0 },
+            (_, victim, _) => Room::Full {
+                soonest: victim.unwrap_or(0),
+            },
+        }
+    }
+
     /// Removes every idle key, one shard at a time (each shard's inserts
     /// wait for its own pass only). Returns how many were removed.
     pub(crate) fn retain_active(&self, view: &impl StateView) -> usize {
@@ -437,7 +505,8 @@ impl Table {
     }
 
     /// (shard, window start) of a hash: for tests that need two keys to
-    /// compete for one slot.
+    /// compete for one slot (loom models only).
+    #[cfg(ratewall_loom)]
     pub(crate) fn home(&self, h: u64) -> (usize, usize) {
         let (_, start) = self.locate(h);
         ((h & self.shard_mask) as usize, start)
@@ -534,11 +603,30 @@ fn sweep(shard: &Shard, cursor: &mut usize, view: &impl StateView) -> bool {
     shard.len.load(Ordering::Relaxed) < shard.cap
 }
 
+/// Whether `sweep` from `cursor` would reclaim a key (read only).
+fn sweep_finds_idle(shard: &Shard, cursor: usize, view: &impl StateView) -> bool {
+    let n = shard.slots.len();
+    (0..SWEEP.min(n)).any(|k| {
+        // Acquire: as in `find`.
+        let v = shard.slots[(cursor + k) % n].load(Ordering::Acquire);
+        fp_of(v) > TOMB && view.is_idle(state_of(v))
+    })
+}
+
+/// Whether `evict_elsewhere` from `cursor` would find a key (read only).
+fn sweep_finds_active(shard: &Shard, cursor: usize) -> bool {
+    let n = shard.slots.len();
+    (0..EVICT_ATTEMPTS * SWEEP.min(n)).any(|k| {
+        // Acquire: as in `find`.
+        fp_of(shard.slots[(cursor + k) % n].load(Ordering::Acquire)) > TOMB
+    })
+}
+
 /// Evicts the key closest to idle among the next `SWEEP` slots from the
 /// cursor. Whether one was removed.
 fn evict_elsewhere(shard: &Shard, cursor: &mut usize, view: &impl StateView) -> bool {
     let n = shard.slots.len();
-    for _attempt in 0..4 {
+    for _attempt in 0..EVICT_ATTEMPTS {
         let mut best: Option<(usize, u128, u64)> = None;
         for k in 0..SWEEP.min(n) {
             let i = (*cursor + k) % n;
