@@ -262,4 +262,18 @@ mod tests {
         assert!(!d2.is_allowed());
         assert_eq!(next.unwrap(), now + (1 << 62));
     }
+
+    #[test]
+    fn time_to_idle_is_the_time_until_the_tat() {
+        let p = g(10, 3);
+        assert_eq!(p.time_to_idle(0, 5), 0);
+        assert_eq!(p.time_to_idle(5, 5), 0);
+        assert_eq!(p.time_to_idle(305 * MS, 5 * MS), 300 * MS);
+        assert!(!p.is_idle(305 * MS, 305 * MS - 1));
+        assert!(p.is_idle(305 * MS, 305 * MS));
+        let leaky = LeakyGcra(p);
+        assert_eq!(leaky.time_to_idle(305 * MS, 5 * MS), 300 * MS);
+        assert!(!leaky.is_idle(305 * MS, 5 * MS));
+        assert!(leaky.is_idle(305 * MS, 305 * MS));
+    }
 }
