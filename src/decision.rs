@@ -5,6 +5,9 @@ use std::fmt;
 use std::fmt::Write as _;
 use std::time::Duration;
 
+/// The largest RFC 9651 structured-field integer (15 digits).
+const SF_INTEGER_MAX: u64 = 999_999_999_999_999;
+
 /// The outcome of one check: whether the request may proceed, and what an
 /// HTTP server needs for its `Retry-After` and `RateLimit` headers.
 ///
@@ -250,7 +253,8 @@ impl Decision {
     /// escaped (`\"`, `\\`), and a name with any other character outside
     /// printable ASCII (`0x20..=0x7E`: control characters such as CR and LF,
     /// DEL, non-ASCII) is refused with [`InvalidPolicyName`], so that no
-    /// name can inject a header.
+    /// name can inject a header. `r` and `t` are capped at
+    /// 999,999,999,999,999, the largest RFC 9651 integer.
     ///
     /// ```
     /// # use ratewall::{ManualClock, Rate, TokenBucket};
@@ -279,8 +283,15 @@ impl Decision {
             }
         }
         out.push('"');
+        // RFC 9651 integers have at most 15 digits: larger values (an
+        // unlimited `remaining`, a reset centuries away) are capped there.
         // Writing to a String cannot fail.
-        let _ = write!(out, ";r={};t={}", self.remaining(), self.reset_after_secs());
+        let _ = write!(
+            out,
+            ";r={};t={}",
+            self.remaining().min(SF_INTEGER_MAX),
+            self.reset_after_secs().min(SF_INTEGER_MAX)
+        );
         Ok(out)
     }
 
@@ -415,6 +426,11 @@ mod tests {
         );
         assert_eq!(d.ratelimit_header("").unwrap(), "\"\";r=3;t=3");
         assert_eq!(d.ratelimit_header(" ~").unwrap(), "\" ~\";r=3;t=3");
+        let unlimited = Decision::allow(u64::MAX, u64::MAX, u64::MAX);
+        assert_eq!(
+            unlimited.ratelimit_header("x").unwrap(),
+            "\"x\";r=999999999999999;t=18446744074"
+        );
     }
 
     /// Finding 5 of issue 15: a name with CR LF reached the header as is.
