@@ -618,3 +618,38 @@ proptest! {
         }
     }
 }
+
+/// While a key has its own quota, a global change still rescales every other
+/// held key, and leaves the override's state alone.
+#[test]
+fn a_global_change_rescales_held_keys_while_an_override_exists() {
+    let clock = ManualClock::new();
+    let l = bucket::<&str>(Rate::per_hour(2).burst(2), 100, WhenFull::RejectNew, &clock);
+    let _ = l.check_key(&"free"); // 1 of 2 used: 30 min of the 60 min tolerance
+    let _ = l.check_key(&"vip");
+    l.set_key_quota(&"vip", Rate::per_hour(10).burst(10))
+        .unwrap();
+    l.set_quota(Rate::per_hour(3).burst(3)).unwrap();
+    // Rescaled: 1 token in use at 20 min each, so a unit peek leaves 1.
+    assert_eq!(l.peek_key(&"free").remaining(), 1);
+    assert_eq!(l.peek_key(&"vip").remaining(), 8);
+}
+
+#[test]
+fn len_is_empty_and_memory_bytes_report_the_table() {
+    let clock = ManualClock::new();
+    let l = bucket::<u64>(Rate::per_second(1), 1000, WhenFull::RejectNew, &clock);
+    assert!(l.is_empty());
+    let _ = l.check_key(&1);
+    assert!(!l.is_empty());
+    assert_eq!(l.len(), 1);
+    let bytes = l.memory_bytes();
+    assert!(bytes >= 16 * 1000 && bytes <= 24 * 1000, "{bytes}");
+    let log = ratewall::KeyedSlidingWindowLog::<u64>::builder(ratewall::Window::per_second(1))
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    assert!(log.is_empty());
+    let _ = log.check_key(&1);
+    assert!(!log.is_empty());
+}

@@ -282,3 +282,14 @@ fn impossible_cost_is_an_error_even_after_a_denial() {
     assert_eq!(roomy.peek().remaining(), 99, "nothing was taken");
     assert_eq!(small.peek().remaining(), 2, "nothing was taken");
 }
+
+#[test]
+fn a_keyed_ref_debugs_as_its_limiter_and_key() {
+    let per_user = KeyedTokenBucket::<u32, _>::builder(Rate::per_second(5))
+        .clock(ManualClock::new())
+        .build()
+        .unwrap();
+    let s = format!("{:?}", per_user.with_key(&7));
+    assert!(s.starts_with("KeyedRef"), "{s}");
+    assert!(s.contains("key: 7") && s.contains("KeyedLimiter"), "{s}");
+}
