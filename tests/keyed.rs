@@ -644,7 +644,7 @@ fn len_is_empty_and_memory_bytes_report_the_table() {
     assert!(!l.is_empty());
     assert_eq!(l.len(), 1);
     let bytes = l.memory_bytes();
-    assert!(bytes >= 16 * 1000 && bytes <= 24 * 1000, "{bytes}");
+    assert!((16 * 1000..=24 * 1000).contains(&bytes), "{bytes}");
     let log = ratewall::KeyedSlidingWindowLog::<u64>::builder(ratewall::Window::per_second(1))
         .clock(clock.clone())
         .build()
