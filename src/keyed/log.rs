@@ -24,8 +24,10 @@
 //!   state equals a fresh key's). An insert into a full shard sweeps the
 //!   shard for idle keys and notes the earliest time a remaining key can
 //!   go idle; the shard does not sweep again before then, so every sweep
-//!   either frees a key or could not have. Then `WhenFull` applies; `EvictLeastRecent` evicts, among a
-//!   sample of 32 keys, the one whose newest admission is oldest.
+//!   either frees a key or could not have (a refund lowers that time). Then
+//!   `WhenFull` applies: `RejectNew` says when the shard's first key goes
+//!   idle; `EvictLeastRecent` evicts, among a sample of 32 keys, the one
+//!   whose newest admission is oldest (the least time to idle).
 //! - Quota changes take every shard lock first, then run the `ParamCell`
 //!   change (odd version, rescale every ring, publish): no check holds a
 //!   shard lock while the version is odd, so none can wait on it.

@@ -59,14 +59,36 @@ const DEFAULT_SHARDS: usize = 64;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum WhenFull {
     /// Deny the new key without tracking it (fail closed): an attacker
-    /// spraying keys cannot push out the keys already limited.
+    /// spraying keys cannot push out the keys already limited. The
+    /// rejection's `retry_after` is the time until the first active key in
+    /// the new key's way goes idle: a check then is admitted.
     #[default]
     RejectNew,
     /// Allow the new key's request without tracking it (fail open).
     AdmitUntracked,
-    /// Evict the key closest to idle (shortest time until its state would be
-    /// fresh: the least recently active by the algorithm's own measure)
-    /// among the new key's neighbours, and track the new key in its place.
+    /// Evict an active key with the least time to idle (the time until its
+    /// state equals a fresh key's: the least recently active by the
+    /// algorithm's own measure) among the new key's neighbours, and track
+    /// the new key in its place. The neighbours are the whole shard when it
+    /// holds at most 24 keys (one shard of `max_keys <= 24` is one
+    /// neighbourhood), else the key's 32-slot probe window; the keyed
+    /// sliding log compares up to 32 keys of the shard.
+    ///
+    /// ```
+    /// use ratewall::{KeyedTokenBucket, ManualClock, Rate, Tracking, WhenFull};
+    ///
+    /// let l = KeyedTokenBucket::<u32, _>::builder(Rate::per_second(1).burst(10))
+    ///     .max_keys(2)
+    ///     .when_full(WhenFull::EvictLeastRecent)
+    ///     .clock(ManualClock::new())
+    ///     .build()?;
+    /// let _ = l.check_key_n(&1, 5).unwrap(); // idle in 5 s
+    /// let _ = l.check_key_n(&2, 2).unwrap(); // idle in 2 s: the victim
+    /// assert_eq!(l.check_key(&3).tracking(), Tracking::EvictedOther);
+    /// assert_eq!(l.peek_key(&1).remaining(), 4); // still held
+    /// assert_eq!(l.peek_key(&2).remaining(), 9); // fresh again
+    /// # Ok::<(), ratewall::ConfigError>(())
+    /// ```
     EvictLeastRecent,
 }
 

@@ -438,7 +438,12 @@ impl Table {
         }
         match (policy, victim, free) {
             (Full::Evict, Some(_), _) => Room::Evict,
-            (Full::Evict, None, true) if sweep_finds_active(shard, *cursor) => Room::Evict,
+            // The insert's sweep moves the cursor on before `evict_elsewhere`.
+            (Full::Evict, None, true)
+                if sweep_finds_active(shard, (*cursor + SWEEP.min(n)) % n) =>
+            {
+                Room::Evict
+            }
             (Full::Evict, _, _) => Room::Full { soonest: 0 },
             (_, victim, _) => Room::Full {
                 soonest: victim.unwrap_or(0),
