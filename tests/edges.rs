@@ -181,6 +181,10 @@ fn peek_predicts_check_on_a_full_table() {
         assert_eq!(check.tracking(), expect);
         let peek = l.peek_key(&2);
         assert_eq!(peek, l.check_key(&2), "{policy:?}: a held key");
+        // A cost of 0 takes nothing, so it never meets the full table.
+        let peek = l.peek_key_n(&4, 0).unwrap();
+        assert_eq!(peek, l.check_key_n(&4, 0).unwrap(), "{policy:?}");
+        assert_eq!(peek.tracking(), Tracking::Tracked);
     }
     // The keyed log as well.
     let clock = ManualClock::new();

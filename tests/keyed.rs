@@ -626,13 +626,14 @@ fn a_global_change_rescales_held_keys_while_an_override_exists() {
     let clock = ManualClock::new();
     let l = bucket::<&str>(Rate::per_hour(2).burst(2), 100, WhenFull::RejectNew, &clock);
     let _ = l.check_key(&"free"); // 1 of 2 used: 30 min of the 60 min tolerance
-    let _ = l.check_key(&"vip");
     l.set_key_quota(&"vip", Rate::per_hour(10).burst(10))
         .unwrap();
+    let _ = l.check_key_n(&"vip", 7).unwrap(); // 42 of the 60 min tolerance
     l.set_quota(Rate::per_hour(3).burst(3)).unwrap();
     // Rescaled: 1 token in use at 20 min each, so a unit peek leaves 1.
     assert_eq!(l.peek_key(&"free").remaining(), 1);
-    assert_eq!(l.peek_key(&"vip").remaining(), 8);
+    // Not rescaled by the global change (which would leave it 28 min, 4 left).
+    assert_eq!(l.peek_key(&"vip").remaining(), 2);
 }
 
 #[test]

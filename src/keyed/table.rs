@@ -726,6 +726,11 @@ mod tests {
     fn at_the_cap_a_free_window_still_rejects_or_evicts_elsewhere() {
         let (t, keys) = packed(|i| 1000 + i as u64);
         let newcomer = hash_at(slots(&t), 0, 0);
+        assert_eq!(
+            t.room(newcomer, &Ttl, Full::Reject),
+            Room::Full { soonest: 0 }
+        );
+        assert_eq!(t.room(newcomer, &Ttl, Full::Evict), Room::Evict);
         // The newcomer's window (slots 0..32) is empty, but the shard is at
         // its cap of active keys: rejected, told of no key in its window.
         assert!(matches!(
