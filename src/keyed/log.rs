@@ -552,7 +552,7 @@ impl<K, C: Clock> KeyedSlidingWindowLog<K, C> {
         }
         if !consume {
             // A peek: what the check would do, full-shard policy included.
-            return Ok(match self.room(&mut shard, &params, now) {
+            return Ok(match self.room(&shard, &params, now) {
                 Some(tracking) => d.with_tracking(tracking),
                 None => self.when_no_room(&mut shard, &params, now, d),
             });
@@ -587,7 +587,7 @@ impl<K, C: Clock> KeyedSlidingWindowLog<K, C> {
     /// What `make_room` would do, read only: `Some(Tracked)` if the shard
     /// has room or an idle key, `Some(EvictedOther)` if a key would be
     /// evicted, `None` if there is no room.
-    fn room(&self, shard: &mut Shard, params: &SlidingLog, now: u64) -> Option<Tracking> {
+    fn room(&self, shard: &Shard, params: &SlidingLog, now: u64) -> Option<Tracking> {
         let idle = |shard: &Shard| {
             now >= shard.next_idle_at
                 && shard
