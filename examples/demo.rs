@@ -78,6 +78,7 @@ fn token_bucket() {
         "  a denied client is told: Retry-After: {}   RateLimit: {}\n",
         d.retry_after_secs(),
         d.ratelimit_header("default")
+            .expect("a printable policy name")
     );
 }
 

@@ -1,7 +1,12 @@
 //! The answer every check returns.
 
+use crate::error::InvalidPolicyName;
 use std::fmt;
+use std::fmt::Write as _;
 use std::time::Duration;
+
+/// The largest RFC 9651 structured-field integer (15 digits).
+const SF_INTEGER_MAX: u64 = 999_999_999_999_999;
 
 /// The outcome of one check: whether the request may proceed, and what an
 /// HTTP server needs for its `Retry-After` and `RateLimit` headers.
@@ -244,18 +249,50 @@ impl Decision {
     /// draft-ietf-httpapi-ratelimit-headers-10 for a policy named `policy`:
     /// `"policy";r=<remaining>;t=<reset_after_secs>`.
     ///
+    /// The name becomes an RFC 9651 structured-field string: `"` and `\` are
+    /// escaped (`\"`, `\\`), and a name with any other character outside
+    /// printable ASCII (`0x20..=0x7E`: control characters such as CR and LF,
+    /// DEL, non-ASCII) is refused with [`InvalidPolicyName`], so that no
+    /// name can inject a header. `r` and `t` are capped at
+    /// 999,999,999,999,999, the largest RFC 9651 integer.
+    ///
     /// ```
     /// # use ratewall::{ManualClock, Rate, TokenBucket};
     /// let bucket = TokenBucket::with_clock(Rate::per_minute(60), ManualClock::new()).unwrap();
-    /// assert_eq!(bucket.check().ratelimit_header("default"), "\"default\";r=59;t=1");
+    /// let d = bucket.check();
+    /// assert_eq!(d.ratelimit_header("default").unwrap(), "\"default\";r=59;t=1");
+    /// assert_eq!(d.ratelimit_header("a\"b").unwrap(), "\"a\\\"b\";r=59;t=1");
+    /// assert!(d.ratelimit_header("a\r\nSet-Cookie: x=1").is_err());
     /// ```
-    pub fn ratelimit_header(&self, policy: &str) -> String {
-        format!(
-            "\"{}\";r={};t={}",
-            policy.replace(['"', '\\'], ""),
-            self.remaining(),
-            self.reset_after_secs()
-        )
+    pub fn ratelimit_header(&self, policy: &str) -> Result<String, InvalidPolicyName> {
+        let mut out = String::with_capacity(policy.len() + 32);
+        out.push('"');
+        for (position, character) in policy.char_indices() {
+            match character {
+                '"' | '\\' => {
+                    out.push('\\');
+                    out.push(character);
+                }
+                ' '..='~' => out.push(character),
+                _ => {
+                    return Err(InvalidPolicyName {
+                        position,
+                        character,
+                    })
+                }
+            }
+        }
+        out.push('"');
+        // RFC 9651 integers have at most 15 digits: larger values (an
+        // unlimited `remaining`, a reset centuries away) are capped there.
+        // Writing to a String cannot fail.
+        let _ = write!(
+            out,
+            ";r={};t={}",
+            self.remaining().min(SF_INTEGER_MAX),
+            self.reset_after_secs().min(SF_INTEGER_MAX)
+        );
+        Ok(out)
     }
 
     /// Combines two decisions into the most restrictive one: denied if either
@@ -381,8 +418,35 @@ mod tests {
     }
 
     #[test]
-    fn header_value_strips_quotes() {
+    fn header_value_escapes_quotes_and_backslashes() {
         let d = Decision::allow(10, 3, 2_500_000_000);
-        assert_eq!(d.ratelimit_header("a\"b"), "\"ab\";r=3;t=3");
+        assert_eq!(
+            d.ratelimit_header("a\"b\\c").unwrap(),
+            "\"a\\\"b\\\\c\";r=3;t=3"
+        );
+        assert_eq!(d.ratelimit_header("").unwrap(), "\"\";r=3;t=3");
+        assert_eq!(d.ratelimit_header(" ~").unwrap(), "\" ~\";r=3;t=3");
+        let unlimited = Decision::allow(u64::MAX, u64::MAX, u64::MAX);
+        assert_eq!(
+            unlimited.ratelimit_header("x").unwrap(),
+            "\"x\";r=999999999999999;t=18446744074"
+        );
+    }
+
+    /// Finding 5 of issue 15: a name with CR LF reached the header as is.
+    #[test]
+    fn header_refuses_control_and_non_ascii_characters() {
+        let d = Decision::allow(10, 3, 2_500_000_000);
+        assert_eq!(
+            d.ratelimit_header("a\r\nSet-Cookie: x=1"),
+            Err(InvalidPolicyName {
+                position: 1,
+                character: '\r'
+            })
+        );
+        for bad in ["\u{0}", "\t", "\u{1f}", "\u{7f}", "é", "x\n"] {
+            let err = d.ratelimit_header(bad).unwrap_err();
+            assert_eq!(Some(err.character), bad.chars().last());
+        }
     }
 }

@@ -163,3 +163,37 @@ impl fmt::Display for InsufficientCapacity {
 }
 
 impl std::error::Error for InsufficientCapacity {}
+
+/// A policy name that cannot be written into a header: it holds a character
+/// outside printable ASCII (`0x20..=0x7E`), such as CR or LF, which an RFC
+/// 9651 string cannot carry. Returned by
+/// [`Decision::ratelimit_header`](crate::Decision::ratelimit_header).
+///
+/// ```
+/// use ratewall::{InvalidPolicyName, ManualClock, Rate, TokenBucket};
+///
+/// let bucket = TokenBucket::with_clock(Rate::per_second(1), ManualClock::new()).unwrap();
+/// let err = bucket.check().ratelimit_header("a\nb").unwrap_err();
+/// assert_eq!((err.position, err.character), (1, '\n'));
+/// let _: &InvalidPolicyName = &err;
+/// ```
+#[non_exhaustive]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct InvalidPolicyName {
+    /// The byte offset of the first character refused.
+    pub position: usize,
+    /// That character.
+    pub character: char,
+}
+
+impl fmt::Display for InvalidPolicyName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "policy name has {:?} at byte {}: a header policy name may hold only printable ASCII (0x20 to 0x7E); remove or replace that character",
+            self.character, self.position
+        )
+    }
+}
+
+impl std::error::Error for InvalidPolicyName {}

@@ -56,7 +56,7 @@ pub use clock::CoarseClock;
 pub use clock::QuantaClock;
 pub use clock::{Clock, ManualClock, StdClock};
 pub use decision::{Decision, Tracking};
-pub use error::{ConfigError, InsufficientCapacity};
+pub use error::{ConfigError, InsufficientCapacity, InvalidPolicyName};
 pub use keyed::{
     KeyedBuilder, KeyedFixedWindow, KeyedLeakyBucket, KeyedLimiter, KeyedLogRef,
     KeyedSlidingWindowCounter, KeyedSlidingWindowLog, KeyedTokenBucket, WhenFull, MAX_KEYS,

@@ -61,3 +61,8 @@ fn keyed_corpus() {
 fn multi_corpus() {
     replay("multi", model::run_multi);
 }
+
+#[test]
+fn headers_corpus() {
+    replay("headers", model::run_headers);
+}

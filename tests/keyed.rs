@@ -585,7 +585,12 @@ proptest! {
                     let m = models.get(&k).copied().unwrap_or_default();
                     let got = (d.is_allowed(), d.remaining(), d.retry_after().as_nanos() as u64);
                     let want = m.decide(hw, 1);
-                    if policy != WhenFull::EvictLeastRecent || evictions == 0 {
+                    if d.tracking() == Tracking::Rejected {
+                        // The check would reject this new key: the table is full.
+                        prop_assert_eq!(policy, WhenFull::RejectNew);
+                        prop_assert!(!d.is_allowed());
+                        prop_assert!(!m.active(hw));
+                    } else if policy != WhenFull::EvictLeastRecent || evictions == 0 {
                         prop_assert_eq!(got, want, "peek key {}", k);
                     }
                 }
@@ -612,4 +617,42 @@ proptest! {
             prop_assert!(l.len() <= max_keys, "len {} > {}", l.len(), max_keys);
         }
     }
+}
+
+/// While a key has its own quota, a global change still rescales every other
+/// held key, and leaves the override's state alone.
+#[test]
+fn a_global_change_rescales_held_keys_while_an_override_exists() {
+    let clock = ManualClock::new();
+    let l = bucket::<&str>(Rate::per_hour(2).burst(2), 100, WhenFull::RejectNew, &clock);
+    let _ = l.check_key(&"free"); // 1 of 2 used: 30 min of the 60 min tolerance
+    l.set_key_quota(&"vip", Rate::per_hour(10).burst(10))
+        .unwrap();
+    let _ = l.check_key_n(&"vip", 7).unwrap(); // 42 of the 60 min tolerance
+    l.set_quota(Rate::per_hour(3).burst(3)).unwrap();
+    // Rescaled: 1 token in use at 20 min each, so a unit peek leaves 1.
+    assert_eq!(l.peek_key(&"free").remaining(), 1);
+    // Not rescaled by the global change (which would leave it 28 min, 4 left).
+    assert_eq!(l.peek_key(&"vip").remaining(), 2);
+}
+
+#[test]
+fn len_is_empty_and_memory_bytes_report_the_table() {
+    let clock = ManualClock::new();
+    let l = bucket::<u64>(Rate::per_second(1), 1000, WhenFull::RejectNew, &clock);
+    assert!(l.is_empty());
+    let _ = l.check_key(&1);
+    assert!(!l.is_empty());
+    assert_eq!(l.len(), 1);
+    let bytes = l.memory_bytes();
+    assert!((16 * 1000..=24 * 1000).contains(&bytes), "{bytes}");
+    // At least the slots (4/3 per key, 16 bytes each) and the limiter itself.
+    assert!(bytes >= 1334 * 16 + std::mem::size_of_val(&l), "{bytes}");
+    let log = ratewall::KeyedSlidingWindowLog::<u64>::builder(ratewall::Window::per_second(1))
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    assert!(log.is_empty());
+    let _ = log.check_key(&1);
+    assert!(!log.is_empty());
 }

@@ -231,3 +231,36 @@ fn set_quota_keeps_each_keys_log() {
     log.set_quota(Window::per_second(10)).unwrap();
     assert_eq!(log.check_key(&1).remaining(), 7);
 }
+
+/// A denied multi-limit check gives the keyed log its entry back.
+#[test]
+fn a_denied_multi_limit_check_rolls_the_keyed_log_back() {
+    let clock = ManualClock::new();
+    let log = KeyedSlidingWindowLog::<u32>::builder(Window::per_hour(3))
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let empty = TokenBucket::with_clock(Rate::per_hour(1), clock.clone()).unwrap();
+    let _ = empty.check();
+    assert!(!check_all(&[&log.with_key(&7), &empty]).is_allowed());
+    assert_eq!(log.peek_key_n(&7, 1).unwrap().remaining(), 2, "given back");
+    assert!(check_all(&[&log.with_key(&7)]).is_allowed());
+    assert_eq!(log.peek_key_n(&7, 1).unwrap().remaining(), 1);
+}
+
+/// `retain_active` drops the idle keys and returns how many are left.
+#[test]
+fn retain_active_returns_the_keys_left() {
+    let clock = ManualClock::new();
+    let log = KeyedSlidingWindowLog::<u32>::builder(Window::per_second(2))
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let _ = (log.check_key(&1), log.check_key(&2));
+    clock.advance(Duration::from_millis(600));
+    let _ = log.check_key(&3);
+    clock.advance(Duration::from_millis(400)); // keys 1 and 2 idle, 3 active
+    assert_eq!(log.len(), 3);
+    assert_eq!(log.retain_active(), 1);
+    assert_eq!(log.len(), 1);
+}

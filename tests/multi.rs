@@ -77,6 +77,58 @@ fn an_untracked_keyed_admission_is_not_refunded_into_another_key() {
     assert!(!per_ip.peek_key(&1).is_allowed(), "key 1 keeps its usage");
 }
 
+/// More limits than the rollback mask's 64 bits: a denial by the last one
+/// gives every earlier limit its unit back, those past the 64th included.
+#[test]
+fn a_denial_after_more_than_64_limits_rolls_every_one_back() {
+    let clock = ManualClock::new();
+    let buckets: Vec<TokenBucket<ManualClock>> = (0..70)
+        .map(|_| TokenBucket::with_clock(Rate::per_hour(2).burst(2), clock.clone()).unwrap())
+        .collect();
+    let empty = TokenBucket::with_clock(Rate::per_hour(1), clock.clone()).unwrap();
+    let _ = empty.check();
+    for deny_at in [63usize, 64, 65, 70] {
+        let mut limits: Vec<&dyn Limit<ManualClock>> = Vec::new();
+        for b in &buckets[..deny_at] {
+            limits.push(b);
+        }
+        limits.push(&empty);
+        for b in &buckets[deny_at..] {
+            limits.push(b);
+        }
+        let d = check_all(&limits);
+        assert!(!d.is_allowed());
+        for (i, b) in buckets.iter().enumerate() {
+            assert_eq!(b.peek().remaining(), 1, "bucket {i}, denial at {deny_at}");
+        }
+    }
+    // All allowed: every one of the 70 takes its unit.
+    let limits: Vec<&dyn Limit<ManualClock>> = buckets.iter().map(|b| b as _).collect();
+    assert!(check_all(&limits).is_allowed());
+    assert!(buckets.iter().all(|b| b.peek().remaining() == 0));
+}
+
+/// A key admitted by evicting another is tracked: a later denial gives its
+/// unit back.
+#[test]
+fn an_evicting_keyed_admission_is_rolled_back() {
+    let clock = ManualClock::new();
+    let per_ip = KeyedTokenBucket::<u32, _>::builder(Rate::per_hour(3).burst(3))
+        .max_keys(1)
+        .when_full(ratewall::WhenFull::EvictLeastRecent)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let deny = TokenBucket::with_clock(Rate::per_hour(1), clock.clone()).unwrap();
+    let _ = deny.check();
+    let _ = per_ip.check_key(&1);
+    let d = check_all(&[&per_ip.with_key(&2), &deny]);
+    assert!(!d.is_allowed());
+    // Key 2 holds key 1's slot, with its unit given back: a fresh key's peek.
+    assert_eq!(per_ip.peek_key(&2).tracking(), Tracking::Tracked);
+    assert_eq!(per_ip.peek_key(&2).remaining(), 2);
+}
+
 // ---- reference model ----
 
 const T: [u64; 3] = [100 * MS, 250 * MS, 50 * MS];
@@ -329,4 +381,15 @@ mod check_each_costs {
         assert!(!check_each(&limits, &mut short).unwrap());
         assert!(short.iter().all(Option::is_some));
     }
+}
+
+#[test]
+fn a_keyed_ref_debugs_as_its_limiter_and_key() {
+    let per_user = KeyedTokenBucket::<u32, _>::builder(Rate::per_second(5))
+        .clock(ManualClock::new())
+        .build()
+        .unwrap();
+    let s = format!("{:?}", per_user.with_key(&7));
+    assert!(s.starts_with("KeyedRef"), "{s}");
+    assert!(s.contains("key: 7") && s.contains("KeyedLimiter"), "{s}");
 }

@@ -180,8 +180,9 @@ pub fn run_keyed(data: &[u8]) {
                         was_new();
                         assert_eq!(fields(&d), fresh.0.unwrap(), "evicting at {ctx:?}");
                         keys[k] = Maybe(vec![fresh.1]);
+                        // A peek predicts an eviction without making it.
                         for (i, m) in keys.iter_mut().enumerate() {
-                            if i != k && !m.0.contains(&0) {
+                            if consume && i != k && !m.0.contains(&0) {
                                 m.0.push(0); // may be the one evicted
                             }
                         }

@@ -831,3 +831,11 @@ pub mod keyed;
 
 #[allow(unused_imports)]
 pub use keyed::{run_keyed, run_multi};
+
+// ---------------------------------------------------------------------------
+// Header helpers.
+
+pub mod headers;
+
+#[allow(unused_imports)]
+pub use headers::run_headers;

@@ -155,6 +155,16 @@ impl WordStep for FixedCounter {
         let (sid, count) = unpack(state);
         count == 0 || self.0.id(now.min(LAST_NS)) > sid
     }
+
+    #[inline]
+    fn time_to_idle(&self, state: u64, now: u64) -> u64 {
+        if self.is_idle(state, now) {
+            return 0;
+        }
+        // Idle when the state's window is over. No overflow: as in `step`.
+        let (sid, _) = unpack(state);
+        (sid + 1) * self.0.length - now.min(LAST_NS)
+    }
 }
 
 word_algorithm!(FixedCounter, Window, "fixed window", |w| {
@@ -290,6 +300,46 @@ mod tests {
             let later = t0.saturating_add(gap).min(LAST_NS);
             let (d, _) = p.step(s, later, 1);
             prop_assert_eq!(d.is_allowed(), later / len != t0 / len);
+        }
+    }
+
+    /// A new window length carries the count into the new window holding
+    /// the start of the state's window when time is behind it.
+    #[test]
+    fn rescale_behind_the_states_window_carries_from_its_start() {
+        let old = f(10, 100);
+        let longer = f(10, 1000);
+        // State in window 10 (1000..1100 ms); now is 500 ms (a step back).
+        assert_eq!(longer.rescale(&old, pack(10, 7), 500 * MS), pack(1, 7));
+        assert_eq!(longer.rescale(&old, pack(25, 3), 500 * MS), pack(2, 3));
+    }
+
+    #[test]
+    fn time_to_idle_by_hand() {
+        let p = f(3, 100);
+        assert_eq!(p.time_to_idle(0, 50 * MS), 0);
+        assert_eq!(p.time_to_idle(pack(10, 0), 1050 * MS), 0, "no count");
+        assert_eq!(p.time_to_idle(pack(10, 2), 1050 * MS), 50 * MS);
+        assert_eq!(p.time_to_idle(pack(10, 2), 1000 * MS), 100 * MS);
+        assert_eq!(p.time_to_idle(pack(10, 2), 1100 * MS), 0, "window over");
+        assert_eq!(p.time_to_idle(pack(10, 2), 900 * MS), 200 * MS, "behind");
+    }
+
+    proptest! {
+        /// Zero exactly when idle; idle at `now + time_to_idle`, not 1 ns before.
+        #[test]
+        fn time_to_idle_is_exact(
+            len in FIXED_MIN_LENGTH..=1 << 40, sid in 0u64..1 << 20, count in 0u64..5, now in 0u64..1 << 62,
+        ) {
+            let p = FixedCounter::from_window(&Window::new(5, Duration::from_nanos(len))).unwrap();
+            let s = pack(sid.min(LAST_NS / len), count);
+            let now = now % ((sid + 3) * len);
+            let t = p.time_to_idle(s, now);
+            prop_assert_eq!(t == 0, p.is_idle(s, now));
+            if t > 0 {
+                prop_assert!(p.is_idle(s, now + t));
+                prop_assert!(!p.is_idle(s, now + t - 1));
+            }
         }
     }
 }

@@ -103,6 +103,11 @@ impl WordStep for Gcra {
     fn is_idle(&self, tat: u64, now: u64) -> bool {
         tat <= now
     }
+
+    #[inline]
+    fn time_to_idle(&self, tat: u64, now: u64) -> u64 {
+        tat.saturating_sub(now)
+    }
 }
 
 word_algorithm!(Gcra, Rate, "token bucket", |r| r.to_gcra());
@@ -157,6 +162,11 @@ impl WordStep for LeakyGcra {
     #[inline]
     fn is_idle(&self, s: u64, now: u64) -> bool {
         self.0.is_idle(s, now)
+    }
+
+    #[inline]
+    fn time_to_idle(&self, s: u64, now: u64) -> u64 {
+        self.0.time_to_idle(s, now)
     }
 }
 
@@ -251,5 +261,19 @@ mod tests {
         let (d2, _) = p.step(next.unwrap(), now, 1);
         assert!(!d2.is_allowed());
         assert_eq!(next.unwrap(), now + (1 << 62));
+    }
+
+    #[test]
+    fn time_to_idle_is_the_time_until_the_tat() {
+        let p = g(10, 3);
+        assert_eq!(p.time_to_idle(0, 5), 0);
+        assert_eq!(p.time_to_idle(5, 5), 0);
+        assert_eq!(p.time_to_idle(305 * MS, 5 * MS), 300 * MS);
+        assert!(!p.is_idle(305 * MS, 305 * MS - 1));
+        assert!(p.is_idle(305 * MS, 305 * MS));
+        let leaky = LeakyGcra(p);
+        assert_eq!(leaky.time_to_idle(305 * MS, 5 * MS), 300 * MS);
+        assert!(!leaky.is_idle(305 * MS, 5 * MS));
+        assert!(leaky.is_idle(305 * MS, 305 * MS));
     }
 }

@@ -90,6 +90,9 @@ pub(crate) trait WordStep: Params + Copy {
     fn rescale(&self, old: &Self, state: u64, now: u64) -> u64;
     /// Whether `state` carries no information at `now` (equals a fresh state).
     fn is_idle(&self, state: u64, now: u64) -> bool;
+    /// Nanoseconds from `now` until `state` is idle (0 iff `is_idle`): the
+    /// earliest moment a keyed table may reclaim the key.
+    fn time_to_idle(&self, state: u64, now: u64) -> u64;
 }
 
 /// The CAS-applied check shared by every single-word algorithm.

@@ -209,6 +209,20 @@ impl WordStep for SlidingCounter {
         let (_, _, pv, c, _) = self.view(state, now.min(LAST_NS));
         pv == 0 && c == 0
     }
+
+    #[inline]
+    fn time_to_idle(&self, state: u64, now: u64) -> u64 {
+        let now = now.min(LAST_NS);
+        let (_, start, pv, c, _) = self.view(state, now);
+        // A current count is gone two windows on (it is the previous count
+        // for one window); a previous count alone, one window on.
+        // No overflow: start <= LAST_NS and W <= 2^62.
+        match (pv, c) {
+            (_, 1..) => start + 2 * self.0.length - now,
+            (1.., 0) => start + self.0.length - now,
+            (0, 0) => 0,
+        }
+    }
 }
 
 word_algorithm!(SlidingCounter, Window, "sliding window counter", |w| {
@@ -394,6 +408,84 @@ mod tests {
                     let (before, _) = p.step(pack(id, prev, cur), now + r - 1, n);
                     prop_assert!(!before.is_allowed());
                 }
+            }
+        }
+    }
+
+    /// Refunds go into the window the units were taken in, and return
+    /// `None` whenever nothing would change.
+    #[test]
+    fn refund_boundaries() {
+        let p = s(10, 1000);
+        let at = |id: u64, ms: u64| id * 1000 * MS + ms * MS;
+        // Same window, and one window later: into `cur`.
+        assert_eq!(p.refund(pack(5, 2, 3), at(5, 10), 1), Some(pack(5, 2, 2)));
+        assert_eq!(p.refund(pack(5, 2, 3), at(6, 10), 2), Some(pack(5, 2, 1)));
+        // Two windows later: gone.
+        assert_eq!(p.refund(pack(5, 2, 3), at(7, 10), 1), None);
+        // Nothing in `cur`: nothing to give back, in either window.
+        assert_eq!(p.refund(pack(5, 2, 0), at(5, 10), 1), None);
+        assert_eq!(p.refund(pack(5, 2, 0), at(6, 10), 1), None);
+        // Time one window behind the state's: into `prev`, if any.
+        assert_eq!(p.refund(pack(5, 2, 3), at(4, 10), 1), Some(pack(5, 1, 3)));
+        assert_eq!(p.refund(pack(5, 0, 3), at(4, 10), 1), None);
+        // Two windows behind: nothing.
+        assert_eq!(p.refund(pack(5, 2, 3), at(3, 10), 1), None);
+    }
+
+    /// The previous count's weight for products past the fast division's
+    /// range (W above 2^49 ns) and at its edge.
+    #[test]
+    fn weighted_past_the_fast_division() {
+        let ns = |len: u64| {
+            SlidingCounter::from_window(&Window::new(100, Duration::from_nanos(len))).unwrap()
+        };
+        let w = 1u64 << 60;
+        let p = ns(w);
+        // 20 * 2^59 = 1.15e19 > 2^63: the 128-bit path.
+        assert_eq!(p.weighted(20, w / 2), 10);
+        assert_eq!(p.weighted(16, w / 2), 8); // 2^63 exactly
+        assert_eq!(p.weighted(15, w / 2 + 1), 8);
+        // 7 * (LAST_NS / 7) == LAST_NS (7 divides 2^63 - 1): the fast
+        // path's last product.
+        let q = ns(1 << 61);
+        assert_eq!(7 * (LAST_NS / 7), LAST_NS);
+        assert_eq!(q.weighted(7, LAST_NS / 7), 7 - 3);
+        assert_eq!(q.weighted(7, LAST_NS / 7 + 1), 7 - 4);
+    }
+
+    #[test]
+    fn time_to_idle_by_hand() {
+        let p = s(10, 1000);
+        let at = |id: u64, ms: u64| id * 1000 * MS + ms * MS;
+        assert_eq!(p.time_to_idle(0, at(3, 0)), 0);
+        assert_eq!(p.time_to_idle(pack(5, 0, 2), at(5, 250)), 1750 * MS);
+        assert_eq!(p.time_to_idle(pack(5, 0, 2), at(6, 250)), 750 * MS);
+        assert_eq!(p.time_to_idle(pack(5, 3, 0), at(5, 250)), 750 * MS);
+        assert_eq!(p.time_to_idle(pack(5, 3, 0), at(6, 0)), 0);
+        assert_eq!(p.time_to_idle(pack(5, 3, 2), at(7, 0)), 0);
+        assert_eq!(
+            p.time_to_idle(pack(5, 3, 2), at(4, 500)),
+            2500 * MS,
+            "behind"
+        );
+    }
+
+    proptest! {
+        /// Zero exactly when idle; idle at `now + time_to_idle`, not 1 ns before.
+        #[test]
+        fn time_to_idle_is_exact(
+            len in SLIDING_MIN_LENGTH..=1 << 40, id in 0u64..1 << 20,
+            prev in 0u64..3, cur in 0u64..3, now in 0u64..1 << 62,
+        ) {
+            let p = SlidingCounter::from_window(&Window::new(5, Duration::from_nanos(len))).unwrap();
+            let st = pack(id, prev, cur);
+            let now = now % ((id + 4) * len);
+            let t = p.time_to_idle(st, now);
+            prop_assert_eq!(t == 0, p.is_idle(st, now));
+            if t > 0 {
+                prop_assert!(p.is_idle(st, now + t));
+                prop_assert!(!p.is_idle(st, now + t - 1));
             }
         }
     }

@@ -24,8 +24,10 @@
 //!   state equals a fresh key's). An insert into a full shard sweeps the
 //!   shard for idle keys and notes the earliest time a remaining key can
 //!   go idle; the shard does not sweep again before then, so every sweep
-//!   either frees a key or could not have. Then `WhenFull` applies; `EvictLeastRecent` evicts, among a
-//!   sample of 32 keys, the one whose newest admission is oldest.
+//!   either frees a key or could not have (a refund lowers that time). Then
+//!   `WhenFull` applies: `RejectNew` says when the shard's first key goes
+//!   idle; `EvictLeastRecent` evicts, among a sample of 32 keys, the one
+//!   whose newest admission is oldest (the least time to idle).
 //! - Quota changes take every shard lock first, then run the `ParamCell`
 //!   change (odd version, rescale every ring, publish): no check holds a
 //!   shard lock while the version is odd, so none can wait on it.
@@ -92,8 +94,42 @@ struct Shard {
     rings: hashbrown::HashMap<u64, LogRing, Fingerprint>,
     cap: usize,
     /// No key can be idle before this time (the earliest expiry the last
-    /// sweep saw): a full shard does not sweep again until then.
+    /// sweep saw, lowered by refunds and inserts): a full shard does not
+    /// sweep again until then.
     next_idle_at: u64,
+    /// Whether `next_idle_at` is exactly the earliest expiry of the shard's
+    /// keys (it always is a lower bound). Cleared by anything that may delay
+    /// the earliest expiry (an admission, a removal, a quota change); a
+    /// rejected new key, told to retry at `next_idle_at`, makes it exact
+    /// with one pass over the shard.
+    idle_exact: bool,
+}
+
+impl Shard {
+    /// A key's expiry changed to `expiry` (a refund, a new key): the
+    /// earliest expiry is the lesser of the two, exact if it was.
+    fn lower_next_idle(&mut self, expiry: u64) {
+        self.next_idle_at = self.next_idle_at.min(expiry);
+    }
+
+    /// The earliest time a key of this shard goes idle, made exact.
+    fn soonest_idle(&mut self, length: u64) -> u64 {
+        if !self.idle_exact {
+            self.next_idle_at = self
+                .rings
+                .values()
+                .map(|r| expiry(r, length))
+                .min()
+                .unwrap_or(0);
+            self.idle_exact = true;
+        }
+        self.next_idle_at
+    }
+}
+
+/// When `ring` goes idle: its newest entry leaves the window (0: idle now).
+fn expiry(ring: &LogRing, length: u64) -> u64 {
+    ring.newest().map_or(0, |t| t.saturating_add(length))
 }
 
 /// The map's hasher: the key is already a seeded 64-bit hash.
@@ -143,6 +179,7 @@ impl<K, C: Clock> KeyedBuilder<K, SlidingLog, C> {
                     rings: hashbrown::HashMap::with_capacity_and_hasher(cap, Fingerprint),
                     cap,
                     next_idle_at: 0,
+                    idle_exact: false,
                 }))
             })
             .collect();
@@ -236,7 +273,11 @@ impl<K, C: Clock> KeyedSlidingWindowLog<K, C> {
         self.run(key, self.clamp(now), n, true)
     }
 
-    /// The decision a request of cost `n` for `key` would get, taking nothing.
+    /// The decision a request of cost `n` for `key` would get, taking nothing:
+    /// what [`check_key_n`](Self::check_key_n) would return now, if nothing
+    /// else happened in between. For a key the log does not hold, that
+    /// includes the full-shard policy ([`Decision::tracking`] says whether
+    /// the check would track, evict for, admit untracked or reject the key).
     ///
     /// ```
     /// # use ratewall::{KeyedSlidingWindowLog, Window};
@@ -287,9 +328,12 @@ impl<K, C: Clock> KeyedSlidingWindowLog<K, C> {
     {
         let now = self.clamp(now);
         let fp = self.fingerprint(key);
-        let shard = lock(self.shard(fp));
+        let mut shard = lock(self.shard(fp));
         if let Some(ring) = shard.rings.get(&fp) {
             SlidingLog::refund(ring, &self.params, now, n);
+            // The key may go idle sooner now (at once, if emptied).
+            let e = expiry(ring, self.params.read::<SlidingLog>().length);
+            shard.lower_next_idle(e);
         }
     }
 
@@ -308,7 +352,10 @@ impl<K, C: Clock> KeyedSlidingWindowLog<K, C> {
         Q: Hash + ?Sized,
     {
         let fp = self.fingerprint(key);
-        lock(self.shard(fp)).rings.remove(&fp);
+        let mut shard = lock(self.shard(fp));
+        if shard.rings.remove(&fp).is_some() {
+            shard.idle_exact = false;
+        }
     }
 
     /// Changes the window quota for every key, keeping each key's log (a
@@ -330,12 +377,15 @@ impl<K, C: Clock> KeyedSlidingWindowLog<K, C> {
         let now = self.clamp(self.now());
         // Every shard first: a check holding a shard lock may be waiting for
         // the parameters, so none may hold one while the version is odd.
-        let guards: Vec<_> = self.shards.iter().map(|s| lock(s)).collect();
+        let mut guards: Vec<_> = self.shards.iter().map(|s| lock(s)).collect();
         self.params.begin();
-        for shard in &guards {
+        for shard in &mut guards {
             for ring in shard.rings.values() {
                 SlidingLog::rescale(ring, &old, &new, now);
             }
+            // Expiries move with the window length: sweep at the next need.
+            shard.next_idle_at = 0;
+            shard.idle_exact = false;
         }
         self.params.publish(new);
         drop(guards);
@@ -424,6 +474,7 @@ impl<K, C: Clock> KeyedSlidingWindowLog<K, C> {
                 shard
                     .rings
                     .retain(|_, ring| !SlidingLog::is_idle(ring, &params, now));
+                shard.idle_exact = false;
                 shard.rings.len()
             })
             .sum()
@@ -497,28 +548,72 @@ impl<K, C: Clock> KeyedSlidingWindowLog<K, C> {
         let fp = self.fingerprint(key);
         let mut shard = lock(self.shard(fp));
         if let Some(ring) = shard.rings.get(&fp) {
-            return SlidingLog::check(ring, &self.params, now, n, consume);
+            let d = SlidingLog::check(ring, &self.params, now, n, consume)?;
+            if consume && d.is_allowed() {
+                // This key's expiry moved later: the earliest may have too.
+                shard.idle_exact = false;
+            }
+            return Ok(d);
         }
         // A new key: its decision on an empty log, stored only if it takes.
         let params: SlidingLog = self.params.read();
         let fresh = params.new_cell();
         let d = SlidingLog::check(&fresh, &self.params, now, n, false)?;
-        if !consume || n == 0 || !d.is_allowed() {
+        if n == 0 || !d.is_allowed() {
             return Ok(d);
+        }
+        if !consume {
+            // A peek: what the check would do, full-shard policy included.
+            return Ok(match self.room(&shard, &params, now) {
+                Some(tracking) => d.with_tracking(tracking),
+                None => self.when_no_room(&mut shard, &params, now, d),
+            });
         }
         let (ring, tracking) = match self.make_room(&mut shard, &params, now) {
             Some(room) => room,
-            None => {
-                return Ok(match self.policy {
-                    WhenFull::AdmitUntracked => d.with_tracking(Tracking::Untracked),
-                    _ => Decision::deny(d.limit(), 0, 1, 1).with_tracking(Tracking::Rejected),
-                })
-            }
+            None => return Ok(self.when_no_room(&mut shard, &params, now, d)),
         };
         let ring = ring.unwrap_or(fresh);
         let d = SlidingLog::check(&ring, &self.params, now, n, true)?;
+        shard.lower_next_idle(expiry(&ring, params.length));
         shard.rings.insert(fp, ring);
         Ok(d.with_tracking(tracking))
+    }
+
+    /// The decision for a new key that found no room: admitted untracked, or
+    /// rejected until the shard's first key goes idle.
+    fn when_no_room(
+        &self,
+        shard: &mut Shard,
+        params: &SlidingLog,
+        now: u64,
+        fresh: Decision,
+    ) -> Decision {
+        if self.policy == WhenFull::AdmitUntracked {
+            return fresh.with_tracking(Tracking::Untracked);
+        }
+        let wait = shard.soonest_idle(params.length).saturating_sub(now).max(1);
+        Decision::deny(fresh.limit(), 0, wait, wait).with_tracking(Tracking::Rejected)
+    }
+
+    /// What `make_room` would do, read only: `Some(Tracked)` if the shard
+    /// has room or an idle key, `Some(EvictedOther)` if a key would be
+    /// evicted, `None` if there is no room.
+    fn room(&self, shard: &Shard, params: &SlidingLog, now: u64) -> Option<Tracking> {
+        let idle = |shard: &Shard| {
+            now >= shard.next_idle_at
+                && shard
+                    .rings
+                    .values()
+                    .any(|r| SlidingLog::is_idle(r, params, now))
+        };
+        if shard.rings.len() < shard.cap || idle(shard) {
+            Some(Tracking::Tracked)
+        } else if self.policy == WhenFull::EvictLeastRecent && !shard.rings.is_empty() {
+            Some(Tracking::EvictedOther)
+        } else {
+            None
+        }
     }
 
     /// Room for one more key in a full shard, if the policy allows: a ring
@@ -544,14 +639,14 @@ impl<K, C: Clock> KeyedSlidingWindowLog<K, C> {
                     }
                     false
                 } else {
-                    let expiry = ring.newest().map_or(0, |t| t.saturating_add(params.length));
-                    next_idle_at = next_idle_at.min(expiry);
+                    next_idle_at = next_idle_at.min(expiry(ring, params.length));
                     true
                 }
             });
-            // Keys inserted from now on expire no earlier than `now + W`,
-            // which is at least every remaining key's expiry.
+            // Exact: the earliest expiry of the keys left. The key about to
+            // be inserted lowers it if it must (`lower_next_idle`).
             shard.next_idle_at = next_idle_at;
+            shard.idle_exact = true;
             if let Some(ring) = reused {
                 SlidingLog::reset(&ring);
                 return Some((Some(ring), Tracking::Tracked));
@@ -568,6 +663,7 @@ impl<K, C: Clock> KeyedSlidingWindowLog<K, C> {
             .min_by_key(|(_, r)| r.newest())
             .map(|(&fp, _)| fp)?;
         let ring = shard.rings.remove(&victim)?;
+        shard.idle_exact = false;
         SlidingLog::reset(&ring);
         Some((Some(ring), Tracking::EvictedOther))
     }

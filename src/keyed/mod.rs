@@ -26,7 +26,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::hash::Hash;
 use std::marker::PhantomData;
-use table::{Full, Inserted, StateView, Table};
+use table::{Full, Inserted, Room, StateView, Table};
 
 /// The largest `max_keys` accepted (2^32 keys, about 90 GiB of table).
 pub const MAX_KEYS: usize = 1 << 32;
@@ -59,14 +59,36 @@ const DEFAULT_SHARDS: usize = 64;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum WhenFull {
     /// Deny the new key without tracking it (fail closed): an attacker
-    /// spraying keys cannot push out the keys already limited.
+    /// spraying keys cannot push out the keys already limited. The
+    /// rejection's `retry_after` is the time until the first active key in
+    /// the new key's way goes idle: a check then is admitted.
     #[default]
     RejectNew,
     /// Allow the new key's request without tracking it (fail open).
     AdmitUntracked,
-    /// Evict the key closest to idle (shortest time until its state would be
-    /// fresh: the least recently active by the algorithm's own measure)
-    /// among the new key's neighbours, and track the new key in its place.
+    /// Evict an active key with the least time to idle (the time until its
+    /// state equals a fresh key's: the least recently active by the
+    /// algorithm's own measure) among the new key's neighbours, and track
+    /// the new key in its place. The neighbours are the whole shard when it
+    /// holds at most 24 keys (one shard of `max_keys <= 24` is one
+    /// neighbourhood), else the key's 32-slot probe window; the keyed
+    /// sliding log compares up to 32 keys of the shard.
+    ///
+    /// ```
+    /// use ratewall::{KeyedTokenBucket, ManualClock, Rate, Tracking, WhenFull};
+    ///
+    /// let l = KeyedTokenBucket::<u32, _>::builder(Rate::per_second(1).burst(10))
+    ///     .max_keys(2)
+    ///     .when_full(WhenFull::EvictLeastRecent)
+    ///     .clock(ManualClock::new())
+    ///     .build()?;
+    /// let _ = l.check_key_n(&1, 5).unwrap(); // idle in 5 s
+    /// let _ = l.check_key_n(&2, 2).unwrap(); // idle in 2 s: the victim
+    /// assert_eq!(l.check_key(&3).tracking(), Tracking::EvictedOther);
+    /// assert_eq!(l.peek_key(&1).remaining(), 4); // still held
+    /// assert_eq!(l.peek_key(&2).remaining(), 9); // fresh again
+    /// # Ok::<(), ratewall::ConfigError>(())
+    /// ```
     EvictLeastRecent,
 }
 
@@ -94,6 +116,7 @@ pub(crate) mod sealed {
         fn k_refund(&self, state: u64, now: u64, n: u64) -> Option<u64>;
         fn k_rescale(&self, old: &Self, state: u64, now: u64) -> u64;
         fn k_is_idle(&self, state: u64, now: u64) -> bool;
+        fn k_time_to_idle(&self, state: u64, now: u64) -> u64;
     }
 }
 
@@ -116,6 +139,10 @@ impl<A: Algorithm + WordStep> sealed::KeyedCore for A {
     #[inline]
     fn k_is_idle(&self, state: u64, now: u64) -> bool {
         WordStep::is_idle(self, state, now)
+    }
+    #[inline]
+    fn k_time_to_idle(&self, state: u64, now: u64) -> u64 {
+        WordStep::time_to_idle(self, state, now)
     }
 }
 
@@ -438,7 +465,7 @@ impl<A: KeyedAlgorithm> StateView for View<A> {
         self.params.k_is_idle(state, self.now)
     }
     fn time_to_idle(&self, state: u64) -> u64 {
-        self.params.k_step(state, self.now, 1).0.reset_after_ns
+        self.params.k_time_to_idle(state, self.now)
     }
 }
 
@@ -536,10 +563,50 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
     ) -> Result<Decision, InsufficientCapacity> {
         let mut step = |state: u64| self.step_at(h, state, now, n, take);
         let (fresh, next) = step(0);
-        if next.is_none() {
-            return fresh;
+        if take {
+            if next.is_none() {
+                return fresh;
+            }
+            return self.insert(h, now, &mut step);
         }
-        self.insert(h, now, &mut step)
+        // A peek: the decision the check would get, full-table policy
+        // included. A check that would store nothing is the fresh decision.
+        let fresh = fresh?;
+        if n == 0 || self.step_at(h, 0, now, n, true).1.is_none() {
+            return Ok(fresh);
+        }
+        Ok(match self.table.room(h, &self.view(now), self.full()) {
+            Room::Tracked => fresh,
+            Room::Evict => fresh.with_tracking(Tracking::EvictedOther),
+            Room::Full { soonest } => self.when_no_room(fresh, soonest),
+        })
+    }
+
+    fn view(&self, now: u64) -> View<A> {
+        View {
+            params: self.params.read::<A>(),
+            now,
+        }
+    }
+
+    fn full(&self) -> Full {
+        match self.policy {
+            WhenFull::RejectNew => Full::Reject,
+            WhenFull::AdmitUntracked => Full::Untracked,
+            WhenFull::EvictLeastRecent => Full::Evict,
+        }
+    }
+
+    /// The decision for a new key that found no room: admitted untracked,
+    /// or rejected until the first key in its way goes idle.
+    fn when_no_room(&self, fresh: Decision, soonest: u64) -> Decision {
+        match self.policy {
+            WhenFull::AdmitUntracked => fresh.with_tracking(Tracking::Untracked),
+            // RejectNew, or EvictLeastRecent with nothing to evict.
+            _ => {
+                Decision::deny(fresh.limit(), 0, soonest, soonest).with_tracking(Tracking::Rejected)
+            }
+        }
     }
 
     #[cold]
@@ -550,16 +617,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         now: u64,
         step: &mut impl FnMut(u64) -> (Result<Decision, InsufficientCapacity>, Option<u64>),
     ) -> Result<Decision, InsufficientCapacity> {
-        let view = View {
-            params: self.params.read::<A>(),
-            now,
-        };
-        let policy = match self.policy {
-            WhenFull::RejectNew => Full::Reject,
-            WhenFull::AdmitUntracked => Full::Untracked,
-            WhenFull::EvictLeastRecent => Full::Evict,
-        };
-        match self.table.insert(h, step, &view, policy) {
+        match self.table.insert(h, step, &self.view(now), self.full()) {
             Inserted::Existing(r) | Inserted::NotStored(r) => r,
             Inserted::New { outcome, evicted } => outcome.map(|d| {
                 if evicted {
@@ -570,12 +628,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
             }),
             Inserted::Full { soonest } => {
                 let fresh = step(0).0?;
-                Ok(match self.policy {
-                    WhenFull::AdmitUntracked => fresh.with_tracking(Tracking::Untracked),
-                    // RejectNew, or EvictLeastRecent with nothing to evict.
-                    _ => Decision::deny(fresh.limit(), 0, soonest, soonest)
-                        .with_tracking(Tracking::Rejected),
-                })
+                Ok(self.when_no_room(fresh, soonest))
             }
         }
     }
@@ -662,7 +715,12 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
     }
 
     /// The decision a unit request for `key` would get, without taking it
-    /// (and without tracking an unknown key).
+    /// (and without tracking an unknown key): what [`check_key`](Self::check_key)
+    /// would return now, if nothing else happened in between. For a key the
+    /// table does not hold, that includes the full-table policy: its
+    /// [`tracking`](Decision::tracking) says whether the check would track
+    /// the key, evict another one for it, admit it untracked, or reject it
+    /// (with the same `retry_after`).
     ///
     /// ```
     /// # use ratewall::{KeyedTokenBucket, Rate};
@@ -684,7 +742,9 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         }
     }
 
-    /// The decision a request of cost `n` for `key` would get, without taking it.
+    /// The decision a request of cost `n` for `key` would get, without taking
+    /// it: what [`check_key_n`](Self::check_key_n) would return now, full-table
+    /// policy included (see [`peek_key`](Self::peek_key)).
     ///
     /// ```
     /// # use ratewall::{KeyedTokenBucket, Rate};
@@ -973,11 +1033,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
     /// assert!(l.is_empty());
     /// ```
     pub fn retain_active(&self) -> usize {
-        let view = View {
-            params: self.params.read::<A>(),
-            now: self.clamp(self.now()),
-        };
-        self.table.retain_active(&view)
+        self.table.retain_active(&self.view(self.clamp(self.now())))
     }
 
     /// Bytes the table owns (allocated up front, constant): about 21.3 per
@@ -992,9 +1048,10 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         self.table.memory_bytes() + std::mem::size_of::<Self>()
     }
 
-    /// Test hook (not part of the API): the shard and the first slot of the
-    /// key's probe window. Loom models use it to make two keys compete for
-    /// one slot.
+    /// Loom-only test hook (compiled only with `--cfg ratewall_loom`, so not
+    /// part of the API): the shard and the first slot of the key's probe
+    /// window. Loom models use it to make two keys compete for one slot.
+    #[cfg(ratewall_loom)]
     #[doc(hidden)]
     pub fn __home_slot<Q>(&self, key: &Q) -> (usize, usize)
     where

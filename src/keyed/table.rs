@@ -47,6 +47,8 @@ pub(crate) const PROBE: usize = 32;
 /// Slots scanned per insert, beyond the key's window, to reclaim idle keys
 /// when the shard is at its cap (amortized eviction).
 const SWEEP: usize = 64;
+/// Sweep ranges `evict_elsewhere` tries before giving up.
+const EVICT_ATTEMPTS: usize = 4;
 /// Slots per key: 4/3, a 75% load factor at a full table (21.3 B per key).
 const LOAD_NUM: usize = 4;
 const LOAD_DEN: usize = 3;
@@ -123,6 +125,18 @@ pub(crate) enum Inserted<R> {
     NotStored(R),
     /// No room and the policy did not evict. `soonest` is the least time
     /// (by the caller's measure) until an active key in the way goes idle.
+    Full { soonest: u64 },
+}
+
+/// What `insert` would do now for a key the table does not hold (a peek's
+/// prediction; it changes nothing).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Room {
+    /// A free slot or an idle key's: the key would be tracked.
+    Tracked,
+    /// An active key would be evicted for it.
+    Evict,
+    /// No room: as `Inserted::Full`.
     Full { soonest: u64 },
 }
 
@@ -378,6 +392,65 @@ impl Table {
         }
     }
 
+    /// What `insert` would do for the untracked key `h` under `policy`, read
+    /// only: the same scans, without reclaiming or evicting anything. Locks
+    /// the shard only when the key's window has no free slot under the cap.
+    pub(crate) fn room(&self, h: u64, view: &impl StateView, policy: Full) -> Room {
+        let (shard, start) = self.locate(h);
+        let n = shard.slots.len();
+        let window = PROBE.min(n);
+        let scan = || {
+            // The chain (up to the first empty slot): a free slot, an idle key.
+            let (mut free, mut idle) = (false, false);
+            // The whole window: the least time to idle (the insert's victim).
+            let mut victim: Option<u64> = None;
+            let mut chain = true;
+            let mut i = start;
+            for _ in 0..window {
+                // Acquire: as in `find`.
+                let v = shard.slots[i].load(Ordering::Acquire);
+                match fp_of(v) {
+                    EMPTY => {
+                        free |= chain;
+                        chain = false;
+                    }
+                    TOMB => free |= chain,
+                    _ => {
+                        idle |= chain && view.is_idle(state_of(v));
+                        let ttl = view.time_to_idle(state_of(v));
+                        victim = Some(victim.map_or(ttl, |best| best.min(ttl)));
+                    }
+                }
+                i = if i + 1 == n { 0 } else { i + 1 };
+            }
+            (free, idle, victim)
+        };
+        // Relaxed: a prediction; `len` changes only under the mutex.
+        let under_cap = || shard.len.load(Ordering::Relaxed) < shard.cap;
+        let (free, _, _) = scan();
+        if free && under_cap() {
+            return Room::Tracked;
+        }
+        let cursor = lock(&shard.inner);
+        let (free, idle, victim) = scan();
+        if (free && under_cap()) || idle || (free && sweep_finds_idle(shard, *cursor, view)) {
+            return Room::Tracked;
+        }
+        match (policy, victim, free) {
+            (Full::Evict, Some(_), _) => Room::Evict,
+            // The insert's sweep moves the cursor on before `evict_elsewhere`.
+            (Full::Evict, None, true)
+                if sweep_finds_active(shard, (*cursor + SWEEP.min(n)) % n) =>
+            {
+                Room::Evict
+            }
+            (Full::Evict, _, _) => Room::Full { soonest: 0 },
+            (_, victim, _) => Room::Full {
+                soonest: victim.unwrap_or(0),
+            },
+        }
+    }
+
     /// Removes every idle key, one shard at a time (each shard's inserts
     /// wait for its own pass only). Returns how many were removed.
     pub(crate) fn retain_active(&self, view: &impl StateView) -> usize {
@@ -437,7 +510,8 @@ impl Table {
     }
 
     /// (shard, window start) of a hash: for tests that need two keys to
-    /// compete for one slot.
+    /// compete for one slot (loom models only).
+    #[cfg(ratewall_loom)]
     pub(crate) fn home(&self, h: u64) -> (usize, usize) {
         let (_, start) = self.locate(h);
         ((h & self.shard_mask) as usize, start)
@@ -534,11 +608,30 @@ fn sweep(shard: &Shard, cursor: &mut usize, view: &impl StateView) -> bool {
     shard.len.load(Ordering::Relaxed) < shard.cap
 }
 
+/// Whether `sweep` from `cursor` would reclaim a key (read only).
+fn sweep_finds_idle(shard: &Shard, cursor: usize, view: &impl StateView) -> bool {
+    let n = shard.slots.len();
+    (0..SWEEP.min(n)).any(|k| {
+        // Acquire: as in `find`.
+        let v = shard.slots[(cursor + k) % n].load(Ordering::Acquire);
+        fp_of(v) > TOMB && view.is_idle(state_of(v))
+    })
+}
+
+/// Whether `evict_elsewhere` from `cursor` would find a key (read only).
+fn sweep_finds_active(shard: &Shard, cursor: usize) -> bool {
+    let n = shard.slots.len();
+    (0..EVICT_ATTEMPTS * SWEEP.min(n)).any(|k| {
+        // Acquire: as in `find`.
+        fp_of(shard.slots[(cursor + k) % n].load(Ordering::Acquire)) > TOMB
+    })
+}
+
 /// Evicts the key closest to idle among the next `SWEEP` slots from the
 /// cursor. Whether one was removed.
 fn evict_elsewhere(shard: &Shard, cursor: &mut usize, view: &impl StateView) -> bool {
     let n = shard.slots.len();
-    for _attempt in 0..4 {
+    for _attempt in 0..EVICT_ATTEMPTS {
         let mut best: Option<(usize, u128, u64)> = None;
         for k in 0..SWEEP.min(n) {
             let i = (*cursor + k) % n;
@@ -569,5 +662,223 @@ impl fmt::Debug for Table {
             .field("capacity", &self.capacity())
             .field("memory_bytes", &self.memory_bytes())
             .finish()
+    }
+}
+
+#[cfg(all(test, not(ratewall_loom)))]
+mod tests {
+    //! The table on hand-placed hashes, with a view whose state word *is*
+    //! the time to idle (0: idle), so that every scan's choice is visible.
+    //! Single-threaded: the direct slot stores and loads use Relaxed.
+    use super::*;
+
+    struct Ttl;
+
+    impl StateView for Ttl {
+        fn is_idle(&self, state: u64) -> bool {
+            state == 0
+        }
+        fn time_to_idle(&self, state: u64) -> u64 {
+            state
+        }
+    }
+
+    /// A hash whose window starts at slot `start` of a one-shard table of `n`
+    /// slots; `salt` (small) tells keys with the same start apart.
+    fn hash_at(n: usize, start: usize, salt: u64) -> u64 {
+        let base = ((start as u128) << 64).div_ceil(n as u128) as u64;
+        let h = base + 2 + salt;
+        assert_eq!(((u128::from(h) * n as u128) >> 64) as usize, start);
+        h
+    }
+
+    /// Inserts the key `h` with state `ttl` (a step that stores `ttl`).
+    fn put(t: &Table, h: u64, ttl: u64, policy: Full) -> Inserted<()> {
+        t.insert(h, &mut |_| ((), Some(ttl)), &Ttl, policy)
+    }
+
+    fn state(t: &Table, h: u64) -> Option<u64> {
+        t.update(h, &mut |s| (s, None))
+    }
+
+    fn slots(t: &Table) -> usize {
+        t.shards[0].slots.len()
+    }
+
+    /// 100 keys in one shard of 134 slots, homed at slots 34..134 (one each,
+    /// so each sits at its home); key `i` has time to idle `ttl(i)`.
+    fn packed(ttl: impl Fn(usize) -> u64) -> (Table, Vec<u64>) {
+        let t = Table::new(100, 1);
+        let n = slots(&t);
+        assert_eq!(n, 134);
+        let keys: Vec<u64> = (0..100).map(|i| hash_at(n, 34 + i, 0)).collect();
+        for (i, &h) in keys.iter().enumerate() {
+            assert!(matches!(
+                put(&t, h, ttl(i), Full::Reject),
+                Inserted::New { evicted: false, .. }
+            ));
+        }
+        assert_eq!(t.len(), 100);
+        (t, keys)
+    }
+
+    #[test]
+    fn at_the_cap_a_free_window_still_rejects_or_evicts_elsewhere() {
+        let (t, keys) = packed(|i| 1000 + i as u64);
+        let newcomer = hash_at(slots(&t), 0, 0);
+        assert_eq!(
+            t.room(newcomer, &Ttl, Full::Reject),
+            Room::Full { soonest: 0 }
+        );
+        assert_eq!(t.room(newcomer, &Ttl, Full::Evict), Room::Evict);
+        // The newcomer's window (slots 0..32) is empty, but the shard is at
+        // its cap of active keys: rejected, told of no key in its window.
+        assert!(matches!(
+            put(&t, newcomer, 5, Full::Reject),
+            Inserted::Full { soonest: 0 }
+        ));
+        assert!(matches!(
+            put(&t, newcomer, 5, Full::Untracked),
+            Inserted::Full { .. }
+        ));
+        assert_eq!(t.len(), 100);
+        assert_eq!(state(&t, newcomer), None);
+        // Evicting: the sweeps (cursor at 0 + 2 * 64 = 128 after the two
+        // rejections' sweeps, then the eviction's own sweep 128..134, 0..58)
+        // leave the eviction scanning slots 58..122: keys 24..88. The least
+        // time to idle there is key 24's.
+        assert!(matches!(
+            put(&t, newcomer, 5, Full::Evict),
+            Inserted::New { evicted: true, .. }
+        ));
+        assert_eq!(t.len(), 100);
+        assert_eq!(state(&t, newcomer), Some(5));
+        assert_eq!(state(&t, keys[24]), None, "key 24 evicted");
+        assert!(keys
+            .iter()
+            .enumerate()
+            .all(|(i, &h)| (i == 24) == state(&t, h).is_none()));
+    }
+
+    #[test]
+    fn evict_elsewhere_takes_the_least_time_to_idle_in_its_range_and_wraps() {
+        let t = Table::new(100, 1);
+        let shard = &*t.shards[0];
+        let n = shard.slots.len();
+        // Keys at every slot but 0..4, time to idle 100 + slot, except slot
+        // 130 (20) and slot 10 (10) and slot 60 (1, outside the range).
+        let _g = lock(&shard.inner);
+        for i in 4..n {
+            let ttl = match i {
+                130 => 20,
+                10 => 10,
+                60 => 1,
+                _ => 100 + i as u64,
+            };
+            shard.slots[i].store(pack(1000 + i as u64, ttl), Ordering::Relaxed);
+        }
+        shard.len.store((n - 4) as u64, Ordering::Relaxed);
+        // From 120, the range wraps: 120..134 and 0..50.
+        let mut cursor = 120;
+        assert!(evict_elsewhere(shard, &mut cursor, &Ttl));
+        assert_eq!(cursor, (120 + SWEEP) % n);
+        assert_eq!(fp_of(shard.slots[10].load(Ordering::Relaxed)), TOMB);
+        assert_eq!(fp_of(shard.slots[130].load(Ordering::Relaxed)), 1130);
+        assert_eq!(shard.len.load(Ordering::Relaxed), (n - 5) as u64);
+        // Next range 50..114: slot 60.
+        assert!(evict_elsewhere(shard, &mut cursor, &Ttl));
+        assert_eq!(fp_of(shard.slots[60].load(Ordering::Relaxed)), TOMB);
+        assert_eq!(cursor, (50 + SWEEP) % n);
+        // A range with only tombstones and empties: the next ranges are
+        // tried, up to four of them.
+        for i in 0..n {
+            if i != 3 {
+                shard.slots[i].store(pack(if i < 4 { EMPTY } else { TOMB }, 0), Ordering::Relaxed);
+            }
+        }
+        shard.slots[3].store(pack(7, 9), Ordering::Relaxed);
+        let mut cursor = 4; // 4..68, 68..132, 132..134 + 0..62 (slot 3)
+        assert!(evict_elsewhere(shard, &mut cursor, &Ttl));
+        assert_eq!(fp_of(shard.slots[3].load(Ordering::Relaxed)), TOMB);
+        assert!(!evict_elsewhere(shard, &mut cursor, &Ttl), "nothing left");
+    }
+
+    #[test]
+    fn the_victim_is_the_least_time_to_idle_first_in_probe_order() {
+        let t = Table::new(4, 1);
+        let n = slots(&t); // 6 slots: every window covers the shard
+        let a = hash_at(n, 1, 0);
+        let b = hash_at(n, 1, 1);
+        let c = hash_at(n, 1, 2);
+        let d = hash_at(n, 1, 3);
+        for (h, ttl) in [(a, 30), (b, 10), (c, 10), (d, 20)] {
+            assert!(matches!(
+                put(&t, h, ttl, Full::Evict),
+                Inserted::New { evicted: false, .. }
+            ));
+        }
+        // Rejected: retry when the first key goes idle (10).
+        let e = hash_at(n, 1, 4);
+        assert!(matches!(
+            put(&t, e, 1, Full::Reject),
+            Inserted::Full { soonest: 10 }
+        ));
+        // Evicting: b and c tie at 10; b comes first from slot 1.
+        assert!(matches!(
+            put(&t, e, 1, Full::Evict),
+            Inserted::New { evicted: true, .. }
+        ));
+        assert_eq!(state(&t, b), None);
+        assert_eq!(state(&t, c), Some(10));
+        assert_eq!(t.len(), 4);
+        // An idle key's slot is reused without eviction, count unchanged.
+        assert_eq!(t.update(d, &mut |_| ((), Some(0))), Some(()));
+        let f = hash_at(n, 1, 5);
+        assert!(matches!(
+            put(&t, f, 3, Full::Reject),
+            Inserted::New { evicted: false, .. }
+        ));
+        assert_eq!(state(&t, d), None);
+        assert_eq!(t.len(), 4);
+        assert_eq!(t.retain_active(&Ttl), 0);
+        // Make two keys idle: retain_active removes exactly those.
+        let _ = t.update(a, &mut |_| ((), Some(0)));
+        let _ = t.update(f, &mut |_| ((), Some(0)));
+        assert_eq!(t.retain_active(&Ttl), 2);
+        assert_eq!(t.len(), 2);
+    }
+
+    #[test]
+    fn room_predicts_insert() {
+        let t = Table::new(4, 1);
+        let n = slots(&t);
+        let keys: Vec<u64> = (0..6).map(|i| hash_at(n, 2, i)).collect();
+        for &h in &keys[..3] {
+            assert_eq!(t.room(h, &Ttl, Full::Reject), Room::Tracked);
+            let _ = put(&t, h, 7, Full::Reject);
+        }
+        assert_eq!(t.room(keys[3], &Ttl, Full::Reject), Room::Tracked);
+        let _ = put(&t, keys[3], 4, Full::Reject);
+        assert_eq!(
+            t.room(keys[4], &Ttl, Full::Reject),
+            Room::Full { soonest: 4 }
+        );
+        assert_eq!(
+            t.room(keys[4], &Ttl, Full::Untracked),
+            Room::Full { soonest: 4 }
+        );
+        assert_eq!(t.room(keys[4], &Ttl, Full::Evict), Room::Evict);
+        let _ = t.update(keys[1], &mut |_| ((), Some(0)));
+        assert_eq!(t.room(keys[4], &Ttl, Full::Reject), Room::Tracked);
+    }
+
+    #[test]
+    fn memory_and_capacity_add_up_over_shards() {
+        let t = Table::new(10, 4);
+        assert_eq!(t.capacity(), 10);
+        assert_eq!(t.shard_count(), 4);
+        let slots: usize = t.shards.iter().map(|s| s.slots.len()).sum();
+        assert!(t.memory_bytes() >= slots * 16 + 4 * std::mem::size_of::<CachePadded<Shard>>());
+        assert!(fingerprint(0) > TOMB && fingerprint(1) > TOMB && fingerprint(7) == 7);
     }
 }

@@ -1,0 +1,7 @@
+//! Header fuzz target: see `fuzz/model/headers.rs`.
+#![no_main]
+
+#[path = "../model/mod.rs"]
+mod model;
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| model::run_headers(data));
