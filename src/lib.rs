@@ -41,7 +41,9 @@ mod limiter;
 mod multi;
 mod policy;
 mod quota;
+mod soft;
 mod sync;
+mod text;
 mod word;
 
 /// The algorithm types that parametrize [`Limiter`].
@@ -68,3 +70,5 @@ pub use limiter::{
 pub use multi::{check_all, check_all_n, check_each, KeyedRef, Limit};
 pub use policy::{KeyedPolicyBuilder, KeyedPolicyLimiter, KeyedPolicyRef, Policy, PolicyAlgorithm};
 pub use quota::{Rate, Window};
+pub use soft::Tolerance;
+pub use text::ParseError;
