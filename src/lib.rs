@@ -35,6 +35,7 @@
 mod algo;
 mod clock;
 mod decision;
+mod elastic;
 mod error;
 mod keyed;
 mod limiter;
@@ -58,6 +59,7 @@ pub use clock::CoarseClock;
 pub use clock::QuantaClock;
 pub use clock::{Clock, ManualClock, StdClock};
 pub use decision::{Decision, Tracking};
+pub use elastic::{ElasticBuilder, ElasticLimiter};
 pub use error::{ConfigError, InsufficientCapacity};
 pub use keyed::{
     KeyedBuilder, KeyedFixedWindow, KeyedLeakyBucket, KeyedLimiter, KeyedLogRef,

@@ -988,7 +988,7 @@ impl<K, C: Clock> KeyedPolicyLimiter<K, C> {
 impl<K, C: Clock> fmt::Debug for KeyedPolicyLimiter<K, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut s = f.debug_struct("KeyedPolicyLimiter");
-        s.field("policy", &self.policy);
+        s.field("policy", &self.policy());
         dispatch!(&self.inner, l => s.field("limiter", l));
         s.finish()
     }
@@ -1028,7 +1028,7 @@ pub struct KeyedPolicyRef<'a, K, Q: ?Sized, C: Clock> {
 impl<K, Q: ?Sized + fmt::Debug, C: Clock> fmt::Debug for KeyedPolicyRef<'_, K, Q, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("KeyedPolicyRef")
-            .field("policy", &self.limiter.policy)
+            .field("policy", &self.limiter.policy())
             .field("key", &self.key)
             .finish()
     }
