@@ -180,31 +180,75 @@ proptest! {
         }
     }
 
-    /// Key 1's requests get at least what a standalone guarantee would give
-    /// them, whatever keys 2 and 3 do to the pool at the same times.
+    /// All five algorithms: key 1 gets through its guarantee exactly what a
+    /// standalone guarantee limiter admits from its requests, whatever keys 2
+    /// and 3 do to the pool at the same times; and the total admitted stays
+    /// within the guarantees of the keys in use plus the pool.
     #[test]
     fn every_key_gets_its_guarantee_while_others_drain_the_pool(
-        bucket in any::<bool>(),
+        alg in 0usize..5,
         g in counts(), h in counts(), p in counts(),
         ops in prop::collection::vec((0u64..400, 1u8..4, 1u64..4), 1..120),
     ) {
-        let model = Elastic::new(bucket, g, h, p);
+        let policy = |cap: u64| {
+            let (r, w) = (Rate::per_second(cap), Window::per_second(cap));
+            match alg {
+                0 => Policy::token_bucket(r),
+                1 => Policy::leaky_bucket(r),
+                2 => Policy::fixed_window(w),
+                3 => Policy::sliding_window_counter(w),
+                _ => Policy::sliding_window_log(w),
+            }
+        };
         let clock = ManualClock::new();
-        let l = model.limiter(&clock);
-        let alone = KeyedPolicyLimiter::<u8, _>::builder(model.g.policy())
+        let l = ElasticLimiter::<u8, _>::builder(policy(g), policy(g + h), policy(p))
             .max_keys(16)
             .clock(clock.clone())
             .build()
             .unwrap();
+        let alone = KeyedPolicyLimiter::<u8, _>::builder(policy(g))
+            .max_keys(16)
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+        let mut admitted: Vec<(u64, u8, u64)> = Vec::new();
         for (dt, key, n) in ops {
             clock.advance(Duration::from_millis(dt));
-            let d = l.check_key_n(&key, n.min(g));
+            let t = l.now();
+            let d = l.check_key_n(&key, n.min(g)).unwrap();
             if key == 1 {
                 let reference = alone.check_key_n(&1, n.min(g)).unwrap();
-                if reference.is_allowed() {
-                    let d = d.unwrap();
-                    prop_assert!(d.is_allowed() && !d.is_above_limit(), "guarantee lost: {:?}", d);
+                prop_assert_eq!(
+                    d.is_allowed() && !d.is_above_limit(),
+                    reference.is_allowed(),
+                    "t={} n={}: {:?} vs alone {:?}", t, n, d, reference
+                );
+            }
+            if d.is_allowed() {
+                admitted.push((t, key, n.min(g)));
+            }
+        }
+        // Every interval [t_i, t_j] (buckets), aligned window (fixed and
+        // sliding counter) or rolling window (log).
+        let refill = |cap: u64, d: u64| if alg < 2 { d / SEC.div_ceil(cap) } else { 0 };
+        for i in 0..admitted.len() {
+            let t0 = admitted[i].0;
+            let mut keys = std::collections::HashSet::new();
+            let mut total = 0;
+            for &(t, key, n) in &admitted[i..] {
+                let same = match alg {
+                    0 | 1 => true,
+                    2 | 3 => t / SEC == t0 / SEC,
+                    _ => t - t0 < SEC,
+                };
+                if !same {
+                    break;
                 }
+                keys.insert(key);
+                total += n;
+                let d = t - t0;
+                let bound = keys.len() as u64 * (g + refill(g, d)) + p + refill(p, d);
+                prop_assert!(total <= bound, "{} > {} from t={}", total, bound, t0);
             }
         }
     }
