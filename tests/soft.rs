@@ -289,3 +289,16 @@ fn a_cost_up_to_the_soft_limit_is_admitted_not_an_error() {
     assert!(d.is_allowed() && d.is_above_limit());
     assert_eq!(l.check_key_n(&1, 16).unwrap_err().capacity, 15);
 }
+
+#[test]
+fn a_soft_policy_keeps_its_quota_and_says_why() {
+    let l = KeyedPolicyLimiter::<u8, _>::builder("10/s soft 2".parse().unwrap())
+        .clock(ManualClock::new())
+        .build()
+        .unwrap();
+    let err = l.set_quota("20/s".parse().unwrap()).unwrap_err();
+    assert!(matches!(err, ratewall::ConfigError::Incompatible { .. }));
+    assert!(err.to_string().contains("soft"), "{err}");
+    assert_eq!(l.policy().to_string(), "10/s soft 2");
+    assert_eq!(l.check_key_n(&1, 12).unwrap().limit(), 10);
+}
