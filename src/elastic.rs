@@ -442,17 +442,27 @@ impl<K, C: Clock> ElasticLimiter<K, C> {
         // 2. The key's headroom.
         let hd = h.take_at(now, n)?;
         if !hd.is_allowed() {
-            let pd = p.peek_at(now, n)?;
-            return Ok(denied(
-                hd.retry_after_ns.max(pd.retry_after_ns),
-                hd.reset_after_ns,
-            ));
+            // A pool that shrank below `n` meanwhile never admits it.
+            let pool_retry = p.peek_at(now, n).map_or(u64::MAX, |pd| pd.retry_after_ns);
+            return Ok(denied(hd.retry_after_ns.max(pool_retry), hd.reset_after_ns));
         }
         // 3. The pool; on a denial, give back what the headroom took.
-        let pd = p.take_at(now, n)?;
-        if !pd.is_allowed() {
-            h.give_back_at(now, n);
-            return Ok(denied(pd.retry_after_ns, gd.reset_after_ns));
+        match p.take_at(now, n) {
+            Ok(pd) if pd.is_allowed() => {}
+            Ok(pd) => {
+                h.give_back_at(now, n);
+                return Ok(denied(pd.retry_after_ns, gd.reset_after_ns));
+            }
+            // The pool shrank below `n` since the capacity check (a racing
+            // `set_pool`): nothing may stay taken.
+            Err(e) => {
+                h.give_back_at(now, n);
+                return if n <= g_cap {
+                    Ok(denied(u64::MAX, gd.reset_after_ns))
+                } else {
+                    Err(e)
+                };
+            }
         }
         Ok(Decision::allow(
             gd.limit(),

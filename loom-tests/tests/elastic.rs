@@ -77,3 +77,42 @@ fn a_key_racing_itself_and_another_key() {
         assert!(!l.peek_pool().is_allowed());
     });
 }
+
+/// A pool shrinking (`set_pool`, the capacity signal) while a request of
+/// cost 2 is between its headroom and the pool: the request passes, or it
+/// is refused and the headroom it took is given back.
+#[test]
+fn pool_shrinking_during_a_check_leaves_nothing_taken() {
+    loom::model(|| {
+        let clock = ManualClock::new();
+        let w = |n| Policy::fixed_window(Window::per_hour(n));
+        let l = Arc::new(
+            ElasticLimiter::<u64, _>::builder(w(1), w(3), w(2))
+                .max_keys(4)
+                .shards(1)
+                .seed(7)
+                .clock(clock.clone())
+                .build()
+                .unwrap(),
+        );
+        assert!(guaranteed(&l.check_key(&1)));
+        let a = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || l.check_key_n(&1, 2))
+        };
+        let b = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || l.set_pool(w(1)).unwrap())
+        };
+        let da = a.join().unwrap();
+        b.join().unwrap();
+        let passed = matches!(da, Ok(d) if d.is_allowed());
+        if let Ok(d) = da {
+            assert_eq!(d.is_allowed(), d.is_above_limit(), "{d:?}");
+        }
+        // Headroom 2: intact unless the request passed.
+        l.set_pool(w(3)).unwrap();
+        let again = l.check_key_n(&1, 2).unwrap();
+        assert_eq!(again.is_allowed(), !passed, "{da:?} then {again:?}");
+    });
+}
