@@ -40,10 +40,11 @@ use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::error::{ConfigError, InsufficientCapacity};
 use crate::limiter::DefaultClock;
-use crate::multi::Limit;
+use crate::multi::{Limit, Sealed};
 use crate::policy::{KeyedPolicyLimiter, Policy};
 use crate::quota::{Rate, Window};
 use std::borrow::Borrow;
+use std::cell::Cell;
 use std::fmt;
 use std::hash::Hash;
 
@@ -553,6 +554,161 @@ impl<K, C: Clock> ElasticLimiter<K, C> {
     /// ```
     pub fn now(&self) -> u64 {
         self.guarantee.now()
+    }
+}
+
+impl<K, C: Clock> ElasticLimiter<K, C> {
+    /// This limiter with one key, as one limit of a multi-limit
+    /// [`check_all`](crate::check_all) or [`check_each`](crate::check_each)
+    /// (per IP + elastic per user, all or nothing). The reference remembers
+    /// which path its last check took, so a rollback gives back exactly
+    /// that: the guarantee, or the headroom and the pool. Make one per call.
+    ///
+    /// ```
+    /// use ratewall::{check_all, ElasticLimiter, KeyedPolicyLimiter, ManualClock};
+    ///
+    /// let clock = ManualClock::new();
+    /// let per_ip = KeyedPolicyLimiter::<u32, _>::builder("2/h".parse()?).clock(clock.clone()).build()?;
+    /// let per_user = ElasticLimiter::<u32, _>::builder("1/h".parse()?, "5/h".parse()?, "1/h".parse()?)
+    ///     .clock(clock)
+    ///     .build()?;
+    /// assert!(check_all(&[&per_user.with_key(&7), &per_ip.with_key(&1)]).is_allowed());
+    /// let d = check_all(&[&per_user.with_key(&7), &per_ip.with_key(&1)]);
+    /// assert!(d.is_allowed() && d.is_above_limit()); // user 7 went to the pool
+    /// // User 8 twice (guarantee, then pool) and per-IP denies: both come back.
+    /// per_user.set_pool("2/h".parse()?)?;
+    /// let user_8 = (per_user.with_key(&8), per_user.with_key(&8));
+    /// assert!(!check_all(&[&user_8.0, &user_8.1, &per_ip.with_key(&1)]).is_allowed());
+    /// assert!(per_user.peek_pool().is_allowed()); // the pool's second unit is back
+    /// let d = per_user.check_key(&8);
+    /// assert!(d.is_allowed() && !d.is_above_limit()); // so is user 8's guarantee
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn with_key<'a, Q>(&'a self, key: &'a Q) -> ElasticRef<'a, K, Q, C>
+    where
+        K: Borrow<Q>,
+        Q: Hash + ?Sized,
+    {
+        ElasticRef {
+            limiter: self,
+            key,
+            took: Cell::new(Took::Nothing),
+        }
+    }
+}
+
+/// What an [`ElasticRef`]'s last check took.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Took {
+    Nothing,
+    Guarantee,
+    Pool,
+}
+
+/// One key of an [`ElasticLimiter`], as one limit of a multi-limit check.
+/// Made by [`ElasticLimiter::with_key`]; not shared between threads.
+///
+/// # Example
+///
+/// ```
+/// use ratewall::{check_each, ElasticLimiter};
+/// let l = ElasticLimiter::<u32>::builder("1/h".parse()?, "2/h".parse()?, "1/h".parse()?).build()?;
+/// let user = l.with_key(&7);
+/// println!("{user:?}");
+/// let mut d = [None];
+/// assert!(check_each(&[(&user, 1)], &mut d)?);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct ElasticRef<'a, K, Q: ?Sized, C: Clock> {
+    limiter: &'a ElasticLimiter<K, C>,
+    key: &'a Q,
+    took: Cell<Took>,
+}
+
+impl<K, Q: ?Sized + fmt::Debug, C: Clock> fmt::Debug for ElasticRef<'_, K, Q, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ElasticRef")
+            .field("limiter", self.limiter)
+            .field("key", &self.key)
+            .field("took", &self.took.get())
+            .finish()
+    }
+}
+
+impl<K, Q: ?Sized, C: Clock> Sealed for ElasticRef<'_, K, Q, C> {}
+
+impl<K, Q, C> Limit<C> for ElasticRef<'_, K, Q, C>
+where
+    K: Borrow<Q>,
+    Q: Hash + ?Sized,
+    C: Clock,
+{
+    fn read_clock(&self) -> u64 {
+        self.limiter.now()
+    }
+    fn take_at(&self, now: u64, n: u64) -> Result<Decision, InsufficientCapacity> {
+        let d = self.limiter.check_key_n_at(self.key, now, n)?;
+        self.took.set(match (d.is_allowed(), d.is_above_limit()) {
+            (true, false) => Took::Guarantee,
+            (true, true) => Took::Pool,
+            _ => Took::Nothing,
+        });
+        Ok(d)
+    }
+    fn peek_at(&self, now: u64, n: u64) -> Result<Decision, InsufficientCapacity> {
+        let l = self.limiter;
+        let g = l.guarantee.with_key(self.key);
+        if n <= g.capacity() {
+            let d = g.peek_at(now, n)?;
+            if d.is_allowed() {
+                return Ok(d);
+            }
+        }
+        let h = l.headroom.with_key(self.key).peek_at(now, n);
+        let p = l.pool.with_key(&()).peek_at(now, n);
+        let gd = g.peek_at(now, n.min(g.capacity()))?;
+        Ok(match (h, p) {
+            (Ok(h), Ok(p)) if h.is_allowed() && p.is_allowed() => {
+                Decision::allow(gd.limit(), gd.remaining(), gd.reset_after_ns)
+                    .with_above_limit(true)
+            }
+            (h, p) => {
+                let wait = |d: Result<Decision, InsufficientCapacity>| {
+                    d.map_or(u64::MAX, |d| d.retry_after_ns)
+                };
+                let g_retry = if n <= g.capacity() {
+                    gd.retry_after_ns
+                } else {
+                    u64::MAX
+                };
+                Decision::deny(
+                    gd.limit(),
+                    gd.remaining(),
+                    g_retry.min(wait(h).max(wait(p))),
+                    gd.reset_after_ns,
+                )
+            }
+        })
+    }
+    fn give_back_at(&self, now: u64, n: u64) {
+        let l = self.limiter;
+        match self.took.replace(Took::Nothing) {
+            Took::Guarantee => l.guarantee.refund_key_at(self.key, now, n),
+            Took::Pool => {
+                l.headroom.refund_key_at(self.key, now, n);
+                l.pool.refund_key_at(&(), now, n);
+            }
+            Took::Nothing => {}
+        }
+    }
+    fn capacity(&self) -> u64 {
+        let l = self.limiter;
+        let extra = l
+            .headroom
+            .with_key(self.key)
+            .capacity()
+            .min(l.pool.with_key(&()).capacity());
+        l.guarantee.with_key(self.key).capacity().max(extra)
     }
 }
 

@@ -59,7 +59,7 @@ pub use clock::CoarseClock;
 pub use clock::QuantaClock;
 pub use clock::{Clock, ManualClock, StdClock};
 pub use decision::{Decision, Tracking};
-pub use elastic::{ElasticBuilder, ElasticLimiter};
+pub use elastic::{ElasticBuilder, ElasticLimiter, ElasticRef};
 pub use error::{ConfigError, InsufficientCapacity};
 pub use keyed::{
     KeyedBuilder, KeyedFixedWindow, KeyedLeakyBucket, KeyedLimiter, KeyedLogRef,

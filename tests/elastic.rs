@@ -359,3 +359,50 @@ fn a_cost_the_guarantee_cannot_hold_may_still_pass_from_the_pool() {
     );
     assert!(l.check_key_n(&1, 2).unwrap().is_allowed());
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 150, ..ProptestConfig::default() })]
+
+    /// An elastic limit inside an all-or-nothing multi-limit check, beside a
+    /// per-IP limit: a request passes iff both would, and a denial by the
+    /// per-IP limit gives back exactly what the elastic limit took (its
+    /// guarantee, or its headroom and the pool): every later decision still
+    /// matches the model.
+    #[test]
+    fn elastic_limits_roll_back_inside_multi_limit_checks(
+        bucket in any::<bool>(),
+        g in counts(), h in counts(), p in counts(), ip_cap in counts(),
+        ops in prop::collection::vec((0u64..700, 0u8..3, 0u8..2, 1u64..4), 1..80),
+    ) {
+        let mut model = Elastic::new(bucket, g, h, p);
+        let ip_model = Model { bucket, cap: ip_cap };
+        let mut ip_states: HashMap<u8, State> = HashMap::new();
+        let clock = ManualClock::new();
+        let l = model.limiter(&clock);
+        let per_ip = KeyedPolicyLimiter::<u8, _>::builder(ip_model.policy())
+            .max_keys(16)
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+        for (dt, user, ip, n) in ops {
+            clock.advance(Duration::from_millis(dt));
+            let t = l.now();
+            let n = n.min(g).min(ip_cap);
+            let got = ratewall::check_all_n(&[&l.with_key(&user), &per_ip.with_key(&ip)], n)
+                .unwrap();
+            // The model: both must admit; only then does either state change.
+            let snapshot = (model.gs.clone(), model.hs.clone(), model.ps);
+            let elastic = model.check(user, t, n);
+            let ip_state = ip_states.entry(ip).or_default();
+            let ip_next = ip_model.step(*ip_state, t, n);
+            let passes = matches!(elastic, Outcome::Guaranteed | Outcome::Pool) && ip_next.is_some();
+            if passes {
+                *ip_state = ip_next.unwrap();
+            } else {
+                (model.gs, model.hs, model.ps) = snapshot;
+            }
+            prop_assert_eq!(got.is_allowed(), passes, "t={} user={} ip={} n={}", t, user, ip, n);
+            prop_assert_eq!(got.is_above_limit(), passes && elastic == Outcome::Pool);
+        }
+    }
+}

@@ -116,3 +116,44 @@ fn pool_shrinking_during_a_check_leaves_nothing_taken() {
         assert_eq!(again.is_allowed(), !passed, "{da:?} then {again:?}");
     });
 }
+
+/// An elastic limit inside a multi-limit check whose other limit denies,
+/// racing another key's pool request: the denied check gives the pool unit
+/// back (the racer may be denied while it is out, never admitted twice),
+/// so afterwards the unit is either the racer's or back in the pool.
+#[test]
+fn a_multi_limit_rollback_returns_the_pool_unit() {
+    loom::model(|| {
+        let clock = ManualClock::new();
+        let l = Arc::new(limiter(&clock));
+        let blocked = Arc::new(
+            ratewall::KeyedPolicyLimiter::<u64, _>::builder(Policy::fixed_window(
+                Window::per_hour(1),
+            ))
+            .max_keys(2)
+            .shards(1)
+            .seed(7)
+            .clock(clock.clone())
+            .build()
+            .unwrap(),
+        );
+        // Both keys have used their guarantee; the other limit is spent.
+        assert!(guaranteed(&l.check_key(&1)) && guaranteed(&l.check_key(&2)));
+        assert!(blocked.check_key(&9).is_allowed());
+        let a = {
+            let (l, blocked) = (Arc::clone(&l), Arc::clone(&blocked));
+            thread::spawn(move || ratewall::check_all(&[&l.with_key(&1), &blocked.with_key(&9)]))
+        };
+        let b = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || l.check_key(&2))
+        };
+        let (da, db) = (a.join().unwrap(), b.join().unwrap());
+        assert!(!da.is_allowed(), "{da:?}");
+        assert_eq!(l.peek_pool().is_allowed(), !db.is_allowed(), "{db:?}");
+        // Key 1's headroom is back too: with the pool refilled it passes.
+        l.set_pool(Policy::fixed_window(Window::per_hour(2)))
+            .unwrap();
+        assert!(l.check_key(&1).is_above_limit());
+    });
+}
