@@ -25,6 +25,7 @@ fn main() {
     throughput();
     coarse_clock();
     keyed_million();
+    soft_and_elastic();
 }
 
 fn header(title: &str) {
@@ -334,4 +335,89 @@ fn hostile_clock() {
         bucket.peek().is_allowed(),
         bucket.check().is_allowed()
     );
+}
+
+/// Soft and elastic limits (issue 14), on a manual clock so the rows repeat.
+fn soft_and_elastic() {
+    let clock = ManualClock::new();
+    let policy: ratewall::Policy = "5/min fixed-window soft 40%".parse().expect("valid");
+    let soft = ratewall::KeyedPolicyLimiter::<&str, _>::builder(policy)
+        .clock(clock.clone())
+        .build()
+        .expect("valid");
+    println!("Soft limit \"{policy}\": 8 requests at once; limit and remaining stay nominal:");
+    println!(
+        "  {:>3}  {:>7}  {:>5}  {:>9}  {:>11}  {:>11}",
+        "#", "allowed", "limit", "remaining", "above limit", "retry_after"
+    );
+    for i in 1..=8 {
+        let d = soft.check_key("alice");
+        println!(
+            "  {:>3}  {:>7}  {:>5}  {:>9}  {:>11}  {:>11}",
+            i,
+            if d.is_allowed() { "yes" } else { "NO" },
+            d.limit(),
+            d.remaining(),
+            if d.is_above_limit() { "YES" } else { "no" },
+            fmt_ms(d.retry_after()),
+        );
+    }
+
+    let p = |s: &str| s.parse::<ratewall::Policy>().expect("valid");
+    let elastic = ratewall::ElasticLimiter::<&str, _>::builder(
+        p("2/min fixed-window"),
+        p("4/min fixed-window"),
+        p("2/min fixed-window"),
+    )
+    .clock(clock)
+    .build()
+    .expect("valid");
+    println!(
+        "\nElastic limit: guarantee {}, ceiling {}, shared pool {}:",
+        elastic.guarantee(),
+        elastic.ceiling(),
+        elastic.pool()
+    );
+    println!(
+        "  {:>5}  {:>3}  {:>17}  {:>5}  {:>9}  {:>9}",
+        "key", "#", "outcome", "limit", "remaining", "pool left"
+    );
+    let mut n = std::collections::HashMap::new();
+    let mut send = |key: &'static str| {
+        let i = n.entry(key).or_insert(0);
+        *i += 1;
+        let d = elastic.check_key(&key);
+        let outcome = match (d.is_allowed(), d.is_above_limit()) {
+            (true, false) => "guaranteed",
+            (true, true) => "from the pool",
+            _ => "DENIED",
+        };
+        let pool = elastic.peek_pool();
+        let left = if pool.is_allowed() {
+            pool.remaining() + 1
+        } else {
+            0
+        };
+        println!(
+            "  {key:>5}  {i:>3}  {outcome:>17}  {:>5}  {:>9}  {left:>9}",
+            d.limit(),
+            d.remaining()
+        );
+    };
+    for _ in 0..5 {
+        send("alice");
+    }
+    for _ in 0..3 {
+        send("bob");
+    }
+    elastic
+        .set_pool(p("4/min fixed-window"))
+        .expect("same algorithm");
+    println!(
+        "  (spare capacity rises: the pool becomes {})",
+        elastic.pool()
+    );
+    send("bob");
+    println!("  alice drained the pool and reached her ceiling; bob still got his guarantee,");
+    println!("  and went above it once the pool grew\n");
 }

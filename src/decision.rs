@@ -42,6 +42,9 @@ pub struct Decision {
     unit: u64,
     pub(crate) retry_after_ns: u64,
     pub(crate) reset_after_ns: u64,
+    /// Allowed above the nominal `limit` (a soft tolerance or an elastic
+    /// pool admitted it); see [`Decision::is_above_limit`].
+    pub(crate) above_limit: bool,
 }
 
 /// How a keyed limiter handled the key of a decision. Single limiters always
@@ -102,6 +105,7 @@ impl Decision {
             unit,
             retry_after_ns: 0,
             reset_after_ns,
+            above_limit: false,
         }
     }
 
@@ -127,6 +131,7 @@ impl Decision {
                 retry_after_ns
             },
             reset_after_ns,
+            above_limit: false,
         }
     }
 
@@ -245,6 +250,35 @@ impl Decision {
         self.tracking
     }
 
+    /// Whether the request was allowed **above** the nominal
+    /// [`limit`](Self::limit): a soft policy's tolerance or an elastic
+    /// limit's shared pool admitted it where the nominal limit would have
+    /// denied it. Warn, log or bill it. Always `false` on a denial.
+    ///
+    /// `limit` and `remaining` stay nominal: `remaining` counts what is left
+    /// below the nominal limit, and is 0 while a key is above it.
+    ///
+    /// ```
+    /// # use ratewall::{KeyedPolicyLimiter, ManualClock, Policy, Tolerance, Window};
+    /// let soft = Policy::fixed_window(Window::per_minute(2)).soft(Tolerance::Units(1));
+    /// let l = KeyedPolicyLimiter::<u8, _>::builder(soft).clock(ManualClock::new()).build()?;
+    /// let d = [l.check_key(&1), l.check_key(&1), l.check_key(&1), l.check_key(&1)];
+    /// assert_eq!(d.map(|d| d.is_allowed()), [true, true, true, false]);
+    /// assert_eq!(d.map(|d| d.is_above_limit()), [false, false, true, false]);
+    /// assert_eq!(d.map(|d| (d.limit(), d.remaining())), [(2, 1), (2, 0), (2, 0), (2, 0)]);
+    /// # Ok::<(), ratewall::ConfigError>(())
+    /// ```
+    #[inline]
+    pub const fn is_above_limit(&self) -> bool {
+        self.above_limit
+    }
+
+    /// Marks an allowed decision as admitted above its nominal limit.
+    pub(crate) const fn with_above_limit(mut self, above: bool) -> Self {
+        self.above_limit = above && self.allowed;
+        self
+    }
+
     /// The value of the `RateLimit` header field of
     /// draft-ietf-httpapi-ratelimit-headers-10 for a policy named `policy`:
     /// `"policy";r=<remaining>;t=<reset_after_secs>`.
@@ -326,12 +360,14 @@ impl Decision {
                 })
             },
             reset_after_ns: primary.reset_after_ns.max(secondary.reset_after_ns),
+            // An allowed combination is above a limit if any part is.
+            above_limit: primary.allowed && (primary.above_limit || secondary.above_limit),
         }
     }
 }
 
 impl Decision {
-    fn key(&self) -> (bool, Tracking, u64, u64, u64, u64) {
+    fn key(&self) -> (bool, Tracking, u64, u64, u64, u64, bool) {
         (
             self.allowed,
             self.tracking,
@@ -339,6 +375,7 @@ impl Decision {
             self.remaining(),
             self.retry_after_ns,
             self.reset_after_ns,
+            self.above_limit,
         )
     }
 }
@@ -370,6 +407,7 @@ impl fmt::Debug for Decision {
             .field("retry_after", &self.retry_after())
             .field("reset_after", &self.reset_after())
             .field("tracking", &self.tracking)
+            .field("above_limit", &self.above_limit)
             .finish()
     }
 }

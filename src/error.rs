@@ -79,6 +79,21 @@ pub enum ConfigError {
         /// The shard count asked for.
         shards: usize,
     },
+    /// A soft policy's limit plus its tolerance does not fit the algorithm.
+    ToleranceTooLarge {
+        /// The nominal limit (a bucket's burst, a window's limit).
+        limit: u64,
+        /// The tolerance, in units.
+        tolerance: u64,
+        /// The largest tolerance accepted on this limit.
+        max: u64,
+    },
+    /// The parts of an elastic limit do not fit together, or a quota change
+    /// asks for something the limiter cannot change at run time.
+    Incompatible {
+        /// What to change, in words.
+        reason: &'static str,
+    },
 }
 
 impl fmt::Display for ConfigError {
@@ -127,6 +142,11 @@ impl fmt::Display for ConfigError {
                 f,
                 "shard count {shards} is not a power of two between 1 and 65536; use for example 64"
             ),
+            ConfigError::ToleranceTooLarge { limit, tolerance, max } => write!(
+                f,
+                "limit {limit} with a tolerance of {tolerance} does not fit this algorithm's state; use a tolerance of at most {max}"
+            ),
+            ConfigError::Incompatible { reason } => f.write_str(reason),
         }
     }
 }

@@ -35,13 +35,16 @@
 mod algo;
 mod clock;
 mod decision;
+mod elastic;
 mod error;
 mod keyed;
 mod limiter;
 mod multi;
 mod policy;
 mod quota;
+mod soft;
 mod sync;
+mod text;
 mod word;
 
 /// The algorithm types that parametrize [`Limiter`].
@@ -56,6 +59,7 @@ pub use clock::CoarseClock;
 pub use clock::QuantaClock;
 pub use clock::{Clock, ManualClock, StdClock};
 pub use decision::{Decision, Tracking};
+pub use elastic::{ElasticBuilder, ElasticLimiter, ElasticRef};
 pub use error::{ConfigError, InsufficientCapacity, InvalidPolicyName};
 pub use keyed::{
     KeyedBuilder, KeyedFixedWindow, KeyedLeakyBucket, KeyedLimiter, KeyedLogRef,
@@ -68,3 +72,5 @@ pub use limiter::{
 pub use multi::{check_all, check_all_n, check_each, KeyedRef, Limit};
 pub use policy::{KeyedPolicyBuilder, KeyedPolicyLimiter, KeyedPolicyRef, Policy, PolicyAlgorithm};
 pub use quota::{Rate, Window};
+pub use soft::Tolerance;
+pub use text::ParseError;

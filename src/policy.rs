@@ -12,6 +12,7 @@ use crate::keyed::{KeyedBuilder, KeyedLimiter, KeyedSlidingWindowLog, WhenFull};
 use crate::limiter::DefaultClock;
 use crate::multi::{Limit, Sealed};
 use crate::quota::{Rate, Window};
+use crate::soft::{widened_error, Soft, Tolerance};
 use std::borrow::Borrow;
 use std::fmt;
 use std::hash::Hash;
@@ -99,6 +100,8 @@ enum Quota {
 pub struct Policy {
     algorithm: PolicyAlgorithm,
     quota: Quota,
+    /// A soft policy's tolerance (see [`Policy::soft`]).
+    soft: Option<Tolerance>,
 }
 
 impl Policy {
@@ -112,6 +115,7 @@ impl Policy {
         Policy {
             algorithm: PolicyAlgorithm::TokenBucket,
             quota: Quota::Rate(rate),
+            soft: None,
         }
     }
 
@@ -125,6 +129,7 @@ impl Policy {
         Policy {
             algorithm: PolicyAlgorithm::LeakyBucket,
             quota: Quota::Rate(rate),
+            soft: None,
         }
     }
 
@@ -138,6 +143,7 @@ impl Policy {
         Policy {
             algorithm: PolicyAlgorithm::FixedWindow,
             quota: Quota::Window(window),
+            soft: None,
         }
     }
 
@@ -151,6 +157,7 @@ impl Policy {
         Policy {
             algorithm: PolicyAlgorithm::SlidingWindowCounter,
             quota: Quota::Window(window),
+            soft: None,
         }
     }
 
@@ -164,7 +171,94 @@ impl Policy {
         Policy {
             algorithm: PolicyAlgorithm::SlidingWindowLog,
             quota: Quota::Window(window),
+            soft: None,
         }
+    }
+
+    /// This policy as a **soft** limit: it admits up to `tolerance` above
+    /// its nominal limit, and marks what it admits there
+    /// ([`Decision::is_above_limit`]). Decisions report the nominal
+    /// [`limit`](Self::limit), and `remaining` below it.
+    ///
+    /// Every algorithm runs unchanged with its capacity widened to
+    /// [`soft_limit`](Self::soft_limit): a bucket's burst (its rate stays),
+    /// a window's limit (its length stays). So a soft token bucket admits at
+    /// most `burst + u + rate * d` in any interval `d`, a soft window at most
+    /// `limit + u` per window (`u` the tolerance in units). See
+    /// `docs/algorithms.md`.
+    ///
+    /// ```
+    /// use ratewall::{KeyedPolicyLimiter, ManualClock, Policy, Rate, Tolerance};
+    ///
+    /// let p = Policy::token_bucket(Rate::per_minute(100)).soft(Tolerance::Percent(10));
+    /// let l = KeyedPolicyLimiter::<u8, _>::builder(p).clock(ManualClock::new()).build()?;
+    /// let decisions: Vec<_> = (0..111).map(|_| l.check_key(&1)).collect();
+    /// assert_eq!(decisions.iter().filter(|d| d.is_allowed()).count(), 110);
+    /// assert_eq!(decisions.iter().filter(|d| d.is_above_limit()).count(), 10);
+    /// assert_eq!(decisions[0].limit(), 100);
+    /// # Ok::<(), ratewall::ConfigError>(())
+    /// ```
+    pub const fn soft(mut self, tolerance: Tolerance) -> Policy {
+        self.soft = Some(tolerance);
+        self
+    }
+
+    /// The soft tolerance, if this is a soft policy.
+    ///
+    /// ```
+    /// # use ratewall::{Policy, Tolerance, Window};
+    /// let p = Policy::fixed_window(Window::per_second(10));
+    /// assert_eq!(p.tolerance(), None);
+    /// assert_eq!(p.soft(Tolerance::Units(2)).tolerance(), Some(Tolerance::Units(2)));
+    /// ```
+    pub const fn tolerance(&self) -> Option<Tolerance> {
+        self.soft
+    }
+
+    /// The most cost units admitted at once, tolerance included:
+    /// [`limit`](Self::limit) plus the tolerance in units (saturating).
+    ///
+    /// ```
+    /// # use ratewall::{Policy, Rate, Tolerance};
+    /// let p = Policy::token_bucket(Rate::per_second(50)).soft(Tolerance::Percent(20));
+    /// assert_eq!((p.limit(), p.soft_limit()), (50, 60));
+    /// ```
+    pub const fn soft_limit(&self) -> u64 {
+        self.limit().saturating_add(self.tolerance_units())
+    }
+
+    /// The tolerance in units (0 for a hard policy).
+    pub(crate) const fn tolerance_units(&self) -> u64 {
+        match self.soft {
+            Some(t) => t.units(self.limit()),
+            None => 0,
+        }
+    }
+
+    /// The hard policy the limiter runs (capacity widened by the
+    /// tolerance), and how to read its decisions back.
+    pub(crate) fn widened(&self) -> Result<(Policy, Soft), ConfigError> {
+        let limit = self.limit();
+        let units = self.tolerance_units();
+        let soft = Soft { limit, units };
+        let hard = Policy {
+            soft: None,
+            ..*self
+        };
+        if units == 0 {
+            return Ok((hard, soft));
+        }
+        let too_large = || ConfigError::ToleranceTooLarge {
+            limit,
+            tolerance: units,
+            max: u64::MAX - limit,
+        };
+        let wide = limit.checked_add(units).ok_or_else(too_large)?;
+        let quota = match self.quota {
+            Quota::Rate(r) => Quota::Rate(Rate::new(r.count(), r.period()).burst(wide)),
+            Quota::Window(w) => Quota::Window(Window::new(wide, w.length())),
+        };
+        Ok((Policy { quota, ..hard }, soft))
     }
 
     /// The algorithm.
@@ -252,6 +346,20 @@ impl Policy {
     /// assert_eq!(Policy::fixed_window(Window::per_second(0)).validate(), Err(ConfigError::ZeroLimit));
     /// ```
     pub fn validate(&self) -> Result<(), ConfigError> {
+        Policy {
+            soft: None,
+            ..*self
+        }
+        .validate_hard()?;
+        let (hard, soft) = self.widened()?;
+        if soft.units > 0 {
+            hard.validate_hard()
+                .map_err(|e| widened_error(soft.limit, soft.units, e))?;
+        }
+        Ok(())
+    }
+
+    fn validate_hard(&self) -> Result<(), ConfigError> {
         match (self.algorithm, self.quota) {
             (PolicyAlgorithm::TokenBucket, Quota::Rate(r)) => Gcra::from_config(&r).map(drop),
             (PolicyAlgorithm::LeakyBucket, Quota::Rate(r)) => LeakyGcra::from_config(&r).map(drop),
@@ -278,6 +386,9 @@ impl fmt::Debug for Policy {
             Quota::Rate(r) => s.field("rate", &r),
             Quota::Window(w) => s.field("window", &w),
         };
+        if let Some(t) = self.soft {
+            s.field("tolerance", &t);
+        }
         s.finish()
     }
 }
@@ -309,6 +420,8 @@ impl fmt::Debug for Policy {
 /// ```
 pub struct KeyedPolicyLimiter<K, C: Clock = DefaultClock> {
     policy: Policy,
+    /// How to read the (widened) limiter's decisions; a no-op for a hard policy.
+    soft: Soft,
     inner: Inner<K, C>,
 }
 
@@ -514,7 +627,9 @@ impl<K, C: Clock> KeyedPolicyBuilder<K, C> {
         C: Clone,
     {
         let policy = self.policy;
-        let inner = match (policy.algorithm, policy.quota) {
+        policy.validate()?;
+        let (hard, soft) = policy.widened()?;
+        let inner = match (hard.algorithm, hard.quota) {
             (PolicyAlgorithm::TokenBucket, Quota::Rate(r)) => Inner::Token(
                 self.configure(KeyedLimiter::<K, Gcra>::builder(r))
                     .build()?,
@@ -536,7 +651,11 @@ impl<K, C: Clock> KeyedPolicyBuilder<K, C> {
             }
             _ => unreachable!("a policy's quota always matches its algorithm"),
         };
-        Ok(KeyedPolicyLimiter { policy, inner })
+        Ok(KeyedPolicyLimiter {
+            policy,
+            soft,
+            inner,
+        })
     }
 }
 
@@ -550,7 +669,55 @@ impl<K, C: Clock> KeyedPolicyLimiter<K, C> {
     /// # Ok::<(), ratewall::ConfigError>(())
     /// ```
     pub fn policy(&self) -> Policy {
-        self.policy
+        if self.policy.soft.is_some() {
+            // A soft policy's quota never changes (see `set_quota`).
+            return self.policy;
+        }
+        match &self.inner {
+            Inner::Token(l) => Policy::token_bucket(l.quota()),
+            Inner::Leaky(l) => Policy::leaky_bucket(l.quota()),
+            Inner::Fixed(l) => Policy::fixed_window(l.quota()),
+            Inner::Sliding(l) => Policy::sliding_window_counter(l.quota()),
+            Inner::Log(l) => Policy::sliding_window_log(l.quota()),
+        }
+    }
+
+    /// Changes the quota of every key at run time, keeping each key's usage
+    /// rescaled (as [`KeyedLimiter::set_quota`] does). The new policy must
+    /// run the same algorithm, and neither may be soft; otherwise nothing
+    /// changes and the error says why. An elastic limit's pool follows a
+    /// capacity signal this way.
+    ///
+    /// ```
+    /// # use ratewall::{KeyedPolicyLimiter, ManualClock, Policy, Rate, Window};
+    /// let l = KeyedPolicyLimiter::<u8, _>::builder(Policy::token_bucket(Rate::per_second(10)))
+    ///     .clock(ManualClock::new()).build()?;
+    /// let _ = l.check_key_n(&1, 4);
+    /// l.set_quota(Policy::token_bucket(Rate::per_second(20)))?;
+    /// assert_eq!(l.peek_key(&1).remaining(), 15); // 4 still in use
+    /// assert_eq!(l.policy(), Policy::token_bucket(Rate::per_second(20)));
+    /// assert!(l.set_quota(Policy::fixed_window(Window::per_second(5))).is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn set_quota(&self, policy: Policy) -> Result<(), ConfigError> {
+        if policy.algorithm != self.policy.algorithm {
+            return Err(ConfigError::Incompatible {
+                reason: "a quota change keeps the algorithm; build a new limiter to change it",
+            });
+        }
+        if policy.soft.is_some() || self.policy.soft.is_some() {
+            return Err(ConfigError::Incompatible {
+                reason: "a soft policy's quota cannot change at run time; build a new limiter",
+            });
+        }
+        match (&self.inner, policy.quota) {
+            (Inner::Token(l), Quota::Rate(r)) => l.set_quota(r),
+            (Inner::Leaky(l), Quota::Rate(r)) => l.set_quota(r),
+            (Inner::Fixed(l), Quota::Window(w)) => l.set_quota(w),
+            (Inner::Sliding(l), Quota::Window(w)) => l.set_quota(w),
+            (Inner::Log(l), Quota::Window(w)) => l.set_quota(w),
+            _ => unreachable!("a policy's quota always matches its algorithm"),
+        }
     }
 
     /// Checks one request of cost 1 for `key`.
@@ -568,7 +735,8 @@ impl<K, C: Clock> KeyedPolicyLimiter<K, C> {
         K: Borrow<Q>,
         Q: Hash + ?Sized,
     {
-        dispatch!(&self.inner, l => l.check_key(key))
+        self.soft
+            .view(dispatch!(&self.inner, l => l.check_key(key)))
     }
 
     /// Checks a request of cost `n` for `key`. A cost above the limit can
@@ -587,7 +755,7 @@ impl<K, C: Clock> KeyedPolicyLimiter<K, C> {
         K: Borrow<Q>,
         Q: Hash + ?Sized,
     {
-        dispatch!(&self.inner, l => l.check_key_n(key, n))
+        dispatch!(&self.inner, l => l.check_key_n(key, n)).map(|d| self.soft.view(d))
     }
 
     /// [`check_key_n`](Self::check_key_n) at the time `now` (nanoseconds on
@@ -612,7 +780,7 @@ impl<K, C: Clock> KeyedPolicyLimiter<K, C> {
         K: Borrow<Q>,
         Q: Hash + ?Sized,
     {
-        dispatch!(&self.inner, l => l.check_key_n_at(key, now, n))
+        dispatch!(&self.inner, l => l.check_key_n_at(key, now, n)).map(|d| self.soft.view(d))
     }
 
     /// The decision a unit request for `key` would get, without taking it.
@@ -651,7 +819,7 @@ impl<K, C: Clock> KeyedPolicyLimiter<K, C> {
         K: Borrow<Q>,
         Q: Hash + ?Sized,
     {
-        dispatch!(&self.inner, l => l.peek_key_n(key, n))
+        dispatch!(&self.inner, l => l.peek_key_n(key, n)).map(|d| self.soft.view(d))
     }
 
     /// Gives back `n` units that an earlier check of `key` took.
@@ -820,7 +988,7 @@ impl<K, C: Clock> KeyedPolicyLimiter<K, C> {
 impl<K, C: Clock> fmt::Debug for KeyedPolicyLimiter<K, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut s = f.debug_struct("KeyedPolicyLimiter");
-        s.field("policy", &self.policy);
+        s.field("policy", &self.policy());
         dispatch!(&self.inner, l => s.field("limiter", l));
         s.finish()
     }
@@ -860,7 +1028,7 @@ pub struct KeyedPolicyRef<'a, K, Q: ?Sized, C: Clock> {
 impl<K, Q: ?Sized + fmt::Debug, C: Clock> fmt::Debug for KeyedPolicyRef<'_, K, Q, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("KeyedPolicyRef")
-            .field("policy", &self.limiter.policy)
+            .field("policy", &self.limiter.policy())
             .field("key", &self.key)
             .finish()
     }
@@ -881,9 +1049,11 @@ where
     #[inline]
     fn take_at(&self, now: u64, n: u64) -> Result<Decision, InsufficientCapacity> {
         dispatch!(&self.limiter.inner, l => l.with_key(self.key).take_at(now, n))
+            .map(|d| self.limiter.soft.view(d))
     }
     fn peek_at(&self, now: u64, n: u64) -> Result<Decision, InsufficientCapacity> {
         dispatch!(&self.limiter.inner, l => l.with_key(self.key).peek_at(now, n))
+            .map(|d| self.limiter.soft.view(d))
     }
     fn give_back_at(&self, now: u64, n: u64) {
         dispatch!(&self.limiter.inner, l => l.with_key(self.key).give_back_at(now, n))

@@ -163,6 +163,11 @@ impl Rate {
         }
     }
 
+    /// The burst as set (`None`: it follows the count).
+    pub(crate) const fn burst_setting(&self) -> Option<u64> {
+        self.burst
+    }
+
     /// Validates the rate into GCRA parameters.
     pub(crate) fn to_gcra(self) -> Result<Gcra, ConfigError> {
         if self.count == 0 {
