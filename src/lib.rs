@@ -41,6 +41,8 @@ mod limiter;
 mod multi;
 mod policy;
 mod quota;
+#[cfg(feature = "redis")]
+pub mod redis;
 mod sync;
 mod word;
 
