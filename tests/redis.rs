@@ -463,3 +463,71 @@ async fn a_stalled_server_costs_at_most_the_timeout_under_load() {
     let d = l.check(b"after").await.unwrap();
     assert_eq!(d.source(), DecisionSource::Redis);
 }
+
+/// All or nothing: a denial by one limit leaves the others as if the
+/// request never came, also under 64 concurrent callers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multi_limit_is_all_or_nothing_and_leaks_no_capacity() {
+    use ratewall::redis::check_all;
+    let server = RedisServer::start();
+    let b = backend(&server, SLOW);
+    let hour = Duration::from_secs(3600);
+    let per_user = Arc::new(limiter(
+        Policy::sliding_window_log(Window::new(5, hour)),
+        &b,
+        "user",
+        FailurePolicy::Closed,
+    ));
+    let per_ip = Arc::new(limiter(
+        Policy::token_bucket(Rate::new(100, hour)),
+        &b,
+        "ip",
+        FailurePolicy::Closed,
+    ));
+    let route = Arc::new(limiter(
+        Policy::fixed_window(Window::new(1000, hour)),
+        &b,
+        "route",
+        FailurePolicy::Closed,
+    ));
+    // A cost one limit can never admit: an error, nothing taken.
+    let e = check_all(&[(&per_ip, b"ip1", 2), (&per_user, b"alice", 6)]).await;
+    assert!(matches!(e, Err(RedisError::InsufficientCapacity(_))));
+    assert_eq!(per_ip.peek(b"ip1").await.unwrap().remaining(), 99);
+    // 64 concurrent callers, 4 attempts each: exactly 5 pass (the user's
+    // limit), and every other attempt is given back to the IP and route.
+    let mut tasks = Vec::new();
+    for _ in 0..64 {
+        let (u, i, r) = (per_user.clone(), per_ip.clone(), route.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut passed = 0;
+            for _ in 0..4 {
+                let (ok, ds) = check_all(&[(&i, b"ip1", 1), (&u, b"alice", 1), (&r, b"/login", 1)])
+                    .await
+                    .unwrap();
+                assert_eq!(ds.len(), 3);
+                assert_eq!(ok, ds.iter().all(|d| d.is_allowed()));
+                passed += u64::from(ok);
+            }
+            passed
+        }));
+    }
+    let mut passed = 0;
+    for t in tasks {
+        passed += t.await.unwrap();
+    }
+    assert_eq!(passed, 5);
+    assert_eq!(per_ip.peek(b"ip1").await.unwrap().remaining(), 100 - 5 - 1);
+    assert_eq!(
+        route.peek(b"/login").await.unwrap().remaining(),
+        1000 - 5 - 1
+    );
+    assert!(!per_user.peek(b"alice").await.unwrap().is_allowed());
+    // The first limit denying: nothing is taken from the others either.
+    let (ok, ds) = check_all(&[(&per_user, b"alice", 1), (&per_ip, b"ip2", 3)])
+        .await
+        .unwrap();
+    assert!(!ok && !ds[0].is_allowed() && ds[1].is_allowed());
+    assert_eq!(per_ip.peek(b"ip2").await.unwrap().remaining(), 99);
+    assert_eq!(check_all(&[]).await.unwrap(), (true, vec![]));
+}

@@ -326,6 +326,29 @@ impl RedisLimiter {
         Ok(())
     }
 
+    /// The errors a check of `n` for `key` gets before any call.
+    pub(crate) fn validate(&self, key: &[u8], n: u64) -> Result<(), RedisError> {
+        if n.max(1) > self.program.limit {
+            return Err(RedisError::InsufficientCapacity(
+                crate::InsufficientCapacity {
+                    requested: n,
+                    capacity: self.program.limit,
+                },
+            ));
+        }
+        if key.is_empty() {
+            return Err(RedisError::EmptyKey);
+        }
+        Ok(())
+    }
+
+    /// Gives `n` back to the local fallback only.
+    pub(crate) fn refund_fallback(&self, key: &[u8], n: u64) {
+        if let Some(local) = &self.fallback {
+            local.refund_key(key, n);
+        }
+    }
+
     /// A check (`consume`) or peek of `n` for `key`; `now_us` replaces the
     /// server's clock on the test-only path.
     pub(crate) async fn decide(
@@ -335,15 +358,8 @@ impl RedisLimiter {
         consume: bool,
         now_us: Option<u64>,
     ) -> Result<RedisDecision, RedisError> {
+        self.validate(key, n)?;
         let cost = n.max(1);
-        if cost > self.program.limit {
-            return Err(RedisError::InsufficientCapacity(
-                crate::InsufficientCapacity {
-                    requested: n,
-                    capacity: self.program.limit,
-                },
-            ));
-        }
         let rkey = self.redis_key(key)?;
         let mode = if consume { Mode::Check } else { Mode::Peek };
         match self.call(&rkey, mode, cost, now_us).await {

@@ -9,6 +9,8 @@
 //! - [`RedisDecision`]: a [`Decision`] plus where it came from
 //!   ([`DecisionSource`]): Redis, the local fallback, or fail-open.
 //! - [`FailurePolicy`]: what to answer when Redis cannot.
+//! - [`check_all`]: several (limit, key, cost) triples, all or nothing, in
+//!   parallel, for the HTTP layer.
 //!
 //! Each algorithm is one Lua script (in `src/redis/lua/`), loaded once and
 //! called by its SHA (reloaded on `NOSCRIPT`). The script reads the
@@ -46,6 +48,7 @@ mod breaker;
 mod error;
 mod key;
 mod limiter;
+mod multi;
 mod script;
 #[cfg(test)]
 mod tests;
@@ -56,6 +59,7 @@ pub use backend::{
 };
 pub use error::RedisError;
 pub use limiter::{FailurePolicy, RedisLimiter, RedisLimiterBuilder};
+pub use multi::check_all;
 
 use crate::decision::Decision;
 #[allow(unused_imports)] // doc links
