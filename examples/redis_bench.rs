@@ -1,0 +1,147 @@
+//! Redis backend throughput against the seed token-bucket script
+//! (docs/distributed.md), same server, same run, loopback:
+//! `cargo run --release --example redis_bench --features redis`.
+//!
+//! For 1, 16 and 128 concurrent callers: checks/s and p50/p99 latency of
+//! ratewall's GCRA script and of the seed script, on uniform keys (all
+//! allowed) and on one hot key (mostly denied). A harness, not a test:
+//! read the ratios, not the absolute numbers, on a shared machine.
+
+use ratewall::redis::{FailurePolicy, RedisBackend, RedisLimiter};
+use ratewall::{Policy, Rate};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+const SEED: &str = r#"
+local key = KEYS[1]
+local capacity = tonumber(ARGV[1])
+local refill_rate = tonumber(ARGV[2])
+local now = tonumber(ARGV[3])
+local bucket = redis.call('HMGET', key, 'tokens', 'last_refill')
+local tokens = tonumber(bucket[1]) or capacity
+local last_refill = tonumber(bucket[2]) or now
+local elapsed = now - last_refill
+tokens = math.min(capacity, tokens + elapsed * refill_rate)
+if tokens < 1 then return 0 end
+tokens = tokens - 1
+redis.call('HMSET', key, 'tokens', tokens, 'last_refill', now)
+redis.call('EXPIRE', key, 3600)
+return 1
+"#;
+
+const RUN: Duration = Duration::from_millis(1500);
+
+#[tokio::main]
+async fn main() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut server = Command::new("redis-server")
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("redis-server (apt-get install redis-server)");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let url = format!("redis://127.0.0.1:{port}");
+    let backend = RedisBackend::builder(url.clone())
+        .timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let ours = Arc::new(
+        RedisLimiter::builder(
+            Policy::token_bucket(Rate::per_second(100).burst(100)),
+            &backend,
+        )
+        .name("bench")
+        .on_failure(FailurePolicy::Closed)
+        .build()
+        .unwrap(),
+    );
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let conn = client.get_multiplexed_async_connection().await.unwrap();
+    let seed = Arc::new(redis::Script::new(SEED));
+    println!(
+        "{:<10} {:<8} {:>7} {:>12} {:>9} {:>9} {:>8}",
+        "workload", "script", "callers", "checks/s", "p50 us", "p99 us", "allowed"
+    );
+    for hot in [false, true] {
+        for callers in [1usize, 16, 128] {
+            for which in ["seed", "ratewall"] {
+                let stop = Instant::now() + RUN;
+                let mut tasks = Vec::new();
+                for c in 0..callers {
+                    let ours = ours.clone();
+                    let seed = seed.clone();
+                    let mut conn = conn.clone();
+                    tasks.push(tokio::spawn(async move {
+                        let mut lat = Vec::new();
+                        let mut allowed = 0u64;
+                        let mut i = c as u64 * 7919;
+                        while Instant::now() < stop {
+                            i += 1;
+                            let key = if hot {
+                                "hot".to_string()
+                            } else {
+                                format!("k{}", i % 100_000)
+                            };
+                            let t = Instant::now();
+                            let ok = if which == "seed" {
+                                let now = SystemTime::now()
+                                    .duration_since(UNIX_EPOCH)
+                                    .unwrap()
+                                    .as_secs_f64();
+                                let v: i64 = seed
+                                    .key(format!("seed:{key}"))
+                                    .arg(100)
+                                    .arg(100)
+                                    .arg(now)
+                                    .invoke_async(&mut conn)
+                                    .await
+                                    .unwrap();
+                                v == 1
+                            } else {
+                                ours.check(key.as_bytes()).await.unwrap().is_allowed()
+                            };
+                            lat.push(t.elapsed());
+                            allowed += u64::from(ok);
+                        }
+                        (lat, allowed)
+                    }));
+                }
+                let mut lat = Vec::new();
+                let mut allowed = 0;
+                for t in tasks {
+                    let (l, a) = t.await.unwrap();
+                    lat.extend(l);
+                    allowed += a;
+                }
+                lat.sort();
+                let n = lat.len();
+                println!(
+                    "{:<10} {:<8} {:>7} {:>12.0} {:>9} {:>9} {:>7.0}%",
+                    if hot { "hot key" } else { "uniform" },
+                    which,
+                    callers,
+                    n as f64 / RUN.as_secs_f64(),
+                    lat[n / 2].as_micros(),
+                    lat[n * 99 / 100].as_micros(),
+                    100.0 * allowed as f64 / n as f64
+                );
+            }
+        }
+    }
+    let _ = server.kill();
+    let _ = server.wait();
+}
