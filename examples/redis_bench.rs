@@ -3,7 +3,8 @@
 //! `cargo run --release --example redis_bench --features redis`.
 //!
 //! For 1, 16 and 128 concurrent callers: checks/s and p50/p99 latency of
-//! ratewall's GCRA script and of the seed script, on uniform keys (all
+//! ratewall's GCRA script through `RedisLimiter` ("ratewall"), the same
+//! script on the seed's plain connection ("raw"), and the seed script, on uniform keys (all
 //! allowed) and on one hot key (mostly denied). A harness, not a test:
 //! read the ratios, not the absolute numbers, on a shared machine.
 
@@ -29,6 +30,15 @@ redis.call('HMSET', key, 'tokens', tokens, 'last_refill', now)
 redis.call('EXPIRE', key, 3600)
 return 1
 "#;
+
+/// ratewall's GCRA script, sent over the same plain connection as the
+/// seed: separates the script's cost from the client stack's.
+const OURS_RAW: &str = concat!(
+    include_str!("../src/redis/lua/prelude.lua"),
+    include_str!("../src/redis/lua/gcra.lua"),
+    "local step, refund = gcra_step, gcra_refund\n",
+    include_str!("../src/redis/lua/check.lua"),
+);
 
 const RUN: Duration = Duration::from_millis(1500);
 
@@ -72,18 +82,20 @@ async fn main() {
     let client = redis::Client::open(url.as_str()).unwrap();
     let conn = client.get_multiplexed_async_connection().await.unwrap();
     let seed = Arc::new(redis::Script::new(SEED));
+    let raw = Arc::new(redis::Script::new(OURS_RAW));
     println!(
         "{:<10} {:<8} {:>7} {:>12} {:>9} {:>9} {:>8}",
         "workload", "script", "callers", "checks/s", "p50 us", "p99 us", "allowed"
     );
     for hot in [false, true] {
         for callers in [1usize, 16, 128] {
-            for which in ["seed", "ratewall"] {
+            for which in ["seed", "raw", "ratewall"] {
                 let stop = Instant::now() + RUN;
                 let mut tasks = Vec::new();
                 for c in 0..callers {
                     let ours = ours.clone();
                     let seed = seed.clone();
+                    let raw = raw.clone();
                     let mut conn = conn.clone();
                     tasks.push(tokio::spawn(async move {
                         let mut lat = Vec::new();
@@ -111,6 +123,19 @@ async fn main() {
                                     .await
                                     .unwrap();
                                 v == 1
+                            } else if which == "raw" {
+                                let v: Vec<i64> = raw
+                                    .key(format!("raw:{key}"))
+                                    .arg("c")
+                                    .arg(1)
+                                    .arg(10_000)
+                                    .arg(1_000_000)
+                                    .arg(100)
+                                    .arg("")
+                                    .invoke_async(&mut conn)
+                                    .await
+                                    .unwrap();
+                                v[0] == 1
                             } else {
                                 ours.check(key.as_bytes()).await.unwrap().is_allowed()
                             };

@@ -531,3 +531,75 @@ async fn multi_limit_is_all_or_nothing_and_leaks_no_capacity() {
     assert_eq!(per_ip.peek(b"ip2").await.unwrap().remaining(), 99);
     assert_eq!(check_all(&[]).await.unwrap(), (true, vec![]));
 }
+
+/// A hot key under attack: with the deny cache, at most one denied round
+/// trip per retry_after; without it, one per check. The same requests are
+/// admitted either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_deny_cache_spares_round_trips_for_a_denied_hot_key() {
+    let server = RedisServer::start();
+    let b = backend(&server, SLOW);
+    // One unit every 100 ms, burst 1.
+    let policy = Policy::token_bucket(Rate::new(1, Duration::from_millis(100)));
+    for cached in [false, true] {
+        let mut builder = RedisLimiter::builder(policy, &b)
+            .prefix("it")
+            .name(if cached { "cached" } else { "plain" })
+            .on_failure(FailurePolicy::Closed);
+        if cached {
+            builder = builder.deny_cache(1000);
+        }
+        let l = builder.build().unwrap();
+        let start = Instant::now();
+        let (mut checks, mut admitted, mut denied_by_redis, mut from_cache) =
+            (0u64, 0u64, 0u64, 0u64);
+        while start.elapsed() < Duration::from_millis(550) {
+            let d = l.check(b"hot").await.unwrap();
+            checks += 1;
+            admitted += u64::from(d.is_allowed());
+            match d.source() {
+                DecisionSource::Redis if !d.is_allowed() => denied_by_redis += 1,
+                DecisionSource::DenyCache => {
+                    from_cache += 1;
+                    assert!(!d.is_allowed());
+                    assert!(d.retry_after() <= Duration::from_millis(100));
+                }
+                _ => {}
+            }
+        }
+        let periods = start.elapsed().as_millis() as u64 / 100 + 1;
+        assert!(checks > 50, "{checks}");
+        assert!(
+            admitted >= 1 && admitted <= periods + 1,
+            "{admitted} in {periods}"
+        );
+        if cached {
+            assert!(
+                denied_by_redis <= periods + 1,
+                "{denied_by_redis} Redis denials in {periods} periods"
+            );
+            assert!(from_cache > checks / 2, "{from_cache} of {checks}");
+        } else {
+            assert_eq!(from_cache, 0);
+            assert!(denied_by_redis > checks / 2);
+        }
+    }
+    // A refund here clears this instance's entry at once.
+    let l = RedisLimiter::builder(policy, &b)
+        .prefix("it")
+        .name("refund")
+        .deny_cache(10)
+        .build()
+        .unwrap();
+    assert!(l.check(b"k").await.unwrap().is_allowed());
+    assert_eq!(l.check(b"k").await.unwrap().source(), DecisionSource::Redis);
+    assert_eq!(
+        l.check(b"k").await.unwrap().source(),
+        DecisionSource::DenyCache
+    );
+    l.refund(b"k", 1).await.unwrap();
+    let d = l.check(b"k").await.unwrap();
+    assert!(d.is_allowed() && d.source() == DecisionSource::Redis);
+    let bad = RedisLimiter::builder(policy, &b).deny_cache(0).build();
+    assert!(matches!(bad, Err(RedisError::Config(_))));
+}

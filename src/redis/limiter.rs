@@ -1,6 +1,7 @@
 //! [`RedisLimiter`]: a [`Policy`] whose state lives in Redis.
 
 use super::backend::RedisBackend;
+use super::deny_cache::DenyCache;
 use super::key;
 use super::script::{Mode, Program};
 use super::{DecisionSource, RedisDecision, RedisError};
@@ -117,6 +118,7 @@ pub struct RedisLimiter {
     backend: RedisBackend,
     failure: FailurePolicy,
     fallback: Option<KeyedPolicyLimiter<Vec<u8>>>,
+    deny_cache: Option<DenyCache>,
 }
 
 /// Configures a [`RedisLimiter`]: key prefix, policy name, failure policy.
@@ -147,6 +149,7 @@ pub struct RedisLimiterBuilder {
     name: Option<String>,
     failure: FailurePolicy,
     fallback_max_keys: usize,
+    deny_cache: Option<usize>,
 }
 
 impl RedisLimiter {
@@ -169,6 +172,7 @@ impl RedisLimiter {
             name: None,
             failure: FailurePolicy::default(),
             fallback_max_keys: 65_536,
+            deny_cache: None,
         }
     }
 
@@ -319,6 +323,9 @@ impl RedisLimiter {
     /// ```
     pub async fn reset(&self, key: &[u8]) -> Result<(), RedisError> {
         let rkey = self.redis_key(key)?;
+        if let Some(c) = &self.deny_cache {
+            c.clear(&rkey);
+        }
         if let Some(local) = &self.fallback {
             local.reset_key(key);
         }
@@ -361,12 +368,30 @@ impl RedisLimiter {
         self.validate(key, n)?;
         let cost = n.max(1);
         let rkey = self.redis_key(key)?;
+        // The test-only clock path never uses the cache (its time is not ours).
+        let cache = self.deny_cache.as_ref().filter(|_| now_us.is_none());
+        if let Some(left) = cache.and_then(|c| c.denied_for(&rkey)) {
+            return Ok(RedisDecision {
+                decision: Decision::deny(self.program.limit, 0, left, left),
+                source: DecisionSource::DenyCache,
+            });
+        }
         let mode = if consume { Mode::Check } else { Mode::Peek };
         match self.call(&rkey, mode, cost, now_us).await {
-            Ok(reply) => Ok(RedisDecision {
-                decision: parse_decision(&reply)?,
-                source: DecisionSource::Redis,
-            }),
+            Ok(reply) => {
+                let decision = parse_decision(&reply)?;
+                if let Some(c) = cache {
+                    // Only a unit denial with nothing left is certain to hold
+                    // for every cost until its retry_after.
+                    if !decision.is_allowed() && decision.remaining() == 0 && cost == 1 {
+                        c.record(&rkey, decision.retry_after().as_nanos() as u64);
+                    }
+                }
+                Ok(RedisDecision {
+                    decision,
+                    source: DecisionSource::Redis,
+                })
+            }
             Err(RedisError::Unavailable { retry_in, cause }) => match &self.fallback {
                 Some(local) => {
                     let decision = if consume {
@@ -403,6 +428,9 @@ impl RedisLimiter {
         let rkey = self.redis_key(key)?;
         if n == 0 {
             return Ok(());
+        }
+        if let Some(c) = &self.deny_cache {
+            c.clear(&rkey);
         }
         // Giving back more than the limit is giving back the limit.
         let n = n.min(self.program.limit);
@@ -540,6 +568,29 @@ impl RedisLimiterBuilder {
         self
     }
 
+    /// A local deny cache of up to `max_keys` keys (off by default): after
+    /// Redis denies a unit request for a key with `retry_after` r, checks
+    /// of that key before r are denied locally with no round trip
+    /// ([`DecisionSource::DenyCache`]), so a hot key under attack costs one
+    /// round trip per r. Exact until capacity comes back early from
+    /// elsewhere: a refund or reset by another instance makes this instance
+    /// deny that key up to r too long (never admit too much). Its own
+    /// refunds and resets clear the entry.
+    ///
+    /// ```
+    /// # use ratewall::redis::{RedisBackend, RedisLimiter};
+    /// # use ratewall::{Policy, Rate};
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// # let redis = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
+    /// let l = RedisLimiter::builder(Policy::token_bucket(Rate::per_second(5)), &redis)
+    ///     .deny_cache(100_000).build()?;
+    /// # Ok::<(), ratewall::redis::RedisError>(()) }).unwrap();
+    /// ```
+    pub fn deny_cache(mut self, max_keys: usize) -> Self {
+        self.deny_cache = Some(max_keys);
+        self
+    }
+
     /// The limiter; the policy is validated for Redis here.
     ///
     /// ```
@@ -553,6 +604,14 @@ impl RedisLimiterBuilder {
     /// ```
     pub fn build(self) -> Result<RedisLimiter, RedisError> {
         let program = Program::compile(&self.policy)?;
+        if let Some(max_keys) = self.deny_cache {
+            if max_keys == 0 || max_keys > crate::MAX_KEYS {
+                return Err(RedisError::Config(crate::ConfigError::InvalidCapacity {
+                    max_keys,
+                    max: crate::MAX_KEYS,
+                }));
+            }
+        }
         let name = self.name.unwrap_or_else(|| program.default_name());
         for part in [&self.prefix, &name] {
             if !key::valid_name(part) {
@@ -580,6 +639,7 @@ impl RedisLimiterBuilder {
             backend: self.backend,
             failure: self.failure,
             fallback,
+            deny_cache: self.deny_cache.map(DenyCache::new),
         })
     }
 }

@@ -45,6 +45,7 @@
 
 mod backend;
 mod breaker;
+mod deny_cache;
 mod error;
 mod key;
 mod limiter;
@@ -79,6 +80,10 @@ use std::ops::Deref;
 pub enum DecisionSource {
     /// The script in Redis decided, on the shared state.
     Redis,
+    /// Denied locally, with no round trip: Redis denied this key a moment
+    /// ago and its `retry_after` has not passed (see
+    /// [`RedisLimiterBuilder::deny_cache`]).
+    DenyCache,
     /// Redis could not answer; the local fallback limiter decided
     /// ([`FailurePolicy::FallbackShare`] or [`FailurePolicy::Fallback`]).
     Fallback,

@@ -102,7 +102,7 @@ impl RedisLimiter {
                 self.refund_fallback(key, n);
                 Ok(())
             }
-            DecisionSource::FailOpen => Ok(()),
+            DecisionSource::FailOpen | DecisionSource::DenyCache => Ok(()),
         }
     }
 }
