@@ -4,8 +4,10 @@
 
 use super::breaker::{Breaker, Permit};
 use super::RedisError;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{ErrorKind, ServerErrorKind, Value};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, ErrorKind, Pipeline, RedisFuture, ServerErrorKind, Value};
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -48,7 +50,7 @@ pub struct RedisBackend {
 }
 
 struct Inner {
-    conn: ConnectionManager,
+    conn: Conn,
     url: String,
     timeout: Duration,
     breaker: Breaker,
@@ -73,6 +75,7 @@ struct Inner {
 #[derive(Debug, Clone)]
 pub struct RedisBackendBuilder {
     url: String,
+    cluster: Option<Vec<String>>,
     timeout: Duration,
     connect_timeout: Duration,
     failures: u32,
@@ -90,11 +93,36 @@ impl RedisBackend {
     pub fn builder(url: impl Into<String>) -> RedisBackendBuilder {
         RedisBackendBuilder {
             url: url.into(),
+            cluster: None,
             timeout: DEFAULT_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             failures: DEFAULT_BREAKER_FAILURES,
             cool_down: DEFAULT_COOL_DOWN,
         }
+    }
+
+    /// A builder for a Redis Cluster reached through any of `nodes`
+    /// (`redis://host:port` each). The client follows `MOVED` and `ASK`
+    /// redirects (the script did not run there, so following is safe) and
+    /// learns the slot map; each key's script runs on its slot's master.
+    /// The cluster client has no response timeout of its own: the per-call
+    /// timeout here always bounds a call.
+    ///
+    /// ```no_run
+    /// # use ratewall::redis::RedisBackend;
+    /// # async fn f() -> Result<(), ratewall::redis::RedisError> {
+    /// let redis = RedisBackend::cluster_builder(["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"]).build()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn cluster_builder<I, S>(nodes: I) -> RedisBackendBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let nodes: Vec<String> = nodes.into_iter().map(Into::into).collect();
+        let mut b = RedisBackend::builder(nodes.first().cloned().unwrap_or_default());
+        b.cluster = Some(nodes);
+        b
     }
 
     /// The per-call timeout.
@@ -145,7 +173,7 @@ impl RedisBackend {
 
     async fn guarded<F, Fut>(&self, call: F) -> Result<Value, RedisError>
     where
-        F: FnOnce(ConnectionManager) -> Fut,
+        F: FnOnce(AnyConn) -> Fut,
         Fut: std::future::Future<Output = redis::RedisResult<Value>>,
     {
         let inner = &*self.inner;
@@ -155,7 +183,11 @@ impl RedisBackend {
                 cause: "circuit open after repeated failures".into(),
             });
         }
-        match tokio::time::timeout(inner.timeout, call(inner.conn.clone())).await {
+        let attempt = async {
+            let conn = inner.conn.get().await?;
+            call(conn).await
+        };
+        match tokio::time::timeout(inner.timeout, attempt).await {
             Ok(Ok(value)) => {
                 inner.breaker.success();
                 Ok(value)
@@ -269,6 +301,24 @@ impl RedisBackendBuilder {
     /// # Ok(()) }
     /// ```
     pub fn build(self) -> Result<RedisBackend, RedisError> {
+        let invalid = |e: redis::RedisError| RedisError::InvalidUrl {
+            message: e.to_string(),
+        };
+        if let Some(nodes) = &self.cluster {
+            // Redirects (MOVED, ASK) count as retries; two cover a slot
+            // move. A retry after a lost connection may run a script twice:
+            // that over-counts (denies early), never admits extra.
+            let client = ClusterClient::builder(nodes.iter().map(String::as_str))
+                .connection_timeout(self.connect_timeout)
+                .response_timeout(self.timeout)
+                .retries(2)
+                .build()
+                .map_err(invalid)?;
+            return Ok(self.finish(Conn::Cluster(Box::new(LazyCluster {
+                client,
+                conn: tokio::sync::OnceCell::new(),
+            }))));
+        }
         let client =
             redis::Client::open(self.url.as_str()).map_err(|e| RedisError::InvalidUrl {
                 message: e.to_string(),
@@ -282,19 +332,82 @@ impl RedisBackendBuilder {
             .set_number_of_retries(1)
             .set_min_delay(Duration::from_millis(5))
             .set_max_delay(Duration::from_millis(50));
-        let conn = ConnectionManager::new_lazy_with_config(client, config).map_err(|e| {
-            RedisError::InvalidUrl {
-                message: e.to_string(),
-            }
-        })?;
-        Ok(RedisBackend {
+        let conn = ConnectionManager::new_lazy_with_config(client, config).map_err(invalid)?;
+        Ok(self.finish(Conn::Single(conn)))
+    }
+
+    fn finish(self, conn: Conn) -> RedisBackend {
+        RedisBackend {
             inner: Arc::new(Inner {
                 conn,
                 url: self.url,
                 timeout: self.timeout,
                 breaker: Breaker::new(self.failures, self.cool_down, self.timeout),
             }),
-        })
+        }
+    }
+}
+
+/// The server or cluster behind a backend.
+enum Conn {
+    Single(ConnectionManager),
+    /// Connected on first use (under the per-call timeout), so a cluster
+    /// that is down at start-up is a failure of the first calls.
+    Cluster(Box<LazyCluster>),
+}
+
+struct LazyCluster {
+    client: ClusterClient,
+    conn: tokio::sync::OnceCell<ClusterConnection>,
+}
+
+impl Conn {
+    async fn get(&self) -> redis::RedisResult<AnyConn> {
+        match self {
+            Conn::Single(c) => Ok(AnyConn::Single(c.clone())),
+            Conn::Cluster(lazy) => {
+                let c = lazy
+                    .conn
+                    .get_or_try_init(|| lazy.client.get_async_connection())
+                    .await?;
+                Ok(AnyConn::Cluster(c.clone()))
+            }
+        }
+    }
+}
+
+/// One call's handle on either kind of connection.
+#[derive(Clone)]
+pub(crate) enum AnyConn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for AnyConn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            AnyConn::Single(c) => c.req_packed_command(cmd),
+            AnyConn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            AnyConn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            AnyConn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            AnyConn::Single(c) => c.get_db(),
+            AnyConn::Cluster(c) => c.get_db(),
+        }
     }
 }
 

@@ -168,3 +168,103 @@ pub fn raw_command(port: u16, args: &[&str]) -> std::io::Result<String> {
     let n = s.read(&mut buf)?;
     Ok(String::from_utf8_lossy(&buf[..n]).into_owned())
 }
+
+/// A Redis Cluster of `masters` masters (no replicas), each a throwaway
+/// server with its own fresh directory (a stale `nodes.conf` would refuse
+/// to join) and its cluster bus port (port + 10000) free.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    pub fn start(masters: usize) -> RedisCluster {
+        let mut nodes = Vec::new();
+        while nodes.len() < masters {
+            let port = free_port();
+            let bus_free = port < 55_000 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok();
+            if !bus_free {
+                continue;
+            }
+            let mut s = RedisServer {
+                child: None,
+                port,
+                dir: fresh_dir(port),
+                extra: [
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "1000",
+                    // Slots on live masters keep serving when one dies.
+                    "--cluster-require-full-coverage",
+                    "no",
+                ]
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+            };
+            s.spawn();
+            nodes.push(s);
+        }
+        let mut cmd = Command::new("redis-cli");
+        cmd.arg("--cluster").arg("create");
+        for n in &nodes {
+            cmd.arg(format!("127.0.0.1:{}", n.port));
+        }
+        cmd.args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        match cmd.status() {
+            Ok(s) if s.success() => {}
+            Ok(s) => panic!("redis-cli --cluster create failed: {s}"),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!(
+                "redis-cli not found on PATH. Install it: `apt-get update && apt-get install -y redis-tools`"
+            ),
+            Err(e) => panic!("redis-cli: {e}"),
+        }
+        let deadline = Instant::now() + Duration::from_secs(15);
+        for n in &nodes {
+            while !n.cmd(&["CLUSTER", "INFO"]).contains("cluster_state:ok") {
+                assert!(
+                    Instant::now() < deadline,
+                    "cluster did not come up on {}",
+                    n.port
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        RedisCluster { nodes }
+    }
+
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    /// The node that serves `key`'s slot.
+    pub fn owner(&self, key: &str) -> usize {
+        // A GET of the key answers on the slot's owner; elsewhere it is MOVED.
+        self.nodes
+            .iter()
+            .position(|n| !n.cmd(&["GET", key]).starts_with("-MOVED"))
+            .unwrap_or_else(|| panic!("no owner for {key}"))
+    }
+
+    /// `key`'s slot.
+    pub fn slot(&self, key: &str) -> u16 {
+        self.nodes[0].cmd(&["CLUSTER", "KEYSLOT", key])[1..]
+            .trim()
+            .parse()
+            .unwrap()
+    }
+
+    /// Each node's id.
+    pub fn id(&self, i: usize) -> String {
+        self.nodes[i]
+            .cmd(&["CLUSTER", "MYID"])
+            .lines()
+            .nth(1)
+            .unwrap()
+            .to_string()
+    }
+}
