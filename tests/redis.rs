@@ -603,3 +603,122 @@ async fn the_deny_cache_spares_round_trips_for_a_denied_hot_key() {
     let bad = RedisLimiter::builder(policy, &b).deny_cache(0).build();
     assert!(matches!(bad, Err(RedisError::Config(_))));
 }
+
+/// Limits on one server: one script call decides them all (one round
+/// trip); limits on different backends take the parallel path. Both are
+/// all or nothing under 64 concurrent callers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multi_limit_on_one_server_is_one_call_and_both_paths_leak_nothing() {
+    use ratewall::redis::check_all;
+    let server = RedisServer::start();
+    let hour = Duration::from_secs(3600);
+    for one_server in [true, false] {
+        let (b1, b2) = (backend(&server, SLOW), backend(&server, SLOW));
+        let other = if one_server { &b1 } else { &b2 };
+        let tag = if one_server { "one" } else { "par" };
+        let per_user = Arc::new(limiter(
+            Policy::sliding_window_counter(Window::new(7, hour)),
+            &b1,
+            &format!("{tag}-user"),
+            FailurePolicy::Closed,
+        ));
+        let per_ip = Arc::new(limiter(
+            Policy::leaky_bucket(Rate::new(50, hour)),
+            other,
+            &format!("{tag}-ip"),
+            FailurePolicy::Closed,
+        ));
+        // Warm up (loads the script), then count EVALSHA calls.
+        let _ = check_all(&[(&per_ip, b"warm", 1), (&per_user, b"warm", 1)])
+            .await
+            .unwrap();
+        server.cmd(&["CONFIG", "RESETSTAT"]);
+        let (ok, ds) = check_all(&[(&per_ip, b"ip", 2), (&per_user, b"bob", 3)])
+            .await
+            .unwrap();
+        assert!(
+            ok && ds[0].remaining() == 48 && ds[1].remaining() == 4,
+            "{ds:?}"
+        );
+        let stats = server.cmd(&["INFO", "commandstats"]);
+        let calls = if one_server {
+            "cmdstat_evalsha:calls=1,"
+        } else {
+            "cmdstat_evalsha:calls=2,"
+        };
+        assert!(stats.contains(calls), "{tag}: {stats}");
+        let mut tasks = Vec::new();
+        for _ in 0..64 {
+            let (u, i) = (per_user.clone(), per_ip.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut passed = 0;
+                for _ in 0..3 {
+                    let (ok, _) = check_all(&[(&i, b"ip", 1), (&u, b"alice", 1)])
+                        .await
+                        .unwrap();
+                    passed += u64::from(ok);
+                }
+                passed
+            }));
+        }
+        let mut passed = 0;
+        for t in tasks {
+            passed += t.await.unwrap();
+        }
+        assert_eq!(passed, 7, "{tag}");
+        assert_eq!(
+            per_ip.peek(b"ip").await.unwrap().remaining(),
+            50 - 2 - 7 - 1,
+            "{tag}"
+        );
+    }
+}
+
+/// Redis down during a multi-limit check: each limit's failure policy
+/// answers, still all or nothing (a fallback that took gives it back).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multi_limit_with_redis_down_follows_each_policy_all_or_nothing() {
+    use ratewall::redis::check_all;
+    let mut server = RedisServer::start();
+    let b = backend(&server, Duration::from_millis(200));
+    let hour = Duration::from_secs(3600);
+    let share = limiter(
+        Policy::fixed_window(Window::new(2, hour)),
+        &b,
+        "share",
+        FailurePolicy::default(),
+    );
+    let closed = limiter(
+        Policy::fixed_window(Window::new(2, hour)),
+        &b,
+        "closed",
+        FailurePolicy::Closed,
+    );
+    let open = limiter(
+        Policy::fixed_window(Window::new(2, hour)),
+        &b,
+        "open",
+        FailurePolicy::Open,
+    );
+    assert!(
+        check_all(&[(&share, b"k", 1), (&open, b"k", 1)])
+            .await
+            .unwrap()
+            .0
+    );
+    server.kill9();
+    let e = check_all(&[(&share, b"k", 1), (&closed, b"k", 1)])
+        .await
+        .unwrap_err();
+    assert!(matches!(e, RedisError::Unavailable { .. }), "{e:?}");
+    let (ok, ds) = check_all(&[(&share, b"k", 1), (&open, b"k", 1)])
+        .await
+        .unwrap();
+    assert!(ok);
+    assert_eq!(ds[0].source(), DecisionSource::Fallback);
+    assert_eq!(ds[1].source(), DecisionSource::FailOpen);
+    // The failed call gave its fallback unit back: one unit left of two.
+    let d = share.check(b"k").await.unwrap();
+    assert!(d.is_allowed() && d.remaining() == 0 && d.source() == DecisionSource::Fallback);
+    assert!(!share.check(b"k").await.unwrap().is_allowed());
+}

@@ -151,6 +151,16 @@ impl RedisBackend {
         self.inner.breaker.is_closed()
     }
 
+    /// Whether `other` is this backend (the same connection).
+    pub(crate) fn same(&self, other: &RedisBackend) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    /// Whether this is a Redis Cluster.
+    pub(crate) fn is_cluster(&self) -> bool {
+        matches!(self.inner.conn, Conn::Cluster(_))
+    }
+
     /// Runs one script call under the timeout and the breaker. Failures to
     /// reach Redis are [`RedisError::Unavailable`]; error replies are
     /// [`RedisError::Server`]. A call that timed out is never retried: it

@@ -380,43 +380,79 @@ impl RedisLimiter {
         match self.call(&rkey, mode, cost, now_us).await {
             Ok(reply) => {
                 let decision = parse_decision(&reply)?;
-                if let Some(c) = cache {
-                    // Only a unit denial with nothing left is certain to hold
-                    // for every cost until its retry_after.
-                    if !decision.is_allowed() && decision.remaining() == 0 && cost == 1 {
-                        c.record(&rkey, decision.retry_after().as_nanos() as u64);
-                    }
+                if cache.is_some() {
+                    self.note(&rkey, cost, &decision);
                 }
                 Ok(RedisDecision {
                     decision,
                     source: DecisionSource::Redis,
                 })
             }
-            Err(RedisError::Unavailable { retry_in, cause }) => match &self.fallback {
-                Some(local) => {
-                    let decision = if consume {
-                        local.check_key_n(key, cost)?
-                    } else {
-                        local.peek_key_n(key, cost)?
-                    };
-                    Ok(RedisDecision {
-                        decision,
-                        source: DecisionSource::Fallback,
-                    })
-                }
-                None if self.failure == FailurePolicy::Open => {
-                    let limit = self.program.limit;
-                    let decision =
-                        Decision::allow(limit, limit - cost, 0).with_tracking(Tracking::Untracked);
-                    Ok(RedisDecision {
-                        decision,
-                        source: DecisionSource::FailOpen,
-                    })
-                }
-                None => Err(RedisError::Unavailable { retry_in, cause }),
-            },
+            Err(RedisError::Unavailable { retry_in, cause }) => {
+                self.unavailable(key, cost, consume, retry_in, cause)
+            }
             Err(e) => Err(e),
         }
+    }
+
+    /// The failure policy's answer to a check (`consume`) or peek of
+    /// `cost` for `key` when Redis could not answer.
+    pub(crate) fn unavailable(
+        &self,
+        key: &[u8],
+        cost: u64,
+        consume: bool,
+        retry_in: std::time::Duration,
+        cause: String,
+    ) -> Result<RedisDecision, RedisError> {
+        match &self.fallback {
+            Some(local) => {
+                let decision = if consume {
+                    local.check_key_n(key, cost)?
+                } else {
+                    local.peek_key_n(key, cost)?
+                };
+                Ok(RedisDecision {
+                    decision,
+                    source: DecisionSource::Fallback,
+                })
+            }
+            None if self.failure == FailurePolicy::Open => {
+                let limit = self.program.limit;
+                let decision =
+                    Decision::allow(limit, limit - cost, 0).with_tracking(Tracking::Untracked);
+                Ok(RedisDecision {
+                    decision,
+                    source: DecisionSource::FailOpen,
+                })
+            }
+            None => Err(RedisError::Unavailable { retry_in, cause }),
+        }
+    }
+
+    /// Records a Redis denial in the deny cache, if it is one that holds
+    /// for every cost until its retry_after (a unit denial, nothing left).
+    pub(crate) fn note(&self, rkey: &[u8], cost: u64, decision: &Decision) {
+        if let Some(c) = &self.deny_cache {
+            if !decision.is_allowed() && decision.remaining() == 0 && cost == 1 {
+                c.record(rkey, decision.retry_after().as_nanos() as u64);
+            }
+        }
+    }
+
+    /// Whether the deny cache holds a live denial for `rkey`.
+    pub(crate) fn cached_denial(&self, rkey: &[u8]) -> bool {
+        self.deny_cache
+            .as_ref()
+            .is_some_and(|c| c.denied_for(rkey).is_some())
+    }
+
+    pub(crate) fn backend(&self) -> &RedisBackend {
+        &self.backend
+    }
+
+    pub(crate) fn program(&self) -> &Program {
+        &self.program
     }
 
     pub(crate) async fn refund_at(
@@ -478,19 +514,25 @@ pub(crate) fn parse_decision(reply: &Value) -> Result<Decision, RedisError> {
     let Value::Array(items) = reply else {
         return Err(bad());
     };
+    parse_fields(items).ok_or_else(bad)
+}
+
+/// Five reply fields as a decision; `None` if they are not five
+/// non-negative integers.
+pub(crate) fn parse_fields(items: &[Value]) -> Option<Decision> {
     let mut f = [0u64; 5];
     if items.len() != 5 {
-        return Err(bad());
+        return None;
     }
     for (slot, item) in f.iter_mut().zip(items) {
         match item {
             Value::Int(v) if *v >= 0 => *slot = *v as u64,
-            _ => return Err(bad()),
+            _ => return None,
         }
     }
     let [allowed, limit, remaining, retry_us, reset_us] = f;
     let reset = reset_us.saturating_mul(1000);
-    Ok(if allowed == 1 {
+    Some(if allowed == 1 {
         Decision::allow(limit, remaining, reset)
     } else {
         Decision::deny(limit, remaining, retry_us.saturating_mul(1000), reset)

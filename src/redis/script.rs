@@ -46,6 +46,19 @@ pub(crate) const SLIDING_SOURCE: &str =
 /// The sliding window log script.
 pub(crate) const LOG_SOURCE: &str = script_source!("sliding_log", "log_step", "log_refund");
 
+/// All or nothing across several keys on one server or slot.
+pub(crate) const MULTI_SOURCE: &str = concat!(
+    include_str!("lua/prelude.lua"),
+    include_str!("lua/gcra.lua"),
+    include_str!("lua/fixed_window.lua"),
+    include_str!("lua/sliding_window.lua"),
+    include_str!("lua/sliding_log.lua"),
+    include_str!("lua/multi.lua"),
+);
+
+pub(crate) static MULTI: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(MULTI_SOURCE));
+
 static GCRA: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(GCRA_SOURCE));
 static FIXED: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(FIXED_SOURCE));
 static SLIDING: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(SLIDING_SOURCE));
@@ -138,6 +151,16 @@ impl Program {
             PolicyAlgorithm::FixedWindow => &FIXED,
             PolicyAlgorithm::SlidingWindowCounter => &SLIDING,
             PolicyAlgorithm::SlidingWindowLog => &LOG,
+        }
+    }
+
+    /// The algorithm's code in the multi-limit script.
+    pub(crate) fn code(&self) -> &'static str {
+        match self.algorithm {
+            PolicyAlgorithm::TokenBucket | PolicyAlgorithm::LeakyBucket => "g",
+            PolicyAlgorithm::FixedWindow => "f",
+            PolicyAlgorithm::SlidingWindowCounter => "s",
+            PolicyAlgorithm::SlidingWindowLog => "l",
         }
     }
 
