@@ -722,3 +722,55 @@ async fn multi_limit_with_redis_down_follows_each_policy_all_or_nothing() {
     assert!(d.is_allowed() && d.remaining() == 0 && d.source() == DecisionSource::Fallback);
     assert!(!share.check(b"k").await.unwrap().is_allowed());
 }
+
+/// A promoted replica: the scripts' writes were replicated (as effects), so
+/// the counts carry over exactly; its script cache is empty, so the first
+/// call gets NOSCRIPT and the client loads the script there, transparently.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_promoted_replica_keeps_the_counts_and_reloads_the_scripts() {
+    let master = RedisServer::start();
+    let port = master.port().to_string();
+    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !replica
+        .cmd(&["INFO", "replication"])
+        .contains("master_link_status:up")
+    {
+        assert!(Instant::now() < deadline, "replica did not sync");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let hour = Duration::from_secs(3600);
+    for (i, policy) in all_policies(5, hour).into_iter().enumerate() {
+        let on_master = limiter(
+            policy,
+            &backend(&master, SLOW),
+            &format!("rep{i}"),
+            FailurePolicy::Closed,
+        );
+        for _ in 0..3 {
+            assert!(on_master.check(b"k").await.unwrap().is_allowed());
+        }
+    }
+    assert!(master.cmd(&["WAIT", "1", "2000"]).starts_with(":1"));
+    assert_eq!(replica.cmd(&["REPLICAOF", "NO", "ONE"]), "+OK\r\n");
+    let promoted = backend(&replica, SLOW);
+    for (i, policy) in all_policies(5, hour).into_iter().enumerate() {
+        let l = limiter(policy, &promoted, &format!("rep{i}"), FailurePolicy::Closed);
+        let mut admitted = 0;
+        for _ in 0..5 {
+            let d = l.check(b"k").await.unwrap();
+            assert_eq!(d.source(), DecisionSource::Redis);
+            admitted += u32::from(d.is_allowed());
+        }
+        assert_eq!(
+            admitted, 2,
+            "{policy:?}: 3 of 5 were taken on the old master"
+        );
+    }
+    assert!(
+        replica
+            .cmd(&["INFO", "commandstats"])
+            .contains("cmdstat_script"),
+        "the scripts were loaded on the promoted replica"
+    );
+}
