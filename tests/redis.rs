@@ -364,8 +364,33 @@ async fn kill_9_then_restart_each_failure_policy_does_what_it_says() {
     for l in [&open, &closed, &share] {
         assert_eq!(l.check(b"k").await.unwrap().source(), DecisionSource::Redis);
     }
-    server.kill9();
+    // Load: 16 tasks checking in a loop through the kill and the restart;
+    // none may wait longer than the timeout (plus scheduling slack).
     let bound = timeout + Duration::from_millis(400); // a loaded 2-core machine
+    let load = Arc::new(limiter(
+        Policy::token_bucket(Rate::per_second(1_000_000)),
+        &b,
+        "load",
+        FailurePolicy::Open,
+    ));
+    let stop = Instant::now() + Duration::from_millis(1500);
+    let mut loaders = Vec::new();
+    for t in 0..16u32 {
+        let l = load.clone();
+        loaders.push(tokio::spawn(async move {
+            let mut worst = Duration::ZERO;
+            while Instant::now() < stop {
+                let start = Instant::now();
+                let d = l.check(&t.to_le_bytes()).await.unwrap();
+                assert!(d.is_allowed());
+                worst = worst.max(start.elapsed());
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            worst
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    server.kill9();
     let mut fallback_admitted = 0;
     for i in 0..12 {
         let t = Instant::now();
@@ -413,6 +438,14 @@ async fn kill_9_then_restart_each_failure_policy_does_what_it_says() {
     assert_eq!(
         share.check(b"k").await.unwrap().source(),
         DecisionSource::Redis
+    );
+    for l in loaders {
+        let worst = l.await.unwrap();
+        assert!(worst < bound, "a call under load took {worst:?}");
+    }
+    assert!(
+        Instant::now() >= stop,
+        "the load ran through the kill and the restart"
     );
 }
 
