@@ -2,6 +2,9 @@
 //! (docs/distributed.md), same server, same run, loopback:
 //! `cargo run --release --example redis_bench --features redis`.
 //!
+//! Also: every algorithm at 1, 16 and 128 callers, and 7 alternating
+//! rounds at 128 callers with the median ratio.
+//!
 //! For 1, 16 and 128 concurrent callers: checks/s and p50/p99 latency of
 //! ratewall's GCRA script through `RedisLimiter` ("ratewall"), the same
 //! script on the seed's plain connection ("raw"), and the seed script, on uniform keys (all
@@ -100,6 +103,13 @@ async fn main() {
         "{:<10} {:<8} {:>7} {:>12} {:>9} {:>9} {:>8}",
         "workload", "script", "callers", "checks/s", "p50 us", "p99 us", "allowed"
     );
+    let ctx = Ctx {
+        ours,
+        cached,
+        seed,
+        raw,
+        conn,
+    };
     for hot in [false, true] {
         for callers in [1usize, 16, 128] {
             let variants: &[&str] = if hot {
@@ -108,80 +118,14 @@ async fn main() {
                 &["seed", "raw", "ratewall"]
             };
             for &which in variants {
-                let stop = Instant::now() + RUN;
-                let mut tasks = Vec::new();
-                for c in 0..callers {
-                    let ours = if which == "rw+cache" {
-                        cached.clone()
-                    } else {
-                        ours.clone()
-                    };
-                    let seed = seed.clone();
-                    let raw = raw.clone();
-                    let mut conn = conn.clone();
-                    tasks.push(tokio::spawn(async move {
-                        let mut lat = Vec::new();
-                        let mut allowed = 0u64;
-                        let mut i = c as u64 * 7919;
-                        while Instant::now() < stop {
-                            i += 1;
-                            let key = if hot {
-                                "hot".to_string()
-                            } else {
-                                format!("k{}", i % 100_000)
-                            };
-                            let t = Instant::now();
-                            let ok = if which == "seed" {
-                                let now = SystemTime::now()
-                                    .duration_since(UNIX_EPOCH)
-                                    .unwrap()
-                                    .as_secs_f64();
-                                let v: i64 = seed
-                                    .key(format!("seed:{key}"))
-                                    .arg(100)
-                                    .arg(100)
-                                    .arg(now)
-                                    .invoke_async(&mut conn)
-                                    .await
-                                    .unwrap();
-                                v == 1
-                            } else if which == "raw" {
-                                let v: Vec<i64> = raw
-                                    .key(format!("raw:{key}"))
-                                    .arg("c")
-                                    .arg(1)
-                                    .arg(10_000)
-                                    .arg(1_000_000)
-                                    .arg(100)
-                                    .arg("")
-                                    .invoke_async(&mut conn)
-                                    .await
-                                    .unwrap();
-                                v[0] == 1
-                            } else {
-                                ours.check(key.as_bytes()).await.unwrap().is_allowed()
-                            };
-                            lat.push(t.elapsed());
-                            allowed += u64::from(ok);
-                        }
-                        (lat, allowed)
-                    }));
-                }
-                let mut lat = Vec::new();
-                let mut allowed = 0;
-                for t in tasks {
-                    let (l, a) = t.await.unwrap();
-                    lat.extend(l);
-                    allowed += a;
-                }
-                lat.sort();
+                let (rate, lat, allowed) = ctx.run(which, callers, hot, RUN).await;
                 let n = lat.len();
                 println!(
                     "{:<10} {:<8} {:>7} {:>12.0} {:>9} {:>9} {:>7.0}%",
                     if hot { "hot key" } else { "uniform" },
                     which,
                     callers,
-                    n as f64 / RUN.as_secs_f64(),
+                    rate,
                     lat[n / 2].as_micros(),
                     lat[n * 99 / 100].as_micros(),
                     100.0 * allowed as f64 / n as f64
@@ -189,8 +133,113 @@ async fn main() {
             }
         }
     }
+    // Alternating rounds at 128 callers, uniform keys: the ratio per round,
+    // then the median and the spread (single points move by 30% here).
+    let mut ratios = Vec::new();
+    for _ in 0..7 {
+        let (seed_rate, _, _) = ctx
+            .run("seed", 128, false, Duration::from_millis(600))
+            .await;
+        let (ours_rate, _, _) = ctx
+            .run("ratewall", 128, false, Duration::from_millis(600))
+            .await;
+        ratios.push(ours_rate / seed_rate);
+    }
+    ratios.sort_by(f64::total_cmp);
+    println!(
+        "\nratewall / seed, 128 callers, uniform, 7 alternating rounds: median {:.2}x (min {:.2}x, max {:.2}x)",
+        ratios[3], ratios[0], ratios[6]
+    );
     let _ = server.kill();
     let _ = server.wait();
+}
+
+struct Ctx {
+    ours: Arc<RedisLimiter>,
+    cached: Arc<RedisLimiter>,
+    seed: Arc<redis::Script>,
+    raw: Arc<redis::Script>,
+    conn: redis::aio::MultiplexedConnection,
+}
+
+impl Ctx {
+    /// One point: `callers` tasks for `run`; checks/s, latencies, allowed.
+    async fn run(
+        &self,
+        which: &'static str,
+        callers: usize,
+        hot: bool,
+        run: Duration,
+    ) -> (f64, Vec<Duration>, u64) {
+        let stop = Instant::now() + run;
+        let mut tasks = Vec::new();
+        for c in 0..callers {
+            let ours = if which == "rw+cache" {
+                self.cached.clone()
+            } else {
+                self.ours.clone()
+            };
+            let seed = self.seed.clone();
+            let raw = self.raw.clone();
+            let mut conn = self.conn.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut lat = Vec::new();
+                let mut allowed = 0u64;
+                let mut i = c as u64 * 7919;
+                while Instant::now() < stop {
+                    i += 1;
+                    let key = if hot {
+                        "hot".to_string()
+                    } else {
+                        format!("k{}", i % 100_000)
+                    };
+                    let t = Instant::now();
+                    let ok = if which == "seed" {
+                        let now = SystemTime::now()
+                            .duration_since(UNIX_EPOCH)
+                            .unwrap()
+                            .as_secs_f64();
+                        let v: i64 = seed
+                            .key(format!("seed:{key}"))
+                            .arg(100)
+                            .arg(100)
+                            .arg(now)
+                            .invoke_async(&mut conn)
+                            .await
+                            .unwrap();
+                        v == 1
+                    } else if which == "raw" {
+                        let v: Vec<i64> = raw
+                            .key(format!("raw:{key}"))
+                            .arg("c")
+                            .arg(1)
+                            .arg(10_000)
+                            .arg(1_000_000)
+                            .arg(100)
+                            .arg("")
+                            .invoke_async(&mut conn)
+                            .await
+                            .unwrap();
+                        v[0] == 1
+                    } else {
+                        ours.check(key.as_bytes()).await.unwrap().is_allowed()
+                    };
+                    lat.push(t.elapsed());
+                    allowed += u64::from(ok);
+                }
+                (lat, allowed)
+            }));
+        }
+        let mut lat = Vec::new();
+        let mut allowed = 0;
+        for t in tasks {
+            let (l, a) = t.await.unwrap();
+            lat.extend(l);
+            allowed += a;
+        }
+        lat.sort();
+        (lat.len() as f64 / run.as_secs_f64(), lat, allowed)
+    }
 }
 
 /// Every algorithm through `RedisLimiter`, uniform keys, limits far above
