@@ -3,6 +3,8 @@
 //!
 //! It plays a scripted burst through each limiter on the real clock, prints
 //! what each request got, and ends with checks per second on this machine.
+//! With `--features redis` it also shows three instances sharing one limit
+//! in a throwaway `redis-server` (started on a free port when installed).
 
 use ratewall::{
     check_all, FixedWindow, KeyedTokenBucket, LeakyBucket, ManualClock, Rate, SlidingWindowCounter,
@@ -21,6 +23,7 @@ fn main() {
     leaky_bucket();
     side_by_side();
     multi_limit();
+    distributed();
     hostile_clock();
     throughput();
     coarse_clock();
@@ -233,6 +236,99 @@ fn multi_limit() {
         );
     }
     println!("  the third was denied by per-user, and per-IP and global got their unit back\n");
+}
+
+/// Three instances behind a load balancer: with local limits they admit
+/// 3 x L, sharing the limit in Redis they admit L.
+#[cfg(feature = "redis")]
+fn distributed() {
+    use ratewall::redis::{DecisionSource, FailurePolicy, RedisBackend, RedisLimiter};
+    use ratewall::{KeyedPolicyLimiter, Policy};
+    use std::process::{Child, Command, Stdio};
+
+    /// Kills the throwaway server (by PID) however the demo ends.
+    struct Server(Child);
+    impl Drop for Server {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    println!(
+        "Distributed: 3 instances, one client, limit L = 10 per minute, 45 requests round-robin"
+    );
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port");
+    let dir = std::env::temp_dir().join(format!("ratewall-demo-{port}"));
+    let _ = std::fs::create_dir_all(&dir);
+    let child = Command::new("redis-server")
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--save", "", "--appendonly", "no", "--dir"])
+        .arg(&dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn();
+    let mut server = match child {
+        Ok(c) => Server(c),
+        Err(_) => {
+            println!("  (redis-server is not installed: `apt-get install redis-server` to see this part)\n");
+            return;
+        }
+    };
+    let policy = Policy::token_bucket(Rate::per_minute(10));
+    let rt = tokio::runtime::Runtime::new().expect("a tokio runtime");
+    rt.block_on(async {
+        let url = format!("redis://127.0.0.1:{port}");
+        // Wait for the server to accept connections.
+        let probe = RedisBackend::builder(url.clone()).build().expect("valid URL");
+        let ping = RedisLimiter::builder(policy, &probe).name("ping").on_failure(FailurePolicy::Closed).build().expect("valid");
+        let start = Instant::now();
+        while ping.peek(b"x").await.is_err() && start.elapsed() < Duration::from_secs(5) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let locals: Vec<_> = (0..3)
+            .map(|_| KeyedPolicyLimiter::<&str>::new(policy).expect("valid"))
+            .collect();
+        // Each instance has its own connection; all share the limit.
+        let shared: Vec<_> = (0..3)
+            .map(|_| {
+                let backend = RedisBackend::builder(url.clone()).build().expect("valid URL");
+                RedisLimiter::builder(policy, &backend)
+                    .name("demo")
+                    .on_failure(FailurePolicy::FallbackShare { instances: 3 })
+                    .build()
+                    .expect("valid")
+            })
+            .collect();
+        let (mut local_ok, mut shared_ok, mut from_redis) = (0, 0, 0);
+        for i in 0..45 {
+            local_ok += u32::from(locals[i % 3].check_key("alice").is_allowed());
+            let d = shared[i % 3].check(b"alice").await.expect("an answer");
+            shared_ok += u32::from(d.is_allowed());
+            from_redis += u32::from(d.source() == DecisionSource::Redis);
+        }
+        println!("  local limits on each instance: {local_ok:>2} admitted  (3 x L: the N x L problem)");
+        println!("  one limit shared in Redis:     {shared_ok:>2} admitted  (L; {from_redis} of 45 decided by the script)");
+        // Redis goes away: each instance falls back to its third of L.
+        let _ = server.0.kill();
+        let _ = server.0.wait();
+        let (mut ok, mut fallback) = (0, 0);
+        for i in 0..45 {
+            let d = shared[i % 3].check(b"bob").await.expect("an answer");
+            ok += u32::from(d.is_allowed());
+            fallback += u32::from(d.source() == DecisionSource::Fallback);
+        }
+        println!("  Redis killed (kill -9), local fallback with each instance's share: {ok:>2} admitted ({fallback} of 45 from the fallback)\n");
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[cfg(not(feature = "redis"))]
+fn distributed() {
+    println!("Distributed: `cargo run --release --example demo --features redis` shows 3 instances sharing one limit in Redis\n");
 }
 
 /// A keyed limiter over one million distinct keys: memory and speed.

@@ -42,6 +42,8 @@ mod limiter;
 mod multi;
 mod policy;
 mod quota;
+#[cfg(feature = "redis")]
+pub mod redis;
 mod soft;
 mod sync;
 mod text;

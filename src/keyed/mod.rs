@@ -8,7 +8,7 @@
 //! and reclaims idle keys on its way. See `docs/design.md`, "Keyed table".
 
 mod log;
-mod table;
+pub(crate) mod table;
 
 pub use log::{KeyedLogRef, KeyedSlidingWindowLog};
 

@@ -1,0 +1,252 @@
+//! Differential tests: each script against the local step, decision by
+//! decision, every field, on the same timestamps.
+//!
+//! Rounding rule: Redis keeps whole microseconds. The policies here have
+//! whole-microsecond intervals and windows, and the times are whole
+//! microseconds (`t_us`, the local limiter at `t_us * 1000` ns), where both
+//! sides must agree exactly: allowed, limit, remaining, retry_after and
+//! reset_after (the script's microseconds times 1000). Times start at a
+//! realistic Unix time in microseconds (about 2^50.6), where Lua's doubles
+//! are still exact.
+
+#[path = "../../tests/support/redis_server.rs"]
+#[allow(unreachable_pub)]
+mod server;
+
+use super::{RedisBackend, RedisLimiter};
+use crate::{Decision, KeyedPolicyLimiter, ManualClock, Policy, Rate, Window};
+use server::RedisServer;
+use std::time::Duration;
+
+/// A small deterministic generator (xorshift64*), so a failure replays.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+fn policies() -> Vec<Policy> {
+    let ms = Duration::from_millis;
+    vec![
+        Policy::token_bucket(Rate::per_second(10).burst(4)),
+        Policy::token_bucket(Rate::new(7, ms(350)).burst(3)),
+        Policy::leaky_bucket(Rate::per_second(5).burst(2)),
+        Policy::fixed_window(Window::new(5, ms(100))),
+        Policy::fixed_window(Window::new(3, ms(30))),
+        Policy::sliding_window_counter(Window::new(6, ms(200))),
+        Policy::sliding_window_counter(Window::new(20, ms(150))),
+        Policy::sliding_window_log(Window::new(4, ms(100))),
+        // Enough entries that a long gap expires more than the scan's 4
+        // and the script's binary search runs.
+        Policy::sliding_window_log(Window::new(12, ms(50))),
+    ]
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Op {
+    Check(u64),
+    Peek(u64),
+    Refund(u64),
+    Reset,
+}
+
+/// Every field of a decision, with the durations in whole microseconds
+/// rounded up: the script computes the earliest whole microsecond, where
+/// the local step may land between two (the sliding counter's retry, a
+/// quotient of the window). Everything else is equal as it is.
+fn fields(d: Decision) -> (bool, u64, u64, u64, u64, crate::Tracking) {
+    let us = |x: Duration| (x.as_nanos() as u64).div_ceil(1000);
+    (
+        d.is_allowed(),
+        d.limit(),
+        d.remaining(),
+        us(d.retry_after()),
+        us(d.reset_after()),
+        d.tracking(),
+    )
+}
+
+/// Whether the script's duration is the local one exactly or rounded up
+/// to the microsecond, never less.
+#[test]
+fn fields_rounds_up_only_below_a_microsecond() {
+    let a = Decision::deny(5, 0, 233_333_334, 400_000_000);
+    let b = Decision::deny(5, 0, 233_334_000, 400_000_000);
+    assert_eq!(fields(a), fields(b));
+    let c = Decision::deny(5, 0, 233_335_000, 400_000_000);
+    assert_ne!(fields(a), fields(c));
+}
+
+const T0_US: u64 = 1_700_000_000_123_457;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_script_matches_the_local_step_decision_by_decision() {
+    let server = RedisServer::start();
+    let backend = RedisBackend::builder(server.url())
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let mut compared = 0;
+    for (pi, policy) in policies().into_iter().enumerate() {
+        let clock = ManualClock::new();
+        let local = KeyedPolicyLimiter::<u8, _>::builder(policy)
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+        let remote = RedisLimiter::builder(policy, &backend)
+            .prefix("difftest")
+            .name(format!("p{pi}"))
+            .build()
+            .unwrap();
+        let limit = policy.limit();
+        let span = policy.span().as_micros() as u64;
+        let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ pi as u64);
+        let mut t = T0_US;
+        let mut history = Vec::new();
+        for step in 0..400 {
+            // Time: often still, often a little, sometimes a long gap.
+            // (Never back: see `a_server_clock_step_back_never_admits_more`.)
+            t = match rng.below(20) {
+                0..=5 => t,
+                6..=13 => t + rng.below(span / 8 + 1),
+                14..=18 => t + rng.below(2 * span + 1),
+                _ => t + span * (1 + rng.below(4)),
+            };
+            let op = match rng.below(20) {
+                0..=9 => Op::Check(1 + rng.below(limit)),
+                10 => Op::Check(0),
+                11..=14 => Op::Peek(1 + rng.below(limit)),
+                15..=18 => Op::Refund(1 + rng.below(limit)),
+                _ => Op::Reset,
+            };
+            let now = t * 1000;
+            clock.set_nanos(now);
+            history.push(format!("t0+{} {op:?}", t - T0_US));
+            let ctx = format!("{policy:?} step {step}; history {history:?}");
+            match op {
+                Op::Check(n) => {
+                    let want = local.check_key_n_at(&1, now, n).unwrap();
+                    let got = remote.decide(b"k", n, n > 0, Some(t)).await.unwrap();
+                    assert_eq!(fields(got.decision()), fields(want), "{ctx}");
+                    compared += 1;
+                }
+                Op::Peek(n) => {
+                    let want = local.peek_key_n(&1, n).unwrap();
+                    let got = remote.decide(b"k", n, false, Some(t)).await.unwrap();
+                    assert_eq!(fields(got.decision()), fields(want), "{ctx}");
+                    compared += 1;
+                }
+                Op::Refund(n) => {
+                    local.refund_key_at(&1, now, n);
+                    remote.refund_at(b"k", n, Some(t)).await.unwrap();
+                }
+                Op::Reset => {
+                    local.reset_key(&1);
+                    remote.reset(b"k").await.unwrap();
+                }
+            }
+        }
+    }
+    assert!(compared > 2000, "{compared} decisions compared");
+}
+
+/// The same sequence of allowed and denied decisions at the edges: exactly
+/// at a TAT, a window boundary, and an entry leaving the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn edges_match_to_the_microsecond() {
+    let server = RedisServer::start();
+    let backend = RedisBackend::builder(server.url())
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    for (pi, policy) in policies().into_iter().enumerate() {
+        let local = KeyedPolicyLimiter::<u8, _>::builder(policy)
+            .clock(ManualClock::new())
+            .build()
+            .unwrap();
+        let remote = RedisLimiter::builder(policy, &backend)
+            .prefix("edgetest")
+            .name(format!("p{pi}"))
+            .build()
+            .unwrap();
+        let limit = policy.limit();
+        // Fill up at a window start, then probe at every retry_after
+        // (exactly when it should pass) and one microsecond before it.
+        let span = policy.span().as_micros() as u64;
+        let mut t = (T0_US / span + 1) * span;
+        for round in 0..6 {
+            for _ in 0..=limit {
+                let want = local.check_key_n_at(&1, t * 1000, 1).unwrap();
+                let got = remote.decide(b"e", 1, true, Some(t)).await.unwrap();
+                assert_eq!(
+                    fields(got.decision()),
+                    fields(want),
+                    "{policy:?} round {round} at {t}"
+                );
+            }
+            let denied = local.check_key_n_at(&1, t * 1000, 1).unwrap();
+            assert!(!denied.is_allowed(), "{policy:?}");
+            // The earliest whole microsecond the request passes at.
+            let retry = (denied.retry_after().as_nanos() as u64).div_ceil(1000);
+            assert!(retry >= 1);
+            for probe in [t + retry - 1, t + retry] {
+                let want = local.check_key_n_at(&1, probe * 1000, 1).unwrap();
+                let got = remote.decide(b"e", 1, true, Some(probe)).await.unwrap();
+                assert_eq!(
+                    fields(got.decision()),
+                    fields(want),
+                    "{policy:?} probe at t+{}",
+                    probe - t
+                );
+            }
+            t += retry + span / 3;
+        }
+    }
+}
+
+/// The local limiters hold a high-water mark of time; the scripts have no
+/// shared one (it would be one hot key for the whole fleet). A step back of
+/// the server's clock (NTP, a failover to a server whose clock is behind)
+/// is still safe: every algorithm is at most as permissive as with time
+/// frozen at its latest value. GCRA counts the step as time still owed,
+/// the windows stay in the state's window, and the log keeps its floor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_clock_step_back_never_admits_more() {
+    let server = RedisServer::start();
+    let backend = RedisBackend::builder(server.url())
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    for (pi, policy) in policies().into_iter().enumerate() {
+        let remote = RedisLimiter::builder(policy, &backend)
+            .prefix("backtest")
+            .name(format!("p{pi}"))
+            .build()
+            .unwrap();
+        let frozen = KeyedPolicyLimiter::<u8, _>::builder(policy)
+            .clock(ManualClock::new())
+            .build()
+            .unwrap();
+        let span = policy.span().as_micros() as u64;
+        let t = (T0_US / span + 1) * span + span / 2;
+        let first = remote.decide(b"b", 1, true, Some(t)).await.unwrap();
+        let _ = frozen.check_key_n_at(&1, t * 1000, 1).unwrap();
+        assert!(first.is_allowed());
+        for back in [1, span / 3, span / 2 + 1] {
+            let got = remote.decide(b"b", 1, false, Some(t - back)).await.unwrap();
+            let want = frozen.peek_key_n(&1, 1).unwrap();
+            assert!(
+                got.remaining() <= want.remaining() && (want.is_allowed() || !got.is_allowed()),
+                "{policy:?} {back} us back: {got:?} vs frozen {want:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,200 @@
+//! The Redis backend on a real 3-master Redis Cluster that the tests start
+//! (tests/support/redis_server.rs): keys on every master, exact limits,
+//! all-or-nothing across slots, a slot moved under the client (MOVED), and
+//! a killed master.
+#![cfg(feature = "redis")]
+
+mod support;
+
+use ratewall::redis::{
+    check_all, DecisionSource, FailurePolicy, RedisBackend, RedisError, RedisLimiter,
+};
+use ratewall::{Policy, Rate, Window};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use support::redis_server::RedisCluster;
+
+fn cluster_backend(c: &RedisCluster, timeout: Duration) -> RedisBackend {
+    RedisBackend::cluster_builder(c.urls())
+        .timeout(timeout)
+        .build()
+        .unwrap()
+}
+
+fn limiter(policy: Policy, b: &RedisBackend, name: &str, failure: FailurePolicy) -> RedisLimiter {
+    RedisLimiter::builder(policy, b)
+        .prefix("cl")
+        .name(name)
+        .on_failure(failure)
+        .build()
+        .unwrap()
+}
+
+/// One cluster for the tests that do not break it (each test starting its
+/// own would cost about 2 s); the fault test starts its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_three_master_cluster_limits_exactly_across_slots_and_follows_moved() {
+    let cluster = RedisCluster::start(3);
+    let b = cluster_backend(&cluster, Duration::from_secs(5));
+    let hour = Duration::from_secs(3600);
+
+    // Exact limits, concurrently, on keys spread over every master.
+    let per_user = Arc::new(limiter(
+        Policy::sliding_window_log(Window::new(5, hour)),
+        &b,
+        "user",
+        FailurePolicy::Closed,
+    ));
+    let users: Vec<String> = (0..24).map(|i| format!("user{i}")).collect();
+    let mut owners = [0usize; 3];
+    for u in &users {
+        let key = String::from_utf8(per_user.redis_key(u.as_bytes()).unwrap()).unwrap();
+        owners[cluster.owner(&key)] += 1;
+    }
+    assert!(
+        owners.iter().all(|&n| n > 0),
+        "keys on every master: {owners:?}"
+    );
+    let mut tasks = Vec::new();
+    for t in 0..48 {
+        let l = per_user.clone();
+        let users = users.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut admitted = vec![0u64; users.len()];
+            for (i, u) in users.iter().enumerate() {
+                if (i + t) % 2 == 0 {
+                    let d = l.check(u.as_bytes()).await.unwrap();
+                    assert_eq!(d.source(), DecisionSource::Redis);
+                    admitted[i] += u64::from(d.is_allowed());
+                }
+            }
+            admitted
+        }));
+    }
+    let mut admitted = vec![0u64; users.len()];
+    for t in tasks {
+        for (a, x) in admitted.iter_mut().zip(t.await.unwrap()) {
+            *a += x;
+        }
+    }
+    assert!(
+        admitted.iter().all(|&a| a == 5),
+        "each user exactly 5 of 24: {admitted:?}"
+    );
+
+    // All or nothing across slots (different masters when possible).
+    let per_ip = limiter(
+        Policy::token_bucket(Rate::new(100, hour)),
+        &b,
+        "ip",
+        FailurePolicy::Closed,
+    );
+    let (ok, _) = check_all(&[(&per_ip, b"192.0.2.1", 1), (&per_user, b"user0", 1)])
+        .await
+        .unwrap();
+    assert!(!ok, "user0 is spent");
+    assert_eq!(
+        per_ip.peek(b"192.0.2.1").await.unwrap().remaining(),
+        99,
+        "given back"
+    );
+    let (ok, _) = check_all(&[(&per_ip, b"192.0.2.1", 1), (&per_user, b"fresh", 1)])
+        .await
+        .unwrap();
+    assert!(ok);
+    assert_eq!(per_ip.peek(b"192.0.2.1").await.unwrap().remaining(), 98);
+
+    // Move the slot of a fresh key to another master behind the client's
+    // back: the client gets MOVED, follows it, and the check just works.
+    let l = limiter(
+        Policy::fixed_window(Window::new(3, hour)),
+        &b,
+        "moved",
+        FailurePolicy::Closed,
+    );
+    let key = String::from_utf8(l.redis_key(b"m").unwrap()).unwrap();
+    assert!(l.check(b"m").await.unwrap().is_allowed()); // the client learns the owner
+    l.reset(b"m").await.unwrap(); // empty slot: it can move without migrating keys
+    let from = cluster.owner(&key);
+    let to = (from + 1) % 3;
+    let slot = cluster.slot(&key).to_string();
+    let to_id = cluster.id(to);
+    for n in &cluster.nodes {
+        assert_eq!(
+            n.cmd(&["CLUSTER", "SETSLOT", &slot, "NODE", &to_id]),
+            "+OK\r\n"
+        );
+    }
+    assert_eq!(cluster.owner(&key), to);
+    for i in 0..3 {
+        let d = l.check(b"m").await.unwrap();
+        assert!(d.is_allowed(), "check {i} after the move: {d:?}");
+        assert_eq!(d.remaining(), 2 - i);
+    }
+    assert!(!l.check(b"m").await.unwrap().is_allowed());
+    assert_eq!(cluster.nodes[to].cmd(&["EXISTS", &key]), ":1\r\n");
+}
+
+/// A killed master: its keys get the failure policy within the timeout;
+/// keys on the other masters keep being decided by Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_master_fails_its_keys_within_the_timeout() {
+    let mut cluster = RedisCluster::start(3);
+    let timeout = Duration::from_millis(200);
+    let b = RedisBackend::cluster_builder(cluster.urls())
+        .timeout(timeout)
+        .breaker(1_000_000, Duration::from_millis(100)) // per-key outcomes, not the breaker
+        .build()
+        .unwrap();
+    let l = limiter(
+        Policy::token_bucket(Rate::per_second(1000)),
+        &b,
+        "kill",
+        FailurePolicy::FallbackShare { instances: 1 },
+    );
+    let keys: Vec<String> = (0..30).map(|i| format!("k{i}")).collect();
+    let owner: Vec<usize> = keys
+        .iter()
+        .map(|k| cluster.owner(&String::from_utf8(l.redis_key(k.as_bytes()).unwrap()).unwrap()))
+        .collect();
+    for k in &keys {
+        assert_eq!(
+            l.check(k.as_bytes()).await.unwrap().source(),
+            DecisionSource::Redis
+        );
+    }
+    cluster.nodes[0].kill9();
+    let bound = timeout + Duration::from_millis(500);
+    let (mut on_dead, mut on_live) = (0, 0);
+    for (k, &o) in keys.iter().zip(&owner) {
+        let t = Instant::now();
+        let d = l.check(k.as_bytes()).await.unwrap();
+        assert!(t.elapsed() < bound, "{k}: {:?}", t.elapsed());
+        if o == 0 {
+            assert_eq!(
+                d.source(),
+                DecisionSource::Fallback,
+                "{k} lived on the dead master"
+            );
+            on_dead += 1;
+        } else if d.source() == DecisionSource::Redis {
+            on_live += 1;
+        }
+    }
+    assert!(on_dead > 0);
+    assert!(on_live > 0, "keys on live masters still reach Redis");
+    // Closed: a typed error, within the timeout.
+    let closed = limiter(
+        Policy::token_bucket(Rate::per_second(1000)),
+        &b,
+        "kill",
+        FailurePolicy::Closed,
+    );
+    let k = keys.iter().zip(&owner).find(|(_, &o)| o == 0).unwrap().0;
+    let t = Instant::now();
+    assert!(matches!(
+        closed.check(k.as_bytes()).await,
+        Err(RedisError::Unavailable { .. })
+    ));
+    assert!(t.elapsed() < bound);
+}

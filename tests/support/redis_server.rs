@@ -1,0 +1,270 @@
+//! Throwaway `redis-server`s for tests: each on a free loopback port, with
+//! no persistence, in its own fresh directory, killed (by PID, SIGKILL) and
+//! reaped when dropped, also when the test panics.
+//!
+//! A machine without `redis-server` fails the test with a message that says
+//! how to install it: these tests never skip silently.
+
+#![allow(dead_code)] // each test file uses a part
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+pub const INSTALL_HINT: &str = "redis-server not found on PATH. Install it: \
+    `apt-get update && apt-get install -y redis-server` (Debian/Ubuntu), \
+    `brew install redis` (macOS); .ci/run does this in CI";
+
+/// One running server.
+pub struct RedisServer {
+    child: Option<Child>,
+    port: u16,
+    dir: PathBuf,
+    extra: Vec<String>,
+}
+
+/// A port that was free a moment ago (bound to port 0, then released).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("bind a loopback port")
+}
+
+fn fresh_dir(port: u16) -> PathBuf {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "ratewall-redis-{}-{port}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create a server directory");
+    dir
+}
+
+impl RedisServer {
+    /// Starts a standalone server.
+    pub fn start() -> RedisServer {
+        Self::start_with(&[])
+    }
+
+    /// Starts a server with extra `--option value` arguments.
+    pub fn start_with(extra: &[&str]) -> RedisServer {
+        let port = free_port();
+        let mut s = RedisServer {
+            child: None,
+            port,
+            dir: fresh_dir(port),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        s.spawn();
+        s
+    }
+
+    fn spawn(&mut self) {
+        let mut cmd = Command::new("redis-server");
+        cmd.arg("--port")
+            .arg(self.port.to_string())
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .args(&self.extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!("{INSTALL_HINT}"),
+            Err(e) => panic!("could not start redis-server: {e}"),
+        };
+        self.child = Some(child);
+        self.wait_ready();
+    }
+
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if ping(self.port) {
+                return;
+            }
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                panic!(
+                    "redis-server on port {} exited at start: {status}",
+                    self.port
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!(
+            "redis-server on port {} did not answer PING within 10 s",
+            self.port
+        );
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// `kill -9` the server, and reap it.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill(); // SIGKILL, by PID
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts the server again on the same port (empty: no persistence).
+    pub fn restart(&mut self) {
+        self.kill9();
+        self.spawn();
+    }
+
+    /// Runs one command through `redis-cli`-free raw RESP and returns the
+    /// raw reply text (enough for tests: PING, FLUSHALL, SCRIPT FLUSH,
+    /// CLIENT PAUSE, DEBUG SLEEP, ...).
+    pub fn cmd(&self, args: &[&str]) -> String {
+        raw_command(self.port, args)
+            .unwrap_or_else(|e| panic!("{args:?} on port {}: {e}", self.port))
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill9();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn ping(port: u16) -> bool {
+    matches!(raw_command(port, &["PING"]), Ok(r) if r.starts_with("+PONG"))
+}
+
+/// Sends one RESP command and reads one reply (whatever arrives within
+/// 2 s), as text.
+pub fn raw_command(port: u16, args: &[&str]) -> std::io::Result<String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(2)))?;
+    let mut req = format!("*{}\r\n", args.len());
+    for a in args {
+        req.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+    }
+    s.write_all(req.as_bytes())?;
+    let mut buf = vec![0u8; 64 * 1024];
+    let n = s.read(&mut buf)?;
+    Ok(String::from_utf8_lossy(&buf[..n]).into_owned())
+}
+
+/// A Redis Cluster of `masters` masters (no replicas), each a throwaway
+/// server with its own fresh directory (a stale `nodes.conf` would refuse
+/// to join) and its cluster bus port (port + 10000) free.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    pub fn start(masters: usize) -> RedisCluster {
+        let mut nodes = Vec::new();
+        while nodes.len() < masters {
+            let port = free_port();
+            let bus_free = port < 55_000 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok();
+            if !bus_free {
+                continue;
+            }
+            let mut s = RedisServer {
+                child: None,
+                port,
+                dir: fresh_dir(port),
+                extra: [
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "1000",
+                    // Slots on live masters keep serving when one dies.
+                    "--cluster-require-full-coverage",
+                    "no",
+                ]
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+            };
+            s.spawn();
+            nodes.push(s);
+        }
+        let mut cmd = Command::new("redis-cli");
+        cmd.arg("--cluster").arg("create");
+        for n in &nodes {
+            cmd.arg(format!("127.0.0.1:{}", n.port));
+        }
+        cmd.args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        match cmd.status() {
+            Ok(s) if s.success() => {}
+            Ok(s) => panic!("redis-cli --cluster create failed: {s}"),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!(
+                "redis-cli not found on PATH. Install it: `apt-get update && apt-get install -y redis-tools`"
+            ),
+            Err(e) => panic!("redis-cli: {e}"),
+        }
+        let deadline = Instant::now() + Duration::from_secs(15);
+        for n in &nodes {
+            while !n.cmd(&["CLUSTER", "INFO"]).contains("cluster_state:ok") {
+                assert!(
+                    Instant::now() < deadline,
+                    "cluster did not come up on {}",
+                    n.port
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        RedisCluster { nodes }
+    }
+
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    /// The node that serves `key`'s slot.
+    pub fn owner(&self, key: &str) -> usize {
+        // A GET of the key answers on the slot's owner; elsewhere it is MOVED.
+        self.nodes
+            .iter()
+            .position(|n| !n.cmd(&["GET", key]).starts_with("-MOVED"))
+            .unwrap_or_else(|| panic!("no owner for {key}"))
+    }
+
+    /// `key`'s slot.
+    pub fn slot(&self, key: &str) -> u16 {
+        self.nodes[0].cmd(&["CLUSTER", "KEYSLOT", key])[1..]
+            .trim()
+            .parse()
+            .unwrap()
+    }
+
+    /// Each node's id.
+    pub fn id(&self, i: usize) -> String {
+        self.nodes[i]
+            .cmd(&["CLUSTER", "MYID"])
+            .lines()
+            .nth(1)
+            .unwrap()
+            .to_string()
+    }
+}
