@@ -36,6 +36,8 @@ mod algo;
 mod clock;
 mod decision;
 mod error;
+#[cfg(feature = "tower")]
+pub mod http;
 mod keyed;
 mod limiter;
 mod multi;

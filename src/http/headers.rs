@@ -1,0 +1,223 @@
+//! Header rendering: `Retry-After`, the IETF `RateLimit-Policy` and
+//! `RateLimit` fields (draft-ietf-httpapi-ratelimit-headers-10, as RFC 9651
+//! structured-field lists), and the legacy `X-RateLimit-*` trio.
+//!
+//! Values are written into a stack buffer and copied once into a
+//! `HeaderValue` (the one allocation `http` makes per header value).
+//!
+//! # `t`
+//!
+//! `t` is the number of seconds until the policy gives more quota: on an
+//! allowed response, until its quota is fully restored (`reset_after`,
+//! rounded up); for a rule that denied, until the request could pass
+//! (`retry_after`, rounded up, at least 1). A 429 lists only the rules that
+//! denied, and its `Retry-After` is the largest of their `t`, so no `t` it
+//! sends is later than `Retry-After`.
+
+use super::rule::valid_name;
+use crate::decision::Decision;
+use crate::policy::Policy;
+use http::HeaderValue;
+use smallvec::SmallVec;
+
+/// Which rate-limit headers the layer sends.
+///
+/// ```
+/// use ratewall::http::{Headers, Items};
+///
+/// let draft = Headers::Draft(Items::All);
+/// let closest = Headers::Draft(Items::ClosestToExhaustion);
+/// # let _ = (draft, closest, Headers::Legacy, Headers::None);
+/// ```
+#[non_exhaustive]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Headers {
+    /// Only `Retry-After` on a 429.
+    None,
+    /// `X-RateLimit-Limit`, `X-RateLimit-Remaining` and `X-RateLimit-Reset`
+    /// (seconds from now) of the rule closest to exhaustion.
+    Legacy,
+    /// `RateLimit-Policy` and `RateLimit` of
+    /// draft-ietf-httpapi-ratelimit-headers-10, with the items chosen by
+    /// [`Items`]. The default is `Draft(Items::All)`.
+    Draft(Items),
+}
+
+impl Default for Headers {
+    fn default() -> Self {
+        Headers::Draft(Items::All)
+    }
+}
+
+/// Which rules the draft fields list.
+#[non_exhaustive]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Items {
+    /// One item per matching rule whose headers are shown.
+    #[default]
+    All,
+    /// Only the rule with the smallest share of its quota left.
+    ClosestToExhaustion,
+}
+
+/// A byte buffer on the stack for one header value (it spills to the heap
+/// only past 256 bytes: many rules with long names).
+pub(crate) struct Buf(SmallVec<[u8; 256]>);
+
+impl Buf {
+    pub(crate) fn new() -> Buf {
+        Buf(SmallVec::new())
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    fn bytes(&mut self, b: &[u8]) {
+        self.0.extend_from_slice(b);
+    }
+
+    fn num(&mut self, mut n: u64) {
+        let mut digits = [0u8; 20];
+        let mut i = digits.len();
+        loop {
+            i -= 1;
+            digits[i] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        self.bytes(&digits[i..]);
+    }
+
+    fn separator(&mut self) {
+        if !self.0.is_empty() {
+            self.bytes(b", ");
+        }
+    }
+
+    /// A `RateLimit-Policy` item: `"name";q=<limit>;w=<span secs>`.
+    pub(crate) fn policy_item(&mut self, name: &str, policy: &Policy) {
+        debug_assert!(valid_name(name));
+        self.separator();
+        self.bytes(b"\"");
+        self.bytes(name.as_bytes());
+        self.bytes(b"\";q=");
+        self.num(sf_int(policy.limit()));
+        self.bytes(b";w=");
+        self.num(sf_int(window_secs(policy)));
+    }
+
+    /// A `RateLimit` item: `"name";r=<remaining>;t=<secs>`.
+    pub(crate) fn ratelimit_item(&mut self, name: &str, d: &Decision) {
+        debug_assert!(valid_name(name));
+        self.separator();
+        self.bytes(b"\"");
+        self.bytes(name.as_bytes());
+        self.bytes(b"\";r=");
+        self.num(sf_int(d.remaining()));
+        self.bytes(b";t=");
+        self.num(sf_int(t_secs(d)));
+    }
+
+    /// The header value. Only digits, ASCII punctuation and validated
+    /// names are ever written, so this cannot fail; if it did, the header
+    /// is left out rather than the request failing.
+    pub(crate) fn value(&self) -> Option<HeaderValue> {
+        HeaderValue::from_bytes(&self.0).ok()
+    }
+}
+
+/// The largest structured-field integer (15 decimal digits).
+const SF_INT_MAX: u64 = 999_999_999_999_999;
+
+#[inline]
+fn sf_int(n: u64) -> u64 {
+    n.min(SF_INT_MAX)
+}
+
+/// `w`: the policy's span in whole seconds, rounded up, at least 1.
+pub(crate) fn window_secs(policy: &Policy) -> u64 {
+    let span = policy.span();
+    let secs = span.as_secs() + u64::from(span.subsec_nanos() > 0);
+    secs.max(1)
+}
+
+/// `t` of one decision (see the module docs).
+#[inline]
+pub(crate) fn t_secs(d: &Decision) -> u64 {
+    if d.is_allowed() {
+        d.reset_after_secs()
+    } else {
+        d.retry_after_secs().max(1)
+    }
+}
+
+/// Whether `a` has a smaller share of its quota left than `b`
+/// (`remaining / limit`, compared without division).
+pub(crate) fn closer_to_exhaustion(a: &Decision, b: &Decision) -> bool {
+    let lhs = u128::from(a.remaining()) * u128::from(b.limit().max(1));
+    let rhs = u128::from(b.remaining()) * u128::from(a.limit().max(1));
+    lhs < rhs || (lhs == rhs && t_secs(a) > t_secs(b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{ManualClock, Rate, TokenBucket, Window};
+
+    #[test]
+    fn items_render_as_the_draft_writes_them() {
+        let mut b = Buf::new();
+        b.policy_item("default", &Policy::fixed_window(Window::per_minute(100)));
+        assert_eq!(&b.0[..], b"\"default\";q=100;w=60");
+        b.policy_item(
+            "burst",
+            &Policy::token_bucket(Rate::per_second(10).burst(5)),
+        );
+        assert_eq!(
+            std::str::from_utf8(&b.0).unwrap(),
+            "\"default\";q=100;w=60, \"burst\";q=5;w=1"
+        );
+        let bucket = TokenBucket::with_clock(Rate::per_minute(60), ManualClock::new()).unwrap();
+        let d = bucket.check();
+        let mut b = Buf::new();
+        b.ratelimit_item("default", &d);
+        assert_eq!(&b.0[..], b"\"default\";r=59;t=1");
+        assert!(b.value().is_some());
+    }
+
+    #[test]
+    fn t_of_a_denial_is_its_retry_after_not_its_time_to_full() {
+        let bucket =
+            TokenBucket::with_clock(Rate::per_second(1).burst(10), ManualClock::new()).unwrap();
+        let _ = bucket.check_n(10).unwrap();
+        let denied = bucket.check();
+        assert!(!denied.is_allowed());
+        assert_eq!(denied.reset_after_secs(), 10);
+        assert_eq!(t_secs(&denied), 1);
+        assert_eq!(t_secs(&denied), denied.retry_after_secs());
+    }
+
+    #[test]
+    fn numbers_are_clamped_to_structured_field_integers() {
+        let mut b = Buf::new();
+        b.num(sf_int(u64::MAX));
+        assert_eq!(&b.0[..], b"999999999999999");
+        let mut b = Buf::new();
+        b.num(sf_int(0));
+        assert_eq!(&b.0[..], b"0");
+    }
+
+    #[test]
+    fn exhaustion_compares_shares_not_counts() {
+        let clock = ManualClock::new();
+        let big = TokenBucket::with_clock(Rate::per_hour(100), clock.clone()).unwrap();
+        let small = TokenBucket::with_clock(Rate::per_hour(4), clock).unwrap();
+        let b = big.check_n(50).unwrap(); // 50 of 100 left: half
+        let s = small.check_n(1).unwrap(); // 3 of 4 left: three quarters
+        assert!(closer_to_exhaustion(&b, &s));
+        assert!(!closer_to_exhaustion(&s, &b));
+    }
+}
