@@ -18,7 +18,6 @@ use super::rule::valid_name;
 use crate::decision::Decision;
 use crate::policy::Policy;
 use http::HeaderValue;
-use smallvec::SmallVec;
 
 /// Which rate-limit headers the layer sends.
 ///
@@ -60,21 +59,45 @@ pub enum Items {
     ClosestToExhaustion,
 }
 
-/// A byte buffer on the stack for one header value (it spills to the heap
-/// only past 256 bytes: many rules with long names).
-pub(crate) struct Buf(SmallVec<[u8; 256]>);
+/// A byte buffer on the stack for one header value; past 384 bytes (many
+/// rules with long names) it moves to the heap.
+pub(crate) struct Buf {
+    stack: [u8; 384],
+    len: usize,
+    heap: Vec<u8>,
+}
 
 impl Buf {
     pub(crate) fn new() -> Buf {
-        Buf(SmallVec::new())
+        Buf {
+            stack: [0; 384],
+            len: 0,
+            heap: Vec::new(),
+        }
     }
 
     pub(crate) fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.len == 0 && self.heap.is_empty()
+    }
+
+    fn as_slice(&self) -> &[u8] {
+        if self.heap.is_empty() {
+            &self.stack[..self.len]
+        } else {
+            &self.heap
+        }
     }
 
     fn bytes(&mut self, b: &[u8]) {
-        self.0.extend_from_slice(b);
+        if self.heap.is_empty() {
+            if let Some(dst) = self.stack.get_mut(self.len..self.len + b.len()) {
+                dst.copy_from_slice(b);
+                self.len += b.len();
+                return;
+            }
+            self.heap.extend_from_slice(&self.stack[..self.len]);
+        }
+        self.heap.extend_from_slice(b);
     }
 
     fn num(&mut self, mut n: u64) {
@@ -92,7 +115,7 @@ impl Buf {
     }
 
     fn separator(&mut self) {
-        if !self.0.is_empty() {
+        if !self.is_empty() {
             self.bytes(b", ");
         }
     }
@@ -125,7 +148,7 @@ impl Buf {
     /// names are ever written, so this cannot fail; if it did, the header
     /// is left out rather than the request failing.
     pub(crate) fn value(&self) -> Option<HeaderValue> {
-        HeaderValue::from_bytes(&self.0).ok()
+        HeaderValue::from_bytes(self.as_slice()).ok()
     }
 }
 
@@ -171,20 +194,20 @@ mod tests {
     fn items_render_as_the_draft_writes_them() {
         let mut b = Buf::new();
         b.policy_item("default", &Policy::fixed_window(Window::per_minute(100)));
-        assert_eq!(&b.0[..], b"\"default\";q=100;w=60");
+        assert_eq!(b.as_slice(), b"\"default\";q=100;w=60");
         b.policy_item(
             "burst",
             &Policy::token_bucket(Rate::per_second(10).burst(5)),
         );
         assert_eq!(
-            std::str::from_utf8(&b.0).unwrap(),
+            std::str::from_utf8(b.as_slice()).unwrap(),
             "\"default\";q=100;w=60, \"burst\";q=5;w=1"
         );
         let bucket = TokenBucket::with_clock(Rate::per_minute(60), ManualClock::new()).unwrap();
         let d = bucket.check();
         let mut b = Buf::new();
         b.ratelimit_item("default", &d);
-        assert_eq!(&b.0[..], b"\"default\";r=59;t=1");
+        assert_eq!(b.as_slice(), b"\"default\";r=59;t=1");
         assert!(b.value().is_some());
     }
 
@@ -201,13 +224,30 @@ mod tests {
     }
 
     #[test]
+    fn long_values_move_to_the_heap_intact() {
+        let mut b = Buf::new();
+        let mut want = String::new();
+        for i in 0..40 {
+            let name = format!("rule-number-{i}");
+            b.policy_item(&name, &Policy::fixed_window(Window::per_minute(100)));
+            if i > 0 {
+                want.push_str(", ");
+            }
+            want.push_str(&format!("\"{name}\";q=100;w=60"));
+        }
+        assert!(want.len() > 384);
+        assert_eq!(std::str::from_utf8(b.as_slice()).unwrap(), want);
+        assert!(b.value().is_some());
+    }
+
+    #[test]
     fn numbers_are_clamped_to_structured_field_integers() {
         let mut b = Buf::new();
         b.num(sf_int(u64::MAX));
-        assert_eq!(&b.0[..], b"999999999999999");
+        assert_eq!(b.as_slice(), b"999999999999999");
         let mut b = Buf::new();
         b.num(sf_int(0));
-        assert_eq!(&b.0[..], b"0");
+        assert_eq!(b.as_slice(), b"0");
     }
 
     #[test]

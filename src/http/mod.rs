@@ -86,11 +86,16 @@ use tower_service::Service;
 /// How many matching rules fit on the stack; more spill to the heap.
 const INLINE_RULES: usize = 4;
 
+/// How many requests are looked at for `X-Forwarded-For` when no proxy is
+/// trusted (the misconfiguration warning).
+const XFF_CHECKS: u64 = 4096;
+
 const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 const X_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 const X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
 const X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
 /// A layer configuration that cannot be built, and what to change.
 ///
@@ -417,6 +422,13 @@ impl<C: Clock + Clone> RateLimitBuilder<C> {
             .iter()
             .map(|r| Box::from(r.rule.name.as_str()))
             .collect();
+        let any_refund = rules.iter().any(|r| r.rule.refund_on_success);
+        if let Some((a, b)) = charged_twice(&rules) {
+            warn_now(&format!(
+                "rules {a:?} and {b:?} charge the same requests under the same key with the same \
+                 policy: each request is counted twice; remove one"
+            ));
+        }
         Ok(RateLimitLayer {
             shared: Arc::new(Shared {
                 rules,
@@ -428,12 +440,49 @@ impl<C: Clock + Clone> RateLimitBuilder<C> {
                 allow: self.allow,
                 responder: self.responder,
                 decisions_extension: self.decisions_extension,
+                any_refund,
                 fp: Fingerprint::new(),
                 warn_xff: Once::new(),
+                xff_checks: AtomicU64::new(0),
                 warn_no_peer: Once::new(),
             }),
         })
     }
+}
+
+/// Two enforced rules that count the same requests under the same key with
+/// the same policy: one limit charged twice for each request.
+fn charged_twice<C: Clock>(rules: &[Compiled<C>]) -> Option<(String, String)> {
+    let sig = |r: &Rule| {
+        (r.mode == Mode::Enforce).then(|| {
+            format!(
+                "{:?}|{:?}|{:?}|{:?}",
+                r.key,
+                r.policy,
+                r.matcher,
+                match r.cost {
+                    rule::Cost::Units(n) => Some(n),
+                    rule::Cost::Fn(_) => None,
+                }
+            )
+        })
+    };
+    for (i, a) in rules.iter().enumerate() {
+        let Some(sa) = sig(&a.rule) else { continue };
+        for b in &rules[i + 1..] {
+            if sig(&b.rule).as_ref() == Some(&sa) {
+                return Some((a.rule.name.clone(), b.rule.name.clone()));
+            }
+        }
+    }
+    None
+}
+
+fn warn_now(message: &str) {
+    #[cfg(feature = "tracing")]
+    tracing::warn!(target: "ratewall::http", "{message}");
+    #[cfg(not(feature = "tracing"))]
+    eprintln!("ratewall::http warning: {message}");
 }
 
 /// The rate-limiting layer. Cheap to clone: every clone shares the limits.
@@ -679,8 +728,10 @@ struct Shared<C: Clock> {
     allow: Vec<Cidr>,
     responder: Option<Responder>,
     decisions_extension: bool,
+    any_refund: bool,
     fp: Fingerprint,
     warn_xff: Once,
+    xff_checks: AtomicU64,
     warn_no_peer: Once,
 }
 
@@ -706,8 +757,18 @@ enum Verdict {
 
 /// What an admitted request's response gets: headers, and refunds.
 struct After {
-    headers: SmallVec<[(HeaderName, HeaderValue); 3]>,
-    refund: Option<(Arc<dyn Refunds>, RefundList)>,
+    policy: Option<HeaderValue>,
+    ratelimit: Option<HeaderValue>,
+    /// `X-RateLimit-Limit`, `-Remaining`, `-Reset`.
+    legacy: Option<[u64; 3]>,
+    /// Boxed: only count-only-failures rules need it (one allocation per
+    /// request they match).
+    refund: Option<Box<Refund>>,
+}
+
+struct Refund {
+    shared: Arc<dyn Refunds>,
+    list: RefundList,
 }
 
 /// (rule, key, cost) of each unit taken by a count-only-failures rule.
@@ -728,12 +789,7 @@ impl<C: Clock> Refunds for Shared<C> {
 
 impl<C: Clock + 'static> Shared<C> {
     fn warn(&self, once: &Once, message: &'static str) {
-        once.call_once(|| {
-            #[cfg(feature = "tracing")]
-            tracing::warn!(target: "ratewall::http", "{message}");
-            #[cfg(not(feature = "tracing"))]
-            eprintln!("ratewall::http warning: {message}");
-        });
+        once.call_once(|| warn_now(message));
     }
 
     fn check(self: &Arc<Self>, req: &mut RequestHead<'_>) -> Verdict {
@@ -747,23 +803,32 @@ impl<C: Clock + 'static> Shared<C> {
             if c == Resolved::NoPeer {
                 self.warn(
                     &self.warn_no_peer,
-                    "a request reached the rate-limit layer without a peer address: serve with \
-                     `into_make_service_with_connect_info::<SocketAddr>()` or insert a `SocketAddr` extension",
+                    "a request reached the rate-limit layer without a peer address: with axum, enable \
+                     ratewall's `axum` feature and serve with `into_make_service_with_connect_info::<SocketAddr>()`; \
+                     otherwise insert a `SocketAddr` extension",
                 );
             }
             c
         } else {
             Resolved::NoPeer
         };
+        // Looked for in the first requests only: a header lookup per request
+        // is a good part of the layer's cost, and one sighting is enough.
         if !self.client_ip.trusts_proxies()
             && self.needs_ip
-            && req.headers.contains_key("x-forwarded-for")
+            // Relaxed: a sampling counter; it publishes nothing.
+            && self.xff_checks.load(Ordering::Relaxed) < XFF_CHECKS
+            && !self.warn_xff.is_completed()
         {
-            self.warn(
-                &self.warn_xff,
-                "X-Forwarded-For seen while no proxy is trusted: the TCP peer is the client. \
-                 Behind a proxy, configure `ClientIp::behind_proxies` or `ClientIp::behind_hops`",
-            );
+            // Relaxed: as above; an overshoot by concurrent requests is harmless.
+            self.xff_checks.fetch_add(1, Ordering::Relaxed);
+            if req.headers.contains_key(X_FORWARDED_FOR) {
+                self.warn(
+                    &self.warn_xff,
+                    "X-Forwarded-For seen while no proxy is trusted: the TCP peer is the client. \
+                     Behind a proxy, configure `ClientIp::behind_proxies` or `ClientIp::behind_hops`",
+                );
+            }
         }
         if let Resolved::Ip(ip) = client {
             if self.allow.iter().any(|n| n.contains(ip)) {
@@ -851,9 +916,15 @@ impl<C: Clock + 'static> Shared<C> {
             .zip(enforced())
             .map(|(l, e)| (l as &dyn Limit<C>, e.cost))
             .collect();
-        let mut decisions: SmallVec<[Option<Decision>; INLINE_RULES]> =
-            smallvec::smallvec![None; limits.len()];
-        let result = check_each(&limits, &mut decisions);
+        let mut inline = [None; INLINE_RULES];
+        let mut spilled;
+        let decisions: &mut [Option<Decision>] = if limits.len() <= INLINE_RULES {
+            &mut inline[..limits.len()]
+        } else {
+            spilled = vec![None; limits.len()];
+            &mut spilled
+        };
+        let result = check_each(&limits, decisions);
         drop(limits);
         drop(refs);
         let allowed = match result {
@@ -865,9 +936,9 @@ impl<C: Clock + 'static> Shared<C> {
                 return Err((culprit, e));
             }
         };
-        let mut d = decisions.into_iter();
+        let mut d = decisions.iter();
         for e in entries.iter_mut().filter(|e| !e.shadow) {
-            e.decision = d.next().flatten();
+            e.decision = d.next().copied().flatten();
             let c = &self.rules[usize::from(e.rule)].counters;
             match e.decision {
                 Some(dec) if !dec.is_allowed() => bump(&c.denied),
@@ -905,7 +976,9 @@ impl<C: Clock + 'static> Shared<C> {
     /// Headers and refunds for an admitted request.
     fn after(self: &Arc<Self>, entries: &Entries) -> Option<After> {
         let mut after = After {
-            headers: SmallVec::new(),
+            policy: None,
+            ratelimit: None,
+            legacy: None,
             refund: None,
         };
         let shown = || {
@@ -917,71 +990,79 @@ impl<C: Clock + 'static> Shared<C> {
                 }
             })
         };
+        let closest = || {
+            shown().reduce(|a, b| {
+                if closer_to_exhaustion(&b.1, &a.1) {
+                    b
+                } else {
+                    a
+                }
+            })
+        };
         match self.headers {
             Headers::None => {}
             Headers::Legacy => {
-                if let Some((_, d)) = shown().reduce(|a, b| {
-                    if closer_to_exhaustion(&b.1, &a.1) {
-                        b
-                    } else {
-                        a
-                    }
-                }) {
-                    legacy(&mut after.headers, &d, t_secs(&d));
+                if let Some((_, d)) = closest() {
+                    after.legacy = Some([d.limit(), d.remaining(), t_secs(&d)]);
                 }
             }
-            Headers::Draft(items) => {
-                let (mut policy, mut limit) = (Buf::new(), Buf::new());
-                let picked: SmallVec<[(&Compiled<C>, Decision); INLINE_RULES]> = match items {
-                    Items::ClosestToExhaustion => shown()
-                        .reduce(|a, b| {
-                            if closer_to_exhaustion(&b.1, &a.1) {
-                                b
-                            } else {
-                                a
-                            }
-                        })
-                        .into_iter()
-                        .collect(),
-                    _ => shown().collect(),
-                };
-                let count = picked.len();
-                let one_policy = picked.first().and_then(|(r, _)| r.policy_item.as_ref());
-                for (r, d) in &picked {
-                    policy.policy_item(&r.rule.name, &r.rule.policy);
-                    limit.ratelimit_item(&r.rule.name, d);
+            Headers::Draft(Items::ClosestToExhaustion) => {
+                if let Some((r, d)) = closest() {
+                    let mut limit = Buf::new();
+                    limit.ratelimit_item(&r.rule.name, &d);
+                    after.policy = r.policy_item.clone();
+                    after.ratelimit = limit.value();
+                }
+            }
+            Headers::Draft(_) => {
+                let mut limit = Buf::new();
+                let mut count = 0;
+                let mut last = None;
+                for (r, d) in shown() {
+                    limit.ratelimit_item(&r.rule.name, &d);
+                    count += 1;
+                    last = Some(r);
+                }
+                if count == 1 {
+                    // One rule: its policy item was rendered once, at build.
+                    after.policy = last.and_then(|r| r.policy_item.clone());
+                } else if count > 1 {
+                    let mut policy = Buf::new();
+                    for (r, _) in shown() {
+                        policy.policy_item(&r.rule.name, &r.rule.policy);
+                    }
+                    after.policy = policy.value();
                 }
                 if count > 0 {
-                    // One rule: its policy item was rendered once, at build.
-                    let policy = match (count, one_policy) {
-                        (1, Some(v)) => Some(v.clone()),
-                        _ => policy.value(),
-                    };
-                    if let Some(v) = policy {
-                        after.headers.push((RATELIMIT_POLICY, v));
-                    }
-                    if let Some(v) = limit.value() {
-                        after.headers.push((RATELIMIT, v));
-                    }
+                    after.ratelimit = limit.value();
                 }
             }
         }
-        let refunds: RefundList = entries
-            .iter()
-            .filter(|e| {
-                !e.shadow
-                    && e.cost > 0
-                    && self.rules[usize::from(e.rule)].rule.refund_on_success
-                    && e.decision.is_some_and(|d| {
-                        matches!(d.tracking(), Tracking::Tracked | Tracking::EvictedOther)
-                    })
-            })
-            .map(|e| (e.rule, e.key, e.cost))
-            .collect();
-        if !refunds.is_empty() {
-            after.refund = Some((self.clone() as Arc<dyn Refunds>, refunds));
+        if self.any_refund {
+            let list: RefundList = entries
+                .iter()
+                .filter(|e| {
+                    !e.shadow
+                        && e.cost > 0
+                        && self.rules[usize::from(e.rule)].rule.refund_on_success
+                        && e.decision.is_some_and(|d| {
+                            matches!(d.tracking(), Tracking::Tracked | Tracking::EvictedOther)
+                        })
+                })
+                .map(|e| (e.rule, e.key, e.cost))
+                .collect();
+            if !list.is_empty() {
+                after.refund = Some(Box::new(Refund {
+                    shared: self.clone(),
+                    list,
+                }));
+            }
         }
-        if after.headers.is_empty() && after.refund.is_none() {
+        if after.policy.is_none()
+            && after.ratelimit.is_none()
+            && after.legacy.is_none()
+            && after.refund.is_none()
+        {
             None
         } else {
             Some(after)
@@ -1012,6 +1093,13 @@ impl<C: Clock + 'static> Shared<C> {
             rules: &rules,
             retry_after_secs: retry_after,
         };
+        #[cfg(feature = "tracing")]
+        tracing::debug!(
+            target: "ratewall::http",
+            denied = ?rejection.denied().map(|r| r.name()).collect::<Vec<_>>(),
+            retry_after,
+            "request over its rate limit"
+        );
         let mut res = if response::is_grpc(req_headers) {
             response::grpc_exhausted("rate limit exceeded")
         } else if let Some(responder) = &self.responder {
@@ -1045,9 +1133,7 @@ impl<C: Clock + 'static> Shared<C> {
             Headers::Legacy => {
                 if let Some((_, d)) = denied_shown().next() {
                     if !h.contains_key(X_LIMIT) {
-                        let mut v = SmallVec::new();
-                        legacy(&mut v, &d, retry_after);
-                        h.extend(v);
+                        legacy(h, [d.limit(), d.remaining(), retry_after]);
                     }
                 }
             }
@@ -1073,10 +1159,10 @@ impl<C: Clock + 'static> Shared<C> {
     }
 }
 
-fn legacy(out: &mut SmallVec<[(HeaderName, HeaderValue); 3]>, d: &Decision, reset: u64) {
-    out.push((X_LIMIT, HeaderValue::from(d.limit())));
-    out.push((X_REMAINING, HeaderValue::from(d.remaining())));
-    out.push((X_RESET, HeaderValue::from(reset)));
+fn legacy(h: &mut HeaderMap, [limit, remaining, reset]: [u64; 3]) {
+    h.insert(X_LIMIT, HeaderValue::from(limit));
+    h.insert(X_REMAINING, HeaderValue::from(remaining));
+    h.insert(X_RESET, HeaderValue::from(reset));
 }
 
 /// The request head the check reads (and, for the decisions extension,
@@ -1261,14 +1347,20 @@ where
                 let mut res = ready!(fut.poll(cx))?;
                 if let Some(after) = after.take() {
                     let h = res.headers_mut();
-                    for (name, value) in after.headers {
-                        h.insert(name, value);
+                    if let Some(v) = after.policy {
+                        h.insert(RATELIMIT_POLICY, v);
                     }
-                    if let Some((shared, refunds)) = after.refund {
+                    if let Some(v) = after.ratelimit {
+                        h.insert(RATELIMIT, v);
+                    }
+                    if let Some(l) = after.legacy {
+                        legacy(h, l);
+                    }
+                    if let Some(refund) = after.refund {
                         let s = res.status();
                         if s.is_success() || s.is_redirection() {
-                            for (rule, key, cost) in refunds {
-                                shared.refund(rule, key, cost);
+                            for (rule, key, cost) in refund.list {
+                                refund.shared.refund(rule, key, cost);
                             }
                         }
                     }
@@ -1284,6 +1376,47 @@ where
                 });
                 Poll::Ready(Ok(res.map(ResponseBody::full)))
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{ManualClock, Policy, Rate};
+
+    fn compiled(rules: Vec<Rule>) -> Vec<Compiled<ManualClock>> {
+        let mut b = RateLimitLayer::builder().clock(ManualClock::new());
+        for r in rules {
+            b = b.rule(r);
+        }
+        let layer = b.build().unwrap();
+        Arc::try_unwrap(layer.shared).ok().expect("one owner").rules
+    }
+
+    #[test]
+    fn one_limit_charged_twice_is_detected() {
+        let p = Policy::token_bucket(Rate::per_second(10));
+        let twice = compiled(vec![Rule::per_ip("a", p), Rule::per_ip("b", p)]);
+        assert_eq!(charged_twice(&twice), Some(("a".into(), "b".into())));
+        let distinct = [
+            vec![Rule::per_ip("a", p), Rule::per_ip("b", p).ipv6_prefix(56)],
+            vec![
+                Rule::per_ip("a", p),
+                Rule::per_ip("b", Policy::token_bucket(Rate::per_second(11))),
+            ],
+            vec![
+                Rule::per_ip("a", p),
+                Rule::per_ip("b", p).on_path_prefix("/x"),
+            ],
+            vec![
+                Rule::per_ip("a", p),
+                Rule::per_ip("b", p).mode(Mode::Shadow),
+            ],
+            vec![Rule::per_ip("a", p), Rule::global("b", p)],
+        ];
+        for rules in distinct {
+            assert_eq!(charged_twice(&compiled(rules)), None);
         }
     }
 }

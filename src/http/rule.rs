@@ -229,8 +229,8 @@ impl Absent {
     pub(crate) fn describe(self) -> &'static str {
         match self {
             Absent::NoPeer => {
-                "the server passed no peer address: serve with \
-                 `into_make_service_with_connect_info::<SocketAddr>()` or insert a `SocketAddr` extension"
+                "the server passed no peer address: with axum, enable ratewall's `axum` feature and serve with \
+                 `into_make_service_with_connect_info::<SocketAddr>()`; otherwise insert a `SocketAddr` extension"
             }
             Absent::UnknownClient => {
                 "the client address is unknown: the proxy chain holds an unknown, obfuscated or malformed entry"
