@@ -132,6 +132,21 @@ impl Buf {
         self.num(sf_int(window_secs(policy)));
     }
 
+    /// An item rendered once at build (a rule's `RateLimit-Policy` item).
+    pub(crate) fn item(&mut self, rendered: &[u8]) {
+        self.separator();
+        self.bytes(rendered);
+    }
+
+    /// A `RateLimit` item after its prefix `"name";r=`, rendered at build.
+    pub(crate) fn ratelimit_item_prefixed(&mut self, prefix: &[u8], d: &Decision) {
+        self.separator();
+        self.bytes(prefix);
+        self.num(sf_int(d.remaining()));
+        self.bytes(b";t=");
+        self.num(sf_int(t_secs(d)));
+    }
+
     /// A `RateLimit` item: `"name";r=<remaining>;t=<secs>`.
     pub(crate) fn ratelimit_item(&mut self, name: &str, d: &Decision) {
         debug_assert!(valid_name(name));
@@ -209,6 +224,25 @@ mod tests {
         b.ratelimit_item("default", &d);
         assert_eq!(b.as_slice(), b"\"default\";r=59;t=1");
         assert!(b.value().is_some());
+    }
+
+    #[test]
+    fn prefixed_and_prerendered_items_match_the_plain_ones() {
+        let bucket = TokenBucket::with_clock(Rate::per_minute(60), ManualClock::new()).unwrap();
+        let d = bucket.check();
+        let (mut a, mut b) = (Buf::new(), Buf::new());
+        a.ratelimit_item("x", &d);
+        a.ratelimit_item("y", &d);
+        b.ratelimit_item_prefixed(b"\"x\";r=", &d);
+        b.ratelimit_item_prefixed(b"\"y\";r=", &d);
+        assert_eq!(a.as_slice(), b.as_slice());
+        let p = Policy::fixed_window(Window::per_minute(100));
+        let (mut a, mut b) = (Buf::new(), Buf::new());
+        a.policy_item("x", &p);
+        a.policy_item("y", &p);
+        b.item(b"\"x\";q=100;w=60");
+        b.item(b"\"y\";q=100;w=60");
+        assert_eq!(a.as_slice(), b.as_slice());
     }
 
     #[test]

@@ -410,6 +410,7 @@ impl<C: Clock + Clone> RateLimitBuilder<C> {
             rules.push(Compiled {
                 limit: RuleLimit::Local(limiter),
                 policy_item: item.value(),
+                ratelimit_prefix: format!("\"{}\";r=", rule.name).into_bytes().into(),
                 counters: CachePadded::new(Counters::default()),
                 rule,
             });
@@ -423,6 +424,28 @@ impl<C: Clock + Clone> RateLimitBuilder<C> {
             .map(|r| Box::from(r.rule.name.as_str()))
             .collect();
         let any_refund = rules.iter().any(|r| r.rule.refund_on_success);
+        // The `RateLimit-Policy` value when every shown rule matches (the
+        // common case: rules without matchers), rendered once.
+        let shown: Vec<usize> = (0..rules.len())
+            .filter(|&i| {
+                rules[i].rule.visibility == Visibility::Shown && rules[i].rule.mode != Mode::Off
+            })
+            .collect();
+        let all_policy = if shown.len() > 1 && rules.len() <= 64 {
+            let mut b = Buf::new();
+            for &i in &shown {
+                b.item(
+                    rules[i]
+                        .policy_item
+                        .as_ref()
+                        .map_or(&[][..], |v| v.as_bytes()),
+                );
+            }
+            b.value()
+                .map(|v| (shown.iter().fold(0u64, |m, &i| m | 1 << i), v))
+        } else {
+            None
+        };
         if let Some((a, b)) = charged_twice(&rules) {
             warn_now(&format!(
                 "rules {a:?} and {b:?} charge the same requests under the same key with the same \
@@ -441,6 +464,7 @@ impl<C: Clock + Clone> RateLimitBuilder<C> {
                 responder: self.responder,
                 decisions_extension: self.decisions_extension,
                 any_refund,
+                all_policy,
                 fp: Fingerprint::new(),
                 warn_xff: Once::new(),
                 xff_checks: AtomicU64::new(0),
@@ -706,6 +730,8 @@ struct Compiled<C: Clock> {
     rule: Rule,
     limit: RuleLimit<C>,
     policy_item: Option<HeaderValue>,
+    /// `"name";r=`: the start of the rule's `RateLimit` item.
+    ratelimit_prefix: Box<[u8]>,
     counters: CachePadded<Counters>,
 }
 
@@ -729,6 +755,8 @@ struct Shared<C: Clock> {
     responder: Option<Responder>,
     decisions_extension: bool,
     any_refund: bool,
+    /// The mask of the shown rules and their joint `RateLimit-Policy` value.
+    all_policy: Option<(u64, HeaderValue)>,
     fp: Fingerprint,
     warn_xff: Once,
     xff_checks: AtomicU64,
@@ -1018,21 +1046,34 @@ impl<C: Clock + 'static> Shared<C> {
                 let mut limit = Buf::new();
                 let mut count = 0;
                 let mut last = None;
-                for (r, d) in shown() {
-                    limit.ratelimit_item(&r.rule.name, &d);
+                let mut mask = 0u64;
+                for e in entries {
+                    let r = &self.rules[usize::from(e.rule)];
+                    let Some(d) = e.decision else { continue };
+                    if r.rule.visibility != Visibility::Shown {
+                        continue;
+                    }
+                    limit.ratelimit_item_prefixed(&r.ratelimit_prefix, &d);
                     count += 1;
                     last = Some(r);
-                }
-                if count == 1 {
-                    // One rule: its policy item was rendered once, at build.
-                    after.policy = last.and_then(|r| r.policy_item.clone());
-                } else if count > 1 {
-                    let mut policy = Buf::new();
-                    for (r, _) in shown() {
-                        policy.policy_item(&r.rule.name, &r.rule.policy);
+                    if e.rule < 64 {
+                        mask |= 1 << e.rule;
                     }
-                    after.policy = policy.value();
                 }
+                after.policy = match (count, &self.all_policy) {
+                    (0, _) => None,
+                    // One rule: its policy item was rendered once, at build.
+                    (1, _) => last.and_then(|r| r.policy_item.clone()),
+                    // Every shown rule: rendered once, at build.
+                    (_, Some((all, v))) if *all == mask => Some(v.clone()),
+                    _ => {
+                        let mut policy = Buf::new();
+                        for (r, _) in shown() {
+                            policy.item(r.policy_item.as_ref().map_or(&[][..], |v| v.as_bytes()));
+                        }
+                        policy.value()
+                    }
+                };
                 if count > 0 {
                     after.ratelimit = limit.value();
                 }
