@@ -22,7 +22,7 @@
 //! `retry_after` and `reset_after`. Time comes from a [`Clock`]; tests use
 //! [`ManualClock`].
 //!
-//! With the `tower` feature, [`http`](crate::http) is a tower layer that
+//! With the `tower` feature, `ratewall::http` is a tower layer that
 //! checks per-IP, per-key and per-route rules in one all-or-nothing step
 //! (`docs/http.md`).
 //!
