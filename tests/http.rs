@@ -1146,3 +1146,24 @@ mod end_to_end {
         server.await.unwrap();
     }
 }
+
+#[tokio::test]
+async fn a_full_key_table_admits_untracked_and_counts_it() {
+    let clock = ManualClock::new();
+    let layer = builder(&clock)
+        .rule(
+            Rule::per_ip("ip", Policy::fixed_window(Window::per_minute(5)))
+                .max_keys(1)
+                .when_full(ratewall::WhenFull::AdmitUntracked),
+        )
+        .build()
+        .unwrap();
+    let app = make_app(layer.clone());
+    for i in 0..64 {
+        let got = get_(&app, &format!("198.51.100.{i}")).await;
+        assert_eq!(got.status, StatusCode::OK);
+    }
+    let s = &layer.stats()[0];
+    assert_eq!(s.allowed(), 64);
+    assert!(s.untracked() > 0, "{s:?}");
+}
