@@ -29,6 +29,7 @@ fn main() {
     coarse_clock();
     keyed_million();
     soft_and_elastic();
+    http_layer();
 }
 
 fn header(title: &str) {
@@ -516,4 +517,102 @@ fn soft_and_elastic() {
     send("bob");
     println!("  alice drained the pool and reached her ceiling; bob still got his guarantee,");
     println!("  and went above it once the pool grew\n");
+}
+
+/// The tower layer over real HTTP: `examples/server.rs` on a free port on
+/// 127.0.0.1, driven by a real HTTP/1.1 client (hyper). Shows allowed
+/// responses with their `RateLimit` fields, then failed logins until a 429.
+#[cfg(feature = "axum")]
+fn http_layer() {
+    #[path = "server.rs"]
+    #[allow(dead_code)]
+    mod server;
+
+    use http_body_util::BodyExt;
+    use std::net::SocketAddr;
+
+    async fn send(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)]) {
+        let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .expect("handshake");
+        tokio::spawn(conn);
+        let mut req = http::Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", addr.to_string());
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let req = req
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .expect("request");
+        let res = sender.send_request(req).await.expect("response");
+        let shown: Vec<String> = headers.iter().map(|(k, v)| format!("{k}: {v}")).collect();
+        println!("  {method} {path} {}", shown.join(" "));
+        println!("    -> {}", res.status());
+        for name in [
+            "retry-after",
+            "ratelimit-policy",
+            "ratelimit",
+            "content-type",
+        ] {
+            if let Some(v) = res.headers().get(name) {
+                println!("       {name}: {}", v.to_str().unwrap_or("<binary>"));
+            }
+        }
+        let body = res.into_body().collect().await.expect("body").to_bytes();
+        if !body.is_empty() {
+            println!("       body: {}", String::from_utf8_lossy(&body).trim_end());
+        }
+    }
+
+    println!("The HTTP layer: examples/server.rs on 127.0.0.1, a real client");
+    println!("  rules: ip 60/min burst 20, key 600/min (x-api-key), login 5 failures/min (hidden)");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind 127.0.0.1:0");
+        let addr = listener.local_addr().expect("local addr");
+        let app = server::router(server::limits(ratewall::DefaultClock::default()));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let serving = tokio::spawn(async move {
+            axum::serve(
+                listener,
+                app.into_make_service_with_connect_info::<SocketAddr>(),
+            )
+            .with_graceful_shutdown(async {
+                let _ = stopped.await;
+            })
+            .await
+            .expect("server");
+        });
+        send(addr, "GET", "/", &[]).await;
+        send(addr, "GET", "/items", &[("x-api-key", "demo-key")]).await;
+        send(addr, "POST", "/login", &[("x-password", "hunter2")]).await;
+        for _ in 0..5 {
+            send(addr, "POST", "/login", &[("x-password", "guess")]).await;
+        }
+        for _ in 0..2 {
+            send(addr, "POST", "/login", &[("x-password", "hunter2")]).await;
+        }
+        println!(
+            "  the two 429s took nothing from the per-IP rule (r is one less, for this request):"
+        );
+        send(addr, "GET", "/", &[]).await;
+        drop(stop);
+        serving.await.expect("server task");
+    });
+    println!();
+}
+
+#[cfg(not(feature = "axum"))]
+fn http_layer() {
+    println!("The HTTP layer: run `cargo run --release --example demo --features axum` to see it.");
 }

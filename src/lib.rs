@@ -22,6 +22,10 @@
 //! `retry_after` and `reset_after`. Time comes from a [`Clock`]; tests use
 //! [`ManualClock`].
 //!
+//! With the `tower` feature, `ratewall::http` is a tower layer that
+//! checks per-IP, per-key and per-route rules in one all-or-nothing step
+//! (`docs/http.md`).
+//!
 //! See `docs/design.md` for the bit layouts, the CAS protocol and the
 //! memory orderings.
 #![cfg_attr(not(ratewall_loom), forbid(unsafe_code))]
@@ -37,6 +41,8 @@ mod clock;
 mod decision;
 mod elastic;
 mod error;
+#[cfg(feature = "tower")]
+pub mod http;
 mod keyed;
 mod limiter;
 mod multi;

@@ -1,0 +1,93 @@
+//! An axum API with layered limits: a generous one per client IP, one per
+//! API key, and a strict one on `POST /login` that counts only failed
+//! attempts and hides its numbers.
+//!
+//! `cargo run --release --example server --features axum`, then
+//! `curl -i http://127.0.0.1:3000/` (`PORT` picks another port).
+//!
+//! The limits are local (in this process). `RATEWALL_REDIS_URL` is reserved
+//! for the Redis-backed rules; until they land, the server says so and
+//! stays local.
+
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::{get, post};
+use axum::Router;
+use ratewall::http::{ClientIp, RateLimitLayer, Rule};
+use ratewall::{Clock, Policy, Rate, Window};
+use std::net::SocketAddr;
+
+/// The limits: per IP 60/min (bursts of 20), per API key 600/min, and 5
+/// failed logins per minute per IP.
+pub fn limits<C: Clock + Clone + 'static>(clock: C) -> RateLimitLayer<C> {
+    RateLimitLayer::builder()
+        .clock(clock)
+        // Direct connections; behind a load balancer use
+        // `ClientIp::behind_proxies([...])` with its network.
+        .client_ip(ClientIp::peer())
+        .skip(|_, uri, _| uri.path() == "/health")
+        .rule(Rule::per_ip(
+            "ip",
+            Policy::token_bucket(Rate::per_minute(60).burst(20)),
+        ))
+        .rule(Rule::per_header(
+            "key",
+            "x-api-key",
+            Policy::sliding_window_counter(Window::per_minute(600)),
+        ))
+        .rule(
+            Rule::per_ip("login", Policy::sliding_window_log(Window::per_minute(5)))
+                .on_method(axum::http::Method::POST)
+                .on_path_prefix("/login")
+                .count_failures_only()
+                .hide_headers(),
+        )
+        .build()
+        .expect("valid limits")
+}
+
+/// The API behind the limits.
+pub fn router<C: Clock + Clone + 'static>(limits: RateLimitLayer<C>) -> Router {
+    Router::new()
+        .route("/", get(|| async { "hello\n" }))
+        .route("/health", get(|| async { "ok\n" }))
+        .route(
+            "/items",
+            get(|| async { axum::Json(serde_json::json!(["apple", "pear"])) }),
+        )
+        .route("/login", post(login))
+        .layer(limits)
+}
+
+async fn login(headers: HeaderMap) -> StatusCode {
+    if headers.get("x-password").is_some_and(|p| p == "hunter2") {
+        StatusCode::NO_CONTENT
+    } else {
+        StatusCode::UNAUTHORIZED
+    }
+}
+
+#[allow(dead_code)] // the demo includes this file for `limits` and `router`
+#[tokio::main]
+async fn main() {
+    if let Ok(url) = std::env::var("RATEWALL_REDIS_URL") {
+        eprintln!(
+            "RATEWALL_REDIS_URL={url} is set, but this build has no Redis-backed rules yet: \
+             serving local limits"
+        );
+    }
+    let port: u16 = std::env::var("PORT")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(3000);
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .expect("bind 127.0.0.1");
+    println!("listening on http://{}", listener.local_addr().unwrap());
+    let app = router(limits(ratewall::DefaultClock::default()));
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .await
+    .expect("server");
+}

@@ -1,0 +1,297 @@
+//! Header rendering: `Retry-After`, the IETF `RateLimit-Policy` and
+//! `RateLimit` fields (draft-ietf-httpapi-ratelimit-headers-10, as RFC 9651
+//! structured-field lists), and the legacy `X-RateLimit-*` trio.
+//!
+//! Values are written into a stack buffer and copied once into a
+//! `HeaderValue` (the one allocation `http` makes per header value).
+//!
+//! # `t`
+//!
+//! `t` is the number of seconds until the policy gives more quota: on an
+//! allowed response, until its quota is fully restored (`reset_after`,
+//! rounded up); for a rule that denied, until the request could pass
+//! (`retry_after`, rounded up, at least 1). A 429 lists only the rules that
+//! denied, and its `Retry-After` is the largest of their `t`, so no `t` it
+//! sends is later than `Retry-After`.
+
+use super::rule::valid_name;
+use crate::decision::Decision;
+use crate::policy::Policy;
+use http::HeaderValue;
+
+/// Which rate-limit headers the layer sends.
+///
+/// ```
+/// use ratewall::http::{Headers, Items};
+///
+/// let draft = Headers::Draft(Items::All);
+/// let closest = Headers::Draft(Items::ClosestToExhaustion);
+/// # let _ = (draft, closest, Headers::Legacy, Headers::None);
+/// ```
+#[non_exhaustive]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Headers {
+    /// Only `Retry-After` on a 429.
+    None,
+    /// `X-RateLimit-Limit`, `X-RateLimit-Remaining` and `X-RateLimit-Reset`
+    /// (seconds from now) of the rule closest to exhaustion.
+    Legacy,
+    /// `RateLimit-Policy` and `RateLimit` of
+    /// draft-ietf-httpapi-ratelimit-headers-10, with the items chosen by
+    /// [`Items`]. The default is `Draft(Items::All)`.
+    Draft(Items),
+}
+
+impl Default for Headers {
+    fn default() -> Self {
+        Headers::Draft(Items::All)
+    }
+}
+
+/// Which rules the draft fields list.
+#[non_exhaustive]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Items {
+    /// One item per matching rule whose headers are shown.
+    #[default]
+    All,
+    /// Only the rule with the smallest share of its quota left.
+    ClosestToExhaustion,
+}
+
+/// A byte buffer on the stack for one header value; past 384 bytes (many
+/// rules with long names) it moves to the heap.
+pub(crate) struct Buf {
+    stack: [u8; 384],
+    len: usize,
+    heap: Vec<u8>,
+}
+
+impl Buf {
+    pub(crate) fn new() -> Buf {
+        Buf {
+            stack: [0; 384],
+            len: 0,
+            heap: Vec::new(),
+        }
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len == 0 && self.heap.is_empty()
+    }
+
+    fn as_slice(&self) -> &[u8] {
+        if self.heap.is_empty() {
+            &self.stack[..self.len]
+        } else {
+            &self.heap
+        }
+    }
+
+    fn bytes(&mut self, b: &[u8]) {
+        if self.heap.is_empty() {
+            if let Some(dst) = self.stack.get_mut(self.len..self.len + b.len()) {
+                dst.copy_from_slice(b);
+                self.len += b.len();
+                return;
+            }
+            self.heap.extend_from_slice(&self.stack[..self.len]);
+        }
+        self.heap.extend_from_slice(b);
+    }
+
+    fn num(&mut self, mut n: u64) {
+        let mut digits = [0u8; 20];
+        let mut i = digits.len();
+        loop {
+            i -= 1;
+            digits[i] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        self.bytes(&digits[i..]);
+    }
+
+    fn separator(&mut self) {
+        if !self.is_empty() {
+            self.bytes(b", ");
+        }
+    }
+
+    /// A `RateLimit-Policy` item: `"name";q=<limit>;w=<span secs>`.
+    pub(crate) fn policy_item(&mut self, name: &str, policy: &Policy) {
+        debug_assert!(valid_name(name));
+        self.separator();
+        self.bytes(b"\"");
+        self.bytes(name.as_bytes());
+        self.bytes(b"\";q=");
+        self.num(sf_int(policy.limit()));
+        self.bytes(b";w=");
+        self.num(sf_int(window_secs(policy)));
+    }
+
+    /// An item rendered once at build (a rule's `RateLimit-Policy` item).
+    pub(crate) fn item(&mut self, rendered: &[u8]) {
+        self.separator();
+        self.bytes(rendered);
+    }
+
+    /// A `RateLimit` item after its prefix `"name";r=`, rendered at build.
+    pub(crate) fn ratelimit_item_prefixed(&mut self, prefix: &[u8], d: &Decision) {
+        self.separator();
+        self.bytes(prefix);
+        self.num(sf_int(d.remaining()));
+        self.bytes(b";t=");
+        self.num(sf_int(t_secs(d)));
+    }
+
+    /// A `RateLimit` item: `"name";r=<remaining>;t=<secs>`.
+    pub(crate) fn ratelimit_item(&mut self, name: &str, d: &Decision) {
+        debug_assert!(valid_name(name));
+        self.separator();
+        self.bytes(b"\"");
+        self.bytes(name.as_bytes());
+        self.bytes(b"\";r=");
+        self.num(sf_int(d.remaining()));
+        self.bytes(b";t=");
+        self.num(sf_int(t_secs(d)));
+    }
+
+    /// The header value. Only digits, ASCII punctuation and validated
+    /// names are ever written, so this cannot fail; if it did, the header
+    /// is left out rather than the request failing.
+    pub(crate) fn value(&self) -> Option<HeaderValue> {
+        HeaderValue::from_bytes(self.as_slice()).ok()
+    }
+}
+
+/// The largest structured-field integer (15 decimal digits).
+const SF_INT_MAX: u64 = 999_999_999_999_999;
+
+#[inline]
+fn sf_int(n: u64) -> u64 {
+    n.min(SF_INT_MAX)
+}
+
+/// `w`: the policy's span in whole seconds, rounded up, at least 1.
+pub(crate) fn window_secs(policy: &Policy) -> u64 {
+    let span = policy.span();
+    let secs = span.as_secs() + u64::from(span.subsec_nanos() > 0);
+    secs.max(1)
+}
+
+/// `t` of one decision (see the module docs).
+#[inline]
+pub(crate) fn t_secs(d: &Decision) -> u64 {
+    if d.is_allowed() {
+        d.reset_after_secs()
+    } else {
+        d.retry_after_secs().max(1)
+    }
+}
+
+/// Whether `a` has a smaller share of its quota left than `b`
+/// (`remaining / limit`, compared without division).
+pub(crate) fn closer_to_exhaustion(a: &Decision, b: &Decision) -> bool {
+    let lhs = u128::from(a.remaining()) * u128::from(b.limit().max(1));
+    let rhs = u128::from(b.remaining()) * u128::from(a.limit().max(1));
+    lhs < rhs || (lhs == rhs && t_secs(a) > t_secs(b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{ManualClock, Rate, TokenBucket, Window};
+
+    #[test]
+    fn items_render_as_the_draft_writes_them() {
+        let mut b = Buf::new();
+        b.policy_item("default", &Policy::fixed_window(Window::per_minute(100)));
+        assert_eq!(b.as_slice(), b"\"default\";q=100;w=60");
+        b.policy_item(
+            "burst",
+            &Policy::token_bucket(Rate::per_second(10).burst(5)),
+        );
+        assert_eq!(
+            std::str::from_utf8(b.as_slice()).unwrap(),
+            "\"default\";q=100;w=60, \"burst\";q=5;w=1"
+        );
+        let bucket = TokenBucket::with_clock(Rate::per_minute(60), ManualClock::new()).unwrap();
+        let d = bucket.check();
+        let mut b = Buf::new();
+        b.ratelimit_item("default", &d);
+        assert_eq!(b.as_slice(), b"\"default\";r=59;t=1");
+        assert!(b.value().is_some());
+    }
+
+    #[test]
+    fn prefixed_and_prerendered_items_match_the_plain_ones() {
+        let bucket = TokenBucket::with_clock(Rate::per_minute(60), ManualClock::new()).unwrap();
+        let d = bucket.check();
+        let (mut a, mut b) = (Buf::new(), Buf::new());
+        a.ratelimit_item("x", &d);
+        a.ratelimit_item("y", &d);
+        b.ratelimit_item_prefixed(b"\"x\";r=", &d);
+        b.ratelimit_item_prefixed(b"\"y\";r=", &d);
+        assert_eq!(a.as_slice(), b.as_slice());
+        let p = Policy::fixed_window(Window::per_minute(100));
+        let (mut a, mut b) = (Buf::new(), Buf::new());
+        a.policy_item("x", &p);
+        a.policy_item("y", &p);
+        b.item(b"\"x\";q=100;w=60");
+        b.item(b"\"y\";q=100;w=60");
+        assert_eq!(a.as_slice(), b.as_slice());
+    }
+
+    #[test]
+    fn t_of_a_denial_is_its_retry_after_not_its_time_to_full() {
+        let bucket =
+            TokenBucket::with_clock(Rate::per_second(1).burst(10), ManualClock::new()).unwrap();
+        let _ = bucket.check_n(10).unwrap();
+        let denied = bucket.check();
+        assert!(!denied.is_allowed());
+        assert_eq!(denied.reset_after_secs(), 10);
+        assert_eq!(t_secs(&denied), 1);
+        assert_eq!(t_secs(&denied), denied.retry_after_secs());
+    }
+
+    #[test]
+    fn long_values_move_to_the_heap_intact() {
+        let mut b = Buf::new();
+        let mut want = String::new();
+        for i in 0..40 {
+            let name = format!("rule-number-{i}");
+            b.policy_item(&name, &Policy::fixed_window(Window::per_minute(100)));
+            if i > 0 {
+                want.push_str(", ");
+            }
+            want.push_str(&format!("\"{name}\";q=100;w=60"));
+        }
+        assert!(want.len() > 384);
+        assert_eq!(std::str::from_utf8(b.as_slice()).unwrap(), want);
+        assert!(b.value().is_some());
+    }
+
+    #[test]
+    fn numbers_are_clamped_to_structured_field_integers() {
+        let mut b = Buf::new();
+        b.num(sf_int(u64::MAX));
+        assert_eq!(b.as_slice(), b"999999999999999");
+        let mut b = Buf::new();
+        b.num(sf_int(0));
+        assert_eq!(b.as_slice(), b"0");
+    }
+
+    #[test]
+    fn exhaustion_compares_shares_not_counts() {
+        let clock = ManualClock::new();
+        let big = TokenBucket::with_clock(Rate::per_hour(100), clock.clone()).unwrap();
+        let small = TokenBucket::with_clock(Rate::per_hour(4), clock).unwrap();
+        let b = big.check_n(50).unwrap(); // 50 of 100 left: half
+        let s = small.check_n(1).unwrap(); // 3 of 4 left: three quarters
+        assert!(closer_to_exhaustion(&b, &s));
+        assert!(!closer_to_exhaustion(&s, &b));
+    }
+}

@@ -1,0 +1,325 @@
+//! What the layer answers: the response body wrapper (the inner service's
+//! body, or the layer's own), problem+json bodies, the gRPC status, and
+//! the custom responder's view of a rejection.
+
+use crate::decision::Decision;
+use bytes::Bytes;
+use http::header::{HeaderValue, CONTENT_TYPE};
+use http::{HeaderMap, Response, StatusCode};
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+use std::fmt;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+pin_project! {
+    /// The response body of the layer: the inner service's body, or the
+    /// layer's own (a 429 or a missing-key rejection). Wrapping the body
+    /// means the inner service needs no `From<Error>` bound.
+    ///
+    /// ```
+    /// use http_body::Body;
+    /// use ratewall::http::ResponseBody;
+    ///
+    /// let body: ResponseBody<String> = ResponseBody::full("too many".into());
+    /// assert_eq!(body.size_hint().exact(), Some(8));
+    /// ```
+    pub struct ResponseBody<B> {
+        #[pin]
+        inner: Inner<B>,
+    }
+}
+
+pin_project! {
+    #[project = InnerProj]
+    enum Inner<B> {
+        Body { #[pin] body: B },
+        Full { data: Option<Bytes> },
+    }
+}
+
+impl<B> ResponseBody<B> {
+    /// The inner service's body.
+    ///
+    /// ```
+    /// # use ratewall::http::ResponseBody;
+    /// let body = ResponseBody::new(String::from("hello"));
+    /// # let _ = body;
+    /// ```
+    pub fn new(body: B) -> Self {
+        ResponseBody {
+            inner: Inner::Body { body },
+        }
+    }
+
+    /// A body of the layer's own.
+    ///
+    /// ```
+    /// # use ratewall::http::ResponseBody;
+    /// let body: ResponseBody<String> = ResponseBody::full("{}".into());
+    /// # let _ = body;
+    /// ```
+    pub fn full(data: Bytes) -> Self {
+        ResponseBody {
+            inner: Inner::Full {
+                data: if data.is_empty() { None } else { Some(data) },
+            },
+        }
+    }
+}
+
+impl<B: fmt::Debug> fmt::Debug for ResponseBody<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.inner {
+            Inner::Body { body } => f.debug_tuple("ResponseBody").field(body).finish(),
+            Inner::Full { data } => f.debug_tuple("ResponseBody::Full").field(data).finish(),
+        }
+    }
+}
+
+impl<B> Body for ResponseBody<B>
+where
+    B: Body<Data = Bytes>,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        match self.project().inner.project() {
+            InnerProj::Body { body } => body.poll_frame(cx),
+            InnerProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.inner {
+            Inner::Body { body } => body.is_end_stream(),
+            Inner::Full { data } => data.is_none(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.inner {
+            Inner::Body { body } => body.size_hint(),
+            Inner::Full { data } => {
+                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            }
+        }
+    }
+}
+
+/// One rule's part in a request: its name and decision, and whether it
+/// denied the request.
+///
+/// ```
+/// # use ratewall::http::RuleDecision;
+/// fn describe(d: &RuleDecision<'_>) -> String {
+///     format!("{}: {} left", d.name(), d.decision().remaining())
+/// }
+/// # let _ = describe;
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct RuleDecision<'a> {
+    pub(crate) name: &'a str,
+    pub(crate) decision: Decision,
+    pub(crate) denied: bool,
+}
+
+impl<'a> RuleDecision<'a> {
+    /// The rule's name.
+    ///
+    /// ```
+    /// # fn f(d: ratewall::http::RuleDecision<'_>) { let _ = d.name(); }
+    /// ```
+    pub fn name(&self) -> &'a str {
+        self.name
+    }
+
+    /// The rule's decision (for a rule that did not deny a rejected
+    /// request: what it decides after the rollback).
+    ///
+    /// ```
+    /// # fn f(d: ratewall::http::RuleDecision<'_>) { let _ = d.decision().remaining(); }
+    /// ```
+    pub fn decision(&self) -> Decision {
+        self.decision
+    }
+
+    /// Whether this rule denied the request.
+    ///
+    /// ```
+    /// # fn f(d: ratewall::http::RuleDecision<'_>) { let _ = d.denied(); }
+    /// ```
+    pub fn denied(&self) -> bool {
+        self.denied
+    }
+}
+
+/// A rejected request, as a custom responder sees it: every enforced rule
+/// that matched, with its decision, and the `Retry-After` the layer sends.
+///
+/// ```
+/// use bytes::Bytes;
+/// use ratewall::http::Rejection;
+///
+/// fn plain(r: &Rejection<'_>) -> http::Response<Bytes> {
+///     let names: Vec<&str> = r.denied().map(|d| d.name()).collect();
+///     http::Response::builder()
+///         .status(429)
+///         .body(Bytes::from(format!("slow down ({}), retry in {} s", names.join(", "), r.retry_after_secs())))
+///         .unwrap()
+/// }
+/// # let _ = plain;
+/// ```
+#[derive(Debug)]
+pub struct Rejection<'a> {
+    pub(crate) rules: &'a [RuleDecision<'a>],
+    pub(crate) retry_after_secs: u64,
+}
+
+impl<'a> Rejection<'a> {
+    /// Every enforced rule that matched the request.
+    ///
+    /// ```
+    /// # fn f(r: &ratewall::http::Rejection<'_>) { for d in r.rules() { let _ = d.name(); } }
+    /// ```
+    pub fn rules(&self) -> impl Iterator<Item = &RuleDecision<'a>> {
+        self.rules.iter()
+    }
+
+    /// The rules that denied the request.
+    ///
+    /// ```
+    /// # fn f(r: &ratewall::http::Rejection<'_>) { let _ = r.denied().count(); }
+    /// ```
+    pub fn denied(&self) -> impl Iterator<Item = &RuleDecision<'a>> {
+        self.rules.iter().filter(|r| r.denied)
+    }
+
+    /// The `Retry-After` the layer sends (whole seconds, at least 1).
+    ///
+    /// ```
+    /// # fn f(r: &ratewall::http::Rejection<'_>) { assert!(r.retry_after_secs() >= 1); }
+    /// ```
+    pub fn retry_after_secs(&self) -> u64 {
+        self.retry_after_secs
+    }
+}
+
+/// The problem type of draft-ietf-httpapi-ratelimit-headers for a request
+/// over quota.
+pub(crate) const QUOTA_EXCEEDED: &str =
+    "https://iana.org/assignments/http-problem-types#quota-exceeded";
+
+/// The default body of a 429: `application/problem+json` with the
+/// `quota-exceeded` type and the `violated-policies` member.
+pub(crate) fn quota_exceeded(rejection: &Rejection<'_>) -> Response<Bytes> {
+    let mut body = String::with_capacity(256);
+    body.push_str("{\"type\":\"");
+    body.push_str(QUOTA_EXCEEDED);
+    body.push_str("\",\"title\":\"Request quota exceeded\",\"status\":429,\"detail\":\"");
+    body.push_str("Too many requests; retry after ");
+    body.push_str(&rejection.retry_after_secs.to_string());
+    body.push_str(" s.\",\"violated-policies\":[");
+    for (i, d) in rejection.denied().enumerate() {
+        if i > 0 {
+            body.push(',');
+        }
+        // Rule names are validated tokens: nothing to escape.
+        body.push('"');
+        body.push_str(d.name);
+        body.push('"');
+    }
+    body.push_str("]}");
+    problem(StatusCode::TOO_MANY_REQUESTS, body)
+}
+
+/// A request that costs more than a rule can ever admit.
+pub(crate) fn cost_too_high(rule: &str, requested: u64, capacity: u64) -> Response<Bytes> {
+    let body = format!(
+        "{{\"title\":\"Request costs more than the quota\",\"status\":413,\
+         \"detail\":\"This request costs {requested} units; policy {rule} admits at most {capacity} at once, so retrying will not help.\",\
+         \"violated-policies\":[\"{rule}\"]}}"
+    );
+    problem(StatusCode::PAYLOAD_TOO_LARGE, body)
+}
+
+/// A request with no key for a rule that rejects such requests.
+pub(crate) fn missing_key(status: StatusCode, rule: &str, why: &str) -> Response<Bytes> {
+    let body = format!(
+        "{{\"title\":\"No rate-limit key\",\"status\":{},\"detail\":\"Rate-limit rule {rule}: {}.\"}}",
+        status.as_u16(),
+        why.replace(['"', '`'], "'")
+    );
+    problem(status, body)
+}
+
+fn problem(status: StatusCode, body: String) -> Response<Bytes> {
+    let mut res = Response::new(Bytes::from(body));
+    *res.status_mut() = status;
+    res.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    res
+}
+
+/// Whether the request is a gRPC call (`application/grpc`, `+proto`, ...).
+pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
+    headers
+        .get(CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+}
+
+/// A gRPC trailers-only response with `RESOURCE_EXHAUSTED` (8).
+pub(crate) fn grpc_exhausted(message: &'static str) -> Response<Bytes> {
+    let mut res = Response::new(Bytes::new());
+    let h = res.headers_mut();
+    h.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    h.insert("grpc-status", HeaderValue::from_static("8"));
+    h.insert("grpc-message", HeaderValue::from_static(message));
+    res
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{ManualClock, Rate, TokenBucket};
+
+    #[test]
+    fn problem_bodies_are_json_with_the_violated_policies() {
+        let b = TokenBucket::with_clock(Rate::per_second(1).burst(1), ManualClock::new()).unwrap();
+        let ok = b.check();
+        let denied = b.check();
+        let rules = [
+            RuleDecision {
+                name: "ip",
+                decision: ok,
+                denied: false,
+            },
+            RuleDecision {
+                name: "login",
+                decision: denied,
+                denied: true,
+            },
+        ];
+        let res = quota_exceeded(&Rejection {
+            rules: &rules,
+            retry_after_secs: 1,
+        });
+        assert_eq!(res.status(), 429);
+        assert_eq!(res.headers()[CONTENT_TYPE], "application/problem+json");
+        let v: serde_json::Value = serde_json::from_slice(res.body()).unwrap();
+        assert_eq!(v["type"], QUOTA_EXCEEDED);
+        assert_eq!(v["violated-policies"], serde_json::json!(["login"]));
+        let v: serde_json::Value =
+            serde_json::from_slice(cost_too_high("bulk", 20, 10).body()).unwrap();
+        assert_eq!(v["violated-policies"], serde_json::json!(["bulk"]));
+        let res = missing_key(StatusCode::UNAUTHORIZED, "key", "a \"quoted\" `reason`");
+        let v: serde_json::Value = serde_json::from_slice(res.body()).unwrap();
+        assert_eq!(v["status"], 401);
+    }
+}
