@@ -38,6 +38,7 @@ mod decision;
 mod elastic;
 mod error;
 mod keyed;
+mod lease;
 mod limiter;
 mod multi;
 mod policy;
@@ -65,6 +66,7 @@ pub use keyed::{
     KeyedBuilder, KeyedFixedWindow, KeyedLeakyBucket, KeyedLimiter, KeyedLogRef,
     KeyedSlidingWindowCounter, KeyedSlidingWindowLog, KeyedTokenBucket, WhenFull, MAX_KEYS,
 };
+pub use lease::{LeaseOptions, StripedLimiter};
 pub use limiter::{
     DefaultClock, FixedWindow, LeakyBucket, Limiter, Reservation, SlidingWindowCounter,
     SlidingWindowLog, TokenBucket,
