@@ -47,7 +47,7 @@ use std::time::Duration;
 /// Most stripes a [`StripedLimiter`] accepts.
 const MAX_STRIPES: usize = 1024;
 /// Largest default lease.
-const DEFAULT_MAX_LEASE: u64 = 1024;
+const DEFAULT_MAX_LEASE: u64 = 1 << 16;
 /// `last_take` of a stripe that never took.
 const NEVER: u64 = u64::MAX;
 
@@ -82,8 +82,8 @@ impl Default for LeaseOptions {
 
 impl LeaseOptions {
     /// The defaults: two stripes per available core (at most 64), leases of
-    /// at most `burst / (4 * stripes)` units (between 1 and 1024), and a hot
-    /// gap of 10 µs.
+    /// at most `burst / (4 * stripes)` units (between 1 and 65536), and a hot
+    /// gap of 10 µs per unit.
     ///
     /// ```
     /// # use ratewall::LeaseOptions;
@@ -128,9 +128,12 @@ impl LeaseOptions {
         self
     }
 
-    /// A stripe that takes from the shared word again within this time of
-    /// its previous take doubles its next lease (up to the largest); one that
-    /// comes back later halves it (down to 1 unit).
+    /// The adaptation threshold, per unit: a stripe that comes back to the
+    /// shared word within `hot_gap * k` of its previous take (a lease of `k`
+    /// units), that is, whose holder drew more than one unit per `hot_gap`,
+    /// doubles its next lease (up to the largest); otherwise it halves it
+    /// (down to 1 unit). With the default 10 µs, a holder that checks less
+    /// than 100 000 times a second takes one unit at a time.
     ///
     /// ```
     /// # use ratewall::LeaseOptions;
@@ -169,7 +172,14 @@ fn unpack(v: u128) -> (u64, u64) {
 /// those whose slot has not started to pass.
 #[inline]
 fn usable(units: u64, end: u64, now: u64, emission: u64) -> u64 {
-    units.min(end.saturating_sub(now) / emission)
+    let ahead = end.saturating_sub(now);
+    // No overflow: units * T <= burst * T = tau <= 2^62. The common case (no
+    // slot has started to pass) needs no division.
+    if units * emission <= ahead {
+        units
+    } else {
+        ahead / emission
+    }
 }
 
 /// A token bucket for one hot limit shared by many threads: each thread
@@ -425,7 +435,9 @@ impl<C: Clock> StripedLimiter<C> {
         // Relaxed: the size and the last take are hints that publish nothing.
         let last = stripe.last_take.load(Ordering::Relaxed);
         let size = stripe.size.load(Ordering::Relaxed);
-        let hot = last != NEVER && now.saturating_sub(last) < self.hot_gap;
+        // Hot: this stripe drew more than one unit per `hot_gap` since its
+        // last take (of a lease of `size` units).
+        let hot = last != NEVER && now.saturating_sub(last) < self.hot_gap.saturating_mul(size);
         let k = if hot {
             size.saturating_mul(2).min(self.max_lease)
         } else {
