@@ -460,6 +460,9 @@ impl<C: Clock> StripedLimiter<C> {
             let d = Decision::allow_credit(p.burst, credit, p.emission, used);
             (Ok((d, m, end)), Some(end))
         });
+        // A denial writes nothing, as the plain bucket's (the steal scans of
+        // other threads read this line): the hints change only on a take.
+        let (d, m, end) = taken?;
         if last != now {
             // Relaxed: hints, as above.
             stripe.last_take.store(now, Ordering::Relaxed);
@@ -467,7 +470,6 @@ impl<C: Clock> StripedLimiter<C> {
         if k != size {
             stripe.size.store(k, Ordering::Relaxed);
         }
-        let (d, m, end) = taken?;
         if m > 1 {
             self.install(stripe, m - 1, end, now);
         }

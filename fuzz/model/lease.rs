@@ -95,9 +95,12 @@ impl Model {
         } else {
             (size / 2).max(1)
         };
-        self.stripes[home].last_take = Some(now);
-        self.stripes[home].size = k;
         let free = self.free(now);
+        if free != 0 {
+            // The adaptation hints change only on a take, not on a denial.
+            self.stripes[home].last_take = Some(now);
+            self.stripes[home].size = k;
+        }
         if free == 0 {
             for j in 1..n {
                 if let Some(d) = self.use_lease((home + j) % n, now) {
