@@ -38,7 +38,7 @@ use crate::decision::Decision;
 use crate::error::{ConfigError, InsufficientCapacity};
 use crate::limiter::DefaultClock;
 use crate::quota::{Rate, HORIZON};
-use crate::sync::{thread_index, AtomicU128, AtomicU64, Ordering};
+use crate::sync::{thread_index, AtomicU64, Ordering};
 use crate::word::AtomicWord;
 use crossbeam_utils::CachePadded;
 use std::fmt;
@@ -147,25 +147,47 @@ impl LeaseOptions {
 }
 
 /// One stripe: a lease and its size. Its own cache line.
+///
+/// ```text
+/// lease:  63  62            32 31                 0
+///        +---+----------------+--------------------+
+///        | L | generation     | units left         |
+///        +---+----------------+--------------------+
+/// end:   the TAT the lease's take stored (64 bits)
+/// ```
+///
+/// `end` changes only while `L` (an installer's lock) is set, and every lock
+/// bumps the generation, so a check that read `lease` and then `end` and
+/// compare-exchanges `lease` from the value it read used the `end` of that
+/// very lease. The generation wraps after 2^31 installs, far more than can
+/// happen between one check's load and its CAS.
 #[derive(Debug)]
 struct Stripe {
-    /// High 64 bits: units left in the lease; low 64 bits: the lease's end
-    /// (the TAT its take stored).
-    lease: AtomicU128,
+    lease: AtomicU64,
+    end: AtomicU64,
     /// The size of this stripe's next lease (a hint: races only mis-size it).
     size: AtomicU64,
     /// When this stripe last took from the word (`NEVER` before its first take).
     last_take: AtomicU64,
 }
 
+const UNITS: u64 = (1 << 32) - 1;
+const LOCK: u64 = 1 << 63;
+
+/// The units of a lease word (none while an installer holds it).
 #[inline]
-fn pack(units: u64, end: u64) -> u128 {
-    (u128::from(units) << 64) | u128::from(end)
+fn units_of(w: u64) -> u64 {
+    if w & LOCK != 0 {
+        0
+    } else {
+        w & UNITS
+    }
 }
 
+/// The lease word's next generation, unlocked, with no units.
 #[inline]
-fn unpack(v: u128) -> (u64, u64) {
-    ((v >> 64) as u64, v as u64)
+fn next_generation(w: u64) -> u64 {
+    (((w >> 32) + 1) & 0x7FFF_FFFF) << 32
 }
 
 /// Units of the lease `(units, end)` that may still be admitted at `now`:
@@ -274,15 +296,16 @@ impl<C: Clock> StripedLimiter<C> {
             Some(k) => k,
             None => (params.burst / (4 * stripes as u64)).clamp(1, DEFAULT_MAX_LEASE),
         };
-        if max_lease == 0 || max_lease > params.burst {
+        if max_lease == 0 || max_lease > params.burst || max_lease > UNITS {
             return Err(ConfigError::Incompatible {
-                reason: "the largest lease must be between 1 and the burst",
+                reason: "the largest lease must be between 1 and the burst (and below 2^32)",
             });
         }
         let stripes = (0..stripes)
             .map(|_| {
                 CachePadded::new(Stripe {
-                    lease: AtomicU128::new(0),
+                    lease: AtomicU64::new(0),
+                    end: AtomicU64::new(0),
                     size: AtomicU64::new(1),
                     last_take: AtomicU64::new(NEVER),
                 })
@@ -394,11 +417,18 @@ impl<C: Clock> StripedLimiter<C> {
     /// returns the units left in it.
     #[inline]
     fn use_lease(&self, stripe: &Stripe, now: u64) -> Option<u64> {
-        // Acquire: pairs with the AcqRel of the CAS that installed the lease,
-        // so this thread also sees the word take that made it.
+        // Acquire: pairs with the Release store that published the lease, so
+        // its `end` (stored before) and the word take that made it are visible.
         let mut seen = stripe.lease.load(Ordering::Acquire);
         loop {
-            let (units, end) = unpack(seen);
+            let units = units_of(seen);
+            if units == 0 {
+                return None;
+            }
+            // Relaxed: ordered after the Acquire above, so at least this
+            // lease's end; a later end belongs to a later lock, which changed
+            // the lease word, and the CAS below then fails.
+            let end = stripe.end.load(Ordering::Relaxed);
             let u = usable(units, end, now, self.params.emission);
             if u == 0 {
                 return None;
@@ -407,7 +437,7 @@ impl<C: Clock> StripedLimiter<C> {
             // next user of the stripe. Failure Acquire: as the load above.
             match stripe.lease.compare_exchange(
                 seen,
-                pack(u - 1, end),
+                (seen & !UNITS) | (u - 1),
                 Ordering::AcqRel,
                 Ordering::Acquire,
             ) {
@@ -484,21 +514,40 @@ impl<C: Clock> StripedLimiter<C> {
         // Acquire: as in `use_lease`.
         let mut seen = stripe.lease.load(Ordering::Acquire);
         loop {
-            let (old_units, old_end) = unpack(seen);
-            if usable(old_units, old_end, now, self.params.emission) > 0 {
+            let old = units_of(seen);
+            // Relaxed: as in `use_lease`.
+            let busy = seen & LOCK != 0
+                || (old > 0
+                    && usable(
+                        old,
+                        stripe.end.load(Ordering::Relaxed),
+                        now,
+                        self.params.emission,
+                    ) > 0);
+            if busy {
+                // Another installer at work, or a usable lease already there.
                 self.give_back(end, units);
                 return;
             }
-            // Success AcqRel: Release publishes the lease with the take
-            // before it (a user of the lease sees the word's TAT >= end);
-            // Acquire as the load. Failure Acquire: as the load.
-            match stripe.lease.compare_exchange(
-                seen,
-                pack(units, end),
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => return,
+            let locked = next_generation(seen) | LOCK;
+            // Success AcqRel: Acquire as the load; Release orders the lock
+            // before the stores below. Failure Acquire: as the load.
+            match stripe
+                .lease
+                .compare_exchange(seen, locked, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => {
+                    // Relaxed: published by the Release store below. Only the
+                    // lock holder writes `end` or the lease word now (users
+                    // and other installers see no units and a lock).
+                    stripe.end.store(end, Ordering::Relaxed);
+                    // Release: pairs with `use_lease`'s Acquire load: the
+                    // `end` above and the word take before it are visible.
+                    stripe
+                        .lease
+                        .store((locked & !LOCK) | units, Ordering::Release);
+                    return;
+                }
                 Err(actual) => seen = actual,
             }
         }
@@ -547,16 +596,23 @@ impl<C: Clock> StripedLimiter<C> {
         for stripe in self.stripes.iter() {
             // Acquire: as in `use_lease`.
             let seen = stripe.lease.load(Ordering::Acquire);
-            let (units, end) = unpack(seen);
+            let units = units_of(seen);
+            if units == 0 {
+                continue;
+            }
+            // Relaxed: as in `use_lease`.
+            let end = stripe.end.load(Ordering::Relaxed);
             let u = usable(units, end, now, self.params.emission);
             if u == 0 || self.word.load() != end {
                 continue; // nothing usable, or not the tail: it expires on its own
             }
-            // Take the units out of the stripe first, so no one uses them
-            // after they are back in the word. Ordering as in `use_lease`.
+            // Take the units out of the stripe first (a new generation, so a
+            // check that read the old word fails its CAS), so no one uses
+            // them after they are back in the word. Ordering as in `use_lease`.
+            let emptied = next_generation(seen);
             if stripe
                 .lease
-                .compare_exchange(seen, pack(0, end), Ordering::AcqRel, Ordering::Acquire)
+                .compare_exchange(seen, emptied, Ordering::AcqRel, Ordering::Acquire)
                 .is_err()
             {
                 continue; // in use right now: not idle
@@ -565,10 +621,11 @@ impl<C: Clock> StripedLimiter<C> {
                 released += u;
             } else {
                 // A take moved the word meanwhile: put the units back if the
-                // stripe is still as we left it; otherwise they expire unused.
+                // stripe is still as we left it (same generation, so the
+                // same `end`); otherwise they expire unused.
                 let _ = stripe.lease.compare_exchange(
-                    pack(0, end),
-                    pack(u, end),
+                    emptied,
+                    emptied | u,
                     Ordering::AcqRel,
                     Ordering::Acquire,
                 );
@@ -608,8 +665,9 @@ impl<C: Clock> StripedLimiter<C> {
         let held = self.word.load().saturating_sub(now);
         let mut total = p.tolerance.saturating_sub(held) / p.emission;
         for stripe in self.stripes.iter() {
-            // Acquire: as in `use_lease`.
-            let (units, end) = unpack(stripe.lease.load(Ordering::Acquire));
+            // Acquire, then Relaxed: as in `use_lease`.
+            let units = units_of(stripe.lease.load(Ordering::Acquire));
+            let end = stripe.end.load(Ordering::Relaxed);
             total += usable(units, end, now, p.emission);
         }
         total
