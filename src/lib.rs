@@ -44,6 +44,7 @@ mod error;
 #[cfg(feature = "tower")]
 pub mod http;
 mod keyed;
+mod lease;
 mod limiter;
 mod multi;
 mod policy;
@@ -73,6 +74,7 @@ pub use keyed::{
     KeyedBuilder, KeyedFixedWindow, KeyedLeakyBucket, KeyedLimiter, KeyedLogRef,
     KeyedSlidingWindowCounter, KeyedSlidingWindowLog, KeyedTokenBucket, WhenFull, MAX_KEYS,
 };
+pub use lease::{LeaseOptions, StripedLimiter};
 pub use limiter::{
     DefaultClock, FixedWindow, LeakyBucket, Limiter, Reservation, SlidingWindowCounter,
     SlidingWindowLog, TokenBucket,

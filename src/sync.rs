@@ -86,3 +86,25 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
         m.lock().unwrap()
     }
 }
+
+/// A small number for the calling thread, handed out in the order threads
+/// first ask (0, 1, 2, ...), so that threads spread over a striped limiter's
+/// stripes (`src/lease.rs`). Always `std`'s atomics, even under loom: the
+/// index only picks a stripe and publishes no memory, so loom need not see it.
+pub(crate) fn thread_index() -> usize {
+    use std::cell::Cell;
+    use std::sync::atomic::{AtomicUsize, Ordering as StdOrdering};
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static INDEX: Cell<usize> = const { Cell::new(usize::MAX) };
+    }
+    INDEX.with(|i| {
+        let mut v = i.get();
+        if v == usize::MAX {
+            // Relaxed: a counter that publishes nothing; only uniqueness matters.
+            v = NEXT.fetch_add(1, StdOrdering::Relaxed);
+            i.set(v);
+        }
+        v
+    })
+}

@@ -66,3 +66,8 @@ fn multi_corpus() {
 fn headers_corpus() {
     replay("headers", model::run_headers);
 }
+
+#[test]
+fn lease_corpus() {
+    replay("lease", model::run_lease);
+}

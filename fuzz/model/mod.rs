@@ -839,3 +839,11 @@ pub mod headers;
 
 #[allow(unused_imports)]
 pub use headers::run_headers;
+
+// ---------------------------------------------------------------------------
+// Leases (a striped token bucket with several holders).
+
+pub mod lease;
+
+#[allow(unused_imports)]
+pub use lease::run_lease;
