@@ -613,3 +613,50 @@ proptest! {
         }
     }
 }
+
+/// `max_keys` is a promise: `n` distinct keys, all active (an hour-long
+/// quota), fit in a table built for `n`, whatever the policy and the shard
+/// count; the next key finds the table full.
+#[test]
+fn a_table_built_for_n_keys_tracks_n_distinct_keys_under_every_policy() {
+    for (n, shards) in [
+        (1, None),
+        (5, None),
+        (1000, None),
+        (3000, Some(2)),
+        (70_000, None),
+    ] {
+        for policy in [
+            WhenFull::RejectNew,
+            WhenFull::AdmitUntracked,
+            WhenFull::EvictLeastRecent,
+        ] {
+            let mut b = KeyedTokenBucket::<u64, _>::builder(Rate::per_hour(1))
+                .max_keys(n)
+                .when_full(policy)
+                .clock(ManualClock::new());
+            if let Some(s) = shards {
+                b = b.shards(s);
+            }
+            let l = b.build().unwrap();
+            for k in 0..n as u64 {
+                let d = l.check_key(&k.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+                assert!(d.is_allowed(), "key {k} of {n} ({policy:?})");
+                assert_eq!(
+                    d.tracking(),
+                    Tracking::Tracked,
+                    "key {k} of {n} ({policy:?})"
+                );
+            }
+            assert_eq!(l.len(), n, "{policy:?}");
+            let extra = l.check_key(&u64::MAX);
+            let expected = match policy {
+                WhenFull::RejectNew => Tracking::Rejected,
+                WhenFull::AdmitUntracked => Tracking::Untracked,
+                _ => Tracking::EvictedOther,
+            };
+            assert_eq!(extra.tracking(), expected, "key {} of {n}", n + 1);
+            assert_eq!(l.len(), n, "never above max_keys ({policy:?})");
+        }
+    }
+}

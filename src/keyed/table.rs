@@ -15,9 +15,24 @@
 //! No key is stored, so the table's memory does not depend on the key type.
 //!
 //! The table has `2^k` cache-padded shards picked by the hash's low bits.
-//! Within a shard a key lives in its *window*: the `PROBE` slots (wrapping)
-//! from a start picked by the hash's high bits, and no empty slot lies
-//! between the start and the key (linear probing; empties never come back).
+//! A shard's slots are a *main* region and a small *stash* after it. A key
+//! lives in its *chain*: the `PROBE` slots (wrapping within the main region)
+//! from a start picked by the hash's high bits, then the stash; no empty slot
+//! lies between the chain's start and the key (linear probing; empties never
+//! come back). The stash takes the rare key whose window is full of live
+//! keys: with windows of 32 slots at a two-thirds load, about one key in
+//! 2,000 (measured by simulation: at most 29 per shard of 15,625 keys),
+//! which a stash of up to 128 slots holds with a wide margin.
+//!
+//! # Sizing: `max_keys` is a promise
+//!
+//! The keys tracked are counted across the whole table and never exceed
+//! `max_keys`; a shard holds as many as hash to it (no per-shard cap, so an
+//! unlucky split of the keys between shards rejects nothing). Each shard
+//! gets 24 bytes per key of its even share of `max_keys` (header
+//! included): 1.5 slots per key, a two-thirds load when full. Only a shard
+//! that receives far more than its share (explicit shard counts with a few
+//! keys each) can run out of room before the table does.
 //!
 //! # Slot protocol
 //!
@@ -37,6 +52,7 @@
 use crate::sync::{lock, AtomicU128, AtomicU64, Mutex, Ordering};
 use crossbeam_utils::CachePadded;
 use std::fmt;
+use std::sync::Arc;
 
 /// Fingerprint of a slot that was never used.
 pub(crate) const EMPTY: u64 = 0;
@@ -47,12 +63,18 @@ pub(crate) const PROBE: usize = 32;
 /// Slots scanned per insert, beyond the key's window, to reclaim idle keys
 /// when the shard is at its cap (amortized eviction).
 const SWEEP: usize = 64;
-/// Slots per key: 4/3, a 75% load factor at a full table (21.3 B per key).
-const LOAD_NUM: usize = 4;
-const LOAD_DEN: usize = 3;
+/// Bytes per key of `max_keys`, shard headers included: 1.5 slots per key.
+const BYTES_PER_KEY: usize = 24;
+/// Largest stash per shard (slots).
+const MAX_STASH: usize = 128;
+/// Bytes set aside from the budget for the table's and the limiter's own
+/// headers (the budget is per requested key, everything included).
+const OWNER_BYTES: usize = 1024;
 
+/// Bytes per slot.
+const SLOT: usize = 16;
 #[cfg(not(ratewall_loom))]
-const _: () = assert!(std::mem::size_of::<AtomicU128>() == 16);
+const _: () = assert!(std::mem::size_of::<AtomicU128>() == SLOT);
 
 #[inline]
 fn pack(fp: u64, state: u64) -> u128 {
@@ -80,28 +102,76 @@ pub(crate) fn fingerprint(h: u64) -> u64 {
 }
 
 struct Shard {
+    /// The main region (`main` slots), then the stash.
     slots: Box<[AtomicU128]>,
-    /// Most keys this shard may track; the caps add up to `max_keys`.
-    cap: u64,
-    /// Keys tracked. Written only under `inner`; read with Relaxed by `len()`.
-    len: AtomicU64,
+    main: usize,
+    /// The table's key count, shared by every shard.
+    count: Arc<KeyCount>,
     /// Serializes fingerprint changes; holds the reclaim sweep's cursor.
     inner: Mutex<usize>,
 }
 
+/// Keys tracked by the whole table, and the most it may track.
+#[derive(Debug)]
+struct KeyCount {
+    len: AtomicU64,
+    max: u64,
+}
+
 impl Shard {
-    /// One more key tracked. Caller holds `inner`.
-    fn count_insert(&self) {
-        // Relaxed: `len` is written only under `inner`, which the caller holds.
-        self.len
-            .store(self.len.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+    /// Whether the table is under `max_keys` (a hint: `reserve` decides).
+    fn has_room(&self) -> bool {
+        // Relaxed: a count; it publishes nothing.
+        self.count.len.load(Ordering::Relaxed) < self.count.max
     }
 
-    /// One key fewer. Caller holds `inner`.
+    /// Takes one unit of the table's `max_keys` for a key about to be
+    /// stored; false if none is left. Caller holds `inner`.
+    fn reserve(&self) -> bool {
+        // Relaxed: the count publishes nothing; the slot exchange that
+        // follows publishes the key. The read-modify-write keeps the total
+        // at most `max` when shards reserve at once.
+        self.count
+            .len
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < self.count.max).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    /// Gives back a unit (a reserved slot that was not taken, or a key
+    /// removed). Caller holds `inner`.
     fn count_removal(&self) {
-        // Relaxed: as in `count_insert`.
-        self.len
-            .store(self.len.load(Ordering::Relaxed) - 1, Ordering::Relaxed);
+        // Relaxed: as in `reserve`.
+        self.count.len.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// The slot after `i` in a chain: wraps within the main region; in the
+    /// stash, `None` at its end.
+    #[inline]
+    fn next_in_chain(&self, i: usize, step: usize) -> Option<usize> {
+        if i < self.main {
+            if step + 1 < PROBE.min(self.main) {
+                Some(if i + 1 == self.main { 0 } else { i + 1 })
+            } else if self.slots.len() > self.main {
+                Some(self.main) // the window is done: the stash
+            } else {
+                None
+            }
+        } else {
+            (i + 1 < self.slots.len()).then_some(i + 1)
+        }
+    }
+
+    /// The slots of the chain that starts at `start`, in order: the window,
+    /// then the stash.
+    fn chain(&self, start: usize) -> impl Iterator<Item = usize> + '_ {
+        let mut at = Some((start, 0usize));
+        std::iter::from_fn(move || {
+            let (i, step) = at?;
+            at = self.next_in_chain(i, step).map(|j| (j, step + 1));
+            Some(i)
+        })
     }
 }
 
@@ -146,14 +216,27 @@ impl Table {
         debug_assert!(shards.is_power_of_two() && shards <= max_keys);
         let base = max_keys / shards;
         let extra = max_keys % shards;
+        let count = Arc::new(KeyCount {
+            len: AtomicU64::new(0),
+            max: max_keys as u64,
+        });
+        // Each shard's header, and its part of what the table and its owner
+        // hold beside the shards (`memory_bytes` counts both).
+        let header = std::mem::size_of::<CachePadded<Shard>>() + OWNER_BYTES.div_ceil(shards);
         let shards: Box<[CachePadded<Shard>]> = (0..shards)
             .map(|i| {
-                let cap = base + usize::from(i < extra);
-                let n = (cap * LOAD_NUM).div_ceil(LOAD_DEN).max(cap + 1);
+                let share = base + usize::from(i < extra);
+                // The budget, header included. Small tables, where the
+                // headers would eat it, get up to 64 slots more than their
+                // share, at most 1.5 per key (and at least one spare).
+                let budget = (share * BYTES_PER_KEY).saturating_sub(header) / SLOT;
+                let small = (share * 3).div_ceil(2).min(share + 64).max(share + 1);
+                let n = budget.max(small);
+                let stash = (share / 16).min(MAX_STASH);
                 CachePadded::new(Shard {
                     slots: (0..n).map(|_| AtomicU128::new(0)).collect(),
-                    cap: cap as u64,
-                    len: AtomicU64::new(0),
+                    main: n - stash,
+                    count: Arc::clone(&count),
                     inner: Mutex::new(0),
                 })
             })
@@ -165,7 +248,7 @@ impl Table {
     #[inline]
     fn locate(&self, h: u64) -> (&Shard, usize) {
         let shard = &self.shards[(h & self.shard_mask) as usize];
-        let n = shard.slots.len() as u128;
+        let n = shard.main as u128;
         // The high bits pick the start (the low ones picked the shard).
         let start = ((u128::from(h) * n) >> 64) as usize;
         (shard, start)
@@ -179,6 +262,18 @@ impl Table {
         h: u64,
         step: &mut impl FnMut(u64) -> (R, Option<u64>),
     ) -> Option<R> {
+        self.apply(h, step).map(|(r, _)| r)
+    }
+
+    /// [`update`](Self::update), also returning the state the winning step
+    /// ran on (the hot path builds its decision from it after the exchange,
+    /// as `AtomicWord::apply`).
+    #[inline(always)]
+    pub(crate) fn apply<R>(
+        &self,
+        h: u64,
+        step: &mut impl FnMut(u64) -> (R, Option<u64>),
+    ) -> Option<(R, u64)> {
         let fp = fingerprint(h);
         let (shard, start) = self.locate(h);
         'lookup: loop {
@@ -197,7 +292,7 @@ impl Table {
                         // Acquire: as the slot loads in `find`.
                         let again = slot.load(Ordering::Acquire);
                         if again == seen {
-                            return Some(outcome);
+                            return Some((outcome, state_of(seen)));
                         }
                         if fp_of(again) != fp {
                             continue 'lookup;
@@ -214,7 +309,7 @@ impl Table {
                     Ordering::AcqRel,
                     Ordering::Acquire,
                 ) {
-                    Ok(_) => return Some(outcome),
+                    Ok(_) => return Some((outcome, state_of(seen))),
                     // Lost the race to a check of the same key: recompute
                     // from the state we saw, never from the one we wanted.
                     Err(actual) if fp_of(actual) == fp => seen = actual,
@@ -238,8 +333,6 @@ impl Table {
         let fp = fingerprint(h);
         let (shard, start) = self.locate(h);
         let mut cursor = lock(&shard.inner);
-        let n = shard.slots.len();
-        let window = PROBE.min(n);
         loop {
             // Fingerprints change only under this mutex: if the key is here
             // now, it stays; `update` only retries on a state race.
@@ -250,13 +343,15 @@ impl Table {
             // slot (empty or tombstone) and the first idle key.
             let mut free: Option<(usize, u128)> = None;
             let mut idle: Option<(usize, u128)> = None;
-            let mut i = start;
-            for _ in 0..window {
+            let mut chain_ends = false;
+            for i in shard.chain(start) {
                 // Acquire: as in `find`.
                 let v = shard.slots[i].load(Ordering::Acquire);
                 match fp_of(v) {
                     EMPTY => {
                         free.get_or_insert((i, v));
+                        // An empty slot in the window: the chain stops short of the stash.
+                        chain_ends = i < shard.main;
                         break; // the chain ends: no slot beyond can take the key
                     }
                     TOMB => {
@@ -268,16 +363,13 @@ impl Table {
                         }
                     }
                 }
-                i = if i + 1 == n { 0 } else { i + 1 };
             }
-            // Relaxed: `len` is written only under the mutex we hold.
-            let len = shard.len.load(Ordering::Relaxed);
-            // A free slot while under the cap; else an idle key's slot (the
-            // count stays the same); else, at the cap, reclaim idle keys
-            // further on (amortized: `SWEEP` slots per insert) and take the
-            // free slot if that made room.
+            // A free slot while the table is under `max_keys`; else an idle
+            // key's slot (the count stays the same); else, at `max_keys`,
+            // reclaim idle keys further on (amortized: `SWEEP` slots per
+            // insert) and take the free slot if that made room.
             let target = match (free, idle) {
-                (Some((i, v)), _) if len < shard.cap => Some((i, v, true)),
+                (Some((i, v)), _) if shard.has_room() => Some((i, v, true)),
                 (_, Some((i, v))) => Some((i, v, false)),
                 (Some((i, v)), None) if sweep(shard, &mut cursor, view) => Some((i, v, true)),
                 _ => None,
@@ -288,6 +380,10 @@ impl Table {
                     // A fresh key's step that writes nothing: nothing to track.
                     return Inserted::NotStored(outcome);
                 };
+                if grows && !shard.reserve() {
+                    // Another shard took the last unit meanwhile: choose again.
+                    continue;
+                }
                 // AcqRel: publishes the new key's state like any update.
                 match shard.slots[i].compare_exchange(
                     v,
@@ -296,16 +392,18 @@ impl Table {
                     Ordering::Acquire,
                 ) {
                     Ok(_) => {
-                        if grows {
-                            shard.count_insert();
-                        }
                         return Inserted::New {
                             outcome,
                             evicted: false,
                         };
                     }
                     // A check made the idle key active again: start over.
-                    Err(_) => continue,
+                    Err(_) => {
+                        if grows {
+                            shard.count_removal();
+                        }
+                        continue;
+                    }
                 }
             }
             // No room: the window is full of active keys, or the shard is at
@@ -313,8 +411,10 @@ impl Table {
             // active key closest to idle is the victim (or the `soonest` a
             // rejected key may retry).
             let mut victim: Option<(usize, u128, u64)> = None;
-            let mut i = start;
-            for _ in 0..window {
+            for i in shard.chain(start) {
+                if chain_ends && i >= shard.main {
+                    break; // the key's chain stops short of the stash
+                }
                 // Acquire: as in `find`.
                 let v = shard.slots[i].load(Ordering::Acquire);
                 if fp_of(v) > TOMB {
@@ -323,7 +423,6 @@ impl Table {
                         victim = Some((i, v, ttl));
                     }
                 }
-                i = if i + 1 == n { 0 } else { i + 1 };
             }
             if policy != Full::Evict {
                 return Inserted::Full {
@@ -355,6 +454,10 @@ impl Table {
             let Some(next) = next else {
                 return Inserted::NotStored(outcome);
             };
+            if grows && !shard.reserve() {
+                // The eviction freed one, but another shard took it: choose again.
+                continue;
+            }
             // AcqRel: as for any insert.
             match shard.slots[at].compare_exchange(
                 expect,
@@ -363,17 +466,18 @@ impl Table {
                 Ordering::Acquire,
             ) {
                 Ok(_) => {
-                    if grows {
-                        // The eviction freed one.
-                        shard.count_insert();
-                    }
                     return Inserted::New {
                         outcome,
                         evicted: true,
                     };
                 }
                 // The victim was checked meanwhile: choose again.
-                Err(_) => continue,
+                Err(_) => {
+                    if grows {
+                        shard.count_removal();
+                    }
+                    continue;
+                }
             }
         }
     }
@@ -445,16 +549,13 @@ impl Table {
 
     /// Keys tracked (idle ones not yet reclaimed included).
     pub(crate) fn len(&self) -> usize {
-        self.shards
-            .iter()
-            // Relaxed: a count for reporting; it publishes nothing.
-            .map(|s| s.len.load(Ordering::Relaxed) as usize)
-            .sum()
+        // Relaxed: a count for reporting; it publishes nothing.
+        self.shards[0].count.len.load(Ordering::Relaxed) as usize
     }
 
     /// The most keys the table tracks.
     pub(crate) fn capacity(&self) -> usize {
-        self.shards.iter().map(|s| s.cap as usize).sum()
+        self.shards[0].count.max as usize
     }
 
     pub(crate) fn shard_count(&self) -> usize {
@@ -469,13 +570,14 @@ impl Table {
             .sum::<usize>()
             + self.shards.len() * std::mem::size_of::<CachePadded<Shard>>()
             + std::mem::size_of::<Self>()
+            + std::mem::size_of::<KeyCount>()
     }
 }
 
-/// The key's slot in its window, and the value seen there.
+/// The key's slot in its chain, and the value seen there.
 #[inline]
 fn find(shard: &Shard, start: usize, fp: u64) -> Option<(&AtomicU128, u128)> {
-    let n = shard.slots.len();
+    let n = shard.main;
     let mut i = start;
     for _ in 0..PROBE.min(n) {
         let slot = &shard.slots[i];
@@ -491,6 +593,24 @@ fn find(shard: &Shard, start: usize, fp: u64) -> Option<(&AtomicU128, u128)> {
             return None;
         }
         i = if i + 1 == n { 0 } else { i + 1 };
+    }
+    find_in_stash(shard, fp)
+}
+
+/// `find` past a full window: the stash (rare, kept out of line).
+#[cold]
+#[inline(never)]
+fn find_in_stash(shard: &Shard, fp: u64) -> Option<(&AtomicU128, u128)> {
+    for slot in &shard.slots[shard.main..] {
+        // Acquire: as in `find`.
+        let v = slot.load(Ordering::Acquire);
+        let f = fp_of(v);
+        if f == fp {
+            return Some((slot, v));
+        }
+        if f == EMPTY {
+            return None;
+        }
     }
     None
 }
@@ -530,8 +650,7 @@ fn sweep(shard: &Shard, cursor: &mut usize, view: &impl StateView) -> bool {
             tombstone(shard, i, v, view);
         }
     }
-    // Relaxed: written only under the mutex the caller holds.
-    shard.len.load(Ordering::Relaxed) < shard.cap
+    shard.has_room()
 }
 
 /// Evicts the key closest to idle among the next `SWEEP` slots from the
