@@ -402,6 +402,27 @@ fn ops(case: &str, n: u64) -> Result<(), String> {
             }
             run(n, |_| l.check().is_allowed())
         }
+        "rw-deny-coarse" => {
+            let l =
+                TokenBucket::with_clock(Rate::per_hour(1).burst(1), ratewall::CoarseClock::new())
+                    .unwrap();
+            let _ = l.check();
+            run(n, |_| l.check().is_allowed())
+        }
+        "gov-allow-upkeep" => {
+            let clock = governor::clock::QuantaUpkeepClock::from_interval(Duration::from_millis(1))
+                .unwrap();
+            let l = RateLimiter::direct_with_clock(gov_allow(), clock);
+            run(n, |_| l.check().is_ok())
+        }
+        "gov-deny-upkeep" => {
+            let clock = governor::clock::QuantaUpkeepClock::from_interval(Duration::from_millis(1))
+                .unwrap();
+            let l =
+                RateLimiter::direct_with_clock(Quota::per_hour(NonZeroU32::new(1).unwrap()), clock);
+            let _ = l.check();
+            run(n, |_| l.check().is_ok())
+        }
         "gov-allow" => {
             let l = RateLimiter::direct(gov_allow());
             run(n, |_| l.check().is_ok())

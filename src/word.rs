@@ -52,7 +52,7 @@ impl AtomicWord {
     /// [`update`](Self::update), also returning the value the winning step
     /// ran on, so that the caller can derive the rest of its answer from it
     /// after the exchange (the hot paths build their decision there).
-    #[inline(always)]
+    #[inline]
     pub(crate) fn apply<R>(&self, mut step: impl FnMut(u64) -> (R, Option<u64>)) -> (R, u64) {
         let mut seen = self.load();
         loop {

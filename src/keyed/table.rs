@@ -268,7 +268,7 @@ impl Table {
     /// [`update`](Self::update), also returning the state the winning step
     /// ran on (the hot path builds its decision from it after the exchange,
     /// as `AtomicWord::apply`).
-    #[inline(always)]
+    #[inline]
     pub(crate) fn apply<R>(
         &self,
         h: u64,
