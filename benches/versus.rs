@@ -5,8 +5,13 @@
 //!
 //! ```text
 //! cargo bench --bench versus -- [--rounds 5] [--secs 0.5] [--only NAME]
-//!                               [--md out.md] [--no-promise]
+//!                               [--md out.md] [--no-promise] [--wall]
 //! ```
+//!
+//! Rates are per second *on a CPU* (each thread's `schedstat` run time,
+//! Linux), so that a round in which the shared machine kept a thread off
+//! the CPUs does not count against that side; `--wall` divides by elapsed
+//! time instead (the only choice where `schedstat` is missing).
 //!
 //! Workloads (quota 1e9/s so nothing is denied, unless said otherwise):
 //! - `one limiter, allow/deny, default clocks`: `TokenBucket` on `QuantaClock`
@@ -68,9 +73,21 @@ fn key_at(c: u64, n: u64) -> u64 {
     ((u128::from(splitmix64(c)) * u128::from(n)) >> 64) as u64
 }
 
+/// Nanoseconds this thread has spent on a CPU (Linux `schedstat`), or
+/// `None` where that is not available.
+fn thread_cpu_ns() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    s.split_whitespace().next()?.parse().ok()
+}
+
+/// Whether rates are per on-CPU second (the default) or per wall second.
+static WALL: AtomicBool = AtomicBool::new(false);
+
 /// Runs `threads` threads for `secs`, each calling its own `op` (built by
 /// `make(thread_index)`) in batches of 256. Aggregate ops/s: the sum over
-/// threads of each thread's ops over its own elapsed time.
+/// threads of each thread's ops over its own time on a CPU (so time the
+/// shared machine kept it off every CPU does not count; `--wall`: over its
+/// elapsed time).
 fn measure<F, Op>(threads: usize, secs: f64, make: F) -> f64
 where
     F: Fn(usize) -> Op,
@@ -86,6 +103,7 @@ where
                 let (stop, barrier) = (&stop, &barrier);
                 s.spawn(move || {
                     barrier.wait();
+                    let cpu = thread_cpu_ns();
                     let start = Instant::now();
                     let mut n = 0u64;
                     let mut allowed = 0u64;
@@ -97,7 +115,13 @@ where
                         n += 256;
                     }
                     black_box(allowed);
-                    n as f64 / start.elapsed().as_secs_f64()
+                    let wall = start.elapsed().as_secs_f64();
+                    // Relaxed: a setting written before any thread starts.
+                    let on_cpu = match (WALL.load(Ordering::Relaxed), cpu, thread_cpu_ns()) {
+                        (false, Some(a), Some(b)) if b > a => (b - a) as f64 / 1e9,
+                        _ => wall,
+                    };
+                    n as f64 / on_cpu
                 })
             })
             .collect();
@@ -196,6 +220,8 @@ fn parse() -> Result<Opts, String> {
             "--only" => o.only = Some(val()?),
             "--md" => o.md = Some(val()?),
             "--no-promise" => o.promise = false,
+            // Relaxed: set before any measuring thread starts.
+            "--wall" => WALL.store(true, Ordering::Relaxed),
             "--bench" => {} // passed by `cargo bench`
             other => return Err(format!("unknown argument {other}")),
         }
@@ -405,8 +431,10 @@ fn main() {
 
     let mut md = String::new();
     md.push_str(&format!(
-        "{} rounds of {} s per side, alternating; ratio = ratewall ops/s over governor ops/s in the same round.\n\n",
-        o.rounds, o.secs
+        "{} rounds of {} s per side, alternating; ratio = ratewall ops/s over governor ops/s in the same round; rates per {} second.\n\n",
+        o.rounds, o.secs,
+        // Relaxed: a setting.
+        if WALL.load(Ordering::Relaxed) || thread_cpu_ns().is_none() { "wall-clock" } else { "on-CPU" }
     ));
     md.push_str("| workload | ratewall M ops/s | governor M ops/s | ratio (median) | min-max | spread | target | met |\n");
     md.push_str("|---|---:|---:|---:|---:|---:|---|---|\n");
