@@ -299,7 +299,7 @@ fn mem_child(imp: &str, key: &str, n: u64) {
         (after.saturating_sub(before), lim.len())
     }
     /// A table for `n` keys, filled: keys are offered until it tracks `n`
-    /// (shards have equal caps, so some reject before all are full), then
+    /// (the first `n` distinct keys, since `max_keys` is a promise), then
     /// the RSS delta is divided by the keys tracked.
     fn rw<K: Hash + Eq>(keys: Vec<K>, n: usize) -> (u64, usize) {
         let before = rss_bytes();
