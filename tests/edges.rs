@@ -204,7 +204,10 @@ fn peek_predicts_check_on_a_full_table() {
     // A cost of 0 takes nothing: it never meets the full shard.
     let peek = log.peek_key_n(&2, 0).unwrap();
     assert_eq!(peek, log.check_key_n(&2, 0).unwrap());
-    assert_eq!((peek.tracking(), peek.is_allowed()), (Tracking::Tracked, true));
+    assert_eq!(
+        (peek.tracking(), peek.is_allowed()),
+        (Tracking::Tracked, true)
+    );
     assert_eq!(log.len(), 1);
     clock.advance(Duration::from_secs(1));
     assert_eq!(log.peek_key_n(&2, 1).unwrap().tracking(), Tracking::Tracked);

@@ -766,12 +766,13 @@ mod tests {
         let shard = &*t.shards[0];
         let n = shard.slots.len();
         // Keys at every slot but 0..4, time to idle 100 + slot, except slot
-        // 130 (20) and slot 10 (10) and slot 60 (1, outside the range).
+        // 130 (20), slots 10 and 20 (10: a tie, the first in scan order
+        // goes) and slot 60 (1, outside the range).
         let _g = lock(&shard.inner);
         for i in 4..n {
             let ttl = match i {
                 130 => 20,
-                10 => 10,
+                10 | 20 => 10,
                 60 => 1,
                 _ => 100 + i as u64,
             };
@@ -784,6 +785,7 @@ mod tests {
         assert_eq!(cursor, (120 + SWEEP) % n);
         assert_eq!(fp_of(shard.slots[10].load(Ordering::Relaxed)), TOMB);
         assert_eq!(fp_of(shard.slots[130].load(Ordering::Relaxed)), 1130);
+        assert_eq!(fp_of(shard.slots[20].load(Ordering::Relaxed)), 1020);
         assert_eq!(shard.len.load(Ordering::Relaxed), (n - 5) as u64);
         // Next range 50..114: slot 60.
         assert!(evict_elsewhere(shard, &mut cursor, &Ttl));
