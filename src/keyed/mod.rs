@@ -69,10 +69,11 @@ pub enum WhenFull {
     /// Evict an active key with the least time to idle (the time until its
     /// state equals a fresh key's: the least recently active by the
     /// algorithm's own measure) among the new key's neighbours, and track
-    /// the new key in its place. The neighbours are the whole shard when it
-    /// holds at most 24 keys (one shard of `max_keys <= 24` is one
-    /// neighbourhood), else the key's 32-slot probe window; the keyed
-    /// sliding log compares up to 32 keys of the shard.
+    /// the new key in its place. The neighbours are the whole table for one
+    /// shard of `max_keys <= 22`, else the key's 32-slot probe window (and
+    /// its shard's small overflow stash when that window holds no empty
+    /// slot), or, if the window holds no key, the next slots of its shard;
+    /// the keyed sliding log compares up to 32 keys of the shard.
     ///
     /// ```
     /// use ratewall::{KeyedTokenBucket, ManualClock, Rate, Tracking, WhenFull};
