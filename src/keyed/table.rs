@@ -1199,6 +1199,69 @@ mod tests {
         assert_eq!(t.len(), 8);
     }
 
+    /// With one key count, a table can be full of other shards' keys: a new
+    /// key whose shard holds nothing to evict finds no room even when
+    /// evicting (`room` predicts it: `put` checks).
+    #[test]
+    fn a_shard_with_nothing_to_evict_rejects_when_other_shards_fill_the_table() {
+        let t = Table::new(2, 2);
+        for s in t.shards.iter() {
+            assert_eq!((s.main, s.slots.len()), (2, 2));
+        }
+        for i in 0..2 {
+            assert!(matches!(
+                put(&t, hash_at(&t, 0, 0, i), 10, Full::Evict),
+                Inserted::New { evicted: false, .. }
+            ));
+        }
+        let newcomer = hash_at(&t, 1, 0, 0);
+        for policy in [Full::Evict, Full::Reject, Full::Untracked] {
+            assert!(matches!(
+                put(&t, newcomer, 5, policy),
+                Inserted::Full { soonest: 0 }
+            ));
+        }
+        assert_eq!((t.len(), state(&t, newcomer)), (2, None));
+    }
+
+    /// `evict_elsewhere` looks at four 64-slot ranges after the sweep's,
+    /// then gives up until the next insert; `room` predicts from the same
+    /// cursor (a shard larger than the four ranges tells the start apart).
+    #[test]
+    fn evicting_elsewhere_starts_where_the_sweep_left_the_cursor() {
+        let t = Table::new(1200, 4);
+        let n = t.shards[3].slots.len();
+        let main = t.shards[3].main;
+        assert!(n > 5 * SWEEP && main > 400, "{main} + {}", n - main);
+        // The one key of shard 3, at slot 10.
+        let k = hash_at(&t, 3, 10, 0);
+        let _ = put(&t, k, 1000, Full::Reject);
+        // The other shards fill the table.
+        for i in 0..1199 {
+            let h = hash_at(&t, i / 400, i % 400, 0);
+            assert!(matches!(
+                put(&t, h, 1000, Full::Reject),
+                Inserted::New { evicted: false, .. }
+            ));
+        }
+        assert_eq!(t.len(), 1200);
+        // The sweep takes 0..64, the eviction 64..320: slot 10 is not there.
+        let newcomer = hash_at(&t, 3, 200, 0);
+        assert!(matches!(
+            put(&t, newcomer, 5, Full::Evict),
+            Inserted::Full { soonest: 0 }
+        ));
+        assert_eq!(state(&t, k), Some(1000));
+        // Next time the sweep takes 320..384 and the eviction starts at 384,
+        // wrapping to slot 10.
+        assert!(matches!(
+            put(&t, newcomer, 5, Full::Evict),
+            Inserted::New { evicted: true, .. }
+        ));
+        assert_eq!((state(&t, k), state(&t, newcomer)), (None, Some(5)));
+        assert_eq!(t.len(), 1200);
+    }
+
     /// The exact scope of docs/design.md and tests/keyed_table_props.rs: a
     /// one-shard table of up to 22 keys has a main region of at most `PROBE`
     /// slots (every window covers it) and at most `SWEEP` slots in all
