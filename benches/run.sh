@@ -24,4 +24,6 @@ cargo bench $benches -- --warm-up-time 1 --measurement-time 2 2>&1 | tee "$out/c
 cargo bench --bench sweep -- --secs 1 --threads 1,2,4 \
     --criterion target/criterion --csv "$out/sweep.csv" --svg docs/sweep.svg \
     --md "$out/report.md"
-echo "report: $out/report.md, $out/sweep.csv, docs/sweep.svg"
+# ratewall against governor, alternating rounds, median of the ratios (issue 12).
+cargo bench --bench versus -- --rounds 9 --secs 0.3 --md "$out/versus.md"
+echo "report: $out/report.md, $out/versus.md, $out/sweep.csv, docs/sweep.svg"

@@ -299,7 +299,7 @@ fn mem_child(imp: &str, key: &str, n: u64) {
         (after.saturating_sub(before), lim.len())
     }
     /// A table for `n` keys, filled: keys are offered until it tracks `n`
-    /// (shards have equal caps, so some reject before all are full), then
+    /// (the first `n` distinct keys, since `max_keys` is a promise), then
     /// the RSS delta is divided by the keys tracked.
     fn rw<K: Hash + Eq>(keys: Vec<K>, n: usize) -> (u64, usize) {
         let before = rss_bytes();
@@ -401,6 +401,27 @@ fn ops(case: &str, n: u64) -> Result<(), String> {
                 let _ = l.check();
             }
             run(n, |_| l.check().is_allowed())
+        }
+        "rw-deny-coarse" => {
+            let l =
+                TokenBucket::with_clock(Rate::per_hour(1).burst(1), ratewall::CoarseClock::new())
+                    .unwrap();
+            let _ = l.check();
+            run(n, |_| l.check().is_allowed())
+        }
+        "gov-allow-upkeep" => {
+            let clock = governor::clock::QuantaUpkeepClock::from_interval(Duration::from_millis(1))
+                .unwrap();
+            let l = RateLimiter::direct_with_clock(gov_allow(), clock);
+            run(n, |_| l.check().is_ok())
+        }
+        "gov-deny-upkeep" => {
+            let clock = governor::clock::QuantaUpkeepClock::from_interval(Duration::from_millis(1))
+                .unwrap();
+            let l =
+                RateLimiter::direct_with_clock(Quota::per_hour(NonZeroU32::new(1).unwrap()), clock);
+            let _ = l.check();
+            run(n, |_| l.check().is_ok())
         }
         "gov-allow" => {
             let l = RateLimiter::direct(gov_allow());

@@ -45,7 +45,15 @@ impl AtomicWord {
     /// Runs `step` on the current value until its result is written, or until
     /// it asks for no write. Returns the step's outcome for the value that won.
     #[inline]
-    pub(crate) fn update<R>(&self, mut step: impl FnMut(u64) -> (R, Option<u64>)) -> R {
+    pub(crate) fn update<R>(&self, step: impl FnMut(u64) -> (R, Option<u64>)) -> R {
+        self.apply(step).0
+    }
+
+    /// [`update`](Self::update), also returning the value the winning step
+    /// ran on, so that the caller can derive the rest of its answer from it
+    /// after the exchange (the hot paths build their decision there).
+    #[inline]
+    pub(crate) fn apply<R>(&self, mut step: impl FnMut(u64) -> (R, Option<u64>)) -> (R, u64) {
         let mut seen = self.load();
         loop {
             let (outcome, next) = step(seen);
@@ -60,7 +68,7 @@ impl AtomicWord {
                 _ => {
                     let again = self.load();
                     if again == seen {
-                        return outcome;
+                        return (outcome, seen);
                     }
                     seen = again;
                     continue;
@@ -74,7 +82,7 @@ impl AtomicWord {
                 .0
                 .compare_exchange_weak(seen, next, Ordering::AcqRel, Ordering::Acquire)
             {
-                Ok(_) => return outcome,
+                Ok(_) => return (outcome, seen),
                 // Lost the race (or a spurious failure): recompute from the
                 // value we saw, never from the value we wanted to write.
                 Err(actual) => seen = actual,

@@ -5,9 +5,10 @@
 //! when each goes idle.
 //!
 //! Scope: one shard of at most 8 keys. There the table's probe window and
-//! its reclaim sweep cover the whole shard (a shard of up to 24 keys has at
-//! most 32 slots), so the table's promises are exact, and these are checked
-//! after every operation:
+//! its reclaim sweep cover the whole shard (a one-shard table of up to 22
+//! keys has at most 32 slots in its main region and at most 64 in all), so
+//! the table's promises are exact, and these are checked after every
+//! operation:
 //!
 //! - a new key is `Tracked` whenever fewer than `max_keys` other keys are
 //!   active;
@@ -20,8 +21,12 @@
 //!   for new keys and for held ones.
 //!
 //! Larger tables spread keys over shards and probe windows, where a full
-//! window or shard can act before the whole table is full (see
-//! `docs/design.md`, "Keyed table").
+//! chain (window and stash) can act before the whole table is full, and a
+//! shard's sweep reclaims only its own idle keys (see `docs/design.md`,
+//! "Keyed table"). There `any_table` checks what holds in every table:
+//! `peek_key_n` returns the very decision the next `check_key_n` returns,
+//! the tracking is one the policy allows, and `len()` never passes
+//! `max_keys`.
 
 use proptest::prelude::*;
 use ratewall::algorithm::KeyedAlgorithm;
@@ -361,6 +366,67 @@ fn run<M: KeyModel>(
     Ok(())
 }
 
+/// Runs `ops` on any table (many shards, windows that do not cover them):
+/// what holds there (see the module doc).
+fn run_any(
+    table: &dyn Table,
+    clock: &ManualClock,
+    policy: WhenFull,
+    (max_keys, shards): (usize, usize),
+    ops: &[Op],
+) -> Result<(), TestCaseError> {
+    for op in ops {
+        match *op {
+            Op::Check(k, n, _) => {
+                let peek = table.peek(k, n);
+                let d = table.check(k, n);
+                prop_assert_eq!(peek, d, "peek vs check of key {} at {}", k, clock.now());
+                prop_assert_eq!(peek.tracking(), d.tracking());
+                let allowed = match d.tracking() {
+                    Tracking::Tracked => true,
+                    Tracking::Rejected => {
+                        !d.is_allowed()
+                            && (policy == WhenFull::RejectNew
+                                // At `max_keys`, a shard with no key in its
+                                // window and sweep ranges has nothing to
+                                // evict (the keys are in other shards): told
+                                // of no key, it may retry at once.
+                                || (policy == WhenFull::EvictLeastRecent
+                                    && shards > 1
+                                    && d.retry_after() == Duration::from_nanos(1)))
+                    }
+                    Tracking::Untracked => policy == WhenFull::AdmitUntracked && d.is_allowed(),
+                    Tracking::EvictedOther => {
+                        policy == WhenFull::EvictLeastRecent && d.is_allowed()
+                    }
+                    _ => false,
+                };
+                prop_assert!(allowed, "{:?} under {:?}", d, policy);
+            }
+            Op::Refund(k, n) => table.refund(k, n),
+            Op::Reset(k) => table.reset(k),
+            Op::Advance(by) => clock.advance(Duration::from_nanos(by)),
+        }
+        prop_assert!(
+            table.len() <= max_keys,
+            "len {} > {}",
+            table.len(),
+            max_keys
+        );
+    }
+    Ok(())
+}
+
+/// `op()` over keys `0..keys`.
+fn op_over(keys: u32) -> impl Strategy<Value = Op> {
+    prop_oneof![
+        8 => (0..keys, 1u64..=2).prop_map(|(k, n)| Op::Check(k, n, false)),
+        1 => (0..keys, 1u64..=2).prop_map(|(k, n)| Op::Refund(k, n)),
+        1 => (0..keys).prop_map(Op::Reset),
+        2 => (1u64..700).prop_map(|ms| Op::Advance(ms * MS)),
+    ]
+}
+
 fn keyed<A: KeyedAlgorithm>(
     config: A::Config,
     policy: WhenFull,
@@ -373,6 +439,22 @@ fn keyed<A: KeyedAlgorithm>(
         .shards(1)
         .when_full(policy)
         .seed(seed)
+        .clock(clock.clone())
+        .build()
+        .unwrap()
+}
+
+fn keyed_in<A: KeyedAlgorithm>(
+    config: A::Config,
+    policy: WhenFull,
+    max_keys: usize,
+    shards: usize,
+    clock: &ManualClock,
+) -> KeyedLimiter<u32, A, ManualClock> {
+    KeyedLimiter::<u32, A>::builder(config)
+        .max_keys(max_keys)
+        .shards(shards)
+        .when_full(policy)
         .clock(clock.clone())
         .build()
         .unwrap()
@@ -429,5 +511,32 @@ proptest! {
             .build()
             .unwrap();
         run::<Times>(&t, &clock, policy, max_keys, &ops)?;
+    }
+
+    #[test]
+    fn any_table(
+        ops in prop::collection::vec(op_over(160), 1..200),
+        policy in policy(),
+        max_keys in 1usize..=96,
+        shards in prop_oneof![Just(1usize), Just(2), Just(4)],
+        kind in 0u8..5,
+    ) {
+        let clock = ManualClock::new();
+        match kind {
+            0 => run_any(&keyed_in::<ratewall::algorithm::Gcra>(rate(), policy, max_keys, shards, &clock), &clock, policy, (max_keys, shards), &ops)?,
+            1 => run_any(&keyed_in::<ratewall::algorithm::LeakyGcra>(rate(), policy, max_keys, shards, &clock), &clock, policy, (max_keys, shards), &ops)?,
+            2 => run_any(&keyed_in::<ratewall::algorithm::FixedCounter>(window(), policy, max_keys, shards, &clock), &clock, policy, (max_keys, shards), &ops)?,
+            3 => run_any(&keyed_in::<ratewall::algorithm::SlidingCounter>(window(), policy, max_keys, shards, &clock), &clock, policy, (max_keys, shards), &ops)?,
+            _ => {
+                let t = KeyedSlidingWindowLog::<u32>::builder(window())
+                    .max_keys(max_keys)
+                    .shards(shards)
+                    .when_full(policy)
+                    .clock(clock.clone())
+                    .build()
+                    .unwrap();
+                run_any(&t, &clock, policy, (max_keys, shards), &ops)?;
+            }
+        }
     }
 }

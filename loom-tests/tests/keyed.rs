@@ -175,3 +175,33 @@ fn check_evict_and_insert_on_one_slot() {
         }
     });
 }
+
+/// `max_keys` is counted across shards: with one unit left, two inserts of
+/// new keys (in two shards or in one) race for it; exactly one key gets
+/// tracked and the table never holds more than `max_keys`.
+#[test]
+fn inserts_in_two_shards_race_for_the_last_unit() {
+    loom::model(|| {
+        let clock = ManualClock::new();
+        let l = Arc::new(
+            KeyedTokenBucket::<u64, _>::builder(Rate::per_hour(1))
+                .max_keys(2)
+                .shards(2)
+                .seed(7)
+                .when_full(WhenFull::RejectNew)
+                .clock(clock.clone())
+                .build()
+                .unwrap(),
+        );
+        assert_eq!(l.check_key(&1).tracking(), Tracking::Tracked);
+        let spawn = |k: u64| {
+            let l = Arc::clone(&l);
+            thread::spawn(move || l.check_key(&k).tracking())
+        };
+        let (a, b) = (spawn(2), spawn(3));
+        let (a, b) = (a.join().unwrap(), b.join().unwrap());
+        let tracked = [a, b].iter().filter(|t| **t == Tracking::Tracked).count();
+        assert_eq!(tracked, 1, "{a:?} {b:?}");
+        assert_eq!(l.len(), 2);
+    });
+}

@@ -104,22 +104,32 @@ pub(crate) fn word_check<A: WordStep>(
     n: u64,
     consume: bool,
 ) -> Result<Decision, InsufficientCapacity> {
-    cell.update(|state| {
+    // The loop only decides the next state; the decision is built once,
+    // after the exchange, from the state and parameters the winning step
+    // used (the same pure function of the same inputs). Built inside the
+    // loop, it was stored field by field, kept across the exchange, and
+    // copied out: a store-forwarding stall on every check.
+    let (a, state) = cell.apply(|state| {
         let a: A = params.read();
-        let capacity = a.capacity();
-        if n > capacity {
-            return (
-                Err(InsufficientCapacity {
-                    requested: n,
-                    capacity,
-                }),
-                None,
-            );
+        if n > a.capacity() {
+            return (a, None);
         }
-        // A cost of 0 asks for the decision of a unit request, without taking it.
-        let (decision, next) = a.step(state, now, n.max(1));
-        (Ok(decision), if consume && n > 0 { next } else { None })
-    })
+        let next = if consume && n > 0 {
+            a.step(state, now, n).1
+        } else {
+            None
+        };
+        (a, next)
+    });
+    let capacity = a.capacity();
+    if n > capacity {
+        return Err(InsufficientCapacity {
+            requested: n,
+            capacity,
+        });
+    }
+    // A cost of 0 asks for the decision of a unit request, without taking it.
+    Ok(a.step(state, now, n.max(1)).0)
 }
 
 #[inline]

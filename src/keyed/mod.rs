@@ -69,10 +69,11 @@ pub enum WhenFull {
     /// Evict an active key with the least time to idle (the time until its
     /// state equals a fresh key's: the least recently active by the
     /// algorithm's own measure) among the new key's neighbours, and track
-    /// the new key in its place. The neighbours are the whole shard when it
-    /// holds at most 24 keys (one shard of `max_keys <= 24` is one
-    /// neighbourhood), else the key's 32-slot probe window; the keyed
-    /// sliding log compares up to 32 keys of the shard.
+    /// the new key in its place. The neighbours are the whole table for one
+    /// shard of `max_keys <= 22`, else the key's 32-slot probe window (and
+    /// its shard's small overflow stash when that window holds no empty
+    /// slot), or, if the window holds no key, the next slots of its shard;
+    /// the keyed sliding log compares up to 32 keys of the shard.
     ///
     /// ```
     /// use ratewall::{KeyedTokenBucket, ManualClock, Rate, Tracking, WhenFull};
@@ -214,8 +215,9 @@ pub type KeyedSlidingWindowCounter<K, C = DefaultClock> = KeyedLimiter<K, Slidin
 /// - A check of a tracked key is lock-free: one hash, a short probe, one
 ///   16-byte compare-exchange on the key's own slot; a denial writes nothing.
 /// - Keys are identified by a 64-bit seeded hash (`ahash`); no key is
-///   stored, so memory is about 21.3 bytes per key at a full table whatever
-///   the key type. Two keys whose hashes collide (probability about 2^-64
+///   stored, so memory is 24 bytes per key of `max_keys` (small tables add
+///   their headers) whatever the key type, and `max_keys` distinct keys
+///   always fit. Two keys whose hashes collide (probability about 2^-64
 ///   per pair, with a per-process random seed) share one limit.
 /// - A key whose state equals a fresh key's carries no information and may
 ///   be reclaimed at any time; inserts reclaim such keys as they go.
@@ -296,8 +298,9 @@ impl<K, A: KeyedAlgorithm> KeyedLimiter<K, A, DefaultClock> {
 }
 
 impl<K, A: Algorithm, C: Clock> KeyedBuilder<K, A, C> {
-    /// The most keys tracked at once (1 to 2^32). Memory is allocated up
-    /// front: about 21.3 bytes per key.
+    /// The most keys tracked at once (1 to 2^32), and the promise that this
+    /// many distinct keys fit. Memory is allocated up front: 24 bytes per key
+    /// (small tables add a few slots and their headers).
     ///
     /// ```
     /// # use ratewall::{KeyedTokenBucket, Rate};
@@ -388,8 +391,9 @@ impl<K, A: Algorithm, C: Clock> KeyedBuilder<K, A, C> {
         if !asked.is_power_of_two() || asked > MAX_SHARDS {
             return Err(ConfigError::InvalidShards { shards: asked });
         }
-        // At most the largest power of two <= max_keys, so no shard has a
-        // cap of 0; by default also at least ~1024 keys per shard.
+        // At most the largest power of two <= max_keys, so every shard has
+        // a share of at least one key; by default also at least ~1024 keys
+        // per shard.
         let mut shards = asked.min(prev_power_of_two(self.max_keys));
         if self.shards.is_none() {
             shards = shards.min(prev_power_of_two((self.max_keys / 1024).max(1)));
@@ -512,20 +516,39 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         consume: bool,
     ) -> Result<Decision, InsufficientCapacity> {
         let take = consume && n > 0;
-        // The hot path gets a closure of its own (one call site), so the
-        // step is inlined into the slot loop instead of returning its
-        // 64-byte outcome through memory.
-        if let Some(r) = self
-            .table
-            .update(h, &mut |state| self.step_at(h, state, now, n, take))
-        {
-            return r;
+        // The slot loop only decides the next state and hands back the
+        // parameters it read; the decision is built after the exchange from
+        // the state the winning step saw (the same pure function of the same
+        // inputs), so no decision is stored across the exchange and copied
+        // out (a store-forwarding stall on every check, see
+        // docs/benchmarks.md). Nothing here is forced inline any more: with
+        // plain `#[inline]` the closure and `Table::apply` inline into the
+        // check (callgrind counts the same instructions as with
+        // `#[inline(always)]`).
+        if let Some((a, state)) = self.table.apply(h, &mut |state| {
+            let a = self.params_for(h);
+            let next = if take && n <= a.k_capacity() {
+                a.k_step(state, now, n).1
+            } else {
+                None
+            };
+            (a, next)
+        }) {
+            let capacity = a.k_capacity();
+            if n > capacity {
+                return Err(InsufficientCapacity {
+                    requested: n,
+                    capacity,
+                });
+            }
+            // A cost of 0 asks for a unit request's decision, without taking it.
+            return Ok(a.k_step(state, now, n.max(1)).0);
         }
         self.run_untracked(h, now, n, take)
     }
 
-    /// One step of the algorithm on `state` (see `run`).
-    #[inline(always)]
+    /// One step of the algorithm on `state`, for the insert path.
+    #[inline]
     fn step_at(
         &self,
         h: u64,
@@ -1036,8 +1059,8 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         self.table.retain_active(&self.view(self.clamp(self.now())))
     }
 
-    /// Bytes the table owns (allocated up front, constant): about 21.3 per
-    /// key of `max_keys`, whatever the key type.
+    /// Bytes the table owns (allocated up front, constant): at most 24 per
+    /// key of `max_keys` from about 1,000 keys up, whatever the key type.
     ///
     /// ```
     /// # use ratewall::{KeyedTokenBucket, Rate};

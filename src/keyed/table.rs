@@ -15,9 +15,24 @@
 //! No key is stored, so the table's memory does not depend on the key type.
 //!
 //! The table has `2^k` cache-padded shards picked by the hash's low bits.
-//! Within a shard a key lives in its *window*: the `PROBE` slots (wrapping)
-//! from a start picked by the hash's high bits, and no empty slot lies
-//! between the start and the key (linear probing; empties never come back).
+//! A shard's slots are a *main* region and a small *stash* after it. A key
+//! lives in its *chain*: the `PROBE` slots (wrapping within the main region)
+//! from a start picked by the hash's high bits, then the stash; no empty slot
+//! lies between the chain's start and the key (linear probing; empties never
+//! come back). The stash takes the rare key whose window is full of live
+//! keys: with windows of 32 slots at a two-thirds load, about one key in
+//! 1,000 to 2,000 (by simulation: at most 29 per shard of 15,625 keys),
+//! which a stash of up to 128 slots holds with a wide margin.
+//!
+//! # Sizing: `max_keys` is a promise
+//!
+//! The keys tracked are counted across the whole table and never exceed
+//! `max_keys`; a shard holds as many as hash to it (no per-shard cap, so an
+//! unlucky split of the keys between shards rejects nothing). Each shard
+//! gets 24 bytes per key of its even share of `max_keys` (header
+//! included): 1.5 slots per key, a two-thirds load when full. Only a shard
+//! that receives far more than its share (explicit shard counts with a few
+//! keys each) can run out of room before the table does.
 //!
 //! # Slot protocol
 //!
@@ -37,6 +52,7 @@
 use crate::sync::{lock, AtomicU128, AtomicU64, Mutex, Ordering};
 use crossbeam_utils::CachePadded;
 use std::fmt;
+use std::sync::Arc;
 
 /// Fingerprint of a slot that was never used.
 pub(crate) const EMPTY: u64 = 0;
@@ -44,17 +60,23 @@ pub(crate) const EMPTY: u64 = 0;
 pub(crate) const TOMB: u64 = 1;
 /// Slots scanned for one key: 32 x 16 B = 512 B, eight cache lines.
 pub(crate) const PROBE: usize = 32;
-/// Slots scanned per insert, beyond the key's window, to reclaim idle keys
-/// when the shard is at its cap (amortized eviction).
+/// Slots scanned per insert, beyond the key's chain, to reclaim idle keys
+/// when the table is at `max_keys` (amortized eviction).
 const SWEEP: usize = 64;
 /// Sweep ranges `evict_elsewhere` tries before giving up.
 const EVICT_ATTEMPTS: usize = 4;
-/// Slots per key: 4/3, a 75% load factor at a full table (21.3 B per key).
-const LOAD_NUM: usize = 4;
-const LOAD_DEN: usize = 3;
+/// Bytes per key of `max_keys`, shard headers included: 1.5 slots per key.
+const BYTES_PER_KEY: usize = 24;
+/// Largest stash per shard (slots).
+const MAX_STASH: usize = 128;
+/// Bytes set aside from the budget for the table's and the limiter's own
+/// headers (the budget is per requested key, everything included).
+const OWNER_BYTES: usize = 1024;
 
+/// Bytes per slot.
+const SLOT: usize = 16;
 #[cfg(not(ratewall_loom))]
-const _: () = assert!(std::mem::size_of::<AtomicU128>() == 16);
+const _: () = assert!(std::mem::size_of::<AtomicU128>() == SLOT);
 
 #[inline]
 fn pack(fp: u64, state: u64) -> u128 {
@@ -82,28 +104,76 @@ pub(crate) fn fingerprint(h: u64) -> u64 {
 }
 
 struct Shard {
+    /// The main region (`main` slots), then the stash.
     slots: Box<[AtomicU128]>,
-    /// Most keys this shard may track; the caps add up to `max_keys`.
-    cap: u64,
-    /// Keys tracked. Written only under `inner`; read with Relaxed by `len()`.
-    len: AtomicU64,
+    main: usize,
+    /// The table's key count, shared by every shard.
+    count: Arc<KeyCount>,
     /// Serializes fingerprint changes; holds the reclaim sweep's cursor.
     inner: Mutex<usize>,
 }
 
+/// Keys tracked by the whole table, and the most it may track.
+#[derive(Debug)]
+struct KeyCount {
+    len: AtomicU64,
+    max: u64,
+}
+
 impl Shard {
-    /// One more key tracked. Caller holds `inner`.
-    fn count_insert(&self) {
-        // Relaxed: `len` is written only under `inner`, which the caller holds.
-        self.len
-            .store(self.len.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+    /// Whether the table is under `max_keys` (a hint: `reserve` decides).
+    fn has_room(&self) -> bool {
+        // Relaxed: a count; it publishes nothing.
+        self.count.len.load(Ordering::Relaxed) < self.count.max
     }
 
-    /// One key fewer. Caller holds `inner`.
+    /// Takes one unit of the table's `max_keys` for a key about to be
+    /// stored; false if none is left. Caller holds `inner`.
+    fn reserve(&self) -> bool {
+        // Relaxed: the count publishes nothing; the slot exchange that
+        // follows publishes the key. The read-modify-write keeps the total
+        // at most `max` when shards reserve at once.
+        self.count
+            .len
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < self.count.max).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    /// Gives back a unit (a reserved slot that was not taken, or a key
+    /// removed). Caller holds `inner`.
     fn count_removal(&self) {
-        // Relaxed: as in `count_insert`.
-        self.len
-            .store(self.len.load(Ordering::Relaxed) - 1, Ordering::Relaxed);
+        // Relaxed: as in `reserve`.
+        self.count.len.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// The slot after `i` in a chain: wraps within the main region; in the
+    /// stash, `None` at its end.
+    #[inline]
+    fn next_in_chain(&self, i: usize, step: usize) -> Option<usize> {
+        if i < self.main {
+            if step + 1 < PROBE.min(self.main) {
+                Some(if i + 1 == self.main { 0 } else { i + 1 })
+            } else if self.slots.len() > self.main {
+                Some(self.main) // the window is done: the stash
+            } else {
+                None
+            }
+        } else {
+            (i + 1 < self.slots.len()).then_some(i + 1)
+        }
+    }
+
+    /// The slots of the chain that starts at `start`, in order: the window,
+    /// then the stash.
+    fn chain(&self, start: usize) -> impl Iterator<Item = usize> + '_ {
+        let mut at = Some((start, 0usize));
+        std::iter::from_fn(move || {
+            let (i, step) = at?;
+            at = self.next_in_chain(i, step).map(|j| (j, step + 1));
+            Some(i)
+        })
     }
 }
 
@@ -160,14 +230,27 @@ impl Table {
         debug_assert!(shards.is_power_of_two() && shards <= max_keys);
         let base = max_keys / shards;
         let extra = max_keys % shards;
+        let count = Arc::new(KeyCount {
+            len: AtomicU64::new(0),
+            max: max_keys as u64,
+        });
+        // Each shard's header, and its part of what the table and its owner
+        // hold beside the shards (`memory_bytes` counts both).
+        let header = std::mem::size_of::<CachePadded<Shard>>() + OWNER_BYTES.div_ceil(shards);
         let shards: Box<[CachePadded<Shard>]> = (0..shards)
             .map(|i| {
-                let cap = base + usize::from(i < extra);
-                let n = (cap * LOAD_NUM).div_ceil(LOAD_DEN).max(cap + 1);
+                let share = base + usize::from(i < extra);
+                // The budget, header included. Small tables, where the
+                // headers would eat it, get up to 64 slots more than their
+                // share, at most 1.5 per key (and at least one spare).
+                let budget = (share * BYTES_PER_KEY).saturating_sub(header) / SLOT;
+                let small = (share * 3).div_ceil(2).min(share + 64).max(share + 1);
+                let n = budget.max(small);
+                let stash = (share / 16).min(MAX_STASH);
                 CachePadded::new(Shard {
                     slots: (0..n).map(|_| AtomicU128::new(0)).collect(),
-                    cap: cap as u64,
-                    len: AtomicU64::new(0),
+                    main: n - stash,
+                    count: Arc::clone(&count),
                     inner: Mutex::new(0),
                 })
             })
@@ -179,7 +262,7 @@ impl Table {
     #[inline]
     fn locate(&self, h: u64) -> (&Shard, usize) {
         let shard = &self.shards[(h & self.shard_mask) as usize];
-        let n = shard.slots.len() as u128;
+        let n = shard.main as u128;
         // The high bits pick the start (the low ones picked the shard).
         let start = ((u128::from(h) * n) >> 64) as usize;
         (shard, start)
@@ -193,6 +276,18 @@ impl Table {
         h: u64,
         step: &mut impl FnMut(u64) -> (R, Option<u64>),
     ) -> Option<R> {
+        self.apply(h, step).map(|(r, _)| r)
+    }
+
+    /// [`update`](Self::update), also returning the state the winning step
+    /// ran on (the hot path builds its decision from it after the exchange,
+    /// as `AtomicWord::apply`).
+    #[inline]
+    pub(crate) fn apply<R>(
+        &self,
+        h: u64,
+        step: &mut impl FnMut(u64) -> (R, Option<u64>),
+    ) -> Option<(R, u64)> {
         let fp = fingerprint(h);
         let (shard, start) = self.locate(h);
         'lookup: loop {
@@ -211,7 +306,7 @@ impl Table {
                         // Acquire: as the slot loads in `find`.
                         let again = slot.load(Ordering::Acquire);
                         if again == seen {
-                            return Some(outcome);
+                            return Some((outcome, state_of(seen)));
                         }
                         if fp_of(again) != fp {
                             continue 'lookup;
@@ -228,7 +323,7 @@ impl Table {
                     Ordering::AcqRel,
                     Ordering::Acquire,
                 ) {
-                    Ok(_) => return Some(outcome),
+                    Ok(_) => return Some((outcome, state_of(seen))),
                     // Lost the race to a check of the same key: recompute
                     // from the state we saw, never from the one we wanted.
                     Err(actual) if fp_of(actual) == fp => seen = actual,
@@ -252,46 +347,24 @@ impl Table {
         let fp = fingerprint(h);
         let (shard, start) = self.locate(h);
         let mut cursor = lock(&shard.inner);
-        let n = shard.slots.len();
-        let window = PROBE.min(n);
         loop {
             // Fingerprints change only under this mutex: if the key is here
             // now, it stays; `update` only retries on a state race.
             if let Some(r) = self.update(h, step) {
                 return Inserted::Existing(r);
             }
-            // The key's chain, up to its first empty slot: the first free
-            // slot (empty or tombstone) and the first idle key.
-            let mut free: Option<(usize, u128)> = None;
-            let mut idle: Option<(usize, u128)> = None;
-            let mut i = start;
-            for _ in 0..window {
-                // Acquire: as in `find`.
-                let v = shard.slots[i].load(Ordering::Acquire);
-                match fp_of(v) {
-                    EMPTY => {
-                        free.get_or_insert((i, v));
-                        break; // the chain ends: no slot beyond can take the key
-                    }
-                    TOMB => {
-                        free.get_or_insert((i, v));
-                    }
-                    _ => {
-                        if idle.is_none() && view.is_idle(state_of(v)) {
-                            idle = Some((i, v));
-                        }
-                    }
-                }
-                i = if i + 1 == n { 0 } else { i + 1 };
-            }
-            // Relaxed: `len` is written only under the mutex we hold.
-            let len = shard.len.load(Ordering::Relaxed);
-            // A free slot while under the cap; else an idle key's slot (the
-            // count stays the same); else, at the cap, reclaim idle keys
-            // further on (amortized: `SWEEP` slots per insert) and take the
-            // free slot if that made room.
+            let ChainScan {
+                free,
+                idle,
+                ends_in_window,
+            } = scan_chain(shard, start, view);
+            // A free slot while the table is under `max_keys`; else an idle
+            // key's slot (the count stays the same); else, at `max_keys`,
+            // reclaim idle keys further on (amortized: `SWEEP` slots per
+            // insert) and take the free slot if that made room. (`room`
+            // mirrors these choices: keep the two in step.)
             let target = match (free, idle) {
-                (Some((i, v)), _) if len < shard.cap => Some((i, v, true)),
+                (Some((i, v)), _) if shard.has_room() => Some((i, v, true)),
                 (_, Some((i, v))) => Some((i, v, false)),
                 (Some((i, v)), None) if sweep(shard, &mut cursor, view) => Some((i, v, true)),
                 _ => None,
@@ -302,6 +375,10 @@ impl Table {
                     // A fresh key's step that writes nothing: nothing to track.
                     return Inserted::NotStored(outcome);
                 };
+                if grows && !shard.reserve() {
+                    // Another shard took the last unit meanwhile: choose again.
+                    continue;
+                }
                 // AcqRel: publishes the new key's state like any update.
                 match shard.slots[i].compare_exchange(
                     v,
@@ -310,35 +387,25 @@ impl Table {
                     Ordering::Acquire,
                 ) {
                     Ok(_) => {
-                        if grows {
-                            shard.count_insert();
-                        }
                         return Inserted::New {
                             outcome,
                             evicted: false,
                         };
                     }
                     // A check made the idle key active again: start over.
-                    Err(_) => continue,
-                }
-            }
-            // No room: the window is full of active keys, or the shard is at
-            // its cap with no idle key found. Look at the whole window: the
-            // active key closest to idle is the victim (or the `soonest` a
-            // rejected key may retry).
-            let mut victim: Option<(usize, u128, u64)> = None;
-            let mut i = start;
-            for _ in 0..window {
-                // Acquire: as in `find`.
-                let v = shard.slots[i].load(Ordering::Acquire);
-                if fp_of(v) > TOMB {
-                    let ttl = view.time_to_idle(state_of(v));
-                    if victim.map_or(true, |(_, _, best)| ttl < best) {
-                        victim = Some((i, v, ttl));
+                    Err(_) => {
+                        if grows {
+                            shard.count_removal();
+                        }
+                        continue;
                     }
                 }
-                i = if i + 1 == n { 0 } else { i + 1 };
             }
+            // No room: the chain is full of active keys, or the table is at
+            // `max_keys` with no idle key found. The active key closest to
+            // idle in the window (and the stash, if the chain reaches it) is
+            // the victim, or gives the `soonest` a rejected key may retry.
+            let victim = least_time_to_idle(shard, start, ends_in_window, view);
             if policy != Full::Evict {
                 return Inserted::Full {
                     soonest: victim.map_or(0, |(_, _, t)| t),
@@ -356,8 +423,9 @@ impl Table {
                 }
                 (Some((vi, vv, _)), None) => (vi, vv, false),
                 (None, Some((fi, fv))) => {
-                    // The window has room but the shard is at its cap with
-                    // every key active: evict the sweep's best victim.
+                    // The chain has room but the table is at `max_keys` and
+                    // no key is in the window: evict the best victim of this
+                    // shard's next sweep ranges.
                     if !evict_elsewhere(shard, &mut cursor, view) {
                         return Inserted::Full { soonest: 0 };
                     }
@@ -369,6 +437,10 @@ impl Table {
             let Some(next) = next else {
                 return Inserted::NotStored(outcome);
             };
+            if grows && !shard.reserve() {
+                // The eviction freed one, but another shard took it: choose again.
+                continue;
+            }
             // AcqRel: as for any insert.
             match shard.slots[at].compare_exchange(
                 expect,
@@ -377,65 +449,47 @@ impl Table {
                 Ordering::Acquire,
             ) {
                 Ok(_) => {
-                    if grows {
-                        // The eviction freed one.
-                        shard.count_insert();
-                    }
                     return Inserted::New {
                         outcome,
                         evicted: true,
                     };
                 }
                 // The victim was checked meanwhile: choose again.
-                Err(_) => continue,
+                Err(_) => {
+                    if grows {
+                        shard.count_removal();
+                    }
+                    continue;
+                }
             }
         }
     }
 
     /// What `insert` would do for the untracked key `h` under `policy`, read
-    /// only: the same scans, without reclaiming or evicting anything. Locks
-    /// the shard only when the key's window has no free slot under the cap.
+    /// only: the same scans in the same order (`scan_chain`, the table's key
+    /// count, the sweep range, `least_time_to_idle`, `evict_elsewhere`'s
+    /// ranges), without reclaiming or evicting anything. Locks the shard
+    /// only when the key's chain has no free slot while the table is under
+    /// `max_keys`. Inserts into other shards may change the count meanwhile
+    /// (as any racing check may change the answer).
     pub(crate) fn room(&self, h: u64, view: &impl StateView, policy: Full) -> Room {
         let (shard, start) = self.locate(h);
         let n = shard.slots.len();
-        let window = PROBE.min(n);
-        let scan = || {
-            // The chain (up to the first empty slot): a free slot, an idle key.
-            let (mut free, mut idle) = (false, false);
-            // The whole window: the least time to idle (the insert's victim).
-            let mut victim: Option<u64> = None;
-            let mut chain = true;
-            let mut i = start;
-            for _ in 0..window {
-                // Acquire: as in `find`.
-                let v = shard.slots[i].load(Ordering::Acquire);
-                match fp_of(v) {
-                    EMPTY => {
-                        free |= chain;
-                        chain = false;
-                    }
-                    TOMB => free |= chain,
-                    _ => {
-                        idle |= chain && view.is_idle(state_of(v));
-                        let ttl = view.time_to_idle(state_of(v));
-                        victim = Some(victim.map_or(ttl, |best| best.min(ttl)));
-                    }
-                }
-                i = if i + 1 == n { 0 } else { i + 1 };
-            }
-            (free, idle, victim)
-        };
-        // Relaxed: a prediction; `len` changes only under the mutex.
-        let under_cap = || shard.len.load(Ordering::Relaxed) < shard.cap;
-        let (free, _, _) = scan();
-        if free && under_cap() {
+        if scan_chain(shard, start, view).free.is_some() && shard.has_room() {
             return Room::Tracked;
         }
         let cursor = lock(&shard.inner);
-        let (free, idle, victim) = scan();
-        if (free && under_cap()) || idle || (free && sweep_finds_idle(shard, *cursor, view)) {
+        let chain = scan_chain(shard, start, view);
+        let free = chain.free.is_some();
+        // `sweep` reports whether the table is under `max_keys` afterwards:
+        // at `max_keys`, whether it reclaimed a key.
+        if (free && shard.has_room())
+            || chain.idle.is_some()
+            || (free && sweep_finds_idle(shard, *cursor, view))
+        {
             return Room::Tracked;
         }
+        let victim = least_time_to_idle(shard, start, chain.ends_in_window, view);
         match (policy, victim, free) {
             (Full::Evict, Some(_), _) => Room::Evict,
             // The insert's sweep moves the cursor on before `evict_elsewhere`.
@@ -446,7 +500,7 @@ impl Table {
             }
             (Full::Evict, _, _) => Room::Full { soonest: 0 },
             (_, victim, _) => Room::Full {
-                soonest: victim.unwrap_or(0),
+                soonest: victim.map_or(0, |(_, _, t)| t),
             },
         }
     }
@@ -519,16 +573,13 @@ impl Table {
 
     /// Keys tracked (idle ones not yet reclaimed included).
     pub(crate) fn len(&self) -> usize {
-        self.shards
-            .iter()
-            // Relaxed: a count for reporting; it publishes nothing.
-            .map(|s| s.len.load(Ordering::Relaxed) as usize)
-            .sum()
+        // Relaxed: a count for reporting; it publishes nothing.
+        self.shards[0].count.len.load(Ordering::Relaxed) as usize
     }
 
     /// The most keys the table tracks.
     pub(crate) fn capacity(&self) -> usize {
-        self.shards.iter().map(|s| s.cap as usize).sum()
+        self.shards[0].count.max as usize
     }
 
     pub(crate) fn shard_count(&self) -> usize {
@@ -543,13 +594,14 @@ impl Table {
             .sum::<usize>()
             + self.shards.len() * std::mem::size_of::<CachePadded<Shard>>()
             + std::mem::size_of::<Self>()
+            + std::mem::size_of::<KeyCount>()
     }
 }
 
-/// The key's slot in its window, and the value seen there.
+/// The key's slot in its chain, and the value seen there.
 #[inline]
 fn find(shard: &Shard, start: usize, fp: u64) -> Option<(&AtomicU128, u128)> {
-    let n = shard.slots.len();
+    let n = shard.main;
     let mut i = start;
     for _ in 0..PROBE.min(n) {
         let slot = &shard.slots[i];
@@ -566,7 +618,93 @@ fn find(shard: &Shard, start: usize, fp: u64) -> Option<(&AtomicU128, u128)> {
         }
         i = if i + 1 == n { 0 } else { i + 1 };
     }
+    find_in_stash(shard, fp)
+}
+
+/// `find` past a full window: the stash (rare, kept out of line).
+#[cold]
+#[inline(never)]
+fn find_in_stash(shard: &Shard, fp: u64) -> Option<(&AtomicU128, u128)> {
+    for slot in &shard.slots[shard.main..] {
+        // Acquire: as in `find`.
+        let v = slot.load(Ordering::Acquire);
+        let f = fp_of(v);
+        if f == fp {
+            return Some((slot, v));
+        }
+        if f == EMPTY {
+            return None;
+        }
+    }
     None
+}
+
+/// What a scan of a key's chain, up to its first empty slot, found (read
+/// only; `insert` decides on it and `room` predicts from it).
+struct ChainScan {
+    /// The first free slot (empty or tombstone), and the value seen there.
+    free: Option<(usize, u128)>,
+    /// The first idle key's slot, and the value seen there.
+    idle: Option<(usize, u128)>,
+    /// The chain ends at an empty slot of the window, short of the stash.
+    ends_in_window: bool,
+}
+
+/// Scans the chain from `start` (the window, then the stash) up to its
+/// first empty slot: no slot beyond it can hold or take the key.
+fn scan_chain(shard: &Shard, start: usize, view: &impl StateView) -> ChainScan {
+    let mut scan = ChainScan {
+        free: None,
+        idle: None,
+        ends_in_window: false,
+    };
+    for i in shard.chain(start) {
+        // Acquire: as in `find`.
+        let v = shard.slots[i].load(Ordering::Acquire);
+        match fp_of(v) {
+            EMPTY => {
+                scan.free.get_or_insert((i, v));
+                scan.ends_in_window = i < shard.main;
+                break;
+            }
+            TOMB => {
+                scan.free.get_or_insert((i, v));
+            }
+            _ => {
+                if scan.idle.is_none() && view.is_idle(state_of(v)) {
+                    scan.idle = Some((i, v));
+                }
+            }
+        }
+    }
+    scan
+}
+
+/// The insert's victim (or a rejected key's `soonest`): among the keys of
+/// the whole window from `start`, and of the stash unless the chain ends in
+/// the window, the one with the least time to idle, the first in scan order
+/// on a tie. Read only.
+fn least_time_to_idle(
+    shard: &Shard,
+    start: usize,
+    ends_in_window: bool,
+    view: &impl StateView,
+) -> Option<(usize, u128, u64)> {
+    let mut victim: Option<(usize, u128, u64)> = None;
+    for i in shard.chain(start) {
+        if ends_in_window && i >= shard.main {
+            break; // the key's chain stops short of the stash
+        }
+        // Acquire: as in `find`.
+        let v = shard.slots[i].load(Ordering::Acquire);
+        if fp_of(v) > TOMB {
+            let ttl = view.time_to_idle(state_of(v));
+            if victim.map_or(true, |(_, _, best)| ttl < best) {
+                victim = Some((i, v, ttl));
+            }
+        }
+    }
+    victim
 }
 
 /// Turns an idle key's slot into a tombstone if it is still `v` (caller holds
@@ -591,8 +729,9 @@ fn evict(shard: &Shard, i: usize, v: u128) -> bool {
     removed
 }
 
-/// At the shard's cap: scans the next `SWEEP` slots from the cursor and
-/// reclaims the idle keys there. Whether the shard is now under its cap.
+/// At `max_keys`: scans the shard's next `SWEEP` slots (main region and
+/// stash alike) from the cursor and reclaims the idle keys there. Whether
+/// the table is now under `max_keys`.
 fn sweep(shard: &Shard, cursor: &mut usize, view: &impl StateView) -> bool {
     let n = shard.slots.len();
     for _ in 0..SWEEP.min(n) {
@@ -604,8 +743,7 @@ fn sweep(shard: &Shard, cursor: &mut usize, view: &impl StateView) -> bool {
             tombstone(shard, i, v, view);
         }
     }
-    // Relaxed: written only under the mutex the caller holds.
-    shard.len.load(Ordering::Relaxed) < shard.cap
+    shard.has_room()
 }
 
 /// Whether `sweep` from `cursor` would reclaim a key (read only).
@@ -627,8 +765,10 @@ fn sweep_finds_active(shard: &Shard, cursor: usize) -> bool {
     })
 }
 
-/// Evicts the key closest to idle among the next `SWEEP` slots from the
-/// cursor. Whether one was removed.
+/// Evicts the key closest to idle among the shard's next `SWEEP` slots from
+/// the cursor (the first in scan order on a tie); a range without a key
+/// moves on to the next, up to `EVICT_ATTEMPTS` ranges. Whether one was
+/// removed.
 fn evict_elsewhere(shard: &Shard, cursor: &mut usize, view: &impl StateView) -> bool {
     let n = shard.slots.len();
     for _attempt in 0..EVICT_ATTEMPTS {
@@ -669,6 +809,8 @@ impl fmt::Debug for Table {
 mod tests {
     //! The table on hand-placed hashes, with a view whose state word *is*
     //! the time to idle (0: idle), so that every scan's choice is visible.
+    //! Every insert of a new key through `put` first asks `room` and checks
+    //! that it predicted what the insert did.
     //! Single-threaded: the direct slot stores and loads use Relaxed.
     use super::*;
 
@@ -683,35 +825,67 @@ mod tests {
         }
     }
 
-    /// A hash whose window starts at slot `start` of a one-shard table of `n`
-    /// slots; `salt` (small) tells keys with the same start apart.
-    fn hash_at(n: usize, start: usize, salt: u64) -> u64 {
-        let base = ((start as u128) << 64).div_ceil(n as u128) as u64;
-        let h = base + 2 + salt;
-        assert_eq!(((u128::from(h) * n as u128) >> 64) as usize, start);
+    /// Every key active, never idle: nothing can be reclaimed.
+    struct Active;
+    impl StateView for Active {
+        fn is_idle(&self, _: u64) -> bool {
+            false
+        }
+        fn time_to_idle(&self, _: u64) -> u64 {
+            1
+        }
+    }
+
+    /// A hash of shard `shard` whose window starts at slot `start` of that
+    /// shard's main region; `salt` (small) tells keys with the same start
+    /// apart.
+    fn hash_at(t: &Table, shard: usize, start: usize, salt: u64) -> u64 {
+        let main = t.shards[shard].main;
+        let base = ((start as u128) << 64).div_ceil(main as u128) as u64;
+        let mut h = base + 2 + salt * (t.shard_mask + 1);
+        while h & t.shard_mask != shard as u64 {
+            h += 1;
+        }
+        assert_eq!(((u128::from(h) * main as u128) >> 64) as usize, start);
         h
     }
 
-    /// Inserts the key `h` with state `ttl` (a step that stores `ttl`).
+    /// Inserts the new key `h` with state `ttl` (a step that stores `ttl`),
+    /// after checking that `room` predicts what the insert does.
     fn put(t: &Table, h: u64, ttl: u64, policy: Full) -> Inserted<()> {
-        t.insert(h, &mut |_| ((), Some(ttl)), &Ttl, policy)
+        let predicted = t.room(h, &Ttl, policy);
+        let got = t.insert(h, &mut |_| ((), Some(ttl)), &Ttl, policy);
+        let did = match got {
+            Inserted::New { evicted: false, .. } => Room::Tracked,
+            Inserted::New { evicted: true, .. } => Room::Evict,
+            Inserted::Full { soonest } => Room::Full { soonest },
+            Inserted::Existing(()) | Inserted::NotStored(()) => panic!("not a new key's insert"),
+        };
+        assert_eq!(predicted, did, "room vs insert of {h:x} ({policy:?})");
+        got
     }
 
     fn state(t: &Table, h: u64) -> Option<u64> {
         t.update(h, &mut |s| (s, None))
     }
 
-    fn slots(t: &Table) -> usize {
-        t.shards[0].slots.len()
+    /// The fingerprint in slot `i` of shard 0.
+    fn fp_at(t: &Table, i: usize) -> u64 {
+        fp_of(t.shards[0].slots[i].load(Ordering::Relaxed))
     }
 
-    /// 100 keys in one shard of 134 slots, homed at slots 34..134 (one each,
-    /// so each sits at its home); key `i` has time to idle `ttl(i)`.
-    fn packed(ttl: impl Fn(usize) -> u64) -> (Table, Vec<u64>) {
+    /// A one-shard table for 100 keys: 150 slots, the last 6 the stash.
+    fn hundred() -> Table {
         let t = Table::new(100, 1);
-        let n = slots(&t);
-        assert_eq!(n, 134);
-        let keys: Vec<u64> = (0..100).map(|i| hash_at(n, 34 + i, 0)).collect();
+        assert_eq!((t.shards[0].main, t.shards[0].slots.len()), (144, 150));
+        t
+    }
+
+    /// 100 keys in one shard, homed at slots 44..144 of the main region (one
+    /// each, so each sits at its home); key `i` has time to idle `ttl(i)`.
+    fn packed(ttl: impl Fn(usize) -> u64) -> (Table, Vec<u64>) {
+        let t = hundred();
+        let keys: Vec<u64> = (0..100).map(|i| hash_at(&t, 0, 44 + i, 0)).collect();
         for (i, &h) in keys.iter().enumerate() {
             assert!(matches!(
                 put(&t, h, ttl(i), Full::Reject),
@@ -723,72 +897,81 @@ mod tests {
     }
 
     #[test]
-    fn at_the_cap_a_free_window_still_rejects_or_evicts_elsewhere() {
-        let (t, keys) = packed(|i| 1000 + i as u64);
-        let newcomer = hash_at(slots(&t), 0, 0);
+    fn at_max_keys_a_free_window_still_rejects_or_evicts_elsewhere() {
+        // Key 99 has the least time to idle of all, outside the range the
+        // eviction scans.
+        let (t, keys) = packed(|i| 1100 - i as u64);
+        let newcomer = hash_at(&t, 0, 0, 0);
         assert_eq!(
             t.room(newcomer, &Ttl, Full::Reject),
             Room::Full { soonest: 0 }
         );
         assert_eq!(t.room(newcomer, &Ttl, Full::Evict), Room::Evict);
-        // The newcomer's window (slots 0..32) is empty, but the shard is at
-        // its cap of active keys: rejected, told of no key in its window.
+        // The newcomer's window (slots 0..32) is empty, but the table is at
+        // `max_keys`, all active: rejected, told of no key in its window.
         assert!(matches!(
             put(&t, newcomer, 5, Full::Reject),
             Inserted::Full { soonest: 0 }
         ));
         assert!(matches!(
             put(&t, newcomer, 5, Full::Untracked),
-            Inserted::Full { .. }
+            Inserted::Full { soonest: 0 }
         ));
         assert_eq!(t.len(), 100);
         assert_eq!(state(&t, newcomer), None);
         // Evicting: the sweeps (cursor at 0 + 2 * 64 = 128 after the two
-        // rejections' sweeps, then the eviction's own sweep 128..134, 0..58)
-        // leave the eviction scanning slots 58..122: keys 24..88. The least
-        // time to idle there is key 24's.
+        // rejections' sweeps, then the eviction's own sweep 128..150, 0..42,
+        // the stash included) leave the eviction scanning slots 42..106:
+        // keys 0..62. The least time to idle there is key 61's.
         assert!(matches!(
             put(&t, newcomer, 5, Full::Evict),
             Inserted::New { evicted: true, .. }
         ));
         assert_eq!(t.len(), 100);
         assert_eq!(state(&t, newcomer), Some(5));
-        assert_eq!(state(&t, keys[24]), None, "key 24 evicted");
+        assert_eq!(state(&t, keys[61]), None, "key 61 evicted");
         assert!(keys
             .iter()
             .enumerate()
-            .all(|(i, &h)| (i == 24) == state(&t, h).is_none()));
+            .all(|(i, &h)| (i == 61) == state(&t, h).is_none()));
     }
 
     #[test]
     fn evict_elsewhere_takes_the_least_time_to_idle_in_its_range_and_wraps() {
-        let t = Table::new(100, 1);
+        let t = hundred();
         let shard = &*t.shards[0];
         let n = shard.slots.len();
-        // Keys at every slot but 0..4, time to idle 100 + slot, except slot
-        // 130 (20) and slot 10 (10) and slot 60 (1, outside the range).
+        // Keys at every slot but 0..4 (the stash's 144..150 included), time
+        // to idle 100 + slot, except slot 146 (20, in the stash), slots 10
+        // and 20 (10: a tie, the first in scan order goes) and slot 60 (1,
+        // outside the range).
         let _g = lock(&shard.inner);
         for i in 4..n {
             let ttl = match i {
-                130 => 20,
-                10 => 10,
+                146 => 20,
+                10 | 20 => 10,
                 60 => 1,
                 _ => 100 + i as u64,
             };
             shard.slots[i].store(pack(1000 + i as u64, ttl), Ordering::Relaxed);
         }
-        shard.len.store((n - 4) as u64, Ordering::Relaxed);
-        // From 120, the range wraps: 120..134 and 0..50.
+        shard.count.len.store(100, Ordering::Relaxed);
+        // From 120, the range wraps: 120..150 and 0..34.
         let mut cursor = 120;
         assert!(evict_elsewhere(shard, &mut cursor, &Ttl));
         assert_eq!(cursor, (120 + SWEEP) % n);
-        assert_eq!(fp_of(shard.slots[10].load(Ordering::Relaxed)), TOMB);
-        assert_eq!(fp_of(shard.slots[130].load(Ordering::Relaxed)), 1130);
-        assert_eq!(shard.len.load(Ordering::Relaxed), (n - 5) as u64);
-        // Next range 50..114: slot 60.
+        assert_eq!(fp_at(&t, 10), TOMB);
+        assert_eq!(fp_at(&t, 146), 1146);
+        assert_eq!(fp_at(&t, 20), 1020);
+        assert_eq!(t.len(), 99);
+        // Next range 34..98: slot 60.
         assert!(evict_elsewhere(shard, &mut cursor, &Ttl));
-        assert_eq!(fp_of(shard.slots[60].load(Ordering::Relaxed)), TOMB);
-        assert_eq!(cursor, (50 + SWEEP) % n);
+        assert_eq!(fp_at(&t, 60), TOMB);
+        assert_eq!(cursor, (34 + SWEEP) % n);
+        assert_eq!(t.len(), 98);
+        // Next range 98..150 and 0..12: slot 146, in the stash.
+        assert!(evict_elsewhere(shard, &mut cursor, &Ttl));
+        assert_eq!(fp_at(&t, 146), TOMB);
         // A range with only tombstones and empties: the next ranges are
         // tried, up to four of them.
         for i in 0..n {
@@ -797,20 +980,21 @@ mod tests {
             }
         }
         shard.slots[3].store(pack(7, 9), Ordering::Relaxed);
-        let mut cursor = 4; // 4..68, 68..132, 132..134 + 0..62 (slot 3)
+        let mut cursor = 4; // 4..68, 68..132, 132..150 + 0..46 (slot 3)
         assert!(evict_elsewhere(shard, &mut cursor, &Ttl));
-        assert_eq!(fp_of(shard.slots[3].load(Ordering::Relaxed)), TOMB);
+        assert_eq!(fp_at(&t, 3), TOMB);
         assert!(!evict_elsewhere(shard, &mut cursor, &Ttl), "nothing left");
     }
 
     #[test]
     fn the_victim_is_the_least_time_to_idle_first_in_probe_order() {
         let t = Table::new(4, 1);
-        let n = slots(&t); // 6 slots: every window covers the shard
-        let a = hash_at(n, 1, 0);
-        let b = hash_at(n, 1, 1);
-        let c = hash_at(n, 1, 2);
-        let d = hash_at(n, 1, 3);
+        // 6 slots, no stash: every window covers the shard.
+        assert_eq!((t.shards[0].main, t.shards[0].slots.len()), (6, 6));
+        let a = hash_at(&t, 0, 1, 0);
+        let b = hash_at(&t, 0, 1, 1);
+        let c = hash_at(&t, 0, 1, 2);
+        let d = hash_at(&t, 0, 1, 3);
         for (h, ttl) in [(a, 30), (b, 10), (c, 10), (d, 20)] {
             assert!(matches!(
                 put(&t, h, ttl, Full::Evict),
@@ -818,7 +1002,7 @@ mod tests {
             ));
         }
         // Rejected: retry when the first key goes idle (10).
-        let e = hash_at(n, 1, 4);
+        let e = hash_at(&t, 0, 1, 4);
         assert!(matches!(
             put(&t, e, 1, Full::Reject),
             Inserted::Full { soonest: 10 }
@@ -833,7 +1017,7 @@ mod tests {
         assert_eq!(t.len(), 4);
         // An idle key's slot is reused without eviction, count unchanged.
         assert_eq!(t.update(d, &mut |_| ((), Some(0))), Some(()));
-        let f = hash_at(n, 1, 5);
+        let f = hash_at(&t, 0, 1, 5);
         assert!(matches!(
             put(&t, f, 3, Full::Reject),
             Inserted::New { evicted: false, .. }
@@ -851,8 +1035,7 @@ mod tests {
     #[test]
     fn room_predicts_insert() {
         let t = Table::new(4, 1);
-        let n = slots(&t);
-        let keys: Vec<u64> = (0..6).map(|i| hash_at(n, 2, i)).collect();
+        let keys: Vec<u64> = (0..6).map(|i| hash_at(&t, 0, 2, i)).collect();
         for &h in &keys[..3] {
             assert_eq!(t.room(h, &Ttl, Full::Reject), Room::Tracked);
             let _ = put(&t, h, 7, Full::Reject);
@@ -873,6 +1056,233 @@ mod tests {
     }
 
     #[test]
+    fn a_full_window_overflows_into_the_stash_whose_keys_are_victims_too() {
+        let t = hundred();
+        let home0 = |salt| hash_at(&t, 0, 0, salt);
+        // 32 keys homed at slot 0 fill its window (slots 0..32).
+        for s in 0..32 {
+            assert!(matches!(
+                put(&t, home0(s), 500 + s, Full::Reject),
+                Inserted::New { evicted: false, .. }
+            ));
+        }
+        // The next 6 go to the stash (slots 144..150), though the table has
+        // room: the one at 147 has the least time to idle of all.
+        let stashed: Vec<u64> = (32..38).map(home0).collect();
+        for (j, &h) in stashed.iter().enumerate() {
+            let ttl = if j == 3 { 50 } else { 400 + j as u64 };
+            assert!(matches!(
+                put(&t, h, ttl, Full::Reject),
+                Inserted::New { evicted: false, .. }
+            ));
+            assert_eq!(fp_at(&t, 144 + j), fingerprint(h));
+        }
+        assert_eq!(t.len(), 38);
+        // Window and stash full of active keys, 62 keys under `max_keys`:
+        // the victim (and the retry time) comes from the stash.
+        let x = home0(38);
+        assert!(matches!(
+            put(&t, x, 7, Full::Reject),
+            Inserted::Full { soonest: 50 }
+        ));
+        assert!(matches!(
+            put(&t, x, 7, Full::Untracked),
+            Inserted::Full { soonest: 50 }
+        ));
+        assert!(matches!(
+            put(&t, x, 7, Full::Evict),
+            Inserted::New { evicted: true, .. }
+        ));
+        assert_eq!(state(&t, stashed[3]), None);
+        assert_eq!(fp_at(&t, 147), fingerprint(x));
+        assert_eq!(state(&t, x), Some(7));
+        assert_eq!(t.len(), 38);
+        // An idle key in the stash is replaced in place, the count unchanged.
+        let _ = t.update(stashed[0], &mut |_| ((), Some(0)));
+        let z = home0(39);
+        assert!(matches!(
+            put(&t, z, 8, Full::Reject),
+            Inserted::New { evicted: false, .. }
+        ));
+        assert_eq!(fp_at(&t, 144), fingerprint(z));
+        assert_eq!(t.len(), 38);
+        // Fill the table: 62 keys at slots 40..102, time to idle 1000 on.
+        let rest: Vec<u64> = (0..62).map(|j| hash_at(&t, 0, 40 + j, 0)).collect();
+        for (j, &h) in rest.iter().enumerate() {
+            assert!(matches!(
+                put(&t, h, 1000 + j as u64, Full::Reject),
+                Inserted::New { evicted: false, .. }
+            ));
+        }
+        assert_eq!(t.len(), 100);
+        // A key homed at 34: its chain ends at the empty slot 34, so the
+        // stash (times to idle 7 and 8 there) is not its: the least time to
+        // idle of its window (34..66) is the key at slot 40's.
+        let y = hash_at(&t, 0, 34, 0);
+        assert!(matches!(
+            put(&t, y, 9, Full::Reject),
+            Inserted::Full { soonest: 1000 }
+        ));
+        assert!(matches!(
+            put(&t, y, 9, Full::Evict),
+            Inserted::New { evicted: true, .. }
+        ));
+        assert_eq!(state(&t, rest[0]), None);
+        assert_eq!(fp_at(&t, 34), fingerprint(y));
+        assert_eq!((state(&t, x), state(&t, z)), (Some(7), Some(8)));
+        assert_eq!(t.len(), 100);
+    }
+
+    /// Replaces the per-shard caps' tests: `max_keys` counts the keys of the
+    /// whole table, a shard holds more than its share, and a shard with free
+    /// slots still finds the table full.
+    #[test]
+    fn the_key_count_is_shared_by_the_shards() {
+        let t = Table::new(8, 2);
+        for s in t.shards.iter() {
+            assert_eq!((s.main, s.slots.len()), (6, 6)); // a share of 4 keys
+        }
+        // Six keys in shard 0, more than its share: all tracked.
+        let first: Vec<u64> = (0..6).map(|i| hash_at(&t, 0, 0, i)).collect();
+        for (i, &h) in first.iter().enumerate() {
+            assert!(matches!(
+                put(&t, h, 10 + i as u64, Full::Reject),
+                Inserted::New { evicted: false, .. }
+            ));
+        }
+        // Shard 0 is full of active keys though the table has room.
+        assert!(matches!(
+            put(&t, hash_at(&t, 0, 0, 6), 1, Full::Reject),
+            Inserted::Full { soonest: 10 }
+        ));
+        let second: Vec<u64> = (0..2).map(|i| hash_at(&t, 1, 0, i)).collect();
+        for (&h, ttl) in second.iter().zip([30, 20]) {
+            assert!(matches!(
+                put(&t, h, ttl, Full::Reject),
+                Inserted::New { evicted: false, .. }
+            ));
+        }
+        assert_eq!(t.len(), 8);
+        // Shard 1 has four free slots, but the table is at `max_keys`: the
+        // retry time and the victim come from the key's own window.
+        let w = hash_at(&t, 1, 0, 2);
+        assert!(matches!(
+            put(&t, w, 40, Full::Reject),
+            Inserted::Full { soonest: 20 }
+        ));
+        assert!(matches!(
+            put(&t, w, 40, Full::Untracked),
+            Inserted::Full { soonest: 20 }
+        ));
+        assert!(matches!(
+            put(&t, w, 40, Full::Evict),
+            Inserted::New { evicted: true, .. }
+        ));
+        assert_eq!(state(&t, second[1]), None);
+        assert!(first.iter().all(|&h| state(&t, h).is_some()));
+        assert_eq!(t.len(), 8);
+        // An idle key in shard 0 is not reclaimed by an insert into shard 1
+        // (the sweep stays in its shard)...
+        let _ = t.update(first[2], &mut |_| ((), Some(0)));
+        let v = hash_at(&t, 1, 0, 3);
+        assert!(matches!(
+            put(&t, v, 50, Full::Reject),
+            Inserted::Full { soonest: 30 }
+        ));
+        // ...until an insert into shard 0 or `retain_active` reclaims it.
+        assert_eq!(t.retain_active(&Ttl), 1);
+        assert_eq!(t.len(), 7);
+        assert!(matches!(
+            put(&t, v, 50, Full::Reject),
+            Inserted::New { evicted: false, .. }
+        ));
+        assert_eq!(t.len(), 8);
+    }
+
+    /// With one key count, a table can be full of other shards' keys: a new
+    /// key whose shard holds nothing to evict finds no room even when
+    /// evicting (`room` predicts it: `put` checks).
+    #[test]
+    fn a_shard_with_nothing_to_evict_rejects_when_other_shards_fill_the_table() {
+        let t = Table::new(2, 2);
+        for s in t.shards.iter() {
+            assert_eq!((s.main, s.slots.len()), (2, 2));
+        }
+        for i in 0..2 {
+            assert!(matches!(
+                put(&t, hash_at(&t, 0, 0, i), 10, Full::Evict),
+                Inserted::New { evicted: false, .. }
+            ));
+        }
+        let newcomer = hash_at(&t, 1, 0, 0);
+        for policy in [Full::Evict, Full::Reject, Full::Untracked] {
+            assert!(matches!(
+                put(&t, newcomer, 5, policy),
+                Inserted::Full { soonest: 0 }
+            ));
+        }
+        assert_eq!((t.len(), state(&t, newcomer)), (2, None));
+    }
+
+    /// `evict_elsewhere` looks at four 64-slot ranges after the sweep's,
+    /// then gives up until the next insert; `room` predicts from the same
+    /// cursor (a shard larger than the four ranges tells the start apart).
+    #[test]
+    fn evicting_elsewhere_starts_where_the_sweep_left_the_cursor() {
+        let t = Table::new(1200, 4);
+        let n = t.shards[3].slots.len();
+        let main = t.shards[3].main;
+        assert!(n > 5 * SWEEP && main > 400, "{main} + {}", n - main);
+        // The one key of shard 3, at slot 10.
+        let k = hash_at(&t, 3, 10, 0);
+        let _ = put(&t, k, 1000, Full::Reject);
+        // The other shards fill the table.
+        for i in 0..1199 {
+            let h = hash_at(&t, i / 400, i % 400, 0);
+            assert!(matches!(
+                put(&t, h, 1000, Full::Reject),
+                Inserted::New { evicted: false, .. }
+            ));
+        }
+        assert_eq!(t.len(), 1200);
+        // The sweep takes 0..64, the eviction 64..320: slot 10 is not there.
+        let newcomer = hash_at(&t, 3, 200, 0);
+        assert!(matches!(
+            put(&t, newcomer, 5, Full::Evict),
+            Inserted::Full { soonest: 0 }
+        ));
+        assert_eq!(state(&t, k), Some(1000));
+        // Next time the sweep takes 320..384 and the eviction starts at 384,
+        // wrapping to slot 10.
+        assert!(matches!(
+            put(&t, newcomer, 5, Full::Evict),
+            Inserted::New { evicted: true, .. }
+        ));
+        assert_eq!((state(&t, k), state(&t, newcomer)), (None, Some(5)));
+        assert_eq!(t.len(), 1200);
+    }
+
+    /// The exact scope of docs/design.md and tests/keyed_table_props.rs: a
+    /// one-shard table of up to 22 keys has a main region of at most `PROBE`
+    /// slots (every window covers it) and at most `SWEEP` slots in all
+    /// (every sweep covers the shard); 23 keys do not.
+    #[test]
+    fn one_shard_of_up_to_22_keys_is_covered_by_every_window_and_sweep() {
+        for k in 1..=23 {
+            let t = Table::new(k, 1);
+            let s = &t.shards[0];
+            let covered = s.main <= PROBE && s.slots.len() <= SWEEP;
+            assert_eq!(
+                covered,
+                k <= 22,
+                "{k} keys: {} + {}",
+                s.main,
+                s.slots.len() - s.main
+            );
+        }
+    }
+
+    #[test]
     fn memory_and_capacity_add_up_over_shards() {
         let t = Table::new(10, 4);
         assert_eq!(t.capacity(), 10);
@@ -880,5 +1290,46 @@ mod tests {
         let slots: usize = t.shards.iter().map(|s| s.slots.len()).sum();
         assert!(t.memory_bytes() >= slots * 16 + 4 * std::mem::size_of::<CachePadded<Shard>>());
         assert!(fingerprint(0) > TOMB && fingerprint(1) > TOMB && fingerprint(7) == 7);
+    }
+
+    /// A full table (as many random keys as `max_keys`) fits, and its
+    /// stashes stay far from full: the margin behind the `max_keys` promise.
+    #[test]
+    fn a_full_table_fits_with_its_stashes_mostly_empty() {
+        let n = 100_000;
+        let t = Table::new(n, 64);
+        let mut x = 0x1234_5678_u64;
+        for _ in 0..n {
+            // splitmix64: distinct, well-spread hashes.
+            x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut h = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            h = (h ^ (h >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            h ^= h >> 31;
+            let r = t.insert(h, &mut |_| ((), Some(7)), &Active, Full::Reject);
+            assert!(
+                matches!(r, Inserted::New { evicted: false, .. }),
+                "key {h:x} did not fit"
+            );
+        }
+        assert_eq!(t.len(), n);
+        assert!(t.memory_bytes() <= 24 * n, "{} bytes", t.memory_bytes());
+        for shard in t.shards.iter() {
+            let stash = &shard.slots[shard.main..];
+            // Acquire: as in `find` (no other thread here).
+            let used = stash
+                .iter()
+                .filter(|s| fp_of(s.load(Ordering::Acquire)) > TOMB)
+                .count();
+            assert!(
+                used * 2 <= stash.len(),
+                "stash {used} of {} used",
+                stash.len()
+            );
+        }
+        // One more key: the table is at max_keys.
+        assert!(matches!(
+            t.insert(1 << 40, &mut |_| ((), Some(7)), &Active, Full::Reject),
+            Inserted::Full { .. }
+        ));
     }
 }
