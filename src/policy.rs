@@ -1082,6 +1082,7 @@ mod tests {
     fn each_policy_builds_its_own_algorithm_and_limits_at_its_limit() {
         for policy in all_policies() {
             let l = KeyedPolicyLimiter::<u8, _>::builder(policy)
+                .max_keys(64)
                 .clock(ManualClock::new())
                 .build()
                 .unwrap();
@@ -1156,7 +1157,10 @@ mod tests {
         for (policy, err) in bad {
             assert_eq!(policy.validate(), Err(err.clone()), "{policy:?}");
             assert_eq!(
-                KeyedPolicyLimiter::<u8>::new(policy).unwrap_err(),
+                KeyedPolicyLimiter::<u8>::builder(policy)
+                    .max_keys(64)
+                    .build()
+                    .unwrap_err(),
                 err,
                 "{policy:?}"
             );
@@ -1187,6 +1191,7 @@ mod tests {
         for policy in all_policies() {
             let clock = ManualClock::new();
             let l = KeyedPolicyLimiter::<u8, _>::builder(policy)
+                .max_keys(64)
                 .clock(clock.clone())
                 .build()
                 .unwrap();
