@@ -234,12 +234,12 @@ pub fn check_all_n<C: Clock>(
         let d = match limit.take_at(now, n) {
             Ok(d) => d,
             Err(e) => {
-                roll_back(&limits[..i], took, now, n);
+                roll_back(limits[..i].iter().map(|l| (*l, n)), took, now);
                 return Err(e);
             }
         };
         if !d.is_allowed() {
-            roll_back(&limits[..i], took, now, n);
+            roll_back(limits[..i].iter().map(|l| (*l, n)), took, now);
             // Report the most restrictive limit, as seen after the rollback.
             let mut worst = d;
             for (j, other) in limits.iter().enumerate() {
@@ -252,8 +252,8 @@ pub fn check_all_n<C: Clock>(
             return Ok(worst);
         }
         // Limits past the 64th are not in the mask: `roll_back` gives their
-        // units back unconditionally (a no-op for an untracked key, exact
-        // for everything else).
+        // units back whenever they were charged (a no-op for an untracked
+        // key, exact for everything else).
         if i < 64 && n > 0 && matches!(d.tracking(), Tracking::Tracked | Tracking::EvictedOther) {
             took |= 1 << i;
         }
@@ -265,11 +265,18 @@ pub fn check_all_n<C: Clock>(
     Ok(combined.unwrap_or(Decision::allow(u64::MAX, u64::MAX, 0)))
 }
 
-/// Gives back what the limits before the denial took, latest first.
+/// Gives back what the limits before the denial took, latest first, each
+/// its own cost: the first 64 if their bit in `took` is set, the rest
+/// whenever they were charged (their units are not in the mask).
 #[cold]
-fn roll_back<C: Clock>(limits: &[&dyn Limit<C>], took: u64, now: u64, n: u64) {
-    for (i, limit) in limits.iter().enumerate().rev() {
-        if i >= 64 || took & (1 << i) != 0 {
+fn roll_back<'a, C: Clock + 'a>(
+    limits: impl DoubleEndedIterator<Item = (&'a dyn Limit<C>, u64)> + ExactSizeIterator,
+    took: u64,
+    now: u64,
+) {
+    for (i, (limit, n)) in limits.enumerate().rev() {
+        let taken = if i < 64 { took & (1 << i) != 0 } else { n > 0 };
+        if taken {
             limit.give_back_at(now, n);
         }
     }
@@ -338,12 +345,12 @@ pub fn check_each<C: Clock>(
         let d = match limit.take_at(now, *n) {
             Ok(d) => d,
             Err(e) => {
-                roll_back_each(&limits[..i], took, now);
+                roll_back(limits[..i].iter().copied(), took, now);
                 return Err(e);
             }
         };
         if !d.is_allowed() {
-            roll_back_each(&limits[..i], took, now);
+            roll_back(limits[..i].iter().copied(), took, now);
             for (j, slot) in decisions.iter_mut().enumerate().take(limits.len()) {
                 *slot = if j == i {
                     Some(d)
@@ -362,16 +369,4 @@ pub fn check_each<C: Clock>(
         }
     }
     Ok(true)
-}
-
-/// Gives back what the limits before the denial took, latest first, each
-/// its own cost.
-#[cold]
-fn roll_back_each<C: Clock>(limits: &[(&dyn Limit<C>, u64)], took: u64, now: u64) {
-    for (i, (limit, n)) in limits.iter().enumerate().rev() {
-        let taken = if i < 64 { took & (1 << i) != 0 } else { *n > 0 };
-        if taken {
-            limit.give_back_at(now, *n);
-        }
-    }
 }
