@@ -370,3 +370,111 @@ pub fn check_each<C: Clock>(
     }
     Ok(true)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use std::cell::RefCell;
+
+    /// A limit with a set answer that records every unit count it is given
+    /// back: the rollback seen from inside, which the public limits cannot
+    /// show (giving back to an untracked key or 0 units changes nothing).
+    struct Scripted {
+        answer: Decision,
+        given_back: RefCell<Vec<u64>>,
+    }
+
+    impl Scripted {
+        fn new(answer: Decision) -> Self {
+            Self {
+                answer,
+                given_back: RefCell::new(Vec::new()),
+            }
+        }
+        fn allows(tracking: Tracking) -> Self {
+            Self::new(Decision::allow(10, 5, 0).with_tracking(tracking))
+        }
+        fn denies() -> Self {
+            Self::new(Decision::deny(10, 0, 1, 1))
+        }
+        fn given_back(&self) -> Vec<u64> {
+            self.given_back.borrow().clone()
+        }
+    }
+
+    impl Sealed for Scripted {}
+
+    impl Limit<ManualClock> for Scripted {
+        fn read_clock(&self) -> u64 {
+            0
+        }
+        fn take_at(&self, _: u64, _: u64) -> Result<Decision, InsufficientCapacity> {
+            Ok(self.answer)
+        }
+        fn peek_at(&self, _: u64, _: u64) -> Result<Decision, InsufficientCapacity> {
+            Ok(self.answer)
+        }
+        fn give_back_at(&self, _: u64, n: u64) {
+            self.given_back.borrow_mut().push(n);
+        }
+        fn capacity(&self) -> u64 {
+            u64::MAX
+        }
+    }
+
+    /// Each limit of the first 64 is given back what it took only if it
+    /// tracked it: not an untracked allow, not a cost of 0.
+    #[test]
+    fn the_rollback_gives_back_only_what_was_tracked() {
+        let tracked = Scripted::allows(Tracking::Tracked);
+        let evicted = Scripted::allows(Tracking::EvictedOther);
+        let untracked = Scripted::allows(Tracking::Untracked);
+        let denies = Scripted::denies();
+        let limits: [&dyn Limit<ManualClock>; 4] = [&tracked, &untracked, &evicted, &denies];
+        assert!(!check_all_n(&limits, 3).unwrap().is_allowed());
+        assert_eq!(tracked.given_back(), [3]);
+        assert_eq!(evicted.given_back(), [3]);
+        assert_eq!(untracked.given_back(), Vec::<u64>::new());
+
+        let free = Scripted::allows(Tracking::Tracked);
+        let paid = Scripted::allows(Tracking::Tracked);
+        let mut decisions = [None; 3];
+        let each = [(&free as &dyn Limit<_>, 0), (&paid, 2), (&denies, 1)];
+        assert!(!check_each(&each, &mut decisions).unwrap());
+        assert_eq!(free.given_back(), Vec::<u64>::new());
+        assert_eq!(paid.given_back(), [2]);
+        assert!(check_all_n(&[&free as &dyn Limit<_>, &denies], 0).is_ok());
+        assert_eq!(free.given_back(), Vec::<u64>::new());
+    }
+
+    /// Past the 64th limit there is no mask bit: a limit is given back its
+    /// cost whenever it was charged one, and nothing for a cost of 0.
+    #[test]
+    fn past_64_limits_every_charged_limit_is_given_back_its_own_cost() {
+        let allows: Vec<Scripted> = (0..70)
+            .map(|_| Scripted::allows(Tracking::Tracked))
+            .collect();
+        let denies = Scripted::denies();
+        let mut limits: Vec<&dyn Limit<ManualClock>> = allows.iter().map(|l| l as _).collect();
+        limits.push(&denies);
+        assert!(!check_all_n(&limits, 2).unwrap().is_allowed());
+        assert!(allows.iter().all(|l| l.given_back() == [2]));
+
+        let allows: Vec<Scripted> = (0..70)
+            .map(|_| Scripted::allows(Tracking::Tracked))
+            .collect();
+        let mut each: Vec<(&dyn Limit<ManualClock>, u64)> = allows
+            .iter()
+            .enumerate()
+            .map(|(i, l)| (l as _, (i % 2) as u64))
+            .collect();
+        each.push((&denies, 1));
+        let mut decisions = vec![None; each.len()];
+        assert!(!check_each(&each, &mut decisions).unwrap());
+        for (i, l) in allows.iter().enumerate() {
+            let expected: &[u64] = if i % 2 == 1 { &[1] } else { &[] };
+            assert_eq!(l.given_back(), expected, "limit {i}");
+        }
+    }
+}
