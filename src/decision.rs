@@ -225,8 +225,8 @@ impl Decision {
         ceil_secs(self.retry_after_ns)
     }
 
-    /// `reset_after` in whole seconds, rounded up: the `t` of the `RateLimit`
-    /// header, or `X-RateLimit-Reset` as a delta.
+    /// `reset_after` in whole seconds, rounded up: `X-RateLimit-Reset` as a
+    /// delta, and the `t` of the `RateLimit` header when allowed.
     ///
     /// ```
     /// # use ratewall::{ManualClock, Rate, TokenBucket};
@@ -281,7 +281,15 @@ impl Decision {
 
     /// The value of the `RateLimit` header field of
     /// draft-ietf-httpapi-ratelimit-headers-10 for a policy named `policy`:
-    /// `"policy";r=<remaining>;t=<reset_after_secs>`.
+    /// `"policy";r=<remaining>;t=<seconds>`.
+    ///
+    /// `t` is when the quota the client sees next is available: for an
+    /// allowed decision [`reset_after_secs`](Self::reset_after_secs) (when
+    /// `remaining` is back to full), for a denial
+    /// [`retry_after_secs`](Self::retry_after_secs) (when the same request
+    /// can pass, the `Retry-After` of the 429). A denied token bucket is
+    /// full again only long after a retry can pass, so `t` is never later
+    /// than the `Retry-After` sent with it.
     ///
     /// The name becomes an RFC 9651 structured-field string: `"` and `\` are
     /// escaped (`\"`, `\\`), and a name with any other character outside
@@ -297,6 +305,12 @@ impl Decision {
     /// assert_eq!(d.ratelimit_header("default").unwrap(), "\"default\";r=59;t=1");
     /// assert_eq!(d.ratelimit_header("a\"b").unwrap(), "\"a\\\"b\";r=59;t=1");
     /// assert!(d.ratelimit_header("a\r\nSet-Cookie: x=1").is_err());
+    /// for _ in 0..59 {
+    ///     let _ = bucket.check();
+    /// }
+    /// let denied = bucket.check();
+    /// assert_eq!(denied.reset_after_secs(), 60);
+    /// assert_eq!(denied.ratelimit_header("default").unwrap(), "\"default\";r=0;t=1");
     /// ```
     pub fn ratelimit_header(&self, policy: &str) -> Result<String, InvalidPolicyName> {
         let mut out = String::with_capacity(policy.len() + 32);
@@ -324,9 +338,21 @@ impl Decision {
             out,
             ";r={};t={}",
             self.remaining().min(SF_INTEGER_MAX),
-            self.reset_after_secs().min(SF_INTEGER_MAX)
+            self.ratelimit_t_secs().min(SF_INTEGER_MAX)
         );
         Ok(out)
+    }
+
+    /// The `t` of a `RateLimit` item (see [`Self::ratelimit_header`]):
+    /// `reset_after_secs` when allowed, `retry_after_secs` (at least 1)
+    /// when denied.
+    #[inline]
+    pub(crate) fn ratelimit_t_secs(&self) -> u64 {
+        if self.is_allowed() {
+            self.reset_after_secs()
+        } else {
+            self.retry_after_secs()
+        }
     }
 
     /// Combines two decisions into the most restrictive one: denied if either

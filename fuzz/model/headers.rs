@@ -169,7 +169,16 @@ pub fn run_headers(data: &[u8]) {
                 assert_eq!(&parsed, name, "{value:?}");
                 let want = vec![
                     ("r".to_string(), d.remaining().min(SF_INT_MAX)),
-                    ("t".to_string(), d.reset_after_secs().min(SF_INT_MAX)),
+                    // `t`: time to full when allowed, the retry wait when denied.
+                    (
+                        "t".to_string(),
+                        if d.is_allowed() {
+                            d.reset_after_secs()
+                        } else {
+                            d.retry_after_secs()
+                        }
+                        .min(SF_INT_MAX),
+                    ),
                 ];
                 assert_eq!(params, want, "{value:?} for {d:?}");
             }

@@ -144,7 +144,7 @@ impl Buf {
         self.bytes(prefix);
         self.num(sf_int(d.remaining()));
         self.bytes(b";t=");
-        self.num(sf_int(t_secs(d)));
+        self.num(sf_int(d.ratelimit_t_secs()));
     }
 
     /// A `RateLimit` item: `"name";r=<remaining>;t=<secs>`.
@@ -156,7 +156,7 @@ impl Buf {
         self.bytes(b"\";r=");
         self.num(sf_int(d.remaining()));
         self.bytes(b";t=");
-        self.num(sf_int(t_secs(d)));
+        self.num(sf_int(d.ratelimit_t_secs()));
     }
 
     /// The header value. Only digits, ASCII punctuation and validated
@@ -182,22 +182,12 @@ pub(crate) fn window_secs(policy: &Policy) -> u64 {
     secs.max(1)
 }
 
-/// `t` of one decision (see the module docs).
-#[inline]
-pub(crate) fn t_secs(d: &Decision) -> u64 {
-    if d.is_allowed() {
-        d.reset_after_secs()
-    } else {
-        d.retry_after_secs().max(1)
-    }
-}
-
 /// Whether `a` has a smaller share of its quota left than `b`
 /// (`remaining / limit`, compared without division).
 pub(crate) fn closer_to_exhaustion(a: &Decision, b: &Decision) -> bool {
     let lhs = u128::from(a.remaining()) * u128::from(b.limit().max(1));
     let rhs = u128::from(b.remaining()) * u128::from(a.limit().max(1));
-    lhs < rhs || (lhs == rhs && t_secs(a) > t_secs(b))
+    lhs < rhs || (lhs == rhs && a.ratelimit_t_secs() > b.ratelimit_t_secs())
 }
 
 #[cfg(test)]
@@ -253,8 +243,8 @@ mod tests {
         let denied = bucket.check();
         assert!(!denied.is_allowed());
         assert_eq!(denied.reset_after_secs(), 10);
-        assert_eq!(t_secs(&denied), 1);
-        assert_eq!(t_secs(&denied), denied.retry_after_secs());
+        assert_eq!(denied.ratelimit_t_secs(), 1);
+        assert_eq!(denied.ratelimit_t_secs(), denied.retry_after_secs());
     }
 
     #[test]

@@ -68,7 +68,7 @@ use crate::policy::KeyedPolicyLimiter;
 use crate::sync::{AtomicU64, Ordering};
 use bytes::Bytes;
 use crossbeam_utils::CachePadded;
-use headers::{closer_to_exhaustion, t_secs, Buf};
+use headers::{closer_to_exhaustion, Buf};
 use http::header::{HeaderName, HeaderValue, RETRY_AFTER};
 use http::{HeaderMap, Method, Request, Response, StatusCode, Uri};
 use key::{Fingerprint, Resolved};
@@ -1031,7 +1031,7 @@ impl<C: Clock + 'static> Shared<C> {
             Headers::None => {}
             Headers::Legacy => {
                 if let Some((_, d)) = closest() {
-                    after.legacy = Some([d.limit(), d.remaining(), t_secs(&d)]);
+                    after.legacy = Some([d.limit(), d.remaining(), d.ratelimit_t_secs()]);
                 }
             }
             Headers::Draft(Items::ClosestToExhaustion) => {
@@ -1127,7 +1127,7 @@ impl<C: Clock + 'static> Shared<C> {
         let retry_after = rules
             .iter()
             .filter(|r| r.denied)
-            .map(|r| t_secs(&r.decision))
+            .map(|r| r.decision.ratelimit_t_secs())
             .max()
             .unwrap_or(1);
         let rejection = Rejection {
