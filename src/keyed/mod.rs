@@ -1138,3 +1138,49 @@ impl<K, A: Algorithm, C: Clock> fmt::Debug for KeyedBuilder<K, A, C> {
             .finish()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Rate;
+    use std::hash::BuildHasher;
+
+    fn builder() -> KeyedBuilder<u64, Gcra, DefaultClock> {
+        KeyedTokenBucket::<u64>::builder(Rate::per_second(5))
+    }
+
+    /// The bounds are inclusive: `MAX_KEYS` keys and `MAX_SHARDS` shards
+    /// are accepted, one more is not (checked without building the table).
+    #[test]
+    fn the_largest_table_and_shard_count_are_accepted_and_no_more() {
+        let largest = builder().max_keys(MAX_KEYS).shards(MAX_SHARDS);
+        assert_eq!(largest.validated_shards(), Ok(MAX_SHARDS));
+        assert_eq!(
+            builder().max_keys(MAX_KEYS + 1).validated_shards(),
+            Err(ConfigError::InvalidCapacity {
+                max_keys: MAX_KEYS + 1,
+                max: MAX_KEYS
+            })
+        );
+        assert_eq!(
+            builder()
+                .max_keys(MAX_KEYS)
+                .shards(2 * MAX_SHARDS)
+                .validated_shards(),
+            Err(ConfigError::InvalidShards {
+                shards: 2 * MAX_SHARDS
+            })
+        );
+    }
+
+    /// A seed fixes the key hasher (a reproducible layout); without one,
+    /// every limiter draws its own keys, so nobody can precompute keys that
+    /// collide in it.
+    #[test]
+    fn a_seed_fixes_the_hasher_and_no_seed_draws_a_random_one() {
+        let hash = |b: KeyedBuilder<u64, Gcra, DefaultClock>| b.key_hasher().hash_one(42u64);
+        assert_eq!(hash(builder().seed(7)), hash(builder().seed(7)));
+        assert_ne!(hash(builder().seed(7)), hash(builder().seed(8)));
+        assert_ne!(hash(builder()), hash(builder()));
+    }
+}
