@@ -934,7 +934,8 @@ impl<K, C: Clock> KeyedPolicyLimiter<K, C> {
         }
     }
 
-    /// Drops every idle key now; returns how many keys remain.
+    /// Drops every idle key now; returns how many it dropped (then
+    /// [`len`](Self::len) is exact).
     ///
     /// ```
     /// # use ratewall::{KeyedPolicyLimiter, ManualClock, Policy, Rate};
@@ -943,14 +944,12 @@ impl<K, C: Clock> KeyedPolicyLimiter<K, C> {
     ///     .clock(clock.clone()).build()?;
     /// let _ = l.check_key(&1);
     /// clock.advance(std::time::Duration::from_secs(2));
-    /// assert_eq!(l.retain_active(), 0);
+    /// assert_eq!(l.retain_active(), 1);
+    /// assert_eq!(l.len(), 0);
     /// # Ok::<(), ratewall::ConfigError>(())
     /// ```
     pub fn retain_active(&self) -> usize {
-        dispatch!(&self.inner, l => {
-            let _ = l.retain_active();
-            l.len()
-        })
+        dispatch!(&self.inner, l => l.retain_active())
     }
 
     /// The current time on this limiter's clock, in nanoseconds.
@@ -1206,7 +1205,8 @@ mod tests {
             assert!(l.check_key_n(&1, 5).is_err());
             assert!(l.check_key_n_at(&1, 0, 4).unwrap().is_allowed());
             clock.advance(Duration::from_secs(3));
-            assert_eq!(l.retain_active(), 0, "{policy:?}");
+            assert_eq!(l.retain_active(), 1, "{policy:?}");
+            assert_eq!(l.len(), 0, "{policy:?}");
         }
     }
 }

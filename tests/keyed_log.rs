@@ -248,9 +248,10 @@ fn a_denied_multi_limit_check_rolls_the_keyed_log_back() {
     assert_eq!(log.peek_key_n(&7, 1).unwrap().remaining(), 1);
 }
 
-/// `retain_active` drops the idle keys and returns how many are left.
+/// `retain_active` drops the idle keys and returns how many it dropped,
+/// as the other keyed limiters do.
 #[test]
-fn retain_active_returns_the_keys_left() {
+fn retain_active_returns_the_keys_it_dropped() {
     let clock = ManualClock::new();
     let log = KeyedSlidingWindowLog::<u32>::builder(Window::per_second(2))
         .clock(clock.clone())
@@ -261,6 +262,7 @@ fn retain_active_returns_the_keys_left() {
     let _ = log.check_key(&3);
     clock.advance(Duration::from_millis(400)); // keys 1 and 2 idle, 3 active
     assert_eq!(log.len(), 3);
-    assert_eq!(log.retain_active(), 1);
+    assert_eq!(log.retain_active(), 2);
     assert_eq!(log.len(), 1);
+    assert_eq!(log.retain_active(), 0);
 }

@@ -451,8 +451,10 @@ impl<K, C: Clock> KeyedSlidingWindowLog<K, C> {
         self.policy
     }
 
-    /// Drops every idle key (one shard at a time) and returns how many are
-    /// left. Inserts do this as they need room; call it to free memory early.
+    /// Drops every idle key (one shard at a time) and returns how many it
+    /// dropped, as [`KeyedLimiter::retain_active`](crate::KeyedLimiter::retain_active)
+    /// does. Inserts do this as they need room; call it to free memory early
+    /// and to make [`len`](Self::len) exact.
     ///
     /// ```
     /// # use ratewall::{KeyedSlidingWindowLog, ManualClock, Window};
@@ -462,7 +464,8 @@ impl<K, C: Clock> KeyedSlidingWindowLog<K, C> {
     ///     .clock(clock.clone()).build().unwrap();
     /// let _ = l.check_key(&1);
     /// clock.advance(Duration::from_secs(1));
-    /// assert_eq!(l.retain_active(), 0);
+    /// assert_eq!(l.retain_active(), 1);
+    /// assert!(l.is_empty());
     /// ```
     pub fn retain_active(&self) -> usize {
         let now = self.clamp(self.now());
@@ -471,11 +474,12 @@ impl<K, C: Clock> KeyedSlidingWindowLog<K, C> {
             .iter()
             .map(|s| {
                 let mut shard = lock(s);
+                let before = shard.rings.len();
                 shard
                     .rings
                     .retain(|_, ring| !SlidingLog::is_idle(ring, &params, now));
                 shard.idle_exact = false;
-                shard.rings.len()
+                before - shard.rings.len()
             })
             .sum()
     }
