@@ -883,7 +883,7 @@ impl<C: Clock + 'static> Shared<C> {
                     &self.warn_no_peer,
                     "a request reached the rate-limit layer without a peer address: with axum, enable \
                      ratewall's `axum` feature and serve with `into_make_service_with_connect_info::<SocketAddr>()`; \
-                     otherwise insert a `SocketAddr` extension",
+                     with tonic, enable the `tonic` feature; otherwise insert a `SocketAddr` extension",
                 );
             }
             c
