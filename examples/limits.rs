@@ -5,8 +5,10 @@
 //! cargo run --example limits --features serde
 //! ```
 //!
-//! When the HTTP layer lands, the same file builds its rules (per IP, per
-//! API key, login); until then this builds the limiters directly.
+//! These are limiters for code of your own. For the HTTP layer, its rules
+//! (per IP, per API key, login) are in `examples/http_limits.toml`, read by
+//! `ratewall::http::LayerConfig` (`RATEWALL_LIMITS=examples/http_limits.toml
+//! cargo run --example server --features axum,serde`).
 
 use ratewall::{ElasticLimiter, KeyedPolicyLimiter, ManualClock, Policy};
 use serde::Deserialize;

@@ -5,6 +5,11 @@
 //! `cargo run --release --example server --features axum`, then
 //! `curl -i http://127.0.0.1:3000/` (`PORT` picks another port).
 //!
+//! The same limits written as configuration are in
+//! `examples/http_limits.toml`; `RATEWALL_LIMITS` names a file to serve
+//! instead of the built-in limits (needs the `serde` feature too):
+//! `RATEWALL_LIMITS=examples/http_limits.toml cargo run --example server --features axum,serde`.
+//!
 //! The limits are local (in this process). `RATEWALL_REDIS_URL` is reserved
 //! for the Redis-backed rules; until they land, the server says so and
 //! stays local.
@@ -45,6 +50,25 @@ pub fn limits<C: Clock + Clone + 'static>(clock: C) -> RateLimitLayer<C> {
         .expect("valid limits")
 }
 
+/// The limits of a configuration file (`ratewall::http::LayerConfig` in
+/// TOML, such as `examples/http_limits.toml`), with the same `/health` skip.
+#[cfg(feature = "serde")]
+pub fn limits_from_file<C: Clock + Clone + 'static>(
+    path: &std::path::Path,
+    clock: C,
+) -> Result<RateLimitLayer<C>, Box<dyn std::error::Error>> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let config: ratewall::http::LayerConfig =
+        toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let layer = config
+        .to_builder()?
+        .clock(clock)
+        .skip(|_, uri, _| uri.path() == "/health")
+        .build()?;
+    Ok(layer)
+}
+
 /// The API behind the limits.
 pub fn router<C: Clock + Clone + 'static>(limits: RateLimitLayer<C>) -> Router {
     Router::new()
@@ -79,11 +103,34 @@ async fn main() {
         .ok()
         .and_then(|p| p.parse().ok())
         .unwrap_or(3000);
+    let clock = ratewall::DefaultClock::default();
+    let layer = match std::env::var_os("RATEWALL_LIMITS") {
+        None => limits(clock),
+        #[cfg(feature = "serde")]
+        Some(path) => match limits_from_file(std::path::Path::new(&path), clock) {
+            Ok(layer) => {
+                println!("limits from {}", path.to_string_lossy());
+                layer
+            }
+            Err(e) => {
+                eprintln!("RATEWALL_LIMITS: {e}");
+                std::process::exit(2);
+            }
+        },
+        #[cfg(not(feature = "serde"))]
+        Some(_) => {
+            eprintln!(
+                "RATEWALL_LIMITS is set, but reading limits from a file needs the `serde` feature: \
+                 cargo run --example server --features axum,serde"
+            );
+            std::process::exit(2);
+        }
+    };
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
         .await
         .expect("bind 127.0.0.1");
     println!("listening on http://{}", listener.local_addr().unwrap());
-    let app = router(limits(ratewall::DefaultClock::default()));
+    let app = router(layer);
     axum::serve(
         listener,
         app.into_make_service_with_connect_info::<SocketAddr>(),

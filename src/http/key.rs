@@ -4,8 +4,9 @@
 //! # The client address
 //!
 //! [`ClientIp`] starts from the TCP peer (axum's `ConnectInfo<SocketAddr>`
-//! with the `axum` feature, a `SocketAddr` request extension, or a lookup
-//! function of your own, e.g. for tonic's connect info). When the peer is a
+//! with the `axum` feature, tonic's `TcpConnectInfo` with the `tonic`
+//! feature, a `SocketAddr` request extension, or a lookup function of your
+//! own). When the peer is a
 //! trusted proxy, the `X-Forwarded-For` (or RFC 7239 `Forwarded`) entries
 //! are walked **from the right**, past trusted hops; the first untrusted
 //! address is the client. The left-most entry is never believed just
@@ -379,8 +380,11 @@ impl ClientIp {
     }
 
     /// Where the TCP peer's address comes from, when it is not in a
-    /// `SocketAddr` (or, with the `axum` feature, `ConnectInfo<SocketAddr>`)
-    /// request extension: for example tonic's `TcpConnectInfo`.
+    /// `SocketAddr` request extension, axum's `ConnectInfo<SocketAddr>`
+    /// (feature `axum`) or tonic's `TcpConnectInfo` (feature `tonic`): for
+    /// example tonic's `TlsConnectInfo<TcpConnectInfo>` behind TLS, or a
+    /// Unix-socket server's own type. Looked up first; when it returns
+    /// `None` the built-in sources are tried.
     ///
     /// ```
     /// # use ratewall::http::ClientIp;
@@ -410,6 +414,13 @@ impl ClientIp {
         #[cfg(feature = "axum")]
         if let Some(info) = ext.get::<axum::extract::ConnectInfo<SocketAddr>>() {
             return Some(unmap(info.0.ip()));
+        }
+        #[cfg(feature = "tonic")]
+        if let Some(addr) = ext
+            .get::<tonic::transport::server::TcpConnectInfo>()
+            .and_then(|info| info.remote_addr())
+        {
+            return Some(unmap(addr.ip()));
         }
         ext.get::<SocketAddr>().map(|a| unmap(a.ip()))
     }

@@ -49,11 +49,15 @@
 //! synchronous check, and a local denial gives the remote units back. The
 //! async path wraps the local check; local-only layers never take it.
 
+#[cfg(feature = "serde")]
+mod config;
 mod headers;
 mod key;
 mod response;
 mod rule;
 
+#[cfg(feature = "serde")]
+pub use config::{LayerConfig, RuleConfig};
 pub use headers::{Headers, Items};
 pub use key::{Cidr, CidrParseError, ClientIp, ProxyHeader, MAX_HOPS};
 pub use response::{Rejection, ResponseBody, RuleDecision};
@@ -66,6 +70,7 @@ use crate::limiter::DefaultClock;
 use crate::multi::{check_each, Limit};
 use crate::policy::KeyedPolicyLimiter;
 use crate::sync::{AtomicU64, Ordering};
+use crate::text::ParseError;
 use bytes::Bytes;
 use crossbeam_utils::CachePadded;
 use headers::{closer_to_exhaustion, Buf};
@@ -146,6 +151,26 @@ pub enum HttpConfigError {
     },
     /// More than 65,535 rules.
     TooManyRules,
+    /// A value in a configuration (`LayerConfig`, `RuleConfig`; features
+    /// `tower` and `serde`) that cannot be used.
+    InvalidValue {
+        /// The rule's name, or `None` for a field of the layer.
+        rule: Option<String>,
+        /// The field, as written in the file (`methods`, `trusted_proxies`).
+        field: &'static str,
+        /// The value, as written.
+        value: String,
+        /// What the field takes.
+        expected: &'static str,
+    },
+    /// A rule's `policy` text that does not parse
+    /// (`docs/configuration.md` gives the grammar).
+    PolicyText {
+        /// The rule.
+        rule: String,
+        /// The token that is wrong and what was expected.
+        error: ParseError,
+    },
 }
 
 impl fmt::Display for HttpConfigError {
@@ -172,11 +197,36 @@ impl fmt::Display for HttpConfigError {
             HttpConfigError::TooManyRules => {
                 f.write_str("a layer takes at most 65,535 rules: combine keys instead")
             }
+            HttpConfigError::InvalidValue {
+                rule,
+                field,
+                value,
+                expected,
+            } => {
+                if let Some(rule) = rule {
+                    write!(f, "rule {rule:?}, ")?;
+                }
+                write!(
+                    f,
+                    "field `{field}`: {value:?} is not usable; expected {expected}"
+                )
+            }
+            HttpConfigError::PolicyText { rule, error } => {
+                write!(f, "rule {rule:?}, field `policy`: {error}")
+            }
         }
     }
 }
 
-impl std::error::Error for HttpConfigError {}
+impl std::error::Error for HttpConfigError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            HttpConfigError::Policy { error, .. } => Some(error),
+            HttpConfigError::PolicyText { error, .. } => Some(error),
+            _ => None,
+        }
+    }
+}
 
 /// What a request is checked against: a skip predicate over the request head.
 type SkipFn = fn(&Method, &Uri, &HeaderMap) -> bool;
@@ -833,7 +883,7 @@ impl<C: Clock + 'static> Shared<C> {
                     &self.warn_no_peer,
                     "a request reached the rate-limit layer without a peer address: with axum, enable \
                      ratewall's `axum` feature and serve with `into_make_service_with_connect_info::<SocketAddr>()`; \
-                     otherwise insert a `SocketAddr` extension",
+                     with tonic, enable the `tonic` feature; otherwise insert a `SocketAddr` extension",
                 );
             }
             c

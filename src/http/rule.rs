@@ -230,7 +230,8 @@ impl Absent {
         match self {
             Absent::NoPeer => {
                 "the server passed no peer address: with axum, enable ratewall's `axum` feature and serve with \
-                 `into_make_service_with_connect_info::<SocketAddr>()`; otherwise insert a `SocketAddr` extension"
+                 `into_make_service_with_connect_info::<SocketAddr>()`; with tonic, enable the `tonic` feature; \
+                 otherwise insert a `SocketAddr` extension"
             }
             Absent::UnknownClient => {
                 "the client address is unknown: the proxy chain holds an unknown, obfuscated or malformed entry"
