@@ -14,7 +14,7 @@
 mod server;
 
 use super::{RedisBackend, RedisLimiter};
-use crate::{Decision, KeyedPolicyLimiter, ManualClock, Policy, Rate, Window};
+use crate::{Decision, KeyedPolicyLimiter, ManualClock, Policy, Rate, Tolerance, Window};
 use server::RedisServer;
 use std::time::Duration;
 
@@ -62,10 +62,11 @@ enum Op {
 /// rounded up: the script computes the earliest whole microsecond, where
 /// the local step may land between two (the sliding counter's retry, a
 /// quotient of the window). Everything else is equal as it is.
-fn fields(d: Decision) -> (bool, u64, u64, u64, u64, crate::Tracking) {
+fn fields(d: Decision) -> (bool, bool, u64, u64, u64, u64, crate::Tracking) {
     let us = |x: Duration| (x.as_nanos() as u64).div_ceil(1000);
     (
         d.is_allowed(),
+        d.is_above_limit(),
         d.limit(),
         d.remaining(),
         us(d.retry_after()),
@@ -89,28 +90,61 @@ const T0_US: u64 = 1_700_000_000_123_457;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_script_matches_the_local_step_decision_by_decision() {
+    let compared = differential(&policies(), "difftest").await;
+    assert!(compared > 2000, "{compared} decisions compared");
+}
+
+/// Soft policies: the script runs with the widened capacity and its reply
+/// is read back through the same mapping as the local soft limiter, so
+/// every field (the nominal limit and remaining, the above-limit mark)
+/// matches a local `KeyedPolicyLimiter` of the same soft policy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_soft_script_matches_the_local_soft_limiter() {
+    let soft: Vec<Policy> = policies()
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| {
+            p.soft(if i % 2 == 0 {
+                Tolerance::Percent(50)
+            } else {
+                Tolerance::Units(2)
+            })
+        })
+        .collect();
+    assert!(soft.iter().all(|p| p.tolerance_units() > 0));
+    let compared = differential(&soft, "softdiff").await;
+    assert!(compared > 2000, "{compared} decisions compared");
+}
+
+/// Runs each policy's script and the local limiter on the same random
+/// operations and timestamps, comparing every decision; returns how many
+/// decisions were compared. Fails if no decision was above the limit
+/// for a soft policy (the mark must be exercised).
+async fn differential(policies: &[Policy], prefix: &str) -> usize {
     let server = RedisServer::start();
     let backend = RedisBackend::builder(server.url())
         .timeout(Duration::from_secs(5))
         .build()
         .unwrap();
     let mut compared = 0;
-    for (pi, policy) in policies().into_iter().enumerate() {
+    for (pi, &policy) in policies.iter().enumerate() {
         let clock = ManualClock::new();
         let local = KeyedPolicyLimiter::<u8, _>::builder(policy)
             .clock(clock.clone())
             .build()
             .unwrap();
         let remote = RedisLimiter::builder(policy, &backend)
-            .prefix("difftest")
+            .prefix(prefix)
             .name(format!("p{pi}"))
             .build()
             .unwrap();
-        let limit = policy.limit();
+        // The most a check may cost (the tolerance included).
+        let limit = policy.soft_limit();
         let span = policy.span().as_micros() as u64;
         let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ pi as u64);
         let mut t = T0_US;
         let mut history = Vec::new();
+        let mut above = 0;
         for step in 0..400 {
             // Time: often still, often a little, sometimes a long gap.
             // (Never back: see `a_server_clock_step_back_never_admits_more`.)
@@ -136,6 +170,7 @@ async fn every_script_matches_the_local_step_decision_by_decision() {
                     let want = local.check_key_n_at(&1, now, n).unwrap();
                     let got = remote.decide(b"k", n, n > 0, Some(t)).await.unwrap();
                     assert_eq!(fields(got.decision()), fields(want), "{ctx}");
+                    above += usize::from(want.is_above_limit());
                     compared += 1;
                 }
                 Op::Peek(n) => {
@@ -154,8 +189,11 @@ async fn every_script_matches_the_local_step_decision_by_decision() {
                 }
             }
         }
+        if policy.tolerance().is_some() {
+            assert!(above > 0, "{policy:?}: no decision above the limit");
+        }
     }
-    assert!(compared > 2000, "{compared} decisions compared");
+    compared
 }
 
 /// The same sequence of allowed and denied decisions at the edges: exactly
