@@ -288,3 +288,100 @@ async fn a_server_clock_step_back_never_admits_more() {
         }
     }
 }
+
+/// Elastic limits: the script against the local `ElasticLimiter` on the
+/// same timestamps, three keys sharing one pool, every field of every
+/// decision (the above-limit mark included), for each algorithm as the
+/// guarantee and ceiling and a mix of pools.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_elastic_script_matches_the_local_elastic_limiter() {
+    use super::RedisElasticLimiter;
+    use crate::ElasticLimiter;
+    let ms = Duration::from_millis;
+    let sets = [
+        (
+            Policy::token_bucket(Rate::per_second(10).burst(3)),
+            Policy::token_bucket(Rate::per_second(20).burst(6)),
+            Policy::token_bucket(Rate::per_second(8).burst(4)),
+        ),
+        (
+            Policy::leaky_bucket(Rate::per_second(5).burst(2)),
+            Policy::leaky_bucket(Rate::per_second(15).burst(5)),
+            Policy::fixed_window(Window::new(5, ms(100))),
+        ),
+        (
+            Policy::fixed_window(Window::new(3, ms(100))),
+            Policy::fixed_window(Window::new(7, ms(100))),
+            Policy::fixed_window(Window::new(5, ms(60))),
+        ),
+        (
+            Policy::sliding_window_counter(Window::new(4, ms(200))),
+            Policy::sliding_window_counter(Window::new(9, ms(200))),
+            Policy::sliding_window_log(Window::new(6, ms(150))),
+        ),
+        (
+            Policy::sliding_window_log(Window::new(2, ms(50))),
+            Policy::sliding_window_log(Window::new(5, ms(50))),
+            Policy::sliding_window_counter(Window::new(4, ms(150))),
+        ),
+    ];
+    let server = RedisServer::start();
+    let backend = RedisBackend::builder(server.url())
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let (mut compared, mut above, mut denied) = (0, 0, 0);
+    for (si, &(g, c, p)) in sets.iter().enumerate() {
+        let clock = ManualClock::new();
+        let local = ElasticLimiter::<u8, _>::builder(g, c, p)
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+        let remote = RedisElasticLimiter::builder(g, c, p, &backend)
+            .prefix("elasticdiff")
+            .name(format!("e{si}"))
+            .build()
+            .unwrap();
+        let cap = g.limit().max((c.limit() - g.limit()).min(p.limit()));
+        let span = g.span().max(p.span()).as_micros() as u64;
+        let mut rng = Rng(0xD1B5_4A32_D192_ED03 ^ si as u64);
+        let mut t = T0_US;
+        let mut history = Vec::new();
+        for step in 0..500 {
+            t = match rng.below(20) {
+                0..=7 => t,
+                8..=14 => t + rng.below(span / 8 + 1),
+                15..=18 => t + rng.below(span + 1),
+                _ => t + span * (1 + rng.below(3)),
+            };
+            let key = rng.below(3) as u8;
+            let n = match rng.below(10) {
+                0 => 0,
+                1 => cap + 1,
+                _ => 1 + rng.below(cap),
+            };
+            let now = t * 1000;
+            clock.set_nanos(now);
+            history.push(format!("t0+{} key {key} n {n}", t - T0_US));
+            let ctx = format!("set {si} step {step}; history {history:?}");
+            let want = local.check_key_n_at(&key, now, n);
+            let got = remote.decide(&[b'k', key], n, Some(t)).await;
+            match (want, got) {
+                (Ok(want), Ok(got)) => {
+                    assert_eq!(got.source(), super::DecisionSource::Redis);
+                    assert_eq!(fields(got.decision()), fields(want), "{ctx}");
+                    above += usize::from(want.is_above_limit());
+                    denied += usize::from(!want.is_allowed());
+                    compared += 1;
+                }
+                (Err(_), Err(super::RedisError::InsufficientCapacity(_))) => {}
+                (want, got) => panic!("{ctx}: local {want:?}, Redis {got:?}"),
+            }
+        }
+    }
+    assert!(compared > 2000, "{compared} decisions compared");
+    assert!(
+        above > 200 && denied > 200,
+        "{above} above, {denied} denied"
+    );
+}
