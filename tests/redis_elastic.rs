@@ -401,3 +401,40 @@ async fn futures(
     }
     out
 }
+
+/// Memory: each key in use holds two small states (guarantee and
+/// headroom, each the size of a plain limiter's key); the pool is one key
+/// per limit (plus its interval for a bucket pool). Printed with
+/// `--nocapture` for docs/distributed.md.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_per_key_is_two_small_states_and_one_shared_pool() {
+    let server = RedisServer::start();
+    let b = backend(server.url());
+    for algorithm in 0..5 {
+        let name = format!("mem{algorithm}");
+        let l = elastic(
+            parts(algorithm, 100, 300, 1000),
+            &b,
+            &name,
+            FailurePolicy::Closed,
+        );
+        // Guarantee full, and 100 more from the pool: both per-key states
+        // at their fullest for a sliding log.
+        for _ in 0..2 {
+            let d = l.check_n(b"user:1", 100).await.unwrap();
+            assert!(d.is_allowed());
+        }
+        let usage = |k: &[u8]| -> u64 {
+            let k = String::from_utf8(k.to_vec()).unwrap();
+            server.cmd(&["MEMORY", "USAGE", &k])[1..]
+                .trim()
+                .parse()
+                .unwrap()
+        };
+        let [g, h, p] = l.redis_keys(b"user:1").unwrap();
+        let (g, h, p) = (usage(&g), usage(&h), usage(&p));
+        println!("algorithm {algorithm}: guarantee {g} B, headroom {h} B, pool {p} B");
+        let bound = if algorithm == 4 { 1200 } else { 120 };
+        assert!(g > 0 && g <= bound && h > 0 && h <= bound, "{g} {h}");
+    }
+}
