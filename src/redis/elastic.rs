@@ -37,7 +37,10 @@ use std::fmt;
 /// The pool's quota can follow a capacity signal at run time
 /// ([`set_pool`](Self::set_pool)). Every key is written with its time to
 /// idle as its TTL. Keys: `prefix:{name}:g:<key>`, `prefix:{name}:h:<key>`
-/// and `prefix:{name}:pool`, all in the slot of the hash tag `{name}`.
+/// and `prefix:{name}:pool` (plus `prefix:{name}:pool:t` for a bucket
+/// pool: the interval its state was written under), all in the slot of the
+/// hash tag `{name}`. That slot then holds every key of this limit, on one
+/// Cluster master: give separate tiers their own names to spread them.
 ///
 /// When Redis cannot answer, the [`FailurePolicy`] does: `Open` allows,
 /// `Closed` returns the error, `FallbackShare { instances }` runs a local
@@ -161,7 +164,8 @@ impl RedisElasticLimiter {
     /// The Redis keys of `key`'s guarantee and headroom, and of the pool:
     /// `prefix:{name}:g:<key>`, `prefix:{name}:h:<key>`, `prefix:{name}:pool`
     /// (a long, binary or braced key is hashed, as for
-    /// [`RedisLimiter::redis_key`](super::RedisLimiter::redis_key)).
+    /// [`RedisLimiter::redis_key`](super::RedisLimiter::redis_key)). A
+    /// bucket pool also keeps `prefix:{name}:pool:t`.
     ///
     /// ```
     /// # use ratewall::redis::{RedisBackend, RedisElasticLimiter};
@@ -574,6 +578,39 @@ impl fmt::Debug for RedisElasticLimiter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn default_names_tell_the_guarantee_and_ceiling_apart() {
+        let redis = RedisBackend::builder("redis://127.0.0.1:1")
+            .build()
+            .unwrap();
+        let name = |g: &str, c: &str| {
+            let l = RedisElasticLimiter::builder(
+                g.parse().unwrap(),
+                c.parse().unwrap(),
+                "100/s".parse().unwrap(),
+                &redis,
+            )
+            .build()
+            .unwrap();
+            let [_, _, pool] = l.redis_keys(b"k").unwrap();
+            String::from_utf8(pool).unwrap()
+        };
+        let a = name("10/s", "20/s");
+        assert_eq!(a, "ratewall:{el.tb.100000.10.100000.10}:pool");
+        // Another ceiling count, another ceiling burst, another guarantee.
+        for (g, c) in [
+            ("10/s", "30/s burst 20"),
+            ("10/s", "20/s burst 25"),
+            ("11/s", "20/s"),
+        ] {
+            assert_ne!(name(g, c), a, "{g} / {c}");
+        }
+        assert_ne!(
+            name("5/s fixed-window", "6/s fixed-window"),
+            name("5/s fixed-window", "7/s fixed-window")
+        );
+    }
 
     #[test]
     fn replies_become_marked_decisions_and_bad_replies_errors() {
