@@ -292,7 +292,8 @@ async fn a_server_clock_step_back_never_admits_more() {
 /// Elastic limits: the script against the local `ElasticLimiter` on the
 /// same timestamps, three keys sharing one pool, every field of every
 /// decision (the above-limit mark included), for each algorithm as the
-/// guarantee and ceiling and a mix of pools.
+/// guarantee and ceiling and a mix of pools. Fixed-window and log pools
+/// also change their limit now and then (`set_pool`, same window length).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_elastic_script_matches_the_local_elastic_limiter() {
     use super::RedisElasticLimiter;
@@ -330,7 +331,7 @@ async fn the_elastic_script_matches_the_local_elastic_limiter() {
         .timeout(Duration::from_secs(5))
         .build()
         .unwrap();
-    let (mut compared, mut above, mut denied) = (0, 0, 0);
+    let (mut compared, mut above, mut denied, mut changes) = (0, 0, 0, 0);
     for (si, &(g, c, p)) in sets.iter().enumerate() {
         let clock = ManualClock::new();
         let local = ElasticLimiter::<u8, _>::builder(g, c, p)
@@ -342,7 +343,6 @@ async fn the_elastic_script_matches_the_local_elastic_limiter() {
             .name(format!("e{si}"))
             .build()
             .unwrap();
-        let cap = g.limit().max((c.limit() - g.limit()).min(p.limit()));
         let span = g.span().max(p.span()).as_micros() as u64;
         let mut rng = Rng(0xD1B5_4A32_D192_ED03 ^ si as u64);
         let mut t = T0_US;
@@ -354,6 +354,24 @@ async fn the_elastic_script_matches_the_local_elastic_limiter() {
                 15..=18 => t + rng.below(span + 1),
                 _ => t + span * (1 + rng.below(3)),
             };
+            // A window pool of a fixed window or a log changes its limit
+            // now and then (same length): both sides keep the counts.
+            if let (Some(w), 2..=3) = (p.window(), si) {
+                if rng.below(25) == 0 {
+                    let new = Window::new(1 + rng.below(2 * w.limit()), w.length());
+                    let new = if si == 2 {
+                        Policy::fixed_window(new)
+                    } else {
+                        Policy::sliding_window_log(new)
+                    };
+                    local.set_pool(new).unwrap();
+                    remote.set_pool(new).unwrap();
+                    history.push(format!("set_pool {new}"));
+                    changes += 1;
+                }
+            }
+            let pool_cap = local.pool().limit();
+            let cap = g.limit().max((c.limit() - g.limit()).min(pool_cap));
             let key = rng.below(3) as u8;
             let n = match rng.below(10) {
                 0 => 0,
