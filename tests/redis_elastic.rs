@@ -438,3 +438,49 @@ async fn memory_per_key_is_two_small_states_and_one_shared_pool() {
         assert!(g > 0 && g <= bound && h > 0 && h <= bound, "{g} {h}");
     }
 }
+
+/// Bad input gets a typed error, never a panic: invalid policies and
+/// names at build, an empty key, a key that holds something else, and a
+/// huge binary key (hashed, bounded, inside the hash tag).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_typed_errors() {
+    let server = RedisServer::start();
+    let b = backend(server.url());
+    let p = |s: &str| -> Policy { s.parse().unwrap() };
+    for (g, c, pool) in [
+        ("10/s", "5/s", "100/s"),         // ceiling below the guarantee
+        ("10/s", "20/min", "100/s"),      // another period
+        ("10/s soft 1", "20/s", "100/s"), // soft
+        ("10/s", "20/s", "100/s fixed-window soft 5"),
+    ] {
+        let e = RedisElasticLimiter::builder(p(g), p(c), p(pool), &b)
+            .build()
+            .unwrap_err();
+        assert!(matches!(e, RedisError::Config(_)), "{g} {c} {pool}: {e:?}");
+    }
+    let e = RedisElasticLimiter::builder(p("1/s"), p("2/s"), p("2000000/s"), &b)
+        .build()
+        .unwrap_err();
+    assert!(matches!(e, RedisError::Unsupported { .. }), "{e:?}");
+    for name in ["", "a b", "{x}", "a:b"] {
+        let e = RedisElasticLimiter::builder(p("1/s"), p("2/s"), p("5/s"), &b)
+            .name(name)
+            .build()
+            .unwrap_err();
+        assert!(matches!(e, RedisError::InvalidName { .. }), "{name:?}");
+    }
+    let l = elastic(parts(2, 1, 2, 5), &b, "bad", FailurePolicy::Closed);
+    assert_eq!(l.check(b"").await.unwrap_err(), RedisError::EmptyKey);
+    let huge = vec![0xffu8; 1 << 20];
+    assert!(l.check(&huge).await.unwrap().is_allowed());
+    for k in l.redis_keys(&huge).unwrap() {
+        assert!(k.len() <= "el:{bad}:g:".len() + 33 && k.starts_with(b"el:{bad}:"));
+    }
+    // Another program's data in the pool key: an error reply, not a reset.
+    server.cmd(&["SET", "el:{bad}:pool", "hello"]);
+    assert!(l.check(b"k").await.unwrap().is_allowed()); // the guarantee
+    let e = l.check(b"k").await.unwrap_err(); // the pool is read
+    assert!(matches!(e, RedisError::Server { .. }), "{e:?}");
+    assert_eq!(server.cmd(&["GET", "el:{bad}:pool"]), "$5\r\nhello\r\n");
+    assert!(b.is_available(), "Redis answered: the circuit stays closed");
+}

@@ -21,7 +21,7 @@
 -- 1. Take n from the guarantee: if it allows, done (not above the limit).
 -- 2. Otherwise step the headroom and the pool; write both only if both
 --    allow (then the request passes above the limit). A denial writes
---    nothing to any of the three keys.
+--    nothing to any of the keys.
 
 local steps = {g = gcra_step, f = fixed_step, s = sliding_step, l = log_step}
 local now, slack = clock(ARGV[1])
