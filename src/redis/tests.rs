@@ -402,4 +402,5 @@ async fn the_elastic_script_matches_the_local_elastic_limiter() {
         above > 200 && denied > 200,
         "{above} above, {denied} denied"
     );
+    assert!(changes > 10, "{changes} pool changes");
 }
