@@ -171,6 +171,24 @@ pub(crate) fn headroom(guarantee: &Policy, ceiling: &Policy) -> Result<Policy, C
     }
 }
 
+/// Validates an elastic limit's three policies (as [`ElasticBuilder::build`]
+/// does, for every backend) and returns the per-key headroom.
+pub(crate) fn validate(
+    guarantee: &Policy,
+    ceiling: &Policy,
+    pool: &Policy,
+) -> Result<Policy, ConfigError> {
+    guarantee.validate()?;
+    ceiling.validate()?;
+    pool.validate()?;
+    if pool.tolerance().is_some() {
+        return Err(ConfigError::Incompatible {
+            reason: "an elastic limit's guarantee, ceiling and pool cannot be soft; drop `soft`",
+        });
+    }
+    headroom(guarantee, ceiling)
+}
+
 impl<K> ElasticLimiter<K, DefaultClock> {
     /// A builder for a guarantee, a ceiling and a pool.
     ///
@@ -287,16 +305,7 @@ impl<K, C: Clock> ElasticBuilder<K, C> {
     where
         C: Clone,
     {
-        self.guarantee.validate()?;
-        self.ceiling.validate()?;
-        self.pool.validate()?;
-        if self.pool.tolerance().is_some() {
-            return Err(ConfigError::Incompatible {
-                reason:
-                    "an elastic limit's guarantee, ceiling and pool cannot be soft; drop `soft`",
-            });
-        }
-        let headroom = headroom(&self.guarantee, &self.ceiling)?;
+        let headroom = validate(&self.guarantee, &self.ceiling, &self.pool)?;
         let keyed = |policy: Policy| {
             let mut b = KeyedPolicyLimiter::<K>::builder(policy);
             if let Some(m) = self.max_keys {

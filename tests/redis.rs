@@ -7,7 +7,7 @@
 mod support;
 
 use ratewall::redis::{DecisionSource, FailurePolicy, RedisBackend, RedisError, RedisLimiter};
-use ratewall::{ConfigError, Policy, Rate, Window};
+use ratewall::{ConfigError, Policy, Rate, Tolerance, Window};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use support::redis_server::RedisServer;
@@ -825,4 +825,149 @@ async fn a_promoted_replica_keeps_the_counts_and_reloads_the_scripts() {
             .contains("cmdstat_script"),
         "the scripts were loaded on the promoted replica"
     );
+}
+
+/// Soft policies on Redis, every algorithm, on the server's clock (an hour
+/// span, so the run sits in one window and nothing refills): the script
+/// runs with the widened capacity, the tolerance passes and is marked,
+/// decisions and headers report the nominal limit, and the deny cache and
+/// `check_all` read decisions the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn soft_policies_admit_the_tolerance_and_report_the_nominal_limit() {
+    let server = RedisServer::start();
+    let b = backend(&server, SLOW);
+    for (i, policy) in all_policies(10, Duration::from_secs(3600))
+        .into_iter()
+        .enumerate()
+    {
+        let policy = policy.soft(Tolerance::Percent(20));
+        let l = RedisLimiter::builder(policy, &b)
+            .prefix("it")
+            .name(format!("soft{i}"))
+            .on_failure(FailurePolicy::Closed)
+            .deny_cache(100)
+            .build()
+            .unwrap();
+        let mut ds = Vec::new();
+        for _ in 0..13 {
+            ds.push(l.check(b"k").await.unwrap());
+        }
+        let ctx = format!("{policy:?}: {ds:?}");
+        for (j, d) in ds.iter().enumerate() {
+            assert_eq!(d.source(), DecisionSource::Redis, "{ctx}");
+            assert_eq!(d.limit(), 10, "{ctx}");
+            assert_eq!(d.is_allowed(), j < 12, "check {j}: {ctx}");
+            assert_eq!(d.is_above_limit(), j == 10 || j == 11, "check {j}: {ctx}");
+            assert_eq!(d.remaining(), 9u64.saturating_sub(j as u64), "{ctx}");
+        }
+        assert!(ds[0]
+            .ratelimit_header("api")
+            .unwrap()
+            .starts_with("\"api\";r=9;t="));
+        assert!(ds[11]
+            .ratelimit_header("api")
+            .unwrap()
+            .starts_with("\"api\";r=0;t="));
+        // The denial is cached, and read in nominal terms too.
+        let cached = l.check(b"k").await.unwrap();
+        assert_eq!(cached.source(), DecisionSource::DenyCache, "{ctx}");
+        assert!(!cached.is_allowed() && !cached.is_above_limit());
+        assert_eq!((cached.limit(), cached.remaining()), (10, 0));
+        // A cost up to the widened capacity is valid; above it, an error.
+        assert!(matches!(
+            l.check_n(b"k2", 13).await,
+            Err(RedisError::InsufficientCapacity(_))
+        ));
+        let d = l.check_n(b"k3", 11).await.unwrap();
+        assert!(d.is_allowed() && d.is_above_limit(), "{ctx}: {d:?}");
+        assert_eq!((d.limit(), d.remaining()), (10, 0));
+    }
+    // check_all on one server (one script): a soft limit's decision is
+    // nominal and marked there too.
+    let soft = limiter(
+        Policy::fixed_window(Window::per_hour(2)).soft(Tolerance::Units(1)),
+        &b,
+        "multi-soft",
+        FailurePolicy::Closed,
+    );
+    let hard = limiter(
+        Policy::fixed_window(Window::per_hour(5)),
+        &b,
+        "multi-hard",
+        FailurePolicy::Closed,
+    );
+    let mut marks = Vec::new();
+    for _ in 0..4 {
+        let (all, ds) = ratewall::redis::check_all(&[(&soft, b"u", 1), (&hard, b"u", 1)])
+            .await
+            .unwrap();
+        assert_eq!(ds[0].limit(), 2);
+        marks.push((all, ds[0].is_above_limit(), ds[0].remaining()));
+    }
+    assert_eq!(
+        marks,
+        [
+            (true, false, 1),
+            (true, false, 0),
+            (true, true, 0),
+            (false, false, 0)
+        ]
+    );
+    // The hard limit took exactly three: the denial took nothing.
+    assert_eq!(hard.peek(b"u").await.unwrap().remaining(), 1);
+}
+
+/// With Redis down, the local fallback keeps the softness: the instance's
+/// share of the limit and of a percentage tolerance, marked the same way.
+/// Fail-open answers in nominal terms as well.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fallback_of_a_soft_policy_is_soft() {
+    let port = support::redis_server::free_port(); // nothing listens there
+    let b = RedisBackend::builder(format!("redis://127.0.0.1:{port}"))
+        .timeout(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    for policy in all_policies(10, Duration::from_secs(3600)) {
+        let policy = policy.soft(Tolerance::Percent(20));
+        let l = limiter(
+            policy,
+            &b,
+            "down",
+            FailurePolicy::FallbackShare { instances: 2 },
+        );
+        // The share: limit 5, tolerance 20% of 5 = 1.
+        let ds: Vec<_> = checks(&l, 7).await;
+        let ctx = format!("{policy:?}: {ds:?}");
+        assert!(
+            ds.iter().all(|d| d.source() == DecisionSource::Fallback),
+            "{ctx}"
+        );
+        assert!(ds.iter().all(|d| d.limit() == 5), "{ctx}");
+        let allowed: Vec<bool> = ds.iter().map(|d| d.is_allowed()).collect();
+        let above: Vec<bool> = ds.iter().map(|d| d.is_above_limit()).collect();
+        assert_eq!(
+            allowed,
+            [true, true, true, true, true, true, false],
+            "{ctx}"
+        );
+        assert_eq!(
+            above,
+            [false, false, false, false, false, true, false],
+            "{ctx}"
+        );
+        let open = limiter(policy, &b, "down-open", FailurePolicy::Open);
+        let d = open.check(b"k").await.unwrap();
+        assert_eq!(d.source(), DecisionSource::FailOpen);
+        assert!(d.is_allowed() && !d.is_above_limit());
+        assert_eq!((d.limit(), d.remaining()), (10, 9));
+    }
+}
+
+/// `n` unit checks of key `k`, one after the other.
+async fn checks(l: &RedisLimiter, n: usize) -> Vec<ratewall::redis::RedisDecision> {
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        out.push(l.check(b"k").await.unwrap());
+    }
+    out
 }

@@ -9,6 +9,7 @@ use crate::decision::{Decision, Tracking};
 use crate::keyed::WhenFull;
 use crate::policy::{KeyedPolicyLimiter, Policy, PolicyAlgorithm};
 use crate::quota::{Rate, Window};
+use crate::soft::{Soft, Tolerance};
 use redis::Value;
 use std::fmt;
 
@@ -38,7 +39,9 @@ pub enum FailurePolicy {
     Closed,
     /// Limit locally, in this process, with this instance's share of the
     /// policy: the limit (or burst) divided by `instances`, at least 1, and
-    /// a bucket's rate divided by `instances`. With N instances behind a
+    /// a bucket's rate divided by `instances`. A soft policy's share is
+    /// soft: a percentage tolerance stays, a tolerance in units is divided
+    /// by `instances` (rounded down). With N instances behind a
     /// load balancer, the fleet then admits about what Redis would.
     FallbackShare {
         /// How many instances share the limit.
@@ -56,9 +59,20 @@ impl Default for FailurePolicy {
     }
 }
 
-/// The per-instance share of `policy` among `instances`.
+/// The per-instance share of `policy` among `instances`. A soft policy
+/// stays soft: a percentage tolerance is kept, a tolerance in units is
+/// divided like the limit (rounded down).
 pub(crate) fn share(policy: &Policy, instances: u32) -> Policy {
     let k = u64::from(instances.max(1));
+    let hard = share_hard(policy, k, instances);
+    match policy.tolerance() {
+        Some(Tolerance::Units(u)) => hard.soft(Tolerance::Units(u / k)),
+        Some(t) => hard.soft(t),
+        None => hard,
+    }
+}
+
+fn share_hard(policy: &Policy, k: u64, instances: u32) -> Policy {
     if let Some(r) = policy.rate() {
         // count per (period x k): the same intervals, exactly k times longer.
         let period = r
@@ -90,6 +104,14 @@ pub(crate) fn share(policy: &Policy, instances: u32) -> Policy {
 /// local ones (to the microsecond: see `docs/distributed.md`). When Redis
 /// cannot answer, the [`FailurePolicy`] does.
 ///
+/// A **soft** policy ([`Policy::soft`]) works as locally: the script runs
+/// with the widened capacity `L + u`, and its decisions are read back by
+/// the same mapping as the local soft limiter (the nominal limit,
+/// `remaining = max(0, remaining' - u)`, and
+/// [`is_above_limit`](crate::Decision::is_above_limit) on what passes above
+/// `L`). The local fallback keeps the softness (see
+/// [`FailurePolicy::FallbackShare`]).
+///
 /// Keys are bytes: short printable keys are stored as they are
 /// (`ratewall:<name>:<key>`); long, binary or untrusted ones are hashed
 /// (see [`redis_key`](Self::redis_key)). An empty key is an error.
@@ -113,6 +135,8 @@ pub(crate) fn share(policy: &Policy, instances: u32) -> Policy {
 /// ```
 pub struct RedisLimiter {
     policy: Policy,
+    /// How to read the script's (widened) decisions; a no-op for a hard policy.
+    soft: Soft,
     program: Program,
     base: Vec<u8>,
     backend: RedisBackend,
@@ -372,19 +396,19 @@ impl RedisLimiter {
         let cache = self.deny_cache.as_ref().filter(|_| now_us.is_none());
         if let Some(left) = cache.and_then(|c| c.denied_for(&rkey)) {
             return Ok(RedisDecision {
-                decision: Decision::deny(self.program.limit, 0, left, left),
+                decision: Decision::deny(self.policy.limit(), 0, left, left),
                 source: DecisionSource::DenyCache,
             });
         }
         let mode = if consume { Mode::Check } else { Mode::Peek };
         match self.call(&rkey, mode, cost, now_us).await {
             Ok(reply) => {
-                let decision = parse_decision(&reply)?;
+                let raw = parse_decision(&reply)?;
                 if cache.is_some() {
-                    self.note(&rkey, cost, &decision);
+                    self.note(&rkey, cost, &raw);
                 }
                 Ok(RedisDecision {
-                    decision,
+                    decision: self.nominal(raw),
                     source: DecisionSource::Redis,
                 })
             }
@@ -422,7 +446,7 @@ impl RedisLimiter {
                 let decision =
                     Decision::allow(limit, limit - cost, 0).with_tracking(Tracking::Untracked);
                 Ok(RedisDecision {
-                    decision,
+                    decision: self.nominal(decision),
                     source: DecisionSource::FailOpen,
                 })
             }
@@ -430,8 +454,16 @@ impl RedisLimiter {
         }
     }
 
+    /// A decision of the script (run with the widened capacity of a soft
+    /// policy) in nominal terms: the same mapping as the local soft limiter.
+    pub(crate) fn nominal(&self, raw: Decision) -> Decision {
+        self.soft.view(raw)
+    }
+
     /// Records a Redis denial in the deny cache, if it is one that holds
     /// for every cost until its retry_after (a unit denial, nothing left).
+    /// `decision` is the script's own (widened) decision: nothing left
+    /// means nothing left of the tolerance either.
     pub(crate) fn note(&self, rkey: &[u8], cost: u64, decision: &Decision) {
         if let Some(c) = &self.deny_cache {
             if !decision.is_allowed() && decision.remaining() == 0 && cost == 1 {
@@ -645,7 +677,11 @@ impl RedisLimiterBuilder {
     /// # Ok::<(), ratewall::redis::RedisError>(()) }).unwrap();
     /// ```
     pub fn build(self) -> Result<RedisLimiter, RedisError> {
-        let program = Program::compile(&self.policy)?;
+        // A soft policy runs its script with the widened capacity, and its
+        // decisions are read back in nominal terms (`Soft::view`).
+        self.policy.validate()?;
+        let (hard, soft) = self.policy.widened()?;
+        let program = Program::compile(&hard)?;
         if let Some(max_keys) = self.deny_cache {
             if max_keys == 0 || max_keys > crate::MAX_KEYS {
                 return Err(RedisError::Config(crate::ConfigError::InvalidCapacity {
@@ -676,6 +712,7 @@ impl RedisLimiterBuilder {
         };
         Ok(RedisLimiter {
             policy: self.policy,
+            soft,
             program,
             base: format!("{}:{}:", self.prefix, name).into_bytes(),
             backend: self.backend,
@@ -721,6 +758,17 @@ mod tests {
             share(&Policy::leaky_bucket(Rate::per_second(4)), 0).limit(),
             4
         );
+        // A soft policy stays soft: a percentage as it is, units divided.
+        let soft = Policy::fixed_window(Window::per_second(10));
+        let p = share(&soft.soft(Tolerance::Percent(20)), 2);
+        assert_eq!((p.limit(), p.soft_limit()), (5, 6));
+        let p = share(&soft.soft(Tolerance::Units(6)), 3);
+        assert_eq!(p.tolerance(), Some(Tolerance::Units(2)));
+        let p = share(
+            &Policy::token_bucket(Rate::per_second(9)).soft(Tolerance::Units(4)),
+            1,
+        );
+        assert_eq!((p.limit(), p.soft_limit()), (9, 13));
     }
 
     #[test]

@@ -9,6 +9,8 @@
 //! - [`RedisDecision`]: a [`Decision`] plus where it came from
 //!   ([`DecisionSource`]): Redis, the local fallback, or fail-open.
 //! - [`FailurePolicy`]: what to answer when Redis cannot.
+//! - [`RedisElasticLimiter`]: an elastic limit (guarantee, ceiling and a
+//!   shared pool), one script call per check, all or nothing.
 //! - [`check_all`]: several (limit, key, cost) triples, all or nothing, in
 //!   parallel, for the HTTP layer.
 //!
@@ -46,6 +48,7 @@
 mod backend;
 mod breaker;
 mod deny_cache;
+mod elastic;
 mod error;
 mod key;
 mod limiter;
@@ -58,6 +61,7 @@ pub use backend::{
     RedisBackend, RedisBackendBuilder, DEFAULT_BREAKER_FAILURES, DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_COOL_DOWN, DEFAULT_TIMEOUT,
 };
+pub use elastic::{RedisElasticBuilder, RedisElasticLimiter};
 pub use error::RedisError;
 pub use limiter::{FailurePolicy, RedisLimiter, RedisLimiterBuilder};
 pub use multi::check_all;

@@ -125,10 +125,10 @@ async fn one_script(
             let all = matches!(items[0], Value::Int(1));
             let mut decisions = Vec::with_capacity(limits.len());
             for (i, &(limit, _, cost)) in limits.iter().enumerate() {
-                let decision = parse_fields(&items[1 + 5 * i..6 + 5 * i]).ok_or_else(bad)?;
-                limit.note(&rkeys[i], cost, &decision);
+                let raw = parse_fields(&items[1 + 5 * i..6 + 5 * i]).ok_or_else(bad)?;
+                limit.note(&rkeys[i], cost, &raw);
                 decisions.push(RedisDecision {
-                    decision,
+                    decision: limit.nominal(raw),
                     source: DecisionSource::Redis,
                 });
             }

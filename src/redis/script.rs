@@ -59,6 +59,19 @@ pub(crate) const MULTI_SOURCE: &str = concat!(
 pub(crate) static MULTI: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(MULTI_SOURCE));
 
+/// Elastic limits: guarantee, headroom and pool in one script.
+pub(crate) const ELASTIC_SOURCE: &str = concat!(
+    include_str!("lua/prelude.lua"),
+    include_str!("lua/gcra.lua"),
+    include_str!("lua/fixed_window.lua"),
+    include_str!("lua/sliding_window.lua"),
+    include_str!("lua/sliding_log.lua"),
+    include_str!("lua/elastic.lua"),
+);
+
+pub(crate) static ELASTIC: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(ELASTIC_SOURCE));
+
 static GCRA: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(GCRA_SOURCE));
 static FIXED: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(FIXED_SOURCE));
 static SLIDING: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(SLIDING_SOURCE));

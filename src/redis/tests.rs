@@ -14,7 +14,7 @@
 mod server;
 
 use super::{RedisBackend, RedisLimiter};
-use crate::{Decision, KeyedPolicyLimiter, ManualClock, Policy, Rate, Window};
+use crate::{Decision, KeyedPolicyLimiter, ManualClock, Policy, Rate, Tolerance, Window};
 use server::RedisServer;
 use std::time::Duration;
 
@@ -62,10 +62,11 @@ enum Op {
 /// rounded up: the script computes the earliest whole microsecond, where
 /// the local step may land between two (the sliding counter's retry, a
 /// quotient of the window). Everything else is equal as it is.
-fn fields(d: Decision) -> (bool, u64, u64, u64, u64, crate::Tracking) {
+fn fields(d: Decision) -> (bool, bool, u64, u64, u64, u64, crate::Tracking) {
     let us = |x: Duration| (x.as_nanos() as u64).div_ceil(1000);
     (
         d.is_allowed(),
+        d.is_above_limit(),
         d.limit(),
         d.remaining(),
         us(d.retry_after()),
@@ -89,28 +90,61 @@ const T0_US: u64 = 1_700_000_000_123_457;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_script_matches_the_local_step_decision_by_decision() {
+    let compared = differential(&policies(), "difftest").await;
+    assert!(compared > 2000, "{compared} decisions compared");
+}
+
+/// Soft policies: the script runs with the widened capacity and its reply
+/// is read back through the same mapping as the local soft limiter, so
+/// every field (the nominal limit and remaining, the above-limit mark)
+/// matches a local `KeyedPolicyLimiter` of the same soft policy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_soft_script_matches_the_local_soft_limiter() {
+    let soft: Vec<Policy> = policies()
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| {
+            p.soft(if i % 2 == 0 {
+                Tolerance::Percent(50)
+            } else {
+                Tolerance::Units(2)
+            })
+        })
+        .collect();
+    assert!(soft.iter().all(|p| p.tolerance_units() > 0));
+    let compared = differential(&soft, "softdiff").await;
+    assert!(compared > 2000, "{compared} decisions compared");
+}
+
+/// Runs each policy's script and the local limiter on the same random
+/// operations and timestamps, comparing every decision; returns how many
+/// decisions were compared. Fails if no decision was above the limit
+/// for a soft policy (the mark must be exercised).
+async fn differential(policies: &[Policy], prefix: &str) -> usize {
     let server = RedisServer::start();
     let backend = RedisBackend::builder(server.url())
         .timeout(Duration::from_secs(5))
         .build()
         .unwrap();
     let mut compared = 0;
-    for (pi, policy) in policies().into_iter().enumerate() {
+    for (pi, &policy) in policies.iter().enumerate() {
         let clock = ManualClock::new();
         let local = KeyedPolicyLimiter::<u8, _>::builder(policy)
             .clock(clock.clone())
             .build()
             .unwrap();
         let remote = RedisLimiter::builder(policy, &backend)
-            .prefix("difftest")
+            .prefix(prefix)
             .name(format!("p{pi}"))
             .build()
             .unwrap();
-        let limit = policy.limit();
+        // The most a check may cost (the tolerance included).
+        let limit = policy.soft_limit();
         let span = policy.span().as_micros() as u64;
         let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ pi as u64);
         let mut t = T0_US;
         let mut history = Vec::new();
+        let mut above = 0;
         for step in 0..400 {
             // Time: often still, often a little, sometimes a long gap.
             // (Never back: see `a_server_clock_step_back_never_admits_more`.)
@@ -136,6 +170,7 @@ async fn every_script_matches_the_local_step_decision_by_decision() {
                     let want = local.check_key_n_at(&1, now, n).unwrap();
                     let got = remote.decide(b"k", n, n > 0, Some(t)).await.unwrap();
                     assert_eq!(fields(got.decision()), fields(want), "{ctx}");
+                    above += usize::from(want.is_above_limit());
                     compared += 1;
                 }
                 Op::Peek(n) => {
@@ -154,8 +189,11 @@ async fn every_script_matches_the_local_step_decision_by_decision() {
                 }
             }
         }
+        if policy.tolerance().is_some() {
+            assert!(above > 0, "{policy:?}: no decision above the limit");
+        }
     }
-    assert!(compared > 2000, "{compared} decisions compared");
+    compared
 }
 
 /// The same sequence of allowed and denied decisions at the edges: exactly
@@ -249,4 +287,120 @@ async fn a_server_clock_step_back_never_admits_more() {
             );
         }
     }
+}
+
+/// Elastic limits: the script against the local `ElasticLimiter` on the
+/// same timestamps, three keys sharing one pool, every field of every
+/// decision (the above-limit mark included), for each algorithm as the
+/// guarantee and ceiling and a mix of pools. Fixed-window and log pools
+/// also change their limit now and then (`set_pool`, same window length).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_elastic_script_matches_the_local_elastic_limiter() {
+    use super::RedisElasticLimiter;
+    use crate::ElasticLimiter;
+    let ms = Duration::from_millis;
+    let sets = [
+        (
+            Policy::token_bucket(Rate::per_second(10).burst(3)),
+            Policy::token_bucket(Rate::per_second(20).burst(6)),
+            Policy::token_bucket(Rate::per_second(8).burst(4)),
+        ),
+        (
+            Policy::leaky_bucket(Rate::per_second(5).burst(2)),
+            Policy::leaky_bucket(Rate::per_second(15).burst(5)),
+            Policy::fixed_window(Window::new(5, ms(100))),
+        ),
+        (
+            Policy::fixed_window(Window::new(3, ms(100))),
+            Policy::fixed_window(Window::new(7, ms(100))),
+            Policy::fixed_window(Window::new(5, ms(60))),
+        ),
+        (
+            Policy::sliding_window_counter(Window::new(4, ms(200))),
+            Policy::sliding_window_counter(Window::new(9, ms(200))),
+            Policy::sliding_window_log(Window::new(6, ms(150))),
+        ),
+        (
+            Policy::sliding_window_log(Window::new(2, ms(50))),
+            Policy::sliding_window_log(Window::new(5, ms(50))),
+            Policy::sliding_window_counter(Window::new(4, ms(150))),
+        ),
+    ];
+    let server = RedisServer::start();
+    let backend = RedisBackend::builder(server.url())
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let (mut compared, mut above, mut denied, mut changes) = (0, 0, 0, 0);
+    for (si, &(g, c, p)) in sets.iter().enumerate() {
+        let clock = ManualClock::new();
+        let local = ElasticLimiter::<u8, _>::builder(g, c, p)
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+        let remote = RedisElasticLimiter::builder(g, c, p, &backend)
+            .prefix("elasticdiff")
+            .name(format!("e{si}"))
+            .build()
+            .unwrap();
+        let span = g.span().max(p.span()).as_micros() as u64;
+        let mut rng = Rng(0xD1B5_4A32_D192_ED03 ^ si as u64);
+        let mut t = T0_US;
+        let mut history = Vec::new();
+        for step in 0..500 {
+            t = match rng.below(20) {
+                0..=7 => t,
+                8..=14 => t + rng.below(span / 8 + 1),
+                15..=18 => t + rng.below(span + 1),
+                _ => t + span * (1 + rng.below(3)),
+            };
+            // A window pool of a fixed window or a log changes its limit
+            // now and then (same length): both sides keep the counts.
+            if let (Some(w), 2..=3) = (p.window(), si) {
+                if rng.below(25) == 0 {
+                    let new = Window::new(1 + rng.below(2 * w.limit()), w.length());
+                    let new = if si == 2 {
+                        Policy::fixed_window(new)
+                    } else {
+                        Policy::sliding_window_log(new)
+                    };
+                    local.set_pool(new).unwrap();
+                    remote.set_pool(new).unwrap();
+                    history.push(format!("set_pool {new}"));
+                    changes += 1;
+                }
+            }
+            let pool_cap = local.pool().limit();
+            let cap = g.limit().max((c.limit() - g.limit()).min(pool_cap));
+            let key = rng.below(3) as u8;
+            let n = match rng.below(10) {
+                0 => 0,
+                1 => cap + 1,
+                _ => 1 + rng.below(cap),
+            };
+            let now = t * 1000;
+            clock.set_nanos(now);
+            history.push(format!("t0+{} key {key} n {n}", t - T0_US));
+            let ctx = format!("set {si} step {step}; history {history:?}");
+            let want = local.check_key_n_at(&key, now, n);
+            let got = remote.decide(&[b'k', key], n, Some(t)).await;
+            match (want, got) {
+                (Ok(want), Ok(got)) => {
+                    assert_eq!(got.source(), super::DecisionSource::Redis);
+                    assert_eq!(fields(got.decision()), fields(want), "{ctx}");
+                    above += usize::from(want.is_above_limit());
+                    denied += usize::from(!want.is_allowed());
+                    compared += 1;
+                }
+                (Err(_), Err(super::RedisError::InsufficientCapacity(_))) => {}
+                (want, got) => panic!("{ctx}: local {want:?}, Redis {got:?}"),
+            }
+        }
+    }
+    assert!(compared > 2000, "{compared} decisions compared");
+    assert!(
+        above > 200 && denied > 200,
+        "{above} above, {denied} denied"
+    );
+    assert!(changes > 10, "{changes} pool changes");
 }

@@ -24,8 +24,10 @@ local function gcra_tat(key)
   return tat
 end
 
-local function gcra_step(key, now, n, T, tau, burst)
-  local tat = gcra_tat(key)
+-- `tat`, if given, replaces the stored TAT (a pool whose quota changed,
+-- rescaled by the elastic script); the key is read otherwise.
+local function gcra_step(key, now, n, T, tau, burst, tat)
+  tat = tat or gcra_tat(key)
   local held = math.max(tat - now, 0)
   local used = held + n * T
   if used <= tau then
