@@ -1143,7 +1143,6 @@ impl<K, A: Algorithm, C: Clock> fmt::Debug for KeyedBuilder<K, A, C> {
 mod tests {
     use super::*;
     use crate::Rate;
-    use std::hash::BuildHasher;
 
     fn builder() -> KeyedBuilder<u64, Gcra, DefaultClock> {
         KeyedTokenBucket::<u64>::builder(Rate::per_second(5))
