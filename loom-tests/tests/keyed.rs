@@ -84,6 +84,40 @@ fn check_racing_reclaim_and_reuse_of_its_slot() {
     });
 }
 
+/// A peek writes nothing, so it confirms its slot with a second load instead
+/// of an exchange. Key 1 sits idle in the only slot; A peeks key 1 while B
+/// checks key 2, which reclaims key 1's slot. If the second load finds
+/// another key's fingerprint, A must look key 1 up again, never read key 2's
+/// state: its peek is key 1 fresh (tracked, one more left after this unit)
+/// or a new key facing a full table (rejected), never key 2's last unit.
+#[test]
+fn peek_racing_reclaim_of_its_slot_never_reads_the_new_key() {
+    loom::model(|| {
+        let clock = ManualClock::new();
+        let l = Arc::new(table(&clock, WhenFull::RejectNew));
+        assert!(l.check_key(&1).is_allowed());
+        l.reset_key(&1); // tracked, idle, reclaimable
+        let k2 = rival_of_key_1(&l);
+
+        let a = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || l.peek_key(&1))
+        };
+        let b = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || l.check_key(&k2))
+        };
+        let pa = a.join().unwrap();
+        let db = b.join().unwrap();
+        assert_eq!((db.tracking(), db.remaining()), (Tracking::Tracked, 1));
+        match pa.tracking() {
+            Tracking::Tracked => assert!(pa.is_allowed() && pa.remaining() == 1, "{pa:?}"),
+            Tracking::Rejected => assert!(!pa.is_allowed()),
+            other => panic!("unexpected {other:?}: {pa:?}"),
+        }
+    });
+}
+
 /// Key 1 is active in the only slot; A checks key 1 while B's new key 2
 /// evicts it. Whoever wins, each decision is applied to its own key: the
 /// slot's final state holds exactly one admission, for the key it belongs to.
