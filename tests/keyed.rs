@@ -710,3 +710,18 @@ fn a_table_built_for_n_keys_tracks_n_distinct_keys_under_every_policy() {
         }
     }
 }
+
+/// A builder's `Debug` shows its settings but never the hash seed: anyone
+/// who knows the seed can craft keys that collide.
+#[test]
+fn builder_debug_shows_the_settings_and_hides_the_seed() {
+    let b = KeyedTokenBucket::<u64>::builder(Rate::per_second(5))
+        .max_keys(777)
+        .seed(0x5eed_1234_5678);
+    let text = format!("{b:?}");
+    assert!(
+        text.contains("max_keys: 777") && text.contains("<set>"),
+        "{text}"
+    );
+    assert!(!text.contains(&0x5eed_1234_5678u64.to_string()), "{text}");
+}

@@ -266,3 +266,58 @@ fn retain_active_returns_the_keys_it_dropped() {
     assert_eq!(log.len(), 1);
     assert_eq!(log.retain_active(), 0);
 }
+
+/// A log filled with many more keys than it holds tracks exactly
+/// `max_keys` of them, also when `max_keys` does not divide evenly among
+/// the shards (the first shards hold one more).
+#[test]
+fn a_saturated_log_tracks_exactly_max_keys_over_uneven_shards() {
+    for (max_keys, shards) in [(7, 2), (10, 4), (5, 4), (9, 8)] {
+        let log = KeyedSlidingWindowLog::<u32, _>::builder(Window::per_hour(3))
+            .max_keys(max_keys)
+            .shards(shards)
+            .clock(ManualClock::new())
+            .build()
+            .unwrap();
+        let tracked = (0..500u32)
+            .filter(|k| log.check_key(k).tracking() == Tracking::Tracked)
+            .count();
+        assert_eq!(
+            (tracked, log.len()),
+            (max_keys, max_keys),
+            "{max_keys} keys, {shards} shards"
+        );
+    }
+}
+
+/// In a multi-limit check whose first limit is a keyed log, the log's clock
+/// is the one read: its window moves on with it.
+#[test]
+fn check_all_led_by_a_keyed_log_reads_its_clock() {
+    let clock = ManualClock::new();
+    clock.advance(Duration::from_secs(10));
+    let log = KeyedSlidingWindowLog::<u32, _>::builder(Window::per_second(1))
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let alice = log.with_key(&1);
+    assert!(check_all(&[&alice]).is_allowed());
+    assert!(!check_all(&[&alice]).is_allowed());
+    clock.advance(Duration::from_secs(1));
+    assert!(check_all(&[&alice]).is_allowed());
+    assert_eq!(log.peek_key(&1).reset_after(), Duration::from_secs(1));
+}
+
+/// A keyed log's `with_key` and builder print what they hold.
+#[test]
+fn debug_output_names_the_key() {
+    let log = KeyedSlidingWindowLog::<u32>::builder(Window::per_second(1))
+        .build()
+        .unwrap();
+    let alice = log.with_key(&12_345);
+    let text = format!("{alice:?}");
+    assert!(
+        text.starts_with("KeyedLogRef") && text.contains("12345"),
+        "{text}"
+    );
+}

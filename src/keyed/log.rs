@@ -227,11 +227,7 @@ impl<K, C: Clock> KeyedSlidingWindowLog<K, C> {
         K: Borrow<Q>,
         Q: Hash + ?Sized,
     {
-        match self.check_key_n_at(key, self.now(), 1) {
-            Ok(d) => d,
-            // The limit is at least 1 (validated), so a unit cost fits.
-            Err(e) => Decision::deny(e.capacity, 0, u64::MAX, u64::MAX),
-        }
+        self.check_key_at(key, self.now())
     }
 
     /// Checks a request of cost `n` for `key`: all of it or nothing.
@@ -291,6 +287,43 @@ impl<K, C: Clock> KeyedSlidingWindowLog<K, C> {
         Q: Hash + ?Sized,
     {
         self.run(key, self.clamp(self.now()), n, false)
+    }
+
+    /// The decision one request for `key` would get, taking nothing:
+    /// [`peek_key_n`](Self::peek_key_n) with a cost of 1.
+    ///
+    /// ```
+    /// # use ratewall::{KeyedSlidingWindowLog, Window};
+    /// let l = KeyedSlidingWindowLog::<u32>::builder(Window::per_hour(1)).build().unwrap();
+    /// assert!(l.peek_key(&1).is_allowed());
+    /// let _ = l.check_key(&1);
+    /// assert!(!l.peek_key(&1).is_allowed());
+    /// ```
+    pub fn peek_key<Q>(&self, key: &Q) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Hash + ?Sized,
+    {
+        unit(self.peek_key_n(key, 1))
+    }
+
+    /// [`check_key`](Self::check_key) at a time the caller read (a clock
+    /// reading of this log's clock, as from [`now`](Self::now)).
+    ///
+    /// ```
+    /// # use ratewall::{KeyedSlidingWindowLog, ManualClock, Window};
+    /// let l = KeyedSlidingWindowLog::<u32>::builder(Window::per_second(1))
+    ///     .clock(ManualClock::new()).build().unwrap();
+    /// assert!(l.check_key_at(&1, 5).is_allowed());
+    /// assert!(!l.check_key_at(&1, 6).is_allowed());
+    /// assert!(l.check_key_at(&1, 1_000_000_005).is_allowed());
+    /// ```
+    pub fn check_key_at<Q>(&self, key: &Q, now: u64) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Hash + ?Sized,
+    {
+        unit(self.check_key_n_at(key, now, 1))
     }
 
     /// Gives back `n` units `key` took (the newest admissions still in the
@@ -685,6 +718,15 @@ impl<K, C: Clock> fmt::Debug for KeyedSlidingWindowLog<K, C> {
     }
 }
 
+/// The decision of a unit request: the limit is at least 1 (validated), so
+/// a cost of 1 always fits.
+fn unit(result: Result<Decision, InsufficientCapacity>) -> Decision {
+    match result {
+        Ok(d) => d,
+        Err(e) => Decision::deny(e.capacity, 0, u64::MAX, u64::MAX),
+    }
+}
+
 /// A key of a [`KeyedSlidingWindowLog`], as one limit of a multi-limit
 /// check. Made by [`KeyedSlidingWindowLog::with_key`].
 ///
@@ -702,10 +744,11 @@ pub struct KeyedLogRef<'a, K, Q: ?Sized, C: Clock> {
     key: &'a Q,
 }
 
-impl<K, Q: ?Sized, C: Clock> fmt::Debug for KeyedLogRef<'_, K, Q, C> {
+impl<K, Q: ?Sized + fmt::Debug, C: Clock> fmt::Debug for KeyedLogRef<'_, K, Q, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("KeyedLogRef")
             .field("log", self.log)
+            .field("key", &self.key)
             .finish()
     }
 }
