@@ -725,3 +725,30 @@ fn builder_debug_shows_the_settings_and_hides_the_seed() {
     );
     assert!(!text.contains(&0x5eed_1234_5678u64.to_string()), "{text}");
 }
+
+/// `memory_bytes` is what building the limiter allocated plus the limiter
+/// itself, to within the bookkeeping of the allocator's headers (checked
+/// against a counting allocator, at several table sizes and shard counts).
+#[test]
+fn memory_bytes_is_what_the_limiter_owns() {
+    for (max_keys, shards) in [(7usize, 2usize), (1_000, 1), (100_000, 64)] {
+        let mut built = None;
+        let heap = allocation_counter::measure(|| {
+            built = Some(
+                KeyedTokenBucket::<u64>::builder(Rate::per_second(5))
+                    .max_keys(max_keys)
+                    .shards(shards)
+                    .build()
+                    .unwrap(),
+            );
+        })
+        .bytes_current;
+        let l = built.unwrap();
+        let owned = heap as usize + std::mem::size_of_val(&l);
+        let reported = l.memory_bytes();
+        assert!(
+            reported.abs_diff(owned) <= 128,
+            "{max_keys} keys, {shards} shards: reports {reported} B, owns {owned} B"
+        );
+    }
+}
