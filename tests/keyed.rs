@@ -752,3 +752,15 @@ fn memory_bytes_is_what_the_limiter_owns() {
         );
     }
 }
+
+/// A keyed limiter's `Debug` shows its algorithm and its table's figures.
+#[test]
+fn limiter_debug_shows_the_table() {
+    let l = KeyedTokenBucket::<u64>::builder(Rate::per_second(5))
+        .max_keys(100)
+        .build()
+        .unwrap();
+    let _ = l.check_key(&1);
+    let text = format!("{l:?}");
+    assert!(text.contains("Table") && text.contains("len: 1"), "{text}");
+}

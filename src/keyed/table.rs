@@ -896,6 +896,26 @@ mod tests {
         (t, keys)
     }
 
+    /// `sweep_finds_active` looks as far as `evict_elsewhere` goes (every
+    /// attempt's range, wrapping around the shard) and counts keys, never
+    /// tombstones.
+    #[test]
+    fn sweep_finds_active_looks_over_every_attempt_and_skips_tombstones() {
+        let t = hundred();
+        let s = &t.shards[0];
+        s.slots[5].store(pack(TOMB, 0), Ordering::Relaxed);
+        assert!(!sweep_finds_active(s, 0), "a tombstone is not a key");
+        s.slots[100].store(pack(TOMB + 1, 7), Ordering::Relaxed);
+        assert!(
+            sweep_finds_active(s, 0),
+            "slot 100 is in the second range from 0"
+        );
+        assert!(
+            sweep_finds_active(s, 101),
+            "the scan wraps around the shard"
+        );
+    }
+
     #[test]
     fn at_max_keys_a_free_window_still_rejects_or_evicts_elsewhere() {
         // Key 99 has the least time to idle of all, outside the range the
