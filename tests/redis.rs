@@ -40,25 +40,6 @@ fn limiter(policy: Policy, b: &RedisBackend, name: &str, failure: FailurePolicy)
         .unwrap()
 }
 
-/// Every key under a prefix, with its PTTL.
-fn keys_with_pttl(server: &RedisServer, pattern: &str) -> Vec<(String, i64)> {
-    let reply = server.cmd(&["KEYS", pattern]);
-    let keys: Vec<String> = reply
-        .lines()
-        .filter(|l| !l.starts_with('*') && !l.starts_with('$'))
-        .map(str::to_string)
-        .collect();
-    keys.into_iter()
-        .map(|k| {
-            let ttl = server.cmd(&["PTTL", &k]);
-            let ttl: i64 = ttl.trim_start_matches(':').trim().parse().unwrap();
-            (k, ttl)
-        })
-        // -2: the key expired between KEYS and PTTL (it had a TTL).
-        .filter(|&(_, ttl)| ttl != -2)
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn decisions_use_the_server_clock_and_write_state_with_its_ttl() {
     let server = RedisServer::start();
@@ -82,7 +63,7 @@ async fn decisions_use_the_server_clock_and_write_state_with_its_ttl() {
     assert!(denied.retry_after() <= Duration::from_millis(100));
     assert!(denied.reset_after() <= Duration::from_millis(400));
     // The key's TTL is its time to idle: at most the 400 ms to full.
-    let keys = keys_with_pttl(&server, "it:clock:*");
+    let keys = server.keys_with_pttl("it:clock:*");
     assert_eq!(keys.len(), 1);
     assert!(keys[0].1 > 0 && keys[0].1 <= 400, "{keys:?}");
     // peek, refund and reset reach the script.
@@ -91,7 +72,7 @@ async fn decisions_use_the_server_clock_and_write_state_with_its_ttl() {
     assert_eq!(l.peek(b"k").await.unwrap().remaining(), 1);
     l.reset(b"k").await.unwrap();
     assert_eq!(l.peek(b"k").await.unwrap().remaining(), 3);
-    assert!(keys_with_pttl(&server, "it:clock:*").is_empty());
+    assert!(server.keys_with_pttl("it:clock:*").is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -134,7 +115,7 @@ async fn huge_binary_and_empty_keys() {
         assert_eq!(l.check(key).await.unwrap().remaining(), 0);
         assert!(!l.check(key).await.unwrap().is_allowed());
     }
-    let keys = keys_with_pttl(&server, "it:keys:*");
+    let keys = server.keys_with_pttl("it:keys:*");
     assert_eq!(keys.len(), 2);
     for (k, _) in &keys {
         assert!(k.len() <= "it:keys:".len() + 33, "{k}");
@@ -282,7 +263,7 @@ async fn every_key_has_a_ttl_and_all_expire() {
             }
         }
     }
-    let keys = keys_with_pttl(&server, "it:*");
+    let keys = server.keys_with_pttl("it:*");
     // (On a slow machine the first keys may already have expired.)
     assert!(keys.len() > 50 && keys.len() <= 100, "{}", keys.len());
     for (k, ttl) in &keys {
@@ -291,7 +272,7 @@ async fn every_key_has_a_ttl_and_all_expire() {
         assert!(*ttl >= 0 && *ttl <= 4001, "{k}: PTTL {ttl}");
     }
     tokio::time::sleep(Duration::from_millis(4100)).await;
-    assert_eq!(keys_with_pttl(&server, "it:*"), vec![]);
+    assert_eq!(server.keys_with_pttl("it:*"), vec![]);
 }
 
 /// `SCRIPT FLUSH` mid-run: the next call gets NOSCRIPT, loads the script

@@ -54,21 +54,6 @@ fn elastic(
         .unwrap()
 }
 
-/// Every key matching `pattern`, with its PTTL (keys that expired between
-/// KEYS and PTTL are left out: they had a TTL).
-fn keys_with_pttl(server: &RedisServer, pattern: &str) -> Vec<(String, i64)> {
-    let reply = server.cmd(&["KEYS", pattern]);
-    reply
-        .lines()
-        .filter(|l| !l.starts_with('*') && !l.starts_with('$'))
-        .map(|k| {
-            let ttl: i64 = server.cmd(&["PTTL", k])[1..].trim().parse().unwrap();
-            (k.to_string(), ttl)
-        })
-        .filter(|&(_, ttl)| ttl != -2)
-        .collect()
-}
-
 /// Three keys hammer the pool dry; a fourth key still gets exactly its
 /// guarantee. In total, exactly the guarantees in use plus the pool pass,
 /// and exactly the pool's worth is marked above the limit.
@@ -197,7 +182,7 @@ async fn a_denial_writes_nothing_and_every_key_has_a_ttl() {
             assert_eq!(dump0, dump1, "algorithm {algorithm}: {} changed", keys[i]);
             assert!(ttl1 <= ttl0, "algorithm {algorithm}: {} TTL grew", keys[i]);
         }
-        let all = keys_with_pttl(&server, &format!("el:{{{name}}}:*"));
+        let all = server.keys_with_pttl(&format!("el:{{{name}}}:*"));
         // g:a h:a g:b h:b pool, and a bucket pool's interval (pool:t).
         let expected = if algorithm < 2 { 6 } else { 5 };
         assert_eq!(all.len(), expected, "{all:?}");

@@ -141,6 +141,26 @@ impl RedisServer {
         raw_command(self.port, args)
             .unwrap_or_else(|e| panic!("{args:?} on port {}: {e}", self.port))
     }
+
+    /// Every key matching `pattern`, with its PTTL in ms (-1: no TTL). A
+    /// key that expired between `KEYS` and `PTTL` is left out: it had a TTL.
+    pub fn keys_with_pttl(&self, pattern: &str) -> Vec<(String, i64)> {
+        let reply = self.cmd(&["KEYS", pattern]);
+        let keys: Vec<String> = reply
+            .lines()
+            .filter(|l| !l.starts_with('*') && !l.starts_with('$'))
+            .map(str::to_string)
+            .collect();
+        keys.into_iter()
+            .map(|k| {
+                let ttl = self.cmd(&["PTTL", &k]);
+                let ttl: i64 = ttl.trim_start_matches(':').trim().parse().unwrap();
+                (k, ttl)
+            })
+            // -2: the key expired between KEYS and PTTL.
+            .filter(|&(_, ttl)| ttl != -2)
+            .collect()
+    }
 }
 
 impl Drop for RedisServer {
