@@ -257,6 +257,30 @@ pub(crate) fn missing_key(status: StatusCode, rule: &str, why: &str) -> Response
     problem(status, body)
 }
 
+/// A 503 when the Redis rules could not be decided and their limiters
+/// fail closed.
+#[cfg(feature = "redis")]
+pub(crate) fn store_unavailable(rules: &[&str], retry_after: u64) -> Response<Bytes> {
+    let mut list = String::new();
+    for (i, r) in rules.iter().enumerate() {
+        if i > 0 {
+            list.push(',');
+        }
+        list.push('"');
+        list.push_str(r);
+        list.push('"');
+    }
+    let body = format!(
+        "{{\"title\":\"Rate-limit store unavailable\",\"status\":503,\
+         \"detail\":\"The rate limits of this request could not be checked; retry after {retry_after} seconds.\",\
+         \"violated-policies\":[{list}]}}"
+    );
+    let mut res = problem(StatusCode::SERVICE_UNAVAILABLE, body);
+    res.headers_mut()
+        .insert(http::header::RETRY_AFTER, HeaderValue::from(retry_after));
+    res
+}
+
 fn problem(status: StatusCode, body: String) -> Response<Bytes> {
     let mut res = Response::new(Bytes::from(body));
     *res.status_mut() = status;
