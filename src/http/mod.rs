@@ -39,15 +39,22 @@
 //! values `http` itself copies (one per header written) and, only if
 //! [`RateLimitBuilder::decisions_extension`] is on, the request extension.
 //!
-//! # Where a remote (Redis) limit plugs in
+//! # Redis rules (features `tower` and `redis`)
 //!
-//! A rule's limit is a private enum whose only variant today is a local
-//! [`KeyedPolicyLimiter`]; the local check in [`RateLimitService::call`]
-//! is synchronous. A remote variant adds a second, asynchronous path: the
-//! remote limits are awaited first (in a private state of
-//! [`ResponseFuture`]), then the local ones run through the same
-//! synchronous check, and a local denial gives the remote units back. The
-//! async path wraps the local check; local-only layers never take it.
+//! `Rule::redis` checks a rule against a
+//! `ratewall::redis::RedisLimiter` instead of a local table. A
+//! request that matches a Redis rule takes an asynchronous path inside
+//! [`ResponseFuture`] (polled by the server's runtime; the layer creates
+//! none): the Redis rules first, all or nothing among themselves
+//! (`ratewall::redis::check_all`: one script on one server), then
+//! the local rules through the same synchronous check, and a local denial
+//! gives the Redis units back. A layer with only local rules never takes
+//! that path. `docs/http.md` describes the brief window between a Redis
+//! take and a local denial's refund, and each failure policy.
+//!
+//! With the `redis` feature the service needs `S: Clone + Send + 'static`
+//! and a `Send + 'static` request body: a request that waits for Redis
+//! calls the inner service from the future.
 
 #[cfg(feature = "serde")]
 mod config;
