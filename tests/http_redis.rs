@@ -446,6 +446,100 @@ async fn with_the_server_killed_each_failure_policy_does_what_it_says() {
     }
 }
 
+#[derive(Clone, Hash)]
+struct UserId(u64);
+
+/// Two instances (two layers, each with its own backend and limiters of
+/// the same names) count against one limit: the Redis keys are the same
+/// bytes in every process (not a seeded fingerprint), and bounded.
+#[tokio::test]
+async fn two_instances_share_one_limit_and_the_redis_keys_are_bounded() {
+    let server = RedisServer::start();
+    let instance = || {
+        let b = backend(&server);
+        let closed = FailurePolicy::Closed;
+        let wide = Policy::fixed_window(Window::per_minute(100));
+        let layer = RateLimitLayer::builder()
+            .rule(Rule::redis(
+                "user",
+                Key::extension::<UserId>(),
+                limiter(
+                    &b,
+                    "user",
+                    Policy::fixed_window(Window::per_minute(3)),
+                    closed,
+                ),
+            ))
+            .rule(Rule::redis(
+                "iproute",
+                Key::composite([Key::client_ip(), Key::route()]),
+                limiter(&b, "iproute", wide, closed),
+            ))
+            .rule(Rule::redis(
+                "key",
+                Key::header("x-api-key"),
+                limiter(&b, "key", wide, closed),
+            ))
+            .build()
+            .unwrap();
+        (layer.clone(), make_app(layer))
+    };
+    let (layer_a, a) = instance();
+    let (layer_b, b) = instance();
+    let huge = "k".repeat(10_000);
+    let call = |app: &Router, user: u64| {
+        let mut req = Request::builder()
+            .uri("/")
+            .header("x-api-key", huge.as_str())
+            .body(Body::empty())
+            .unwrap();
+        req.extensions_mut().insert(UserId(user));
+        req.extensions_mut()
+            .insert(axum::extract::ConnectInfo(SocketAddr::new(
+                [192, 0, 2, 1].into(),
+                40_000,
+            )));
+        app.clone().oneshot(req)
+    };
+    let mut statuses = Vec::new();
+    for (i, app) in [&a, &b, &a, &b, &a].into_iter().enumerate() {
+        let user = if i == 4 { 8 } else { 7 };
+        statuses.push(call(app, user).await.unwrap().status().as_u16());
+    }
+    assert_eq!(
+        statuses,
+        [200, 200, 200, 429, 200],
+        "3 per minute for user 7, across both"
+    );
+    assert_eq!(
+        layer_a.stats()[0].allowed() + layer_b.stats()[0].allowed(),
+        4
+    );
+    let user_keys = server.cmd(&["KEYS", "ratewall:user:*"]);
+    let lines: Vec<&str> = user_keys
+        .lines()
+        .filter(|l| l.starts_with("ratewall:"))
+        .collect();
+    assert_eq!(lines.len(), 2, "{user_keys}");
+    for l in lines {
+        let hex = l.strip_prefix("ratewall:user:x:").unwrap();
+        assert!(
+            hex.len() == 32 && hex.bytes().all(|c| c.is_ascii_hexdigit()),
+            "{l}"
+        );
+    }
+    let api = server.cmd(&["KEYS", "ratewall:key:*"]);
+    let key = api.lines().find(|l| l.starts_with("ratewall:")).unwrap();
+    assert_eq!(
+        key.len(),
+        "ratewall:key:".len() + 33,
+        "a 10 kB header is hashed: {key}"
+    );
+    assert!(server
+        .cmd(&["KEYS", "ratewall:iproute:*"])
+        .contains("ratewall:iproute:9:192.0.2.13:r:/\r"));
+}
+
 mod end_to_end {
     use super::*;
     use hyper_util::rt::TokioIo;
