@@ -425,6 +425,10 @@ async fn with_the_server_killed_each_failure_policy_does_what_it_says() {
                         got.json()["violated-policies"],
                         serde_json::json!(["closed"])
                     );
+                    let grpc = [("content-type", "application/grpc")];
+                    let g = send(app, "GET", "/", "192.0.2.1", &grpc).await;
+                    assert_eq!(g.status, StatusCode::OK);
+                    assert_eq!(g.headers["grpc-status"], "14");
                 }
                 _ => {
                     // The local fallback holds the whole limit (2 per hour).
@@ -440,7 +444,7 @@ async fn with_the_server_killed_each_failure_policy_does_what_it_says() {
         let s = &layer.stats()[0];
         match *name {
             "open" => assert_eq!((s.allowed(), s.errors(), s.fallbacks()), (5, 4, 0)),
-            "closed" => assert_eq!((s.allowed(), s.errors(), s.fallbacks()), (1, 4, 0)),
+            "closed" => assert_eq!((s.allowed(), s.errors(), s.fallbacks()), (1, 8, 0)),
             _ => assert_eq!((s.allowed(), s.denied(), s.fallbacks()), (3, 2, 4)),
         }
     }

@@ -58,7 +58,12 @@ impl<C: Clock + 'static> Shared<C> {
                         return (Verdict::Reject(self.reject(grpc, &entries)), None);
                     }
                 }
-                Err(e) => return (Verdict::Reject(self.remote_error(&entries, &idx, e)), None),
+                Err(e) => {
+                    return (
+                        Verdict::Reject(self.remote_error(grpc, &entries, &idx, e)),
+                        None,
+                    )
+                }
             }
         }
         // 2. The local enforced rules, synchronously; a denial gives the
@@ -179,7 +184,13 @@ impl<C: Clock + 'static> Shared<C> {
     }
 
     /// The response when the Redis rules could not be decided.
-    fn remote_error(&self, entries: &Entries, idx: &[usize], e: RedisError) -> Response<Bytes> {
+    fn remote_error(
+        &self,
+        grpc: bool,
+        entries: &Entries,
+        idx: &[usize],
+        e: RedisError,
+    ) -> Response<Bytes> {
         let rule_of = |i: usize| &self.rules[usize::from(entries[i].rule)];
         match e {
             RedisError::InsufficientCapacity(c) => {
@@ -225,7 +236,15 @@ impl<C: Clock + 'static> Shared<C> {
                     blamed.iter().map(|r| r.rule.name.as_str()).collect();
                 #[cfg(feature = "tracing")]
                 tracing::warn!(target: "ratewall::http", rules = ?names, error = %e, "rate-limit store unavailable");
-                response::store_unavailable(&names, retry)
+                if grpc {
+                    // UNAVAILABLE: the client may retry.
+                    let mut res = response::grpc_status("14", "rate-limit store unavailable");
+                    res.headers_mut()
+                        .insert(RETRY_AFTER, HeaderValue::from(retry));
+                    res
+                } else {
+                    response::store_unavailable(&names, retry)
+                }
             }
         }
     }

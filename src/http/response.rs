@@ -300,10 +300,15 @@ pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
 
 /// A gRPC trailers-only response with `RESOURCE_EXHAUSTED` (8).
 pub(crate) fn grpc_exhausted(message: &'static str) -> Response<Bytes> {
+    grpc_status("8", message)
+}
+
+/// A gRPC trailers-only response with this status code.
+pub(crate) fn grpc_status(code: &'static str, message: &'static str) -> Response<Bytes> {
     let mut res = Response::new(Bytes::new());
     let h = res.headers_mut();
     h.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-    h.insert("grpc-status", HeaderValue::from_static("8"));
+    h.insert("grpc-status", HeaderValue::from_static(code));
     h.insert("grpc-message", HeaderValue::from_static(message));
     res
 }
