@@ -141,8 +141,7 @@ impl<C: Clock + 'static> Shared<C> {
         let mut after = self.after(&entries);
         let refunds: RemoteRefunds = keys
             .iter()
-            .zip(0..)
-            .filter_map(|((i, k), _)| {
+            .filter_map(|(i, k)| {
                 let e = &entries[*i];
                 let r = rule_of(e);
                 let (_, source) = *sources.iter().find(|(j, _)| j == i)?;
