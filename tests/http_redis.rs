@@ -450,6 +450,41 @@ async fn with_the_server_killed_each_failure_policy_does_what_it_says() {
     }
 }
 
+/// A server that accepts but does not answer (`CLIENT PAUSE`): each
+/// request waits at most the backend's timeout, then the failure policy
+/// answers.
+#[tokio::test]
+async fn a_stalled_server_costs_at_most_the_timeout() {
+    let server = RedisServer::start();
+    let b = RedisBackend::builder(server.url())
+        .timeout(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let ip = limiter(
+        &b,
+        "ip",
+        Policy::fixed_window(Window::per_minute(5)),
+        FailurePolicy::Closed,
+    );
+    let layer = RateLimitLayer::builder()
+        .rule(Rule::redis("ip", Key::client_ip(), ip))
+        .build()
+        .unwrap();
+    let app = make_app(layer.clone());
+    assert_eq!(get_(&app, "192.0.2.1").await.status, StatusCode::OK);
+    server.cmd(&["CLIENT", "PAUSE", "3000", "ALL"]);
+    let t = Instant::now();
+    let got = get_(&app, "192.0.2.1").await;
+    let waited = t.elapsed();
+    assert_eq!(got.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(
+        waited >= Duration::from_millis(150),
+        "{waited:?}: it did wait for Redis"
+    );
+    assert!(waited < Duration::from_millis(1500), "{waited:?}");
+    assert_eq!(layer.stats()[0].errors(), 1);
+}
+
 #[derive(Clone, Hash)]
 struct UserId(u64);
 
