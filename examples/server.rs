@@ -10,9 +10,12 @@
 //! instead of the built-in limits (needs the `serde` feature too):
 //! `RATEWALL_LIMITS=examples/http_limits.toml cargo run --example server --features axum,serde`.
 //!
-//! The limits are local (in this process). `RATEWALL_REDIS_URL` is reserved
-//! for the Redis-backed rules; until they land, the server says so and
-//! stays local.
+//! The limits are local (in this process) by default. With the `redis`
+//! feature, `RATEWALL_REDIS_URL` names a Redis server that holds the per-IP
+//! and per-API-key limits, shared by every instance of the server (the
+//! strict login rule stays local, checked in the same all-or-nothing step):
+//! `RATEWALL_REDIS_URL=redis://127.0.0.1:6379 cargo run --example server --features axum,redis`.
+//! If Redis stops answering, each instance limits with its local share.
 
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::{get, post};
@@ -48,6 +51,51 @@ pub fn limits<C: Clock + Clone + 'static>(clock: C) -> RateLimitLayer<C> {
         )
         .build()
         .expect("valid limits")
+}
+
+/// The same limits with the per-IP and per-API-key ones in Redis at `url`
+/// (feature `redis`). Every instance that names the same server counts
+/// against one limit; when Redis cannot answer within 50 ms, each instance
+/// falls back to its own copy of the limit.
+#[cfg(feature = "redis")]
+#[allow(dead_code)] // the demo includes this file without using it
+pub fn redis_limits(url: &str) -> Result<RateLimitLayer, Box<dyn std::error::Error>> {
+    use ratewall::http::Key;
+    use ratewall::redis::{FailurePolicy, RedisBackend, RedisLimiter};
+    let redis = RedisBackend::builder(url)
+        .timeout(std::time::Duration::from_millis(50))
+        .build()?;
+    let shared = |name: &str, policy: Policy| {
+        RedisLimiter::builder(policy, &redis)
+            .name(name)
+            .on_failure(FailurePolicy::FallbackShare { instances: 1 })
+            .build()
+    };
+    let layer = RateLimitLayer::builder()
+        .client_ip(ClientIp::peer())
+        .skip(|_, uri, _| uri.path() == "/health")
+        .rule(Rule::redis(
+            "ip",
+            Key::client_ip(),
+            shared("ip", Policy::token_bucket(Rate::per_minute(60).burst(20)))?,
+        ))
+        .rule(Rule::redis(
+            "key",
+            Key::header("x-api-key"),
+            shared(
+                "key",
+                Policy::sliding_window_counter(Window::per_minute(600)),
+            )?,
+        ))
+        .rule(
+            Rule::per_ip("login", Policy::sliding_window_log(Window::per_minute(5)))
+                .on_method(axum::http::Method::POST)
+                .on_path_prefix("/login")
+                .count_failures_only()
+                .hide_headers(),
+        )
+        .build()?;
+    Ok(layer)
 }
 
 /// The limits of a configuration file (`ratewall::http::LayerConfig` in
@@ -93,18 +141,35 @@ async fn login(headers: HeaderMap) -> StatusCode {
 #[allow(dead_code)] // the demo includes this file for `limits` and `router`
 #[tokio::main]
 async fn main() {
-    if let Ok(url) = std::env::var("RATEWALL_REDIS_URL") {
-        eprintln!(
-            "RATEWALL_REDIS_URL={url} is set, but this build has no Redis-backed rules yet: \
-             serving local limits"
-        );
-    }
     let port: u16 = std::env::var("PORT")
         .ok()
         .and_then(|p| p.parse().ok())
         .unwrap_or(3000);
     let clock = ratewall::DefaultClock::default();
+    let redis_url = std::env::var("RATEWALL_REDIS_URL").ok();
     let layer = match std::env::var_os("RATEWALL_LIMITS") {
+        #[cfg(feature = "redis")]
+        None if redis_url.is_some() => {
+            let url = redis_url.as_deref().unwrap_or_default();
+            match redis_limits(url) {
+                Ok(layer) => {
+                    println!("per-IP and per-key limits in Redis at {url}");
+                    layer
+                }
+                Err(e) => {
+                    eprintln!("RATEWALL_REDIS_URL: {e}");
+                    std::process::exit(2);
+                }
+            }
+        }
+        #[cfg(not(feature = "redis"))]
+        None if redis_url.is_some() => {
+            eprintln!(
+                "RATEWALL_REDIS_URL is set, but Redis-backed limits need the `redis` feature: \
+                 cargo run --example server --features axum,redis"
+            );
+            std::process::exit(2);
+        }
         None => limits(clock),
         #[cfg(feature = "serde")]
         Some(path) => match limits_from_file(std::path::Path::new(&path), clock) {

@@ -39,20 +39,29 @@
 //! values `http` itself copies (one per header written) and, only if
 //! [`RateLimitBuilder::decisions_extension`] is on, the request extension.
 //!
-//! # Where a remote (Redis) limit plugs in
+//! # Redis rules (features `tower` and `redis`)
 //!
-//! A rule's limit is a private enum whose only variant today is a local
-//! [`KeyedPolicyLimiter`]; the local check in [`RateLimitService::call`]
-//! is synchronous. A remote variant adds a second, asynchronous path: the
-//! remote limits are awaited first (in a private state of
-//! [`ResponseFuture`]), then the local ones run through the same
-//! synchronous check, and a local denial gives the remote units back. The
-//! async path wraps the local check; local-only layers never take it.
+//! `Rule::redis` checks a rule against a
+//! `ratewall::redis::RedisLimiter` instead of a local table. A
+//! request that matches a Redis rule takes an asynchronous path inside
+//! [`ResponseFuture`] (polled by the server's runtime; the layer creates
+//! none): the Redis rules first, all or nothing among themselves
+//! (`ratewall::redis::check_all`: one script on one server), then
+//! the local rules through the same synchronous check, and a local denial
+//! gives the Redis units back. A layer with only local rules never takes
+//! that path. `docs/http.md` describes the brief window between a Redis
+//! take and a local denial's refund, and each failure policy.
+//!
+//! With the `redis` feature the service needs `S: Clone + Send + 'static`
+//! and a `Send + 'static` request body: a request that waits for Redis
+//! calls the inner service from the future.
 
 #[cfg(feature = "serde")]
 mod config;
 mod headers;
 mod key;
+#[cfg(feature = "redis")]
+mod remote;
 mod response;
 mod rule;
 
@@ -69,6 +78,8 @@ use crate::error::{ConfigError, InsufficientCapacity};
 use crate::limiter::DefaultClock;
 use crate::multi::{check_each, Limit};
 use crate::policy::KeyedPolicyLimiter;
+#[cfg(feature = "redis")]
+use crate::redis::{check_all, DecisionSource, RedisError, RedisLimiter};
 use crate::sync::{AtomicU64, Ordering};
 use crate::text::ParseError;
 use bytes::Bytes;
@@ -447,18 +458,25 @@ impl<C: Clock + Clone> RateLimitBuilder<C> {
                     });
                 }
             }
-            let mut b = KeyedPolicyLimiter::<u128>::builder(rule.policy).clock(self.clock.clone());
-            if let Some(m) = rule.max_keys {
-                b = b.max_keys(m);
-            }
-            if let Some(w) = rule.when_full {
-                b = b.when_full(w);
-            }
-            let limiter = b.build().map_err(policy_error)?;
+            let limit = match remote_of(&rule) {
+                #[cfg(feature = "redis")]
+                Some(l) => RuleLimit::Redis(l),
+                _ => {
+                    let mut b =
+                        KeyedPolicyLimiter::<u128>::builder(rule.policy).clock(self.clock.clone());
+                    if let Some(m) = rule.max_keys {
+                        b = b.max_keys(m);
+                    }
+                    if let Some(w) = rule.when_full {
+                        b = b.when_full(w);
+                    }
+                    RuleLimit::Local(b.build().map_err(policy_error)?)
+                }
+            };
             let mut item = Buf::new();
             item.policy_item(&rule.name, &rule.policy);
             rules.push(Compiled {
-                limit: RuleLimit::Local(limiter),
+                limit,
                 policy_item: item.value(),
                 ratelimit_prefix: format!("\"{}\";r=", rule.name).into_bytes().into(),
                 counters: CachePadded::new(Counters::default()),
@@ -524,20 +542,32 @@ impl<C: Clock + Clone> RateLimitBuilder<C> {
     }
 }
 
+/// The Redis limiter of a remote rule.
+#[cfg(feature = "redis")]
+fn remote_of(rule: &Rule) -> Option<Arc<RedisLimiter>> {
+    rule.remote.clone()
+}
+
+#[cfg(not(feature = "redis"))]
+fn remote_of(_: &Rule) -> Option<std::convert::Infallible> {
+    None
+}
+
 /// Two enforced rules that count the same requests under the same key with
 /// the same policy: one limit charged twice for each request.
 fn charged_twice<C: Clock>(rules: &[Compiled<C>]) -> Option<(String, String)> {
     let sig = |r: &Rule| {
         (r.mode == Mode::Enforce).then(|| {
             format!(
-                "{:?}|{:?}|{:?}|{:?}",
+                "{:?}|{:?}|{:?}|{:?}|{}",
                 r.key,
                 r.policy,
                 r.matcher,
                 match r.cost {
                     rule::Cost::Units(n) => Some(n),
                     rule::Cost::Fn(_) => None,
-                }
+                },
+                remote_id(r)
             )
         })
     };
@@ -550,6 +580,17 @@ fn charged_twice<C: Clock>(rules: &[Compiled<C>]) -> Option<(String, String)> {
         }
     }
     None
+}
+
+/// Which limit a rule charges: its own local table, or a Redis limiter
+/// (rules sharing one limiter share its keys).
+fn remote_id(r: &Rule) -> String {
+    #[cfg(feature = "redis")]
+    if let Some(l) = &r.remote {
+        return format!("{:p}", Arc::as_ptr(l));
+    }
+    let _ = r;
+    String::new()
 }
 
 fn warn_now(message: &str) {
@@ -643,6 +684,7 @@ impl<C: Clock> RateLimitLayer<C> {
                     shadow_denied: c.shadow_denied.load(Ordering::Relaxed),
                     missing_key: c.missing_key.load(Ordering::Relaxed),
                     errors: c.errors.load(Ordering::Relaxed),
+                    fallbacks: c.fallbacks.load(Ordering::Relaxed),
                     untracked: c.untracked.load(Ordering::Relaxed),
                     refunded: c.refunded.load(Ordering::Relaxed),
                 }
@@ -682,6 +724,7 @@ pub struct RuleStats {
     shadow_denied: u64,
     missing_key: u64,
     errors: u64,
+    fallbacks: u64,
     untracked: u64,
     refunded: u64,
 }
@@ -727,13 +770,24 @@ impl RuleStats {
     pub fn missing_key(&self) -> u64 {
         self.missing_key
     }
-    /// Requests that cost more than the rule can ever admit.
+    /// Requests that cost more than the rule can ever admit, and (Redis
+    /// rules) requests Redis could not decide that were failed open or
+    /// closed by the limiter's failure policy.
     ///
     /// ```
     /// # fn f(s: &ratewall::http::RuleStats) { let _ = s.errors(); }
     /// ```
     pub fn errors(&self) -> u64 {
         self.errors
+    }
+    /// Requests of a Redis rule that its local fallback limiter decided
+    /// because Redis could not (always 0 for a local rule).
+    ///
+    /// ```
+    /// # fn f(s: &ratewall::http::RuleStats) { assert!(s.fallbacks() <= s.allowed() + s.denied() + s.shadow_denied()); }
+    /// ```
+    pub fn fallbacks(&self) -> u64 {
+        self.fallbacks
     }
     /// Requests admitted untracked because the rule's key table was full.
     ///
@@ -760,6 +814,7 @@ struct Counters {
     shadow_denied: AtomicU64,
     missing_key: AtomicU64,
     errors: AtomicU64,
+    fallbacks: AtomicU64,
     untracked: AtomicU64,
     refunded: AtomicU64,
 }
@@ -770,10 +825,16 @@ fn bump(c: &AtomicU64) {
     c.fetch_add(1, Ordering::Relaxed);
 }
 
-/// Where a rule's state lives. Only local today; a remote (Redis) variant
-/// joins here, with its own asynchronous path (see the module docs).
+/// Where a rule's state lives: a local table, checked synchronously, or
+/// (feature `redis`) Redis, checked on the asynchronous path (see the
+/// module docs).
+// One per rule, built once: boxing the local table would cost a pointer
+// chase on every local check.
+#[allow(clippy::large_enum_variant)]
 enum RuleLimit<C: Clock> {
     Local(KeyedPolicyLimiter<u128, C>),
+    #[cfg(feature = "redis")]
+    Redis(Arc<RedisLimiter>),
 }
 
 struct Compiled<C: Clock> {
@@ -787,9 +848,11 @@ struct Compiled<C: Clock> {
 
 impl<C: Clock> Compiled<C> {
     #[inline]
-    fn local(&self) -> &KeyedPolicyLimiter<u128, C> {
+    fn local(&self) -> Option<&KeyedPolicyLimiter<u128, C>> {
         match &self.limit {
-            RuleLimit::Local(l) => l,
+            RuleLimit::Local(l) => Some(l),
+            #[cfg(feature = "redis")]
+            RuleLimit::Redis(_) => None,
         }
     }
 }
@@ -825,12 +888,37 @@ struct Entry {
 
 type Entries = SmallVec<[Entry; INLINE_RULES]>;
 
+/// A rule's key for one request.
+enum RuleKey {
+    Local(u128),
+    #[cfg(feature = "redis")]
+    Remote(Vec<u8>),
+}
+
+#[cfg(not(feature = "redis"))]
+impl RuleKey {
+    #[inline]
+    fn into_local(self) -> u128 {
+        match self {
+            RuleKey::Local(k) => k,
+        }
+    }
+}
+
+/// The asynchronous check of a request that matched Redis rules: the
+/// verdict and the decisions extension.
+#[cfg(feature = "redis")]
+type RemoteCheck = Pin<Box<dyn Future<Output = (Verdict, Option<RateLimitInfo>)> + Send>>;
+
 /// What the check decided. `Pass` is the large variant and the common
 /// one; boxing it would allocate on every request.
 #[allow(clippy::large_enum_variant)]
 enum Verdict {
     Pass(Option<After>),
     Reject(Response<Bytes>),
+    /// Redis rules matched: decided when this future completes.
+    #[cfg(feature = "redis")]
+    Remote(RemoteCheck),
 }
 
 /// What an admitted request's response gets: headers, and refunds.
@@ -847,6 +935,9 @@ struct After {
 struct Refund {
     shared: Arc<dyn Refunds>,
     list: RefundList,
+    /// The Redis rules' units (given back in a task).
+    #[cfg(feature = "redis")]
+    remote: remote::RemoteRefunds,
 }
 
 /// (rule, key, cost) of each unit taken by a count-only-failures rule.
@@ -854,14 +945,23 @@ type RefundList = SmallVec<[(u16, u128, u64); 2]>;
 
 trait Refunds: Send + Sync {
     fn refund(&self, rule: u16, key: u128, cost: u64);
+    #[cfg(feature = "redis")]
+    fn refund_remote(self: Arc<Self>, list: remote::RemoteRefunds);
 }
 
-impl<C: Clock> Refunds for Shared<C> {
+impl<C: Clock + 'static> Refunds for Shared<C> {
     fn refund(&self, rule: u16, key: u128, cost: u64) {
         if let Some(r) = self.rules.get(usize::from(rule)) {
-            r.local().refund_key(&key, cost);
-            bump(&r.counters.refunded);
+            if let Some(l) = r.local() {
+                l.refund_key(&key, cost);
+                bump(&r.counters.refunded);
+            }
         }
+    }
+
+    #[cfg(feature = "redis")]
+    fn refund_remote(self: Arc<Self>, list: remote::RemoteRefunds) {
+        self.refund_remote_now(list);
     }
 }
 
@@ -921,12 +1021,14 @@ impl<C: Clock + 'static> Shared<C> {
             client,
         };
         let mut entries = Entries::new();
+        #[cfg(feature = "redis")]
+        let mut remote_keys: Vec<(usize, Vec<u8>)> = Vec::new();
         for (i, r) in self.rules.iter().enumerate() {
             let rule = &r.rule;
             if rule.mode == Mode::Off || !rule.matcher.matches(&parts) {
                 continue;
             }
-            let key = match rule.key.extract(&parts, &self.fp) {
+            let key = match self.key_of(r, &parts) {
                 Ok(k) => k,
                 Err(why) => {
                     bump(&r.counters.missing_key);
@@ -942,6 +1044,16 @@ impl<C: Clock + 'static> Shared<C> {
                     }
                 }
             };
+            #[cfg(feature = "redis")]
+            let key = match key {
+                RuleKey::Local(k) => k,
+                RuleKey::Remote(bytes) => {
+                    remote_keys.push((entries.len(), bytes));
+                    0
+                }
+            };
+            #[cfg(not(feature = "redis"))]
+            let key = key.into_local();
             entries.push(Entry {
                 // Fits: `build` caps the rule count at u16::MAX.
                 rule: i as u16,
@@ -954,9 +1066,19 @@ impl<C: Clock + 'static> Shared<C> {
         if entries.is_empty() {
             return Verdict::Pass(None);
         }
+        #[cfg(feature = "redis")]
+        if !remote_keys.is_empty() {
+            let shared = self.clone();
+            let grpc = response::is_grpc(req.headers);
+            return Verdict::Remote(Box::pin(async move {
+                shared.check_remote(entries, remote_keys, grpc).await
+            }));
+        }
         match self.check_enforced(&mut entries) {
             Ok(true) => {}
-            Ok(false) => return Verdict::Reject(self.reject(req.headers, &entries)),
+            Ok(false) => {
+                return Verdict::Reject(self.reject(response::is_grpc(req.headers), &entries))
+            }
             Err((rule, e)) => {
                 bump(&self.rules[usize::from(rule)].counters.errors);
                 return Verdict::Reject(response::cost_too_high(
@@ -974,17 +1096,36 @@ impl<C: Clock + 'static> Shared<C> {
                     .iter()
                     .filter_map(|e| Some((e.rule, e.decision?)))
                     .collect(),
+                #[cfg(feature = "redis")]
+                sources: Vec::new(),
             });
         }
         Verdict::Pass(self.after(&entries))
     }
 
-    /// The all-or-nothing check of the enforced entries. `Err` names the
+    /// A rule's key for a request: a fingerprint for a local table, bytes
+    /// for Redis.
+    #[inline]
+    fn key_of(&self, r: &Compiled<C>, parts: &RequestParts<'_>) -> Result<RuleKey, rule::Absent> {
+        #[cfg(feature = "redis")]
+        if r.local().is_none() {
+            let mut out = Vec::new();
+            r.rule.key.extract_bytes(parts, &mut out)?;
+            return Ok(RuleKey::Remote(out));
+        }
+        r.rule.key.extract(parts, &self.fp).map(RuleKey::Local)
+    }
+
+    /// The all-or-nothing check of the local enforced entries. `Err` names the
     /// rule whose cost can never pass.
     fn check_enforced(&self, entries: &mut Entries) -> Result<bool, (u16, InsufficientCapacity)> {
-        let enforced = || entries.iter().filter(|e| !e.shadow);
+        let enforced = || {
+            entries
+                .iter()
+                .filter(|e| !e.shadow && self.rules[usize::from(e.rule)].local().is_some())
+        };
         let refs: SmallVec<[_; INLINE_RULES]> = enforced()
-            .map(|e| self.rules[usize::from(e.rule)].local().with_key(&e.key))
+            .filter_map(|e| Some(self.rules[usize::from(e.rule)].local()?.with_key(&e.key)))
             .collect();
         if refs.is_empty() {
             return Ok(true);
@@ -1009,13 +1150,16 @@ impl<C: Clock + 'static> Shared<C> {
             Ok(allowed) => allowed,
             Err(e) => {
                 let culprit = enforced()
-                    .find(|e2| e2.cost > self.rules[usize::from(e2.rule)].local().policy().limit())
+                    .find(|e2| e2.cost > self.rules[usize::from(e2.rule)].rule.policy.limit())
                     .map_or(entries[0].rule, |e2| e2.rule);
                 return Err((culprit, e));
             }
         };
         let mut d = decisions.iter();
-        for e in entries.iter_mut().filter(|e| !e.shadow) {
+        for e in entries
+            .iter_mut()
+            .filter(|e| !e.shadow && self.rules[usize::from(e.rule)].local().is_some())
+        {
             e.decision = d.next().copied().flatten();
             let c = &self.rules[usize::from(e.rule)].counters;
             match e.decision {
@@ -1037,7 +1181,8 @@ impl<C: Clock + 'static> Shared<C> {
     fn check_shadow(&self, entries: &mut Entries) {
         for e in entries.iter_mut().filter(|e| e.shadow) {
             let r = &self.rules[usize::from(e.rule)];
-            match r.local().check_key_n(&e.key, e.cost) {
+            let Some(local) = r.local() else { continue };
+            match local.check_key_n(&e.key, e.cost) {
                 Ok(d) => {
                     bump(if d.is_allowed() {
                         &r.counters.allowed
@@ -1136,6 +1281,7 @@ impl<C: Clock + 'static> Shared<C> {
                     !e.shadow
                         && e.cost > 0
                         && self.rules[usize::from(e.rule)].rule.refund_on_success
+                        && self.rules[usize::from(e.rule)].local().is_some()
                         && e.decision.is_some_and(|d| {
                             matches!(d.tracking(), Tracking::Tracked | Tracking::EvictedOther)
                         })
@@ -1146,6 +1292,8 @@ impl<C: Clock + 'static> Shared<C> {
                 after.refund = Some(Box::new(Refund {
                     shared: self.clone(),
                     list,
+                    #[cfg(feature = "redis")]
+                    remote: Vec::new(),
                 }));
             }
         }
@@ -1161,7 +1309,7 @@ impl<C: Clock + 'static> Shared<C> {
     }
 
     /// The 429 for a request the enforced rules denied.
-    fn reject(&self, req_headers: &HeaderMap, entries: &Entries) -> Response<Bytes> {
+    fn reject(&self, grpc: bool, entries: &Entries) -> Response<Bytes> {
         let rules: SmallVec<[RuleDecision<'_>; INLINE_RULES]> = entries
             .iter()
             .filter(|e| !e.shadow)
@@ -1191,7 +1339,7 @@ impl<C: Clock + 'static> Shared<C> {
             retry_after,
             "request over its rate limit"
         );
-        let mut res = if response::is_grpc(req_headers) {
+        let mut res = if grpc {
             response::grpc_exhausted("rate limit exceeded")
         } else if let Some(responder) = &self.responder {
             responder(&rejection)
@@ -1291,6 +1439,9 @@ impl RequestHead<'_> {
 pub struct RateLimitInfo {
     names: Arc<[Box<str>]>,
     entries: SmallVec<[(u16, Decision); INLINE_RULES]>,
+    /// Where the Redis rules' decisions came from.
+    #[cfg(feature = "redis")]
+    sources: Vec<(u16, DecisionSource)>,
 }
 
 impl RateLimitInfo {
@@ -1301,6 +1452,28 @@ impl RateLimitInfo {
     /// ```
     pub fn get(&self, name: &str) -> Option<Decision> {
         self.iter().find(|(n, _)| *n == name).map(|(_, d)| d)
+    }
+
+    /// Where the decision of the Redis rule named `name` came from (Redis,
+    /// the deny cache, the local fallback, or fail-open); `None` for a
+    /// local rule or a rule that did not match (features `tower` and
+    /// `redis`).
+    ///
+    /// ```
+    /// use ratewall::http::RateLimitInfo;
+    /// use ratewall::redis::DecisionSource;
+    ///
+    /// fn degraded(info: &RateLimitInfo) -> bool {
+    ///     matches!(info.source("ip"), Some(DecisionSource::Fallback | DecisionSource::FailOpen))
+    /// }
+    /// # let _ = degraded;
+    /// ```
+    #[cfg(feature = "redis")]
+    pub fn source(&self, name: &str) -> Option<DecisionSource> {
+        self.sources
+            .iter()
+            .find(|(i, _)| &*self.names[usize::from(*i)] == name)
+            .map(|&(_, s)| s)
     }
 
     /// Every matching rule's name and decision, in rule order.
@@ -1357,49 +1530,85 @@ impl<S: fmt::Debug, C: Clock> fmt::Debug for RateLimitService<S, C> {
     }
 }
 
-impl<S, C, ReqB, ResB> Service<Request<ReqB>> for RateLimitService<S, C>
-where
-    S: Service<Request<ReqB>, Response = Response<ResB>>,
-    C: Clock + 'static,
-{
-    type Response = Response<ResponseBody<ResB>>;
-    type Error = S::Error;
-    type Future = ResponseFuture<S::Future>;
+/// The `Service` impl, once per feature set: with `redis`, a request that
+/// matches a Redis rule is passed on after an await, so the inner service
+/// (readied by `poll_ready`) moves into the future and a clone stays.
+macro_rules! service_impl {
+    ($($bounds:tt)*) => {
+        impl<S, C, ReqB, ResB> Service<Request<ReqB>> for RateLimitService<S, C>
+        where
+            S: Service<Request<ReqB>, Response = Response<ResB>>,
+            C: Clock + 'static,
+            $($bounds)*
+        {
+            type Response = Response<ResponseBody<ResB>>;
+            type Error = S::Error;
+            type Future = ResponseFuture<S::Future>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
-        self.inner.poll_ready(cx)
-    }
+            fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+                self.inner.poll_ready(cx)
+            }
 
-    fn call(&mut self, mut req: Request<ReqB>) -> ResponseFuture<S::Future> {
-        let (verdict, insert) = {
-            let mut head = RequestHead {
-                method: req.method(),
-                uri: req.uri(),
-                headers: req.headers(),
-                extensions: req.extensions(),
-                insert: None,
-            };
-            let v = self.shared.check(&mut head);
-            (v, head.insert)
-        };
-        match verdict {
-            Verdict::Pass(after) => {
-                if let Some(info) = insert {
-                    req.extensions_mut().insert(info);
-                }
-                ResponseFuture {
-                    state: State::Inner {
-                        fut: self.inner.call(req),
-                        after,
+            fn call(&mut self, mut req: Request<ReqB>) -> ResponseFuture<S::Future> {
+                let (verdict, insert) = {
+                    let mut head = RequestHead {
+                        method: req.method(),
+                        uri: req.uri(),
+                        headers: req.headers(),
+                        extensions: req.extensions(),
+                        insert: None,
+                    };
+                    let v = self.shared.check(&mut head);
+                    (v, head.insert)
+                };
+                match verdict {
+                    Verdict::Pass(after) => {
+                        if let Some(info) = insert {
+                            req.extensions_mut().insert(info);
+                        }
+                        ResponseFuture {
+                            state: State::Inner {
+                                fut: self.inner.call(req),
+                                after,
+                            },
+                        }
+                    }
+                    Verdict::Reject(res) => ResponseFuture {
+                        state: State::Ready { res: Some(res) },
                     },
+                    #[cfg(feature = "redis")]
+                    Verdict::Remote(check) => {
+                        let clone = self.inner.clone();
+                        let mut inner = std::mem::replace(&mut self.inner, clone);
+                        ResponseFuture {
+                            state: State::Remote {
+                                check,
+                                call: Some(Box::new(move |info| {
+                                    if let Some(info) = info {
+                                        req.extensions_mut().insert(info);
+                                    }
+                                    inner.call(req)
+                                })),
+                            },
+                        }
+                    }
                 }
             }
-            Verdict::Reject(res) => ResponseFuture {
-                state: State::Ready { res: Some(res) },
-            },
         }
-    }
+    };
 }
+
+#[cfg(not(feature = "redis"))]
+service_impl!();
+// With `redis`: the inner service is cloned for requests that match a Redis
+// rule (axum routers and tonic services are `Clone`), and the request waits
+// inside the response future, so both are `Send + 'static`.
+#[cfg(feature = "redis")]
+service_impl!(S: Clone + Send + 'static, ReqB: Send + 'static,);
+
+/// Passes the request on once the Redis rules admitted it.
+#[cfg(feature = "redis")]
+type PendingCall<F> = Box<dyn FnOnce(Option<RateLimitInfo>) -> F + Send>;
 
 pin_project! {
     /// The response future of [`RateLimitService`].
@@ -1411,9 +1620,11 @@ pin_project! {
 
 pin_project! {
     #[project = StateProj]
+    #[allow(dead_code)] // `Remote` is built only with the `redis` feature.
     enum State<F> {
         Inner { #[pin] fut: F, after: Option<After> },
         Ready { res: Option<Response<Bytes>> },
+        Remote { check: RemoteSlot, call: Option<CallSlot<F>> },
     }
 }
 
@@ -1422,6 +1633,7 @@ impl<F> fmt::Debug for ResponseFuture<F> {
         f.write_str(match self.state {
             State::Inner { .. } => "ResponseFuture::Inner",
             State::Ready { .. } => "ResponseFuture::Ready",
+            State::Remote { .. } => "ResponseFuture::Remote",
         })
     }
 }
@@ -1433,7 +1645,64 @@ where
     type Output = Result<Response<ResponseBody<B>>, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project().state.project() {
+        let mut state = self.project().state;
+        loop {
+            let next = match state.as_mut().project() {
+                StateProj::Remote { check, call } => remote_done(check, call, cx),
+                other => return poll_done(other, cx),
+            };
+            state.set(ready!(next));
+        }
+    }
+}
+
+/// The remote check finished: pass the request on, or answer.
+#[cfg(feature = "redis")]
+fn remote_done<F>(
+    check: &mut RemoteSlot,
+    call: &mut Option<CallSlot<F>>,
+    cx: &mut Context<'_>,
+) -> Poll<State<F>> {
+    let (verdict, info) = ready!(check.as_mut().poll(cx));
+    Poll::Ready(match (verdict, call.take()) {
+        (Verdict::Pass(after), Some(call)) => State::Inner {
+            fut: call(info),
+            after,
+        },
+        (Verdict::Reject(res), _) => State::Ready { res: Some(res) },
+        // Polled after completion, or a nested remote verdict (never
+        // returned by the remote check): an empty 500.
+        _ => State::Ready { res: None },
+    })
+}
+
+#[cfg(not(feature = "redis"))]
+fn remote_done<F>(
+    check: &mut RemoteSlot,
+    _: &mut Option<CallSlot<F>>,
+    _: &mut Context<'_>,
+) -> Poll<State<F>> {
+    match *check {}
+}
+
+#[cfg(feature = "redis")]
+type RemoteSlot = RemoteCheck;
+#[cfg(feature = "redis")]
+type CallSlot<F> = PendingCall<F>;
+#[cfg(not(feature = "redis"))]
+type RemoteSlot = std::convert::Infallible;
+#[cfg(not(feature = "redis"))]
+type CallSlot<F> = std::marker::PhantomData<F>;
+
+fn poll_done<F, B, E>(
+    state: StateProj<'_, F>,
+    cx: &mut Context<'_>,
+) -> Poll<Result<Response<ResponseBody<B>>, E>>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+{
+    {
+        match state {
             StateProj::Inner { fut, after } => {
                 let mut res = ready!(fut.poll(cx))?;
                 if let Some(after) = after.take() {
@@ -1453,6 +1722,10 @@ where
                             for (rule, key, cost) in refund.list {
                                 refund.shared.refund(rule, key, cost);
                             }
+                            #[cfg(feature = "redis")]
+                            if !refund.remote.is_empty() {
+                                refund.shared.refund_remote(refund.remote);
+                            }
                         }
                     }
                 }
@@ -1466,6 +1739,12 @@ where
                     r
                 });
                 Poll::Ready(Ok(res.map(ResponseBody::full)))
+            }
+            // Never: `poll` handles this state.
+            StateProj::Remote { .. } => {
+                let mut r = Response::new(ResponseBody::full(Bytes::new()));
+                *r.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+                Poll::Ready(Ok(r))
             }
         }
     }

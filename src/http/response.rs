@@ -257,6 +257,30 @@ pub(crate) fn missing_key(status: StatusCode, rule: &str, why: &str) -> Response
     problem(status, body)
 }
 
+/// A 503 when the Redis rules could not be decided and their limiters
+/// fail closed.
+#[cfg(feature = "redis")]
+pub(crate) fn store_unavailable(rules: &[&str], retry_after: u64) -> Response<Bytes> {
+    let mut list = String::new();
+    for (i, r) in rules.iter().enumerate() {
+        if i > 0 {
+            list.push(',');
+        }
+        list.push('"');
+        list.push_str(r);
+        list.push('"');
+    }
+    let body = format!(
+        "{{\"title\":\"Rate-limit store unavailable\",\"status\":503,\
+         \"detail\":\"The rate limits of this request could not be checked; retry after {retry_after} seconds.\",\
+         \"violated-policies\":[{list}]}}"
+    );
+    let mut res = problem(StatusCode::SERVICE_UNAVAILABLE, body);
+    res.headers_mut()
+        .insert(http::header::RETRY_AFTER, HeaderValue::from(retry_after));
+    res
+}
+
 fn problem(status: StatusCode, body: String) -> Response<Bytes> {
     let mut res = Response::new(Bytes::from(body));
     *res.status_mut() = status;
@@ -276,10 +300,15 @@ pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
 
 /// A gRPC trailers-only response with `RESOURCE_EXHAUSTED` (8).
 pub(crate) fn grpc_exhausted(message: &'static str) -> Response<Bytes> {
+    grpc_status("8", message)
+}
+
+/// A gRPC trailers-only response with this status code.
+pub(crate) fn grpc_status(code: &'static str, message: &'static str) -> Response<Bytes> {
     let mut res = Response::new(Bytes::new());
     let h = res.headers_mut();
     h.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-    h.insert("grpc-status", HeaderValue::from_static("8"));
+    h.insert("grpc-status", HeaderValue::from_static(code));
     h.insert("grpc-message", HeaderValue::from_static(message));
     res
 }

@@ -7,7 +7,7 @@ use crate::policy::Policy;
 use http::header::HeaderName;
 use http::{Extensions, HeaderMap, Method, StatusCode, Uri};
 use std::fmt;
-use std::hash::Hash;
+use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
 
 /// What a rule counts requests under.
@@ -30,9 +30,18 @@ pub struct Key(KeyKind);
 
 #[derive(Clone)]
 enum KeyKind {
-    ClientIp { v4_prefix: u8, v6_prefix: u8 },
+    ClientIp {
+        v4_prefix: u8,
+        v6_prefix: u8,
+    },
     Header(Option<HeaderName>),
-    Extension(&'static str, fn(&Extensions, &Fingerprint) -> Option<u128>),
+    Extension(
+        &'static str,
+        fn(&Extensions, &Fingerprint) -> Option<u128>,
+        // The key as bytes, for Redis rules.
+        #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+        fn(&Extensions, &mut dyn Hasher) -> bool,
+    ),
     Route,
     Global,
     Composite(Vec<Key>),
@@ -47,7 +56,7 @@ impl fmt::Debug for Key {
             } => write!(f, "ClientIp(/{v4_prefix}, /{v6_prefix})"),
             KeyKind::Header(Some(h)) => write!(f, "Header({h})"),
             KeyKind::Header(None) => f.write_str("Header(<invalid name>)"),
-            KeyKind::Extension(t, _) => write!(f, "Extension({t})"),
+            KeyKind::Extension(t, _, _) => write!(f, "Extension({t})"),
             KeyKind::Route => f.write_str("Route"),
             KeyKind::Global => f.write_str("Global"),
             KeyKind::Composite(keys) => f.debug_tuple("Composite").field(keys).finish(),
@@ -60,6 +69,10 @@ fn extension_key<T: Hash + Send + Sync + 'static>(
     fp: &Fingerprint,
 ) -> Option<u128> {
     ext.get::<T>().map(|v| fp.of(v))
+}
+
+fn extension_hash<T: Hash + Send + Sync + 'static>(ext: &Extensions, h: &mut dyn Hasher) -> bool {
+    ext.get::<T>().map(|v| v.hash(&mut &mut *h)).is_some()
 }
 
 impl Key {
@@ -122,6 +135,7 @@ impl Key {
         Key(KeyKind::Extension(
             std::any::type_name::<T>(),
             extension_key::<T>,
+            extension_hash::<T>,
         ))
     }
 
@@ -199,7 +213,7 @@ impl Key {
                 }
                 Ok(acc)
             }
-            KeyKind::Extension(_, f) => f(req.extensions, fp).ok_or(Absent::Value),
+            KeyKind::Extension(_, f, _) => f(req.extensions, fp).ok_or(Absent::Value),
             KeyKind::Route => Ok(fp.of(req.route())),
             KeyKind::Global => Ok(0),
             KeyKind::Composite(keys) => {
@@ -211,6 +225,103 @@ impl Key {
                 Ok(acc)
             }
         }
+    }
+}
+
+#[cfg(feature = "redis")]
+impl Key {
+    /// The key of a request as bytes that every instance computes alike
+    /// (for a Redis limit): the masked client address as text, `h:` and the
+    /// header value, `x:` and a SHA-1 of the extension's `Hash`, `r:` and
+    /// the route, `*` for the global key; a composite's parts each
+    /// prefixed with their length. The Redis limiter bounds the result
+    /// (it hashes long, binary or braced keys).
+    pub(crate) fn extract_bytes(
+        &self,
+        req: &RequestParts<'_>,
+        out: &mut Vec<u8>,
+    ) -> Result<(), Absent> {
+        use std::io::Write;
+        match &self.0 {
+            KeyKind::ClientIp {
+                v4_prefix,
+                v6_prefix,
+            } => match req.client {
+                Resolved::Ip(ip) => {
+                    let bits = ip_key(ip, *v4_prefix, *v6_prefix);
+                    let v6 = std::net::Ipv6Addr::from(bits);
+                    // Writing to a Vec cannot fail.
+                    let _ = match v6.to_ipv4_mapped() {
+                        Some(v4) if *v4_prefix >= 32 => write!(out, "{v4}"),
+                        Some(v4) => write!(out, "{v4}/{v4_prefix}"),
+                        None if *v6_prefix >= 128 => write!(out, "{v6}"),
+                        None => write!(out, "{v6}/{v6_prefix}"),
+                    };
+                    Ok(())
+                }
+                Resolved::NoPeer => Err(Absent::NoPeer),
+                Resolved::Unknown => Err(Absent::UnknownClient),
+            },
+            KeyKind::Header(name) => {
+                let name = name.as_ref().ok_or(Absent::Value)?;
+                let mut values = req.headers.get_all(name).iter();
+                let first = values.next().ok_or(Absent::Value)?;
+                out.extend_from_slice(b"h:");
+                out.extend_from_slice(first.as_bytes());
+                // Sent more than once: NUL (never in a header value) between lines.
+                for more in values {
+                    out.push(0);
+                    out.extend_from_slice(more.as_bytes());
+                }
+                Ok(())
+            }
+            KeyKind::Extension(_, _, hash) => {
+                let mut h = Sha1Hasher(sha1_smol::Sha1::new());
+                if !hash(req.extensions, &mut h) {
+                    return Err(Absent::Value);
+                }
+                out.extend_from_slice(b"x:");
+                for b in &h.0.digest().bytes()[..16] {
+                    let _ = write!(out, "{b:02x}");
+                }
+                Ok(())
+            }
+            KeyKind::Route => {
+                out.extend_from_slice(b"r:");
+                out.extend_from_slice(req.route().as_bytes());
+                Ok(())
+            }
+            KeyKind::Global => {
+                out.push(b'*');
+                Ok(())
+            }
+            KeyKind::Composite(keys) => {
+                let mut part = Vec::new();
+                for k in keys {
+                    part.clear();
+                    k.extract_bytes(req, &mut part)?;
+                    let _ = write!(out, "{}:", part.len());
+                    out.extend_from_slice(&part);
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// A `Hasher` over SHA-1: the same bytes give the same digest in every
+/// process (unlike a seeded hasher), so instances share Redis keys.
+#[cfg(feature = "redis")]
+struct Sha1Hasher(sha1_smol::Sha1);
+
+#[cfg(feature = "redis")]
+impl Hasher for Sha1Hasher {
+    fn write(&mut self, bytes: &[u8]) {
+        self.0.update(bytes);
+    }
+    fn finish(&self) -> u64 {
+        let d = self.0.digest().bytes();
+        u64::from_le_bytes([d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]])
     }
 }
 
@@ -396,12 +507,15 @@ pub struct Rule {
     pub(crate) max_keys: Option<usize>,
     pub(crate) when_full: Option<WhenFull>,
     pub(crate) refund_on_success: bool,
+    /// The Redis limit this rule is checked against instead of a local table.
+    #[cfg(feature = "redis")]
+    pub(crate) remote: Option<std::sync::Arc<crate::redis::RedisLimiter>>,
 }
 
 impl fmt::Debug for Rule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Rule")
-            .field("name", &self.name)
+        let mut d = f.debug_struct("Rule");
+        d.field("name", &self.name)
             .field("key", &self.key)
             .field("policy", &self.policy)
             .field("matcher", &self.matcher)
@@ -417,8 +531,10 @@ impl fmt::Debug for Rule {
             .field("visibility", &self.visibility)
             .field("max_keys", &self.max_keys)
             .field("when_full", &self.when_full)
-            .field("refund_on_success", &self.refund_on_success)
-            .finish()
+            .field("refund_on_success", &self.refund_on_success);
+        #[cfg(feature = "redis")]
+        d.field("remote", &self.remote);
+        d.finish()
     }
 }
 
@@ -452,7 +568,47 @@ impl Rule {
             max_keys: None,
             when_full: None,
             refund_on_success: false,
+            #[cfg(feature = "redis")]
+            remote: None,
         }
+    }
+
+    /// A rule whose limit lives in Redis (features `tower` and `redis`):
+    /// every instance behind a load balancer counts against `limiter`.
+    /// The rule's policy is the limiter's; its key is `key`'s value as
+    /// bytes (the masked client address as text, `h:` and a header value,
+    /// and so on), which the limiter bounds by hashing long or binary keys.
+    /// The limiter's [`FailurePolicy`](crate::redis::FailurePolicy) says
+    /// what happens when Redis cannot answer. `max_keys` and `when_full`
+    /// do not apply (Redis keys expire by their TTL).
+    ///
+    /// ```
+    /// use ratewall::http::{Key, RateLimitLayer, Rule};
+    /// use ratewall::redis::{FailurePolicy, RedisBackend, RedisLimiter};
+    /// use ratewall::{Policy, Rate};
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let redis = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
+    /// let per_ip = RedisLimiter::builder(Policy::token_bucket(Rate::per_minute(600)), &redis)
+    ///     .name("ip")
+    ///     .on_failure(FailurePolicy::FallbackShare { instances: 4 })
+    ///     .build()?;
+    /// let layer = RateLimitLayer::builder()
+    ///     .rule(Rule::redis("ip", Key::client_ip(), per_ip))
+    ///     .build()?;
+    /// # let _ = layer;
+    /// # Ok::<(), Box<dyn std::error::Error>>(()) }).unwrap();
+    /// ```
+    #[cfg(feature = "redis")]
+    pub fn redis(
+        name: impl Into<String>,
+        key: Key,
+        limiter: impl Into<std::sync::Arc<crate::redis::RedisLimiter>>,
+    ) -> Rule {
+        let limiter = limiter.into();
+        let mut rule = Rule::new(name, key, limiter.policy());
+        rule.remote = Some(limiter);
+        rule
     }
 
     /// Per client IP ([`Key::client_ip`]). A request whose client is
@@ -866,5 +1022,71 @@ mod tests {
         assert_eq!(g, 0);
         let c = Key::composite([Key::client_ip(), Key::header("x-missing")]);
         assert_eq!(c.extract(&parts(&m, &u, &h, &e), &fp), Err(Absent::Value));
+    }
+
+    #[cfg(feature = "redis")]
+    #[test]
+    fn byte_keys_are_the_same_in_every_process_and_unambiguous() {
+        #[derive(Clone, Hash)]
+        struct User(u64);
+        let (m, u) = (Method::GET, Uri::from_static("/items/7"));
+        let mut e = Extensions::new();
+        let mut h = HeaderMap::new();
+        let bytes = |k: &Key, h: &HeaderMap, e: &Extensions, client: Resolved| {
+            let mut p = parts(&m, &u, h, e);
+            p.client = client;
+            let mut out = Vec::new();
+            k.extract_bytes(&p, &mut out)
+                .map(|()| String::from_utf8_lossy(&out).into_owned())
+        };
+        let ip = |s: &str| Resolved::Ip(s.parse().unwrap());
+        let v4 = ip("192.0.2.77");
+        let cases = [
+            (Key::client_ip(), v4, "192.0.2.77"),
+            (Key::client_ip_prefix(24, 48), v4, "192.0.2.0/24"),
+            (Key::client_ip(), ip("::ffff:192.0.2.77"), "192.0.2.77"),
+            (
+                Key::client_ip(),
+                ip("2001:db8:1:2:3:4:5:6"),
+                "2001:db8:1:2::/64",
+            ),
+            (
+                Key::client_ip_prefix(32, 128),
+                ip("2001:db8::9"),
+                "2001:db8::9",
+            ),
+            (Key::route(), v4, "r:/items/7"),
+            (Key::global(), v4, "*"),
+        ];
+        for (k, client, want) in cases {
+            assert_eq!(bytes(&k, &h, &e, client).unwrap(), want, "{k:?}");
+        }
+        assert_eq!(
+            bytes(&Key::client_ip(), &h, &e, Resolved::NoPeer),
+            Err(Absent::NoPeer)
+        );
+        let k = Key::header("x-api-key");
+        assert_eq!(bytes(&k, &h, &e, v4), Err(Absent::Value));
+        h.insert("x-api-key", "alpha".parse().unwrap());
+        assert_eq!(bytes(&k, &h, &e, v4).unwrap(), "h:alpha");
+        h.append("x-api-key", "beta".parse().unwrap());
+        assert_eq!(bytes(&k, &h, &e, v4).unwrap(), "h:alpha\0beta");
+        // Composites: each part with its length, so parts cannot run together.
+        let c = Key::composite([Key::client_ip(), Key::route()]);
+        assert_eq!(bytes(&c, &h, &e, v4).unwrap(), "10:192.0.2.7710:r:/items/7");
+        // Extensions: a SHA-1 of the `Hash`, the same whatever the seed.
+        let x = Key::extension::<User>();
+        assert_eq!(bytes(&x, &h, &e, v4), Err(Absent::Value));
+        e.insert(User(42));
+        let a = bytes(&x, &h, &e, v4).unwrap();
+        assert_eq!(a.len(), 2 + 32);
+        assert_eq!(a, bytes(&x, &h, &e, v4).unwrap());
+        e.insert(User(43));
+        assert_ne!(a, bytes(&x, &h, &e, v4).unwrap());
+        let mut fixed = Sha1Hasher(sha1_smol::Sha1::new());
+        42u64.hash(&mut fixed);
+        let digest = fixed.0.digest().bytes();
+        let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(a, format!("x:{hex}"));
     }
 }

@@ -1,0 +1,710 @@
+//! The tower layer over Redis limits (features `axum` and `redis`), against
+//! real `redis-server`s that the tests start (tests/support/redis_server.rs):
+//! the same 429 / Retry-After / RateLimit answers as local rules,
+//! all-or-nothing across Redis+Redis and Redis+local mixes, 32 concurrent
+//! clients through a real server, shadow and count-only-failures rules,
+//! and each failure policy with the server killed.
+
+mod support;
+
+use axum::body::Body;
+use axum::routing::{get, post};
+use axum::{Extension, Router};
+use http::{HeaderMap, Request, StatusCode};
+use http_body_util::BodyExt;
+use ratewall::http::{Key, Mode, RateLimitInfo, RateLimitLayer, Rule};
+use ratewall::redis::{FailurePolicy, RedisBackend, RedisLimiter};
+use ratewall::{Policy, Rate, Window};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+use support::redis_server::RedisServer;
+use tower::ServiceExt;
+
+fn backend(server: &RedisServer) -> RedisBackend {
+    RedisBackend::builder(server.url())
+        .timeout(Duration::from_millis(300))
+        .build()
+        .unwrap()
+}
+
+fn limiter(b: &RedisBackend, name: &str, policy: Policy, failure: FailurePolicy) -> RedisLimiter {
+    RedisLimiter::builder(policy, b)
+        .name(name)
+        .on_failure(failure)
+        .build()
+        .unwrap()
+}
+
+async fn info(info: Option<Extension<RateLimitInfo>>) -> String {
+    match info {
+        Some(Extension(info)) => info
+            .iter()
+            .map(|(n, d)| format!("{n}={}:{:?}", d.remaining(), info.source(n)))
+            .collect::<Vec<_>>()
+            .join(","),
+        None => "none".into(),
+    }
+}
+
+async fn login(headers: HeaderMap) -> StatusCode {
+    if headers.get("x-password").is_some_and(|p| p == "right") {
+        StatusCode::OK
+    } else {
+        StatusCode::UNAUTHORIZED
+    }
+}
+
+fn make_app(layer: RateLimitLayer) -> Router {
+    Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route("/info", get(info))
+        .route("/login", post(login))
+        .layer(layer)
+}
+
+#[derive(Debug)]
+struct Got {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: bytes::Bytes,
+}
+
+impl Got {
+    /// `RateLimit` items as (name, r, t); panics if the field is not a
+    /// structured-field list of such items.
+    fn ratelimit(&self) -> Vec<(String, i64, i64)> {
+        let mut out = Vec::new();
+        for v in self.headers.get_all("ratelimit") {
+            let list: sfv::List = sfv::Parser::new(v.as_bytes()).parse_list().unwrap();
+            for entry in list {
+                let sfv::ListEntry::Item(item) = entry else {
+                    panic!("inner list in {v:?}");
+                };
+                let name = item.bare_item.as_string().unwrap().as_str().to_owned();
+                let p = |k: &str| {
+                    item.params
+                        .iter()
+                        .find(|(key, _)| key.as_str() == k)
+                        .and_then(|(_, v)| v.as_integer())
+                        .map(i64::from)
+                        .unwrap_or_else(|| panic!("no {k} in {v:?}"))
+                };
+                out.push((name, p("r"), p("t")));
+            }
+        }
+        out
+    }
+    fn remaining(&self, rule: &str) -> Option<i64> {
+        self.ratelimit()
+            .into_iter()
+            .find(|(n, ..)| n == rule)
+            .map(|(_, r, _)| r)
+    }
+    fn retry_after(&self) -> Option<u64> {
+        self.headers
+            .get("retry-after")
+            .map(|v| v.to_str().unwrap().parse().unwrap())
+    }
+    fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap()
+    }
+    fn text(&self) -> String {
+        String::from_utf8(self.body.to_vec()).unwrap()
+    }
+}
+
+/// What every 429 must satisfy: Retry-After of at least 1 s, never
+/// earlier than a `t` it sends.
+fn check_fields(got: &Got) {
+    let items = got.ratelimit();
+    if got.status == StatusCode::TOO_MANY_REQUESTS {
+        let retry = got.retry_after().expect("a 429 carries Retry-After");
+        assert!(retry >= 1);
+        for (name, _, t) in &items {
+            assert!(*t as u64 <= retry, "Retry-After {retry} < {name}'s t={t}");
+        }
+    }
+}
+
+async fn send(app: &Router, method: &str, path: &str, peer: &str, headers: &[(&str, &str)]) -> Got {
+    let mut req = Request::builder().method(method).uri(path);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let mut req = req.body(Body::empty()).unwrap();
+    let ip: std::net::IpAddr = peer.parse().unwrap();
+    req.extensions_mut()
+        .insert(axum::extract::ConnectInfo(SocketAddr::new(ip, 40_000)));
+    let res = app.clone().oneshot(req).await.unwrap();
+    let (parts, body) = res.into_parts();
+    let got = Got {
+        status: parts.status,
+        headers: parts.headers,
+        body: body.collect().await.unwrap().to_bytes(),
+    };
+    check_fields(&got);
+    got
+}
+
+async fn get_(app: &Router, peer: &str) -> Got {
+    send(app, "GET", "/", peer, &[]).await
+}
+
+#[tokio::test]
+async fn a_redis_rule_answers_429_with_retry_after_ratelimit_fields_and_problem_json() {
+    let server = RedisServer::start();
+    let b = backend(&server);
+    let ip = limiter(
+        &b,
+        "ip",
+        Policy::fixed_window(Window::per_minute(3)),
+        FailurePolicy::Closed,
+    );
+    let layer = RateLimitLayer::builder()
+        .rule(Rule::redis("ip", Key::client_ip(), ip))
+        .build()
+        .unwrap();
+    let app = make_app(layer.clone());
+    for want in [2, 1, 0] {
+        let got = get_(&app, "192.0.2.1").await;
+        assert_eq!(got.status, StatusCode::OK);
+        assert_eq!(got.remaining("ip"), Some(want));
+        assert_eq!(
+            got.headers["ratelimit-policy"].to_str().unwrap(),
+            "\"ip\";q=3;w=60"
+        );
+    }
+    let got = get_(&app, "192.0.2.1").await;
+    assert_eq!(got.status, StatusCode::TOO_MANY_REQUESTS);
+    let retry = got.retry_after().unwrap();
+    assert!((1..=60).contains(&retry), "{retry}");
+    assert_eq!(got.remaining("ip"), Some(0));
+    assert_eq!(got.headers["content-type"], "application/problem+json");
+    assert_eq!(got.json()["violated-policies"], serde_json::json!(["ip"]));
+    // gRPC clients get RESOURCE_EXHAUSTED.
+    let grpc = send(
+        &app,
+        "GET",
+        "/",
+        "192.0.2.1",
+        &[("content-type", "application/grpc")],
+    )
+    .await;
+    assert_eq!(grpc.headers["grpc-status"], "8");
+    // Another client is not affected. The count is in Redis, under the
+    // client's address as text.
+    assert_eq!(get_(&app, "192.0.2.2").await.status, StatusCode::OK);
+    assert!(server
+        .cmd(&["KEYS", "ratewall:ip:*"])
+        .contains("ratewall:ip:192.0.2.1"));
+    // IPv6 by /64, the v4-mapped address as IPv4.
+    assert_eq!(get_(&app, "2001:db8:1:2::7").await.status, StatusCode::OK);
+    assert_eq!(get_(&app, "::ffff:192.0.2.9").await.status, StatusCode::OK);
+    let keys = server.cmd(&["KEYS", "ratewall:ip:*"]);
+    assert!(keys.contains("ratewall:ip:2001:db8:1:2::/64"), "{keys}");
+    assert!(keys.contains("ratewall:ip:192.0.2.9\r"), "{keys}");
+    let s = &layer.stats()[0];
+    assert_eq!(
+        (s.allowed(), s.denied(), s.errors(), s.fallbacks()),
+        (6, 2, 0, 0)
+    );
+}
+
+/// One app per mix: `ip` on every request, `login` on /login only.
+async fn denied_requests_take_nothing(ip: Rule, login: Rule) {
+    let layer = RateLimitLayer::builder()
+        .rule(ip)
+        .rule(login.on_path_prefix("/login"))
+        .build()
+        .unwrap();
+    let app = make_app(layer.clone());
+    let pw = [("x-password", "right")];
+    for _ in 0..2 {
+        assert_eq!(
+            send(&app, "POST", "/login", "192.0.2.1", &pw).await.status,
+            StatusCode::OK
+        );
+    }
+    let before = get_(&app, "192.0.2.1").await.remaining("ip").unwrap();
+    for _ in 0..3 {
+        let denied = send(&app, "POST", "/login", "192.0.2.1", &pw).await;
+        assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(
+            denied.json()["violated-policies"],
+            serde_json::json!(["login"])
+        );
+    }
+    let after = get_(&app, "192.0.2.1").await.remaining("ip").unwrap();
+    assert_eq!(
+        after,
+        before - 1,
+        "the denied logins took nothing from `ip`"
+    );
+    let s = layer.stats();
+    assert_eq!((s[0].allowed(), s[0].denied()), (4, 0));
+    assert_eq!((s[1].allowed(), s[1].denied()), (2, 3));
+}
+
+#[tokio::test]
+async fn a_denied_request_takes_nothing_redis_and_redis() {
+    let server = RedisServer::start();
+    let b = backend(&server);
+    let ip = limiter(
+        &b,
+        "ip",
+        Policy::token_bucket(Rate::per_minute(100)),
+        FailurePolicy::Closed,
+    );
+    let login = limiter(
+        &b,
+        "login",
+        Policy::sliding_window_log(Window::per_minute(2)),
+        FailurePolicy::Closed,
+    );
+    denied_requests_take_nothing(
+        Rule::redis("ip", Key::client_ip(), ip),
+        Rule::redis("login", Key::client_ip(), login),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_local_denial_gives_the_redis_units_back() {
+    let server = RedisServer::start();
+    let b = backend(&server);
+    let ip = limiter(
+        &b,
+        "ip",
+        Policy::fixed_window(Window::per_minute(100)),
+        FailurePolicy::Closed,
+    );
+    denied_requests_take_nothing(
+        Rule::redis("ip", Key::client_ip(), ip),
+        Rule::per_ip("login", Policy::sliding_window_log(Window::per_minute(2))),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_redis_denial_leaves_the_local_rules_uncharged() {
+    let server = RedisServer::start();
+    let b = backend(&server);
+    let login = limiter(
+        &b,
+        "login",
+        Policy::fixed_window(Window::per_minute(2)),
+        FailurePolicy::Closed,
+    );
+    denied_requests_take_nothing(
+        Rule::per_ip("ip", Policy::token_bucket(Rate::per_minute(100))),
+        Rule::redis("login", Key::client_ip(), login),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn shadow_count_only_failures_and_the_decisions_extension() {
+    let server = RedisServer::start();
+    let b = backend(&server);
+    let trial = limiter(
+        &b,
+        "trial",
+        Policy::fixed_window(Window::per_minute(1)),
+        FailurePolicy::Closed,
+    );
+    let login = limiter(
+        &b,
+        "login",
+        Policy::fixed_window(Window::per_minute(2)),
+        FailurePolicy::Closed,
+    );
+    let layer = RateLimitLayer::builder()
+        .rule(Rule::redis("trial", Key::client_ip(), trial).mode(Mode::Shadow))
+        .rule(
+            Rule::redis("login", Key::header("x-user"), login)
+                .on_path_prefix("/login")
+                .count_failures_only(),
+        )
+        .decisions_extension(true)
+        .build()
+        .unwrap();
+    let app = make_app(layer.clone());
+    // Shadow: never rejects, counts what it would have denied.
+    for _ in 0..3 {
+        assert_eq!(get_(&app, "192.0.2.1").await.status, StatusCode::OK);
+    }
+    let info = send(&app, "GET", "/info", "192.0.2.1", &[]).await;
+    assert_eq!(info.text(), "trial=0:Some(Redis)");
+    let s = &layer.stats()[0];
+    assert_eq!((s.allowed(), s.shadow_denied()), (1, 3));
+    // Count-only-failures: successful logins give their unit back.
+    let user = [("x-user", "alice"), ("x-password", "right")];
+    for _ in 0..5 {
+        assert_eq!(
+            send(&app, "POST", "/login", "192.0.2.1", &user)
+                .await
+                .status,
+            StatusCode::OK
+        );
+    }
+    // The refunds are sent in a task: wait for them.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while layer.stats()[1].refunded() < 5 {
+        assert!(Instant::now() < deadline, "{:?}", layer.stats()[1]);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let wrong = [("x-user", "alice"), ("x-password", "wrong")];
+    for _ in 0..2 {
+        assert_eq!(
+            send(&app, "POST", "/login", "192.0.2.1", &wrong)
+                .await
+                .status,
+            StatusCode::UNAUTHORIZED
+        );
+    }
+    let got = send(&app, "POST", "/login", "192.0.2.1", &user).await;
+    assert_eq!(
+        got.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "two failures spent the limit"
+    );
+    assert!(server
+        .cmd(&["KEYS", "ratewall:login:*"])
+        .contains("ratewall:login:h:alice"));
+}
+
+#[tokio::test]
+async fn with_the_server_killed_each_failure_policy_does_what_it_says() {
+    let mut server = RedisServer::start();
+    let b = RedisBackend::builder(server.url())
+        .timeout(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let policy = Policy::fixed_window(Window::per_hour(2));
+    let rules = [
+        ("open", FailurePolicy::Open),
+        ("closed", FailurePolicy::Closed),
+        ("share", FailurePolicy::FallbackShare { instances: 1 }),
+    ];
+    let mut apps = Vec::new();
+    for (name, failure) in rules {
+        let layer = RateLimitLayer::builder()
+            .rule(Rule::redis(
+                name,
+                Key::client_ip(),
+                limiter(&b, name, policy, failure),
+            ))
+            .decisions_extension(true)
+            .build()
+            .unwrap();
+        let app = make_app(layer.clone());
+        // Healthy: decided by Redis.
+        let got = send(&app, "GET", "/info", "192.0.2.1", &[]).await;
+        assert_eq!(got.text(), format!("{name}=1:Some(Redis)"));
+        apps.push((name, layer, app));
+    }
+    server.kill9();
+    for (name, layer, app) in &apps {
+        for i in 0..4 {
+            let t = Instant::now();
+            let got = send(app, "GET", "/info", "192.0.2.1", &[]).await;
+            assert!(
+                t.elapsed() < Duration::from_secs(2),
+                "{name} {i}: {:?}",
+                t.elapsed()
+            );
+            match *name {
+                "open" => {
+                    assert_eq!(got.status, StatusCode::OK);
+                    assert!(got.text().contains("Some(FailOpen)"), "{}", got.text());
+                }
+                "closed" => {
+                    assert_eq!(got.status, StatusCode::SERVICE_UNAVAILABLE);
+                    assert!(got.retry_after().unwrap() >= 1);
+                    assert_eq!(
+                        got.json()["violated-policies"],
+                        serde_json::json!(["closed"])
+                    );
+                    let grpc = [("content-type", "application/grpc")];
+                    let g = send(app, "GET", "/", "192.0.2.1", &grpc).await;
+                    assert_eq!(g.status, StatusCode::OK);
+                    assert_eq!(g.headers["grpc-status"], "14");
+                }
+                _ => {
+                    // The local fallback holds the whole limit (2 per hour).
+                    if i < 2 {
+                        assert_eq!(got.status, StatusCode::OK, "{i}");
+                        assert!(got.text().contains("Some(Fallback)"), "{}", got.text());
+                    } else {
+                        assert_eq!(got.status, StatusCode::TOO_MANY_REQUESTS, "{i}");
+                    }
+                }
+            }
+        }
+        let s = &layer.stats()[0];
+        match *name {
+            "open" => assert_eq!((s.allowed(), s.errors(), s.fallbacks()), (5, 4, 0)),
+            "closed" => assert_eq!((s.allowed(), s.errors(), s.fallbacks()), (1, 8, 0)),
+            _ => assert_eq!((s.allowed(), s.denied(), s.fallbacks()), (3, 2, 4)),
+        }
+    }
+}
+
+/// A server that accepts but does not answer (`CLIENT PAUSE`): each
+/// request waits at most the backend's timeout, then the failure policy
+/// answers.
+#[tokio::test]
+async fn a_stalled_server_costs_at_most_the_timeout() {
+    let server = RedisServer::start();
+    let b = RedisBackend::builder(server.url())
+        .timeout(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let ip = limiter(
+        &b,
+        "ip",
+        Policy::fixed_window(Window::per_minute(5)),
+        FailurePolicy::Closed,
+    );
+    let layer = RateLimitLayer::builder()
+        .rule(Rule::redis("ip", Key::client_ip(), ip))
+        .build()
+        .unwrap();
+    let app = make_app(layer.clone());
+    assert_eq!(get_(&app, "192.0.2.1").await.status, StatusCode::OK);
+    server.cmd(&["CLIENT", "PAUSE", "3000", "ALL"]);
+    let t = Instant::now();
+    let got = get_(&app, "192.0.2.1").await;
+    let waited = t.elapsed();
+    assert_eq!(got.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(
+        waited >= Duration::from_millis(150),
+        "{waited:?}: it did wait for Redis"
+    );
+    assert!(waited < Duration::from_millis(1500), "{waited:?}");
+    assert_eq!(layer.stats()[0].errors(), 1);
+}
+
+#[derive(Clone, Hash)]
+struct UserId(u64);
+
+/// Two instances (two layers, each with its own backend and limiters of
+/// the same names) count against one limit: the Redis keys are the same
+/// bytes in every process (not a seeded fingerprint), and bounded.
+#[tokio::test]
+async fn two_instances_share_one_limit_and_the_redis_keys_are_bounded() {
+    let server = RedisServer::start();
+    let instance = || {
+        let b = backend(&server);
+        let closed = FailurePolicy::Closed;
+        let wide = Policy::fixed_window(Window::per_minute(100));
+        let layer = RateLimitLayer::builder()
+            .rule(Rule::redis(
+                "user",
+                Key::extension::<UserId>(),
+                limiter(
+                    &b,
+                    "user",
+                    Policy::fixed_window(Window::per_minute(3)),
+                    closed,
+                ),
+            ))
+            .rule(Rule::redis(
+                "iproute",
+                Key::composite([Key::client_ip(), Key::route()]),
+                limiter(&b, "iproute", wide, closed),
+            ))
+            .rule(Rule::redis(
+                "key",
+                Key::header("x-api-key"),
+                limiter(&b, "key", wide, closed),
+            ))
+            .build()
+            .unwrap();
+        (layer.clone(), make_app(layer))
+    };
+    let (layer_a, a) = instance();
+    let (layer_b, b) = instance();
+    let huge = "k".repeat(10_000);
+    let call = |app: &Router, user: u64| {
+        let mut req = Request::builder()
+            .uri("/")
+            .header("x-api-key", huge.as_str())
+            .body(Body::empty())
+            .unwrap();
+        req.extensions_mut().insert(UserId(user));
+        req.extensions_mut()
+            .insert(axum::extract::ConnectInfo(SocketAddr::new(
+                [192, 0, 2, 1].into(),
+                40_000,
+            )));
+        app.clone().oneshot(req)
+    };
+    let mut statuses = Vec::new();
+    for (i, app) in [&a, &b, &a, &b, &a].into_iter().enumerate() {
+        let user = if i == 4 { 8 } else { 7 };
+        statuses.push(call(app, user).await.unwrap().status().as_u16());
+    }
+    assert_eq!(
+        statuses,
+        [200, 200, 200, 429, 200],
+        "3 per minute for user 7, across both"
+    );
+    assert_eq!(
+        layer_a.stats()[0].allowed() + layer_b.stats()[0].allowed(),
+        4
+    );
+    let user_keys = server.cmd(&["KEYS", "ratewall:user:*"]);
+    let lines: Vec<&str> = user_keys
+        .lines()
+        .filter(|l| l.starts_with("ratewall:"))
+        .collect();
+    assert_eq!(lines.len(), 2, "{user_keys}");
+    for l in lines {
+        let hex = l.strip_prefix("ratewall:user:x:").unwrap();
+        assert!(
+            hex.len() == 32 && hex.bytes().all(|c| c.is_ascii_hexdigit()),
+            "{l}"
+        );
+    }
+    let api = server.cmd(&["KEYS", "ratewall:key:*"]);
+    let key = api.lines().find(|l| l.starts_with("ratewall:")).unwrap();
+    assert_eq!(
+        key.len(),
+        "ratewall:key:".len() + 33,
+        "a 10 kB header is hashed: {key}"
+    );
+    assert!(server
+        .cmd(&["KEYS", "ratewall:iproute:*"])
+        .contains("ratewall:iproute:9:192.0.2.13:r:/\r"));
+}
+
+mod end_to_end {
+    use super::*;
+    use hyper_util::rt::TokioIo;
+    use tokio::net::{TcpListener, TcpStream};
+
+    async fn serve(
+        app: Router,
+    ) -> (
+        SocketAddr,
+        tokio::sync::oneshot::Sender<()>,
+        tokio::task::JoinHandle<()>,
+    ) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let local = listener.local_addr().unwrap();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(async move {
+            axum::serve(
+                listener,
+                app.into_make_service_with_connect_info::<SocketAddr>(),
+            )
+            .with_graceful_shutdown(async {
+                let _ = rx.await;
+            })
+            .await
+            .unwrap();
+        });
+        (local, tx, server)
+    }
+
+    async fn fetch(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)]) -> Got {
+        let stream = TcpStream::connect(addr).await.unwrap();
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        let mut req = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", addr.to_string());
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let res = sender
+            .send_request(
+                req.body(http_body_util::Empty::<bytes::Bytes>::new())
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+        let (parts, body) = res.into_parts();
+        let got = Got {
+            status: parts.status,
+            headers: parts.headers,
+            body: body.collect().await.unwrap().to_bytes(),
+        };
+        check_fields(&got);
+        got
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn thirty_two_concurrent_clients_against_ten_per_minute_exactly_ten_succeed() {
+        let server = RedisServer::start();
+        let b = backend(&server);
+        let ip = limiter(
+            &b,
+            "ip",
+            Policy::token_bucket(Rate::per_minute(10)),
+            FailurePolicy::Closed,
+        );
+        let layer = RateLimitLayer::builder()
+            .rule(Rule::redis("ip", Key::client_ip(), ip))
+            .build()
+            .unwrap();
+        let (addr, stop, srv) = serve(make_app(layer.clone())).await;
+        let tasks: Vec<_> = (0..32)
+            .map(|_| tokio::spawn(async move { fetch(addr, "GET", "/", &[]).await.status }))
+            .collect();
+        let mut counts = (0, 0);
+        for t in tasks {
+            match t.await.unwrap() {
+                StatusCode::OK => counts.0 += 1,
+                StatusCode::TOO_MANY_REQUESTS => counts.1 += 1,
+                other => panic!("unexpected {other}"),
+            }
+        }
+        assert_eq!(counts, (10, 22));
+        assert_eq!(layer.stats()[0].errors(), 0);
+        drop(stop);
+        srv.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn atomic_over_http_with_redis_and_local_rules() {
+        let server = RedisServer::start();
+        let b = backend(&server);
+        let ip = limiter(
+            &b,
+            "ip",
+            Policy::token_bucket(Rate::per_minute(100)),
+            FailurePolicy::Closed,
+        );
+        let layer = RateLimitLayer::builder()
+            .rule(Rule::redis("ip", Key::client_ip(), ip))
+            .rule(
+                Rule::per_ip("login", Policy::sliding_window_log(Window::per_minute(2)))
+                    .on_path_prefix("/login"),
+            )
+            .build()
+            .unwrap();
+        let (addr, stop, srv) = serve(make_app(layer)).await;
+        let pw = [("x-password", "right")];
+        for _ in 0..2 {
+            assert_eq!(
+                fetch(addr, "POST", "/login", &pw).await.status,
+                StatusCode::OK
+            );
+        }
+        let before = fetch(addr, "GET", "/", &[]).await.remaining("ip").unwrap();
+        for _ in 0..3 {
+            let denied = fetch(addr, "POST", "/login", &pw).await;
+            assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
+            assert_eq!(denied.retry_after(), Some(60));
+        }
+        let after = fetch(addr, "GET", "/", &[]).await.remaining("ip").unwrap();
+        assert_eq!(after, before - 1);
+        drop(stop);
+        srv.await.unwrap();
+    }
+}
