@@ -52,9 +52,11 @@
 //! that path. `docs/http.md` describes the brief window between a Redis
 //! take and a local denial's refund, and each failure policy.
 //!
-//! With the `redis` feature the service needs `S: Clone + Send + 'static`
-//! and a `Send + 'static` request body: a request that waits for Redis
-//! calls the inner service from the future.
+//! The service needs `S: Clone + Send + 'static` and a `Send + 'static`
+//! request body (axum routers, tonic services and `service_fn` closures
+//! qualify): a request that waits for Redis calls the inner service from
+//! the future. The bounds are the same with and without the `redis`
+//! feature, so turning it on never breaks a build.
 
 #[cfg(feature = "serde")]
 mod config;
@@ -1530,81 +1532,71 @@ impl<S: fmt::Debug, C: Clock> fmt::Debug for RateLimitService<S, C> {
     }
 }
 
-/// The `Service` impl, once per feature set: with `redis`, a request that
-/// matches a Redis rule is passed on after an await, so the inner service
-/// (readied by `poll_ready`) moves into the future and a clone stays.
-macro_rules! service_impl {
-    ($($bounds:tt)*) => {
-        impl<S, C, ReqB, ResB> Service<Request<ReqB>> for RateLimitService<S, C>
-        where
-            S: Service<Request<ReqB>, Response = Response<ResB>>,
-            C: Clock + 'static,
-            $($bounds)*
-        {
-            type Response = Response<ResponseBody<ResB>>;
-            type Error = S::Error;
-            type Future = ResponseFuture<S::Future>;
+/// The inner service must be `Clone + Send + 'static` (axum routers, tonic
+/// services and `service_fn` closures are): a request that matches a Redis
+/// rule is passed on after an await, so the readied service moves into the
+/// response future and a clone stays. The bounds hold with every feature
+/// set, so turning on `redis` never breaks a build that compiled without it.
+impl<S, C, ReqB, ResB> Service<Request<ReqB>> for RateLimitService<S, C>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
+    C: Clock + 'static,
+    ReqB: Send + 'static,
+{
+    type Response = Response<ResponseBody<ResB>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future>;
 
-            fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
-                self.inner.poll_ready(cx)
-            }
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
 
-            fn call(&mut self, mut req: Request<ReqB>) -> ResponseFuture<S::Future> {
-                let (verdict, insert) = {
-                    let mut head = RequestHead {
-                        method: req.method(),
-                        uri: req.uri(),
-                        headers: req.headers(),
-                        extensions: req.extensions(),
-                        insert: None,
-                    };
-                    let v = self.shared.check(&mut head);
-                    (v, head.insert)
-                };
-                match verdict {
-                    Verdict::Pass(after) => {
-                        if let Some(info) = insert {
-                            req.extensions_mut().insert(info);
-                        }
-                        ResponseFuture {
-                            state: State::Inner {
-                                fut: self.inner.call(req),
-                                after,
-                            },
-                        }
-                    }
-                    Verdict::Reject(res) => ResponseFuture {
-                        state: State::Ready { res: Some(res) },
+    fn call(&mut self, mut req: Request<ReqB>) -> ResponseFuture<S::Future> {
+        let (verdict, insert) = {
+            let mut head = RequestHead {
+                method: req.method(),
+                uri: req.uri(),
+                headers: req.headers(),
+                extensions: req.extensions(),
+                insert: None,
+            };
+            let v = self.shared.check(&mut head);
+            (v, head.insert)
+        };
+        match verdict {
+            Verdict::Pass(after) => {
+                if let Some(info) = insert {
+                    req.extensions_mut().insert(info);
+                }
+                ResponseFuture {
+                    state: State::Inner {
+                        fut: self.inner.call(req),
+                        after,
                     },
-                    #[cfg(feature = "redis")]
-                    Verdict::Remote(check) => {
-                        let clone = self.inner.clone();
-                        let mut inner = std::mem::replace(&mut self.inner, clone);
-                        ResponseFuture {
-                            state: State::Remote {
-                                check,
-                                call: Some(Box::new(move |info| {
-                                    if let Some(info) = info {
-                                        req.extensions_mut().insert(info);
-                                    }
-                                    inner.call(req)
-                                })),
-                            },
-                        }
-                    }
+                }
+            }
+            Verdict::Reject(res) => ResponseFuture {
+                state: State::Ready { res: Some(res) },
+            },
+            #[cfg(feature = "redis")]
+            Verdict::Remote(check) => {
+                let clone = self.inner.clone();
+                let mut inner = std::mem::replace(&mut self.inner, clone);
+                ResponseFuture {
+                    state: State::Remote {
+                        check,
+                        call: Some(Box::new(move |info| {
+                            if let Some(info) = info {
+                                req.extensions_mut().insert(info);
+                            }
+                            inner.call(req)
+                        })),
+                    },
                 }
             }
         }
-    };
+    }
 }
-
-#[cfg(not(feature = "redis"))]
-service_impl!();
-// With `redis`: the inner service is cloned for requests that match a Redis
-// rule (axum routers and tonic services are `Clone`), and the request waits
-// inside the response future, so both are `Send + 'static`.
-#[cfg(feature = "redis")]
-service_impl!(S: Clone + Send + 'static, ReqB: Send + 'static,);
 
 /// Passes the request on once the Redis rules admitted it.
 #[cfg(feature = "redis")]
