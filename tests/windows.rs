@@ -748,3 +748,12 @@ fn keyed_window_counters_limit_each_key_on_its_own() {
     clock.advance(Duration::from_millis(500)); // 0.6 s in: 2 * 0.4 = 0.8
     assert!(sliding.check_key(&1).is_allowed());
 }
+
+/// A sliding log's `Debug` shows how many admissions it holds.
+#[test]
+fn sliding_log_debug_shows_its_entries() {
+    let log = SlidingWindowLog::with_clock(Window::per_minute(10), ManualClock::new()).unwrap();
+    let _ = log.check_n(3).unwrap();
+    let text = format!("{log:?}");
+    assert!(text.contains("LogRing") && text.contains("len: 3"), "{text}");
+}
