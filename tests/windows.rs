@@ -755,5 +755,8 @@ fn sliding_log_debug_shows_its_entries() {
     let log = SlidingWindowLog::with_clock(Window::per_minute(10), ManualClock::new()).unwrap();
     let _ = log.check_n(3).unwrap();
     let text = format!("{log:?}");
-    assert!(text.contains("LogRing") && text.contains("len: 3"), "{text}");
+    assert!(
+        text.contains("LogRing") && text.contains("len: 3"),
+        "{text}"
+    );
 }
