@@ -2,6 +2,8 @@
 //! `ManualClock`, a peer address set per request) and end to end (a real
 //! axum server on 127.0.0.1 and [::1] with a real HTTP/1.1 client).
 
+mod support;
+
 use axum::body::Body;
 use axum::routing::{get, post};
 use axum::{Extension, Router};
@@ -14,6 +16,7 @@ use ratewall::http::{
 use ratewall::{ManualClock, Policy, Rate, Window};
 use std::net::SocketAddr;
 use std::time::Duration;
+use support::http_client::Got;
 use tower::ServiceExt;
 
 fn builder(clock: &ManualClock) -> RateLimitBuilder<ManualClock> {
@@ -48,98 +51,6 @@ fn make_app(layer: RateLimitLayer<ManualClock>) -> Router {
         .layer(layer)
 }
 
-/// A response with its status, headers and body, after every emitted
-/// rate-limit field was checked.
-#[derive(Debug)]
-struct Got {
-    status: StatusCode,
-    headers: HeaderMap,
-    body: bytes::Bytes,
-}
-
-impl Got {
-    /// `RateLimit` items as (name, r, t).
-    fn ratelimit(&self) -> Vec<(String, i64, i64)> {
-        parse_items(&self.headers, "ratelimit", ["r", "t"])
-            .into_iter()
-            .map(|(n, v)| (n, v[0], v[1]))
-            .collect()
-    }
-    /// `RateLimit-Policy` items as (name, q, w).
-    fn policy(&self) -> Vec<(String, i64, i64)> {
-        parse_items(&self.headers, "ratelimit-policy", ["q", "w"])
-            .into_iter()
-            .map(|(n, v)| (n, v[0], v[1]))
-            .collect()
-    }
-    fn remaining(&self, rule: &str) -> Option<i64> {
-        self.ratelimit()
-            .into_iter()
-            .find(|(n, ..)| n == rule)
-            .map(|(_, r, _)| r)
-    }
-    fn retry_after(&self) -> Option<u64> {
-        self.headers
-            .get("retry-after")
-            .map(|v| v.to_str().unwrap().parse().unwrap())
-    }
-    fn json(&self) -> serde_json::Value {
-        serde_json::from_slice(&self.body).unwrap()
-    }
-}
-
-/// Parses a field as an RFC 9651 list of string items, each with the two
-/// integer parameters (and no others); panics if it does not parse.
-fn parse_items(h: &HeaderMap, field: &str, params: [&str; 2]) -> Vec<(String, [i64; 2])> {
-    let mut out = Vec::new();
-    for v in h.get_all(field) {
-        let list: sfv::List = sfv::Parser::new(v.as_bytes())
-            .parse_list()
-            .unwrap_or_else(|e| panic!("{field}: {v:?} is not a structured-field list: {e}"));
-        for entry in list {
-            let sfv::ListEntry::Item(item) = entry else {
-                panic!("{field}: inner list in {v:?}");
-            };
-            let name = item
-                .bare_item
-                .as_string()
-                .unwrap_or_else(|| panic!("{field}: item is not a string in {v:?}"))
-                .as_str()
-                .to_owned();
-            let mut vals = [-1i64; 2];
-            for (k, p) in &item.params {
-                let i = params
-                    .iter()
-                    .position(|want| *want == k.as_str())
-                    .unwrap_or_else(|| panic!("{field}: unexpected parameter {k:?} in {v:?}"));
-                vals[i] = i64::from(p.as_integer().expect("integer parameter"));
-            }
-            assert!(
-                vals.iter().all(|&x| x >= 0),
-                "{field}: missing parameter in {v:?}"
-            );
-            out.push((name, vals));
-        }
-    }
-    out
-}
-
-/// Checks what every response must satisfy, whatever the test.
-fn check_fields(got: &Got) {
-    let items = got.ratelimit();
-    let _ = got.policy();
-    if got.status == StatusCode::TOO_MANY_REQUESTS {
-        let retry = got.retry_after().expect("a 429 carries Retry-After");
-        assert!(retry >= 1, "Retry-After is never 0");
-        for (name, _, t) in &items {
-            assert!(
-                *t as u64 <= retry,
-                "Retry-After {retry} is earlier than {name}'s t={t}"
-            );
-        }
-    }
-}
-
 async fn send(
     app: &Router,
     method: &str,
@@ -155,15 +66,7 @@ async fn send(
     let ip: std::net::IpAddr = peer.parse().unwrap();
     req.extensions_mut()
         .insert(axum::extract::ConnectInfo(SocketAddr::new(ip, 40_000)));
-    let res = app.clone().oneshot(req).await.unwrap();
-    let (parts, body) = res.into_parts();
-    let got = Got {
-        status: parts.status,
-        headers: parts.headers,
-        body: body.collect().await.unwrap().to_bytes(),
-    };
-    check_fields(&got);
-    got
+    Got::read(app.clone().oneshot(req).await.unwrap()).await
 }
 
 async fn get_(app: &Router, peer: &str) -> Got {
@@ -1007,67 +910,7 @@ async fn thirty_two_concurrent_clients_against_ten_per_minute_in_process() {
 
 mod end_to_end {
     use super::*;
-    use hyper_util::rt::TokioIo;
-    use tokio::net::{TcpListener, TcpStream};
-
-    /// Serves `app` on `addr` (port 0) until the returned sender is dropped.
-    async fn serve(
-        addr: &str,
-        app: Router,
-    ) -> (
-        SocketAddr,
-        tokio::sync::oneshot::Sender<()>,
-        tokio::task::JoinHandle<()>,
-    ) {
-        let listener = TcpListener::bind(addr)
-            .await
-            .unwrap_or_else(|e| panic!("cannot bind {addr}: {e}"));
-        let local = listener.local_addr().unwrap();
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(async move {
-            axum::serve(
-                listener,
-                app.into_make_service_with_connect_info::<SocketAddr>(),
-            )
-            .with_graceful_shutdown(async {
-                let _ = rx.await;
-            })
-            .await
-            .unwrap();
-        });
-        (local, tx, server)
-    }
-
-    /// One request over a fresh HTTP/1.1 connection.
-    async fn fetch(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)]) -> Got {
-        let stream = TcpStream::connect(addr).await.unwrap();
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .unwrap();
-        tokio::spawn(conn);
-        let mut req = Request::builder()
-            .method(method)
-            .uri(path)
-            .header("host", addr.to_string());
-        for (k, v) in headers {
-            req = req.header(*k, *v);
-        }
-        let res = sender
-            .send_request(
-                req.body(http_body_util::Empty::<bytes::Bytes>::new())
-                    .unwrap(),
-            )
-            .await
-            .unwrap();
-        let (parts, body) = res.into_parts();
-        let got = Got {
-            status: parts.status,
-            headers: parts.headers,
-            body: body.collect().await.unwrap().to_bytes(),
-        };
-        check_fields(&got);
-        got
-    }
+    use support::http_client::{fetch, serve};
 
     fn layered(clock: &ManualClock) -> RateLimitLayer<ManualClock> {
         builder(clock)

@@ -11,12 +11,12 @@ use axum::body::Body;
 use axum::routing::{get, post};
 use axum::{Extension, Router};
 use http::{HeaderMap, Request, StatusCode};
-use http_body_util::BodyExt;
 use ratewall::http::{Key, Mode, RateLimitInfo, RateLimitLayer, Rule};
 use ratewall::redis::{FailurePolicy, RedisBackend, RedisLimiter};
 use ratewall::{Policy, Rate, Window};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
+use support::http_client::Got;
 use support::redis_server::RedisServer;
 use tower::ServiceExt;
 
@@ -62,70 +62,6 @@ fn make_app(layer: RateLimitLayer) -> Router {
         .layer(layer)
 }
 
-#[derive(Debug)]
-struct Got {
-    status: StatusCode,
-    headers: HeaderMap,
-    body: bytes::Bytes,
-}
-
-impl Got {
-    /// `RateLimit` items as (name, r, t); panics if the field is not a
-    /// structured-field list of such items.
-    fn ratelimit(&self) -> Vec<(String, i64, i64)> {
-        let mut out = Vec::new();
-        for v in self.headers.get_all("ratelimit") {
-            let list: sfv::List = sfv::Parser::new(v.as_bytes()).parse_list().unwrap();
-            for entry in list {
-                let sfv::ListEntry::Item(item) = entry else {
-                    panic!("inner list in {v:?}");
-                };
-                let name = item.bare_item.as_string().unwrap().as_str().to_owned();
-                let p = |k: &str| {
-                    item.params
-                        .iter()
-                        .find(|(key, _)| key.as_str() == k)
-                        .and_then(|(_, v)| v.as_integer())
-                        .map(i64::from)
-                        .unwrap_or_else(|| panic!("no {k} in {v:?}"))
-                };
-                out.push((name, p("r"), p("t")));
-            }
-        }
-        out
-    }
-    fn remaining(&self, rule: &str) -> Option<i64> {
-        self.ratelimit()
-            .into_iter()
-            .find(|(n, ..)| n == rule)
-            .map(|(_, r, _)| r)
-    }
-    fn retry_after(&self) -> Option<u64> {
-        self.headers
-            .get("retry-after")
-            .map(|v| v.to_str().unwrap().parse().unwrap())
-    }
-    fn json(&self) -> serde_json::Value {
-        serde_json::from_slice(&self.body).unwrap()
-    }
-    fn text(&self) -> String {
-        String::from_utf8(self.body.to_vec()).unwrap()
-    }
-}
-
-/// What every 429 must satisfy: Retry-After of at least 1 s, never
-/// earlier than a `t` it sends.
-fn check_fields(got: &Got) {
-    let items = got.ratelimit();
-    if got.status == StatusCode::TOO_MANY_REQUESTS {
-        let retry = got.retry_after().expect("a 429 carries Retry-After");
-        assert!(retry >= 1);
-        for (name, _, t) in &items {
-            assert!(*t as u64 <= retry, "Retry-After {retry} < {name}'s t={t}");
-        }
-    }
-}
-
 async fn send(app: &Router, method: &str, path: &str, peer: &str, headers: &[(&str, &str)]) -> Got {
     let mut req = Request::builder().method(method).uri(path);
     for (k, v) in headers {
@@ -135,15 +71,7 @@ async fn send(app: &Router, method: &str, path: &str, peer: &str, headers: &[(&s
     let ip: std::net::IpAddr = peer.parse().unwrap();
     req.extensions_mut()
         .insert(axum::extract::ConnectInfo(SocketAddr::new(ip, 40_000)));
-    let res = app.clone().oneshot(req).await.unwrap();
-    let (parts, body) = res.into_parts();
-    let got = Got {
-        status: parts.status,
-        headers: parts.headers,
-        body: body.collect().await.unwrap().to_bytes(),
-    };
-    check_fields(&got);
-    got
+    Got::read(app.clone().oneshot(req).await.unwrap()).await
 }
 
 async fn get_(app: &Router, peer: &str) -> Got {
@@ -581,62 +509,7 @@ async fn two_instances_share_one_limit_and_the_redis_keys_are_bounded() {
 
 mod end_to_end {
     use super::*;
-    use hyper_util::rt::TokioIo;
-    use tokio::net::{TcpListener, TcpStream};
-
-    async fn serve(
-        app: Router,
-    ) -> (
-        SocketAddr,
-        tokio::sync::oneshot::Sender<()>,
-        tokio::task::JoinHandle<()>,
-    ) {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let local = listener.local_addr().unwrap();
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(async move {
-            axum::serve(
-                listener,
-                app.into_make_service_with_connect_info::<SocketAddr>(),
-            )
-            .with_graceful_shutdown(async {
-                let _ = rx.await;
-            })
-            .await
-            .unwrap();
-        });
-        (local, tx, server)
-    }
-
-    async fn fetch(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)]) -> Got {
-        let stream = TcpStream::connect(addr).await.unwrap();
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .unwrap();
-        tokio::spawn(conn);
-        let mut req = Request::builder()
-            .method(method)
-            .uri(path)
-            .header("host", addr.to_string());
-        for (k, v) in headers {
-            req = req.header(*k, *v);
-        }
-        let res = sender
-            .send_request(
-                req.body(http_body_util::Empty::<bytes::Bytes>::new())
-                    .unwrap(),
-            )
-            .await
-            .unwrap();
-        let (parts, body) = res.into_parts();
-        let got = Got {
-            status: parts.status,
-            headers: parts.headers,
-            body: body.collect().await.unwrap().to_bytes(),
-        };
-        check_fields(&got);
-        got
-    }
+    use support::http_client::{fetch, serve};
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn thirty_two_concurrent_clients_against_ten_per_minute_exactly_ten_succeed() {
@@ -652,7 +525,7 @@ mod end_to_end {
             .rule(Rule::redis("ip", Key::client_ip(), ip))
             .build()
             .unwrap();
-        let (addr, stop, srv) = serve(make_app(layer.clone())).await;
+        let (addr, stop, srv) = serve("127.0.0.1:0", make_app(layer.clone())).await;
         let tasks: Vec<_> = (0..32)
             .map(|_| tokio::spawn(async move { fetch(addr, "GET", "/", &[]).await.status }))
             .collect();
@@ -688,7 +561,7 @@ mod end_to_end {
             )
             .build()
             .unwrap();
-        let (addr, stop, srv) = serve(make_app(layer)).await;
+        let (addr, stop, srv) = serve("127.0.0.1:0", make_app(layer)).await;
         let pw = [("x-password", "right")];
         for _ in 0..2 {
             assert_eq!(
