@@ -198,7 +198,16 @@ async fn a_server_that_is_not_redis_is_unavailable_within_the_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_checks_of_one_key_admit_exactly_the_limit() {
     let server = RedisServer::start();
-    let backends: Vec<RedisBackend> = (0..8).map(|_| backend(&server, SLOW)).collect();
+    // Half the connections batch (the default), half send each call alone.
+    let backends: Vec<RedisBackend> = (0..8)
+        .map(|i| {
+            RedisBackend::builder(server.url())
+                .timeout(SLOW)
+                .max_batch(if i % 2 == 0 { 128 } else { 1 })
+                .build()
+                .unwrap()
+        })
+        .collect();
     for (i, policy) in all_policies(50, Duration::from_secs(3600))
         .into_iter()
         .enumerate()
