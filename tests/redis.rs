@@ -961,3 +961,36 @@ async fn checks(l: &RedisLimiter, n: usize) -> Vec<ratewall::redis::RedisDecisio
     }
     out
 }
+
+/// Batching sends nothing for a caller that gave up: checks dropped while
+/// they waited for a batch (their request went away) are never sent, so
+/// they take nothing; only the call already on the wire may count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_dropped_while_queued_are_never_sent() {
+    let server = RedisServer::start();
+    let b = backend(&server, SLOW);
+    let l = Arc::new(limiter(
+        Policy::fixed_window(Window::new(100, Duration::from_secs(3600))),
+        &b,
+        "gone",
+        FailurePolicy::Closed,
+    ));
+    assert!(l.check(b"k").await.unwrap().is_allowed());
+    assert_eq!(server.cmd(&["CLIENT", "PAUSE", "400", "ALL"]), "+OK\r\n");
+    // One call goes out and waits for the paused server...
+    let first = tokio::spawn({
+        let l = l.clone();
+        async move { l.check(b"k").await }
+    });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    // ...while 20 more queue behind it, and their callers give up.
+    for _ in 0..20 {
+        let r = tokio::time::timeout(Duration::from_millis(5), l.check(b"k")).await;
+        assert!(r.is_err(), "answered while the server was paused: {r:?}");
+    }
+    let d = first.await.unwrap().unwrap();
+    assert_eq!(d.remaining(), 98, "{d:?}");
+    // Nothing the dropped callers asked for was taken.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(l.peek(b"k").await.unwrap().remaining(), 97);
+}
