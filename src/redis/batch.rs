@@ -4,8 +4,10 @@
 //! # Protocol
 //!
 //! One mutex guards the queue and the count of batches in flight. A caller
-//! pushes its call and, if fewer than `in_flight` batches are out, becomes
-//! the one to send: it takes the queue (up to `max_batch` calls, its own
+//! that finds nothing in flight and nothing queued sends its call itself,
+//! holding a slot; when it is done (or dropped), what queued meanwhile goes
+//! to a runner that inherits the slot. Otherwise a caller pushes its call
+//! and, if fewer than `in_flight` batches are out, becomes the one to send: it takes the queue (up to `max_batch` calls, its own
 //! first among any that waited) and spawns a **runner** task that sends
 //! them, hands out the replies, and, still under its slot, takes and sends
 //! whatever queued meanwhile; it gives the slot back only when it finds the
@@ -106,6 +108,17 @@ impl Batcher {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return Err(RedisError::NoRuntime);
         };
+        if self.try_inline() {
+            // Nothing was on the wire: send this call now, from this task,
+            // holding a slot so that calls made meanwhile queue.
+            let slot = InlineSlot {
+                batcher: self,
+                runtime,
+            };
+            let reply = self.link.invoke(&call.invocation()).await;
+            drop(slot);
+            return reply;
+        }
         let (tx, rx) = oneshot::channel();
         let batch = {
             let mut state = lock(&self.state);
@@ -118,12 +131,7 @@ impl Batcher {
             }
         };
         if let Some(batch) = batch {
-            let runner = Runner {
-                link: self.link.clone(),
-                state: self.state.clone(),
-                max_batch: self.max_batch,
-            };
-            runtime.spawn(runner.run(batch));
+            self.spawn_runner(&runtime, batch);
         }
         match tokio::time::timeout(self.link.timeout(), rx).await {
             Ok(Ok(reply)) => reply,
@@ -133,6 +141,52 @@ impl Batcher {
                 cause: "the runtime running the call shut down".into(),
             }),
             Err(_) => Err(self.link.timed_out()),
+        }
+    }
+}
+
+impl Batcher {
+    /// Takes a slot for an inline call if nothing is in flight or queued.
+    fn try_inline(&self) -> bool {
+        let mut state = lock(&self.state);
+        let idle = state.running == 0 && state.queue.is_empty();
+        if idle {
+            state.running = 1;
+        }
+        idle
+    }
+
+    fn spawn_runner(&self, runtime: &tokio::runtime::Handle, batch: Vec<Queued>) {
+        let runner = Runner {
+            link: self.link.clone(),
+            state: self.state.clone(),
+            max_batch: self.max_batch,
+        };
+        runtime.spawn(runner.run(batch));
+    }
+}
+
+/// The slot of a call sent inline. When the call ends (or its future is
+/// dropped), the calls that queued meanwhile go to a runner that inherits
+/// the slot; if none did, the slot is freed.
+struct InlineSlot<'a> {
+    batcher: &'a Batcher,
+    runtime: tokio::runtime::Handle,
+}
+
+impl Drop for InlineSlot<'_> {
+    fn drop(&mut self) {
+        let b = self.batcher;
+        let batch = {
+            let mut state = lock(&b.state);
+            let batch = take(&mut state, b.max_batch);
+            if batch.is_empty() {
+                state.running -= 1;
+            }
+            batch
+        };
+        if !batch.is_empty() {
+            b.spawn_runner(&self.runtime, batch);
         }
     }
 }
