@@ -994,3 +994,45 @@ async fn calls_dropped_while_queued_are_never_sent() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(l.peek(b"k").await.unwrap().remaining(), 97);
 }
+
+/// A caller that sends its call itself (nothing else on the wire) and is
+/// then dropped hands the calls that queued behind it to a runner: they
+/// are answered as soon as the server is, not left waiting for their
+/// timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_first_caller_hands_the_queue_on() {
+    let server = RedisServer::start();
+    let b = backend(&server, SLOW);
+    let l = Arc::new(limiter(
+        Policy::fixed_window(Window::new(100, Duration::from_secs(3600))),
+        &b,
+        "handoff",
+        FailurePolicy::Closed,
+    ));
+    assert!(l.check(b"warm").await.unwrap().is_allowed());
+    assert_eq!(server.cmd(&["CLIENT", "PAUSE", "300", "ALL"]), "+OK\r\n");
+    let paused = Instant::now();
+    // The first call goes out at once; its caller gives up after 50 ms.
+    let first = tokio::spawn({
+        let l = l.clone();
+        async move { tokio::time::timeout(Duration::from_millis(50), l.check(b"k")).await }
+    });
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    // Ten more queue behind it, with the backend's 5 s timeout.
+    let queued: Vec<_> = (0..10)
+        .map(|_| {
+            let l = l.clone();
+            tokio::spawn(async move { l.check(b"k").await })
+        })
+        .collect();
+    assert!(first.await.unwrap().is_err(), "answered while paused");
+    for q in queued {
+        assert!(q.await.unwrap().unwrap().is_allowed());
+    }
+    // Answered when the pause ended, not at their 5 s timeout.
+    assert!(
+        paused.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        paused.elapsed()
+    );
+}
