@@ -1,19 +1,26 @@
 //! Redis backend throughput against the seed token-bucket script
 //! (docs/distributed.md), same server, same run, loopback:
-//! `cargo run --release --example redis_bench --features redis`.
+//! `cargo run --release --example redis_bench --features redis [-- --rounds 7 --quick]`.
 //!
-//! Also: every algorithm at 1, 16 and 128 callers, and 7 alternating
-//! rounds at 128 callers with the median ratio.
+//! Contenders, each on its own connection to one `redis-server` that the
+//! harness starts: the seed script (a hash, the client's clock,
+//! `HMGET`/`HMSET`/`EXPIRE`); "raw", ratewall's GCRA script sent over the
+//! seed's plain connection (separates the script from the client stack);
+//! `RedisLimiter` (GCRA) batched (the default) and unbatched
+//! (`max_batch(1)`); and `RedisLimiter` with the deny cache.
 //!
-//! For 1, 16 and 128 concurrent callers: checks/s and p50/p99 latency of
-//! ratewall's GCRA script through `RedisLimiter` ("ratewall"), the same
-//! script on the seed's plain connection ("raw"), and the seed script, on uniform keys (all
-//! allowed) and on one hot key (mostly denied). A harness, not a test:
+//! Workloads: uniform keys (100k, all allowed); mixed (Zipf keys, s = 1,
+//! over 10k keys, 20 per second each, about half the requests over their
+//! limit); one hot key (mostly denied). For 1, 16 and 128 concurrent
+//! callers: checks/s and p50/p99 latency. Then every algorithm, and
+//! alternating rounds at 128 callers (seed, then ratewall, fresh keys each
+//! round) with the median ratio and its spread. A harness, not a test:
 //! read the ratios, not the absolute numbers, on a shared machine.
 
 use ratewall::redis::{FailurePolicy, RedisBackend, RedisLimiter};
 use ratewall::{Policy, Rate};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -44,15 +51,73 @@ const OURS_RAW: &str = concat!(
 );
 
 const RUN: Duration = Duration::from_millis(1500);
+/// One side of one alternating round.
+const ROUND: Duration = Duration::from_millis(1500);
+/// Keys of the uniform workload.
+const UNIFORM_KEYS: u64 = 100_000;
+/// Keys of the mixed workload, drawn from a Zipf distribution.
+const ZIPF_KEYS: usize = 10_000;
+/// The limit of the uniform and hot-key workloads: 100 per second, burst 100.
+const RATE: u64 = 100;
+/// The mixed workload's limit per key: 20 per second, burst 20.
+const MIXED_RATE: u64 = 20;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Workload {
+    Uniform,
+    Mixed,
+    Hot,
+}
+
+impl Workload {
+    fn name(self) -> &'static str {
+        match self {
+            Workload::Uniform => "uniform",
+            Workload::Mixed => "mixed",
+            Workload::Hot => "hot key",
+        }
+    }
+
+    fn rate(self) -> u64 {
+        if self == Workload::Mixed {
+            MIXED_RATE
+        } else {
+            RATE
+        }
+    }
+}
 
 #[tokio::main]
 async fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let rounds: usize = args
+        .iter()
+        .position(|a| a == "--rounds")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(7);
+    let quick = args.iter().any(|a| a == "--quick");
+    let verbose = args.iter().any(|a| a == "--verbose");
+    let flag = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
+    let in_flight: usize = flag("--in-flight")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(ratewall::redis::DEFAULT_IN_FLIGHT);
+    let max_batch: usize = flag("--max-batch")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(ratewall::redis::DEFAULT_MAX_BATCH);
+    // `--only uniform:ratewall` runs that point alone for 3 s (to profile).
+    let only = flag("--only");
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
-    let mut server = Command::new("redis-server")
+    let server = Command::new("redis-server")
         .args([
             "--port",
             &port.to_string(),
@@ -66,121 +131,225 @@ async fn main() {
         .stdout(Stdio::null())
         .spawn()
         .expect("redis-server (apt-get install redis-server)");
+    // Killed (by PID) however the harness ends, a panic included.
+    let _server = KillOnDrop(server);
     tokio::time::sleep(Duration::from_millis(300)).await;
     let url = format!("redis://127.0.0.1:{port}");
-    let backend = RedisBackend::builder(url.clone())
-        .timeout(Duration::from_secs(2))
-        .build()
-        .unwrap();
-    let ours = Arc::new(
-        RedisLimiter::builder(
-            Policy::token_bucket(Rate::per_second(100).burst(100)),
-            &backend,
-        )
-        .name("bench")
-        .on_failure(FailurePolicy::Closed)
-        .build()
-        .unwrap(),
-    );
-    let cached = Arc::new(
-        RedisLimiter::builder(
-            Policy::token_bucket(Rate::per_second(100).burst(100)),
-            &backend,
-        )
-        .name("bench-dc")
-        .on_failure(FailurePolicy::Closed)
-        .deny_cache(100_000)
-        .build()
-        .unwrap(),
-    );
-    let client = redis::Client::open(url.as_str()).unwrap();
-    let conn = client.get_multiplexed_async_connection().await.unwrap();
-    let seed = Arc::new(redis::Script::new(SEED));
-    let raw = Arc::new(redis::Script::new(OURS_RAW));
-    per_algorithm(&backend).await;
-    println!();
-    println!(
-        "{:<10} {:<8} {:>7} {:>12} {:>9} {:>9} {:>8}",
-        "workload", "script", "callers", "checks/s", "p50 us", "p99 us", "allowed"
-    );
-    let ctx = Ctx {
-        ours,
-        cached,
-        seed,
-        raw,
-        conn,
+    let backend = |max_batch: usize| {
+        RedisBackend::builder(url.clone())
+            .timeout(Duration::from_secs(2))
+            .max_batch(max_batch)
+            .batches_in_flight(in_flight)
+            .build()
+            .unwrap()
     };
-    for hot in [false, true] {
-        for callers in [1usize, 16, 128] {
-            let variants: &[&str] = if hot {
-                &["seed", "raw", "ratewall", "rw+cache"]
-            } else {
-                &["seed", "raw", "ratewall"]
-            };
-            for &which in variants {
-                let (rate, lat, allowed) = ctx.run(which, callers, hot, RUN).await;
-                let n = lat.len();
-                println!(
-                    "{:<10} {:<8} {:>7} {:>12.0} {:>9} {:>9} {:>7.0}%",
-                    if hot { "hot key" } else { "uniform" },
-                    which,
-                    callers,
-                    rate,
-                    lat[n / 2].as_micros(),
-                    lat[n * 99 / 100].as_micros(),
-                    100.0 * allowed as f64 / n as f64
-                );
+    let (batched, unbatched) = (backend(max_batch), backend(1));
+    let limiter = |b: &RedisBackend, name: &str, rate: u64, cache: bool| {
+        let mut l =
+            RedisLimiter::builder(Policy::token_bucket(Rate::per_second(rate).burst(rate)), b)
+                .name(name)
+                .on_failure(FailurePolicy::Closed);
+        if cache {
+            l = l.deny_cache(100_000);
+        }
+        Arc::new(l.build().unwrap())
+    };
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let ctx = Ctx {
+        ratewall: [RATE, MIXED_RATE].map(|r| limiter(&batched, &format!("b{r}"), r, false)),
+        unbatched: [RATE, MIXED_RATE].map(|r| limiter(&unbatched, &format!("u{r}"), r, false)),
+        cached: [RATE, MIXED_RATE].map(|r| limiter(&batched, &format!("c{r}"), r, true)),
+        seed: Arc::new(redis::Script::new(SEED)),
+        raw: Arc::new(redis::Script::new(OURS_RAW)),
+        conn: client.get_multiplexed_async_connection().await.unwrap(),
+        zipf: Arc::new(zipf_sequence(ZIPF_KEYS, 1 << 20)),
+        round: AtomicU64::new(0),
+    };
+    if let Some(only) = only {
+        let (w, which) = only.split_once(':').expect("--only WORKLOAD:CONTENDER");
+        let workload = match w {
+            "uniform" => Workload::Uniform,
+            "mixed" => Workload::Mixed,
+            _ => Workload::Hot,
+        };
+        let which: &'static str = Box::leak(which.to_string().into_boxed_str());
+        let p = ctx.run(which, 128, workload, Duration::from_secs(3)).await;
+        println!(
+            "{only}: {:.0} checks/s, p50 {} us, p99 {} us, {:.0}% allowed",
+            p.rate,
+            p.p50.as_micros(),
+            p.p99.as_micros(),
+            p.allowed_pct
+        );
+        // The server's own accounting: calls and time per script call.
+        let mut conn = ctx.conn.clone();
+        let stats: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        for line in stats.lines().filter(|l| {
+            l.contains("evalsha")
+                || l.contains("cmdstat_get")
+                || l.contains("cmdstat_set")
+                || l.contains("cmdstat_hmget")
+        }) {
+            println!("  {line}");
+        }
+        return;
+    }
+    if !quick {
+        per_algorithm(&batched).await;
+        println!();
+        println!(
+            "{:<10} {:<10} {:>7} {:>12} {:>9} {:>9} {:>8}",
+            "workload", "contender", "callers", "checks/s", "p50 us", "p99 us", "allowed"
+        );
+        for workload in [Workload::Uniform, Workload::Mixed, Workload::Hot] {
+            for callers in [1usize, 16, 128] {
+                let mut variants = vec!["seed", "raw", "ratewall", "unbatched"];
+                if workload != Workload::Uniform {
+                    variants.push("rw+cache");
+                }
+                for which in variants {
+                    let p = ctx.run(which, callers, workload, RUN).await;
+                    println!(
+                        "{:<10} {:<10} {:>7} {:>12.0} {:>9} {:>9} {:>7.0}%",
+                        workload.name(),
+                        which,
+                        callers,
+                        p.rate,
+                        p.p50.as_micros(),
+                        p.p99.as_micros(),
+                        p.allowed_pct
+                    );
+                }
             }
         }
     }
-    // Alternating rounds at 128 callers, uniform keys: the ratio per round,
-    // then the median and the spread (single points move by 30% here).
-    let mut ratios = Vec::new();
-    for _ in 0..7 {
-        let (seed_rate, _, _) = ctx
-            .run("seed", 128, false, Duration::from_millis(600))
-            .await;
-        let (ours_rate, _, _) = ctx
-            .run("ratewall", 128, false, Duration::from_millis(600))
-            .await;
-        ratios.push(ours_rate / seed_rate);
-    }
-    ratios.sort_by(f64::total_cmp);
+    // Alternating rounds at 128 callers, fresh keys each round: the ratio
+    // per round, then the median and the spread (single points move by 30%
+    // on a shared machine).
     println!(
-        "\nratewall / seed, 128 callers, uniform, 7 alternating rounds: median {:.2}x (min {:.2}x, max {:.2}x)",
-        ratios[3], ratios[0], ratios[6]
+        "\nAlternating rounds, 128 callers, {rounds} rounds of {:.1} s per side (median, min-max):",
+        ROUND.as_secs_f64()
     );
-    let _ = server.kill();
-    let _ = server.wait();
+    for (workload, which) in [
+        (Workload::Uniform, "ratewall"),
+        (Workload::Uniform, "unbatched"),
+        (Workload::Mixed, "ratewall"),
+        (Workload::Mixed, "unbatched"),
+        (Workload::Mixed, "rw+cache"),
+    ] {
+        let mut ratios = Vec::new();
+        let (mut allowed_seed, mut allowed_ours) = (Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            let seed = ctx.run("seed", 128, workload, ROUND).await;
+            let ours = ctx.run(which, 128, workload, ROUND).await;
+            ratios.push(ours.rate / seed.rate);
+            if verbose {
+                println!("    seed {:.0}/s, {which} {:.0}/s", seed.rate, ours.rate);
+            }
+            allowed_seed.push(seed.allowed_pct);
+            allowed_ours.push(ours.allowed_pct);
+        }
+        ratios.sort_by(f64::total_cmp);
+        let mid = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        println!(
+            "  {:<8} {:<10} / seed: {:.2}x ({:.2}-{:.2}x)   allowed: seed {:.0}%, ours {:.0}%",
+            workload.name(),
+            which,
+            ratios[ratios.len() / 2],
+            ratios[0],
+            ratios[ratios.len() - 1],
+            mid(&mut allowed_seed),
+            mid(&mut allowed_ours),
+        );
+    }
+}
+
+/// A child process, killed and reaped when dropped.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `len` key indexes in `0..keys`, Zipf-distributed with s = 1 (key `i`
+/// drawn with probability proportional to `1 / (i + 1)`), from a fixed
+/// seed so every contender sees the same sequence.
+fn zipf_sequence(keys: usize, len: usize) -> Vec<u32> {
+    let mut cdf = Vec::with_capacity(keys);
+    let mut sum = 0.0;
+    for i in 0..keys {
+        sum += 1.0 / (i + 1) as f64;
+        cdf.push(sum);
+    }
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    (0..len)
+        .map(|_| {
+            // splitmix64
+            state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^= z >> 31;
+            let u = (z >> 11) as f64 / (1u64 << 53) as f64 * sum;
+            cdf.partition_point(|&c| c < u) as u32
+        })
+        .collect()
 }
 
 struct Ctx {
-    ours: Arc<RedisLimiter>,
-    cached: Arc<RedisLimiter>,
+    /// Batched `RedisLimiter`s for the uniform/hot rate and the mixed rate.
+    ratewall: [Arc<RedisLimiter>; 2],
+    unbatched: [Arc<RedisLimiter>; 2],
+    cached: [Arc<RedisLimiter>; 2],
     seed: Arc<redis::Script>,
     raw: Arc<redis::Script>,
     conn: redis::aio::MultiplexedConnection,
+    zipf: Arc<Vec<u32>>,
+    /// Each run's keys are fresh: a per-run tag in every key.
+    round: AtomicU64,
+}
+
+struct Point {
+    rate: f64,
+    p50: Duration,
+    p99: Duration,
+    allowed_pct: f64,
 }
 
 impl Ctx {
-    /// One point: `callers` tasks for `run`; checks/s, latencies, allowed.
+    /// One point: `callers` tasks for `run`.
     async fn run(
         &self,
         which: &'static str,
         callers: usize,
-        hot: bool,
+        workload: Workload,
         run: Duration,
-    ) -> (f64, Vec<Duration>, u64) {
+    ) -> Point {
+        let tag = self.round.fetch_add(1, Ordering::Relaxed);
+        let slot = usize::from(workload == Workload::Mixed);
+        let ours = match which {
+            "rw+cache" => self.cached[slot].clone(),
+            "unbatched" => self.unbatched[slot].clone(),
+            _ => self.ratewall[slot].clone(),
+        };
+        let rate = workload.rate();
         let stop = Instant::now() + run;
         let mut tasks = Vec::new();
         for c in 0..callers {
-            let ours = if which == "rw+cache" {
-                self.cached.clone()
-            } else {
-                self.ours.clone()
-            };
+            let ours = ours.clone();
             let seed = self.seed.clone();
             let raw = self.raw.clone();
+            let zipf = self.zipf.clone();
             let mut conn = self.conn.clone();
             tasks.push(tokio::spawn(async move {
                 let mut lat = Vec::new();
@@ -188,41 +357,44 @@ impl Ctx {
                 let mut i = c as u64 * 7919;
                 while Instant::now() < stop {
                     i += 1;
-                    let key = if hot {
-                        "hot".to_string()
-                    } else {
-                        format!("k{}", i % 100_000)
+                    let key = match workload {
+                        Workload::Hot => format!("{tag}:hot"),
+                        Workload::Uniform => format!("{tag}:{}", i % UNIFORM_KEYS),
+                        Workload::Mixed => format!("{tag}:{}", zipf[i as usize % zipf.len()]),
                     };
                     let t = Instant::now();
-                    let ok = if which == "seed" {
-                        let now = SystemTime::now()
-                            .duration_since(UNIX_EPOCH)
-                            .unwrap()
-                            .as_secs_f64();
-                        let v: i64 = seed
-                            .key(format!("seed:{key}"))
-                            .arg(100)
-                            .arg(100)
-                            .arg(now)
-                            .invoke_async(&mut conn)
-                            .await
-                            .unwrap();
-                        v == 1
-                    } else if which == "raw" {
-                        let v: Vec<i64> = raw
-                            .key(format!("raw:{key}"))
-                            .arg("c")
-                            .arg(1)
-                            .arg(10_000)
-                            .arg(1_000_000)
-                            .arg(100)
-                            .arg("")
-                            .invoke_async(&mut conn)
-                            .await
-                            .unwrap();
-                        v[0] == 1
-                    } else {
-                        ours.check(key.as_bytes()).await.unwrap().is_allowed()
+                    let ok = match which {
+                        "seed" => {
+                            let now = SystemTime::now()
+                                .duration_since(UNIX_EPOCH)
+                                .unwrap()
+                                .as_secs_f64();
+                            let v: i64 = seed
+                                .key(format!("seed:{key}"))
+                                .arg(rate)
+                                .arg(rate)
+                                .arg(now)
+                                .invoke_async(&mut conn)
+                                .await
+                                .unwrap();
+                            v == 1
+                        }
+                        "raw" => {
+                            let t_us = 1_000_000 / rate;
+                            let v: Vec<i64> = raw
+                                .key(format!("raw:{key}"))
+                                .arg("c")
+                                .arg(1)
+                                .arg(t_us)
+                                .arg(t_us * rate)
+                                .arg(rate)
+                                .arg("")
+                                .invoke_async(&mut conn)
+                                .await
+                                .unwrap();
+                            v[0] == 1
+                        }
+                        _ => ours.check(key.as_bytes()).await.unwrap().is_allowed(),
                     };
                     lat.push(t.elapsed());
                     allowed += u64::from(ok);
@@ -238,10 +410,15 @@ impl Ctx {
             allowed += a;
         }
         lat.sort();
-        (lat.len() as f64 / run.as_secs_f64(), lat, allowed)
+        let n = lat.len().max(1);
+        Point {
+            rate: lat.len() as f64 / run.as_secs_f64(),
+            p50: lat.get(n / 2).copied().unwrap_or_default(),
+            p99: lat.get(n * 99 / 100).copied().unwrap_or_default(),
+            allowed_pct: 100.0 * allowed as f64 / n as f64,
+        }
     }
 }
-
 /// Every algorithm through `RedisLimiter`, uniform keys, limits far above
 /// the load (all allowed): checks/s and p50/p99 at 1, 16 and 128 callers.
 async fn per_algorithm(backend: &RedisBackend) {

@@ -198,7 +198,16 @@ async fn a_server_that_is_not_redis_is_unavailable_within_the_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_checks_of_one_key_admit_exactly_the_limit() {
     let server = RedisServer::start();
-    let backends: Vec<RedisBackend> = (0..8).map(|_| backend(&server, SLOW)).collect();
+    // Half the connections batch (the default), half send each call alone.
+    let backends: Vec<RedisBackend> = (0..8)
+        .map(|i| {
+            RedisBackend::builder(server.url())
+                .timeout(SLOW)
+                .max_batch(if i % 2 == 0 { 128 } else { 1 })
+                .build()
+                .unwrap()
+        })
+        .collect();
     for (i, policy) in all_policies(50, Duration::from_secs(3600))
         .into_iter()
         .enumerate()
@@ -951,4 +960,79 @@ async fn checks(l: &RedisLimiter, n: usize) -> Vec<ratewall::redis::RedisDecisio
         out.push(l.check(b"k").await.unwrap());
     }
     out
+}
+
+/// Batching sends nothing for a caller that gave up: checks dropped while
+/// they waited for a batch (their request went away) are never sent, so
+/// they take nothing; only the call already on the wire may count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_dropped_while_queued_are_never_sent() {
+    let server = RedisServer::start();
+    let b = backend(&server, SLOW);
+    let l = Arc::new(limiter(
+        Policy::fixed_window(Window::new(100, Duration::from_secs(3600))),
+        &b,
+        "gone",
+        FailurePolicy::Closed,
+    ));
+    assert!(l.check(b"k").await.unwrap().is_allowed());
+    assert_eq!(server.cmd(&["CLIENT", "PAUSE", "400", "ALL"]), "+OK\r\n");
+    // One call goes out and waits for the paused server...
+    let first = tokio::spawn({
+        let l = l.clone();
+        async move { l.check(b"k").await }
+    });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    // ...while 20 more queue behind it, and their callers give up.
+    for _ in 0..20 {
+        let r = tokio::time::timeout(Duration::from_millis(5), l.check(b"k")).await;
+        assert!(r.is_err(), "answered while the server was paused: {r:?}");
+    }
+    let d = first.await.unwrap().unwrap();
+    assert_eq!(d.remaining(), 98, "{d:?}");
+    // Nothing the dropped callers asked for was taken.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(l.peek(b"k").await.unwrap().remaining(), 97);
+}
+
+/// A caller that sends its call itself (nothing else on the wire) and is
+/// then dropped hands the calls that queued behind it to a runner: they
+/// are answered as soon as the server is, not left waiting for their
+/// timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_first_caller_hands_the_queue_on() {
+    let server = RedisServer::start();
+    let b = backend(&server, SLOW);
+    let l = Arc::new(limiter(
+        Policy::fixed_window(Window::new(100, Duration::from_secs(3600))),
+        &b,
+        "handoff",
+        FailurePolicy::Closed,
+    ));
+    assert!(l.check(b"warm").await.unwrap().is_allowed());
+    assert_eq!(server.cmd(&["CLIENT", "PAUSE", "300", "ALL"]), "+OK\r\n");
+    let paused = Instant::now();
+    // The first call goes out at once; its caller gives up after 50 ms.
+    let first = tokio::spawn({
+        let l = l.clone();
+        async move { tokio::time::timeout(Duration::from_millis(50), l.check(b"k")).await }
+    });
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    // Ten more queue behind it, with the backend's 5 s timeout.
+    let queued: Vec<_> = (0..10)
+        .map(|_| {
+            let l = l.clone();
+            tokio::spawn(async move { l.check(b"k").await })
+        })
+        .collect();
+    assert!(first.await.unwrap().is_err(), "answered while paused");
+    for q in queued {
+        assert!(q.await.unwrap().unwrap().is_allowed());
+    }
+    // Answered when the pause ended, not at their 5 s timeout.
+    assert!(
+        paused.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        paused.elapsed()
+    );
 }

@@ -198,3 +198,108 @@ async fn a_killed_master_fails_its_keys_within_the_timeout() {
     ));
     assert!(t.elapsed() < bound);
 }
+
+fn evalsha_calls(cluster: &RedisCluster) -> u64 {
+    cluster
+        .nodes
+        .iter()
+        .map(|n| {
+            n.cmd(&["INFO", "commandstats"])
+                .lines()
+                .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+                .and_then(|rest| rest.split(',').next())
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0)
+        })
+        .sum()
+}
+
+/// Limits built with `hash_tag_keys` keep one key's state in one hash
+/// slot, so a Cluster `check_all` of them on one key is one script call,
+/// all or nothing with no window; without it, the same check takes the
+/// parallel path (one call per limit, and give-backs on a denial).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hash_tagged_limits_on_one_key_are_one_script_on_a_cluster() {
+    let cluster = RedisCluster::start(3);
+    let b = cluster_backend(&cluster, Duration::from_secs(5));
+    let tagged = |name: &str, policy: Policy| {
+        RedisLimiter::builder(policy, &b)
+            .name(name)
+            .hash_tag_keys(true)
+            .on_failure(FailurePolicy::Closed)
+            .build()
+            .unwrap()
+    };
+    let second = tagged("sec", Policy::token_bucket(Rate::per_second(100).burst(3)));
+    let day = tagged(
+        "day",
+        Policy::fixed_window(Window::new(5, Duration::from_secs(86_400))),
+    );
+    let (k1, k2) = (
+        String::from_utf8(second.redis_key(b"api-key-7").unwrap()).unwrap(),
+        String::from_utf8(day.redis_key(b"api-key-7").unwrap()).unwrap(),
+    );
+    assert_eq!(k1, "ratewall:sec:{api-key-7}");
+    assert_eq!(cluster.owner(&k1), cluster.owner(&k2));
+    // Load the multi-limit script first, then count.
+    let (ok, _) = check_all(&[(&second, b"warm", 1), (&day, b"warm", 1)])
+        .await
+        .unwrap();
+    assert!(ok);
+    let before = evalsha_calls(&cluster);
+    let mut outcomes = Vec::new();
+    for _ in 0..4 {
+        let (ok, ds) = check_all(&[(&second, b"api-key-7", 1), (&day, b"api-key-7", 1)])
+            .await
+            .unwrap();
+        outcomes.push((ok, ds[0].remaining(), ds[1].remaining()));
+    }
+    // The burst of 3 denies the 4th (the daily limit alone would have
+    // allowed it, leaving 1)...
+    assert_eq!(
+        outcomes,
+        [(true, 2, 4), (true, 1, 3), (true, 0, 2), (false, 0, 1)]
+    );
+    assert_eq!(
+        evalsha_calls(&cluster) - before,
+        4,
+        "one script call per check_all"
+    );
+    // ...and took nothing from it (all or nothing): 3 of 5 used, so one
+    // more unit would leave 1 (it would leave 0 had the 4th taken).
+    assert_eq!(day.peek(b"api-key-7").await.unwrap().remaining(), 1);
+
+    // The same limits without the hash tag: different slots, parallel.
+    let plain = |name: &str, policy: Policy| {
+        RedisLimiter::builder(policy, &b)
+            .name(name)
+            .on_failure(FailurePolicy::Closed)
+            .build()
+            .unwrap()
+    };
+    let (s2, d2) = (
+        plain("sec2", Policy::token_bucket(Rate::per_second(100).burst(3))),
+        plain(
+            "day2",
+            Policy::fixed_window(Window::new(5, Duration::from_secs(86_400))),
+        ),
+    );
+    let key = (0..100)
+        .map(|i| format!("k{i}"))
+        .find(|k| {
+            let a = String::from_utf8(s2.redis_key(k.as_bytes()).unwrap()).unwrap();
+            let c = String::from_utf8(d2.redis_key(k.as_bytes()).unwrap()).unwrap();
+            cluster.owner(&a) != cluster.owner(&c)
+        })
+        .expect("a key whose two limits live on different masters");
+    let (ok, _) = check_all(&[(&s2, b"warm", 1), (&d2, b"warm", 1)])
+        .await
+        .unwrap();
+    assert!(ok);
+    let before = evalsha_calls(&cluster);
+    let (ok, _) = check_all(&[(&s2, key.as_bytes(), 1), (&d2, key.as_bytes(), 1)])
+        .await
+        .unwrap();
+    assert!(ok);
+    assert_eq!(evalsha_calls(&cluster) - before, 2, "one call per limit");
+}

@@ -2,6 +2,7 @@
 //! concurrent callers and reconnects by itself, a per-call timeout, and the
 //! circuit breaker.
 
+use super::batch::{Batcher, Call};
 use super::breaker::{Breaker, Permit};
 use super::RedisError;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
@@ -50,8 +51,16 @@ pub struct RedisBackend {
 }
 
 struct Inner {
-    conn: Conn,
+    link: Arc<Link>,
     url: String,
+    /// `None` when batching is off (`max_batch(1)`).
+    batcher: Option<Batcher>,
+}
+
+/// The connection, its per-call timeout and its breaker: what a call needs,
+/// shared with the batch runners (which must not keep the backend alive).
+pub(crate) struct Link {
+    conn: Conn,
     timeout: Duration,
     breaker: Breaker,
 }
@@ -80,7 +89,14 @@ pub struct RedisBackendBuilder {
     connect_timeout: Duration,
     failures: u32,
     cool_down: Duration,
+    max_batch: usize,
+    in_flight: usize,
 }
+
+/// The default largest number of calls sent as one script call.
+pub const DEFAULT_MAX_BATCH: usize = 128;
+/// The default number of batches on the wire at once.
+pub const DEFAULT_IN_FLIGHT: usize = 1;
 
 impl RedisBackend {
     /// A builder for the server at `url` (`redis://host:port/db`).
@@ -98,6 +114,8 @@ impl RedisBackend {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             failures: DEFAULT_BREAKER_FAILURES,
             cool_down: DEFAULT_COOL_DOWN,
+            max_batch: DEFAULT_MAX_BATCH,
+            in_flight: DEFAULT_IN_FLIGHT,
         }
     }
 
@@ -135,7 +153,7 @@ impl RedisBackend {
     /// # Ok(()) }
     /// ```
     pub fn timeout(&self) -> Duration {
-        self.inner.timeout
+        self.inner.link.timeout
     }
 
     /// Whether calls go to Redis now (the circuit is closed).
@@ -148,7 +166,7 @@ impl RedisBackend {
     /// # Ok(()) }
     /// ```
     pub fn is_available(&self) -> bool {
-        self.inner.breaker.is_closed()
+        self.inner.link.breaker.is_closed()
     }
 
     /// Whether `other` is this backend (the same connection).
@@ -158,7 +176,18 @@ impl RedisBackend {
 
     /// Whether this is a Redis Cluster.
     pub(crate) fn is_cluster(&self) -> bool {
-        matches!(self.inner.conn, Conn::Cluster(_))
+        matches!(self.inner.link.conn, Conn::Cluster(_))
+    }
+
+    /// Runs one single-key call (a check, peek or refund): batched with
+    /// the other calls in flight when batching is on, alone otherwise.
+    /// Bounded by the per-call timeout from the moment it is made (time
+    /// spent queued counts).
+    pub(crate) async fn call(&self, call: Call) -> Result<Value, RedisError> {
+        match &self.inner.batcher {
+            Some(b) => b.call(call).await,
+            None => self.inner.link.invoke(&call.invocation()).await,
+        }
     }
 
     /// Runs one script call under the timeout and the breaker. Failures to
@@ -169,15 +198,35 @@ impl RedisBackend {
         &self,
         invocation: &redis::ScriptInvocation<'_>,
     ) -> Result<Value, RedisError> {
-        // `invoke_async` sends EVALSHA, and on NOSCRIPT (the script did not
-        // run) loads the script and sends EVALSHA again.
-        self.guarded(|mut conn| async move { invocation.invoke_async::<Value>(&mut conn).await })
-            .await
+        self.inner.link.invoke(invocation).await
     }
 
     /// One plain command under the timeout and the breaker.
     pub(crate) async fn query(&self, cmd: &redis::Cmd) -> Result<Value, RedisError> {
-        self.guarded(|mut conn| async move { cmd.query_async::<Value>(&mut conn).await })
+        self.inner
+            .link
+            .guarded(|mut conn| async move { cmd.query_async::<Value>(&mut conn).await })
+            .await
+    }
+}
+
+impl Link {
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    pub(crate) fn is_cluster(&self) -> bool {
+        matches!(self.conn, Conn::Cluster(_))
+    }
+
+    /// See [`RedisBackend::invoke`].
+    pub(crate) async fn invoke(
+        &self,
+        invocation: &redis::ScriptInvocation<'_>,
+    ) -> Result<Value, RedisError> {
+        // `invoke_async` sends EVALSHA, and on NOSCRIPT (the script did not
+        // run) loads the script and sends EVALSHA again.
+        self.guarded(|mut conn| async move { invocation.invoke_async::<Value>(&mut conn).await })
             .await
     }
 
@@ -186,40 +235,53 @@ impl RedisBackend {
         F: FnOnce(AnyConn) -> Fut,
         Fut: std::future::Future<Output = redis::RedisResult<Value>>,
     {
-        let inner = &*self.inner;
-        if let Permit::Rejected { retry_in } = inner.breaker.acquire(Instant::now()) {
+        // The timeout below needs a tokio runtime with time enabled;
+        // without a runtime it would panic, so say so instead.
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(RedisError::NoRuntime);
+        }
+        if let Permit::Rejected { retry_in } = self.breaker.acquire(Instant::now()) {
             return Err(RedisError::Unavailable {
                 retry_in,
                 cause: "circuit open after repeated failures".into(),
             });
         }
         let attempt = async {
-            let conn = inner.conn.get().await?;
+            let conn = self.conn.get().await?;
             call(conn).await
         };
-        match tokio::time::timeout(inner.timeout, attempt).await {
+        match tokio::time::timeout(self.timeout, attempt).await {
             Ok(Ok(value)) => {
-                inner.breaker.success();
+                self.breaker.success();
                 Ok(value)
             }
             Ok(Err(e)) if !is_outage(&e) => {
                 // Redis answered: it is up, and the error is this call's.
-                inner.breaker.success();
+                self.breaker.success();
                 Err(RedisError::Server {
                     message: e.to_string(),
                 })
             }
             Ok(Err(e)) => Err(self.failed(e.to_string())),
-            Err(_) => Err(self.failed(format!("no reply within {} ms", inner.timeout.as_millis()))),
+            Err(_) => Err(self.failed(format!("no reply within {} ms", self.timeout.as_millis()))),
         }
     }
 
     fn failed(&self, cause: String) -> RedisError {
         let now = Instant::now();
-        self.inner.breaker.failure(now);
+        self.breaker.failure(now);
         RedisError::Unavailable {
-            retry_in: self.inner.breaker.retry_in(now),
+            retry_in: self.breaker.retry_in(now),
             cause,
+        }
+    }
+
+    /// The error of a call that waited its whole timeout for a batch: not
+    /// a failure of its own for the breaker (its batch counts once).
+    pub(crate) fn timed_out(&self) -> RedisError {
+        RedisError::Unavailable {
+            retry_in: self.breaker.retry_in(Instant::now()),
+            cause: format!("no reply within {} ms", self.timeout.as_millis()),
         }
     }
 }
@@ -301,6 +363,39 @@ impl RedisBackendBuilder {
         self
     }
 
+    /// Batching (on by default): single-key calls (`check`, `peek`,
+    /// `refund`) made while earlier ones are on the wire are sent together,
+    /// up to `max_batch` of them in one script call, which runs them one
+    /// after the other in arrival order at one server time. Each call gets
+    /// the decision it would have got alone at that time; a denied call
+    /// takes nothing and does not stop the others. A call alone (no other
+    /// call waiting) is sent at once, as its own script call, so a quiet
+    /// backend adds no latency. On a Cluster, calls are grouped by hash
+    /// slot. `1` turns batching off (default [`DEFAULT_MAX_BATCH`], 128).
+    ///
+    /// ```
+    /// # use ratewall::redis::RedisBackend;
+    /// let unbatched = RedisBackend::builder("redis://127.0.0.1").max_batch(1);
+    /// ```
+    pub fn max_batch(mut self, max_batch: usize) -> Self {
+        self.max_batch = max_batch.max(1);
+        self
+    }
+
+    /// How many batches may be on the wire at once (default
+    /// [`DEFAULT_IN_FLIGHT`], 1; at least 1). More lets more calls overlap
+    /// with fewer per batch; while all are in flight, new calls queue (the
+    /// per-call timeout still bounds them) and go out together next.
+    ///
+    /// ```
+    /// # use ratewall::redis::RedisBackend;
+    /// let b = RedisBackend::builder("redis://127.0.0.1").batches_in_flight(4);
+    /// ```
+    pub fn batches_in_flight(mut self, batches: usize) -> Self {
+        self.in_flight = batches.max(1);
+        self
+    }
+
     /// The backend. Must run inside a tokio runtime; the connection is made
     /// on first use.
     ///
@@ -311,6 +406,9 @@ impl RedisBackendBuilder {
     /// # Ok(()) }
     /// ```
     pub fn build(self) -> Result<RedisBackend, RedisError> {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(RedisError::NoRuntime);
+        }
         let invalid = |e: redis::RedisError| RedisError::InvalidUrl {
             message: e.to_string(),
         };
@@ -347,12 +445,18 @@ impl RedisBackendBuilder {
     }
 
     fn finish(self, conn: Conn) -> RedisBackend {
+        let link = Arc::new(Link {
+            conn,
+            timeout: self.timeout,
+            breaker: Breaker::new(self.failures, self.cool_down, self.timeout),
+        });
+        let batcher = (self.max_batch > 1)
+            .then(|| Batcher::new(link.clone(), self.max_batch, self.in_flight));
         RedisBackend {
             inner: Arc::new(Inner {
-                conn,
+                link,
                 url: self.url,
-                timeout: self.timeout,
-                breaker: Breaker::new(self.failures, self.cool_down, self.timeout),
+                batcher,
             }),
         }
     }
@@ -425,8 +529,9 @@ impl fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisBackend")
             .field("url", &redacted(&self.inner.url))
-            .field("timeout", &self.inner.timeout)
-            .field("breaker", &self.inner.breaker)
+            .field("timeout", &self.inner.link.timeout)
+            .field("breaker", &self.inner.link.breaker)
+            .field("batching", &self.inner.batcher)
             .finish()
     }
 }

@@ -61,6 +61,9 @@ pub enum RedisError {
         /// Redis' message.
         message: String,
     },
+    /// Called outside a tokio runtime. The backend and its calls need one,
+    /// with time enabled (`#[tokio::main]`, or `Builder::enable_all`).
+    NoRuntime,
 }
 
 impl fmt::Display for RedisError {
@@ -88,6 +91,9 @@ impl fmt::Display for RedisError {
             RedisError::Server { message } => write!(
                 f,
                 "Redis answered with an error: {message}; check that no other program writes under the limiter's key prefix"
+            ),
+            RedisError::NoRuntime => f.write_str(
+                "ratewall's Redis backend was used outside a tokio runtime: build it and call it from inside one, with time enabled (#[tokio::main], or tokio::runtime::Builder::enable_all)",
             ),
         }
     }

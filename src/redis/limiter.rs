@@ -1,6 +1,7 @@
 //! [`RedisLimiter`]: a [`Policy`] whose state lives in Redis.
 
 use super::backend::RedisBackend;
+use super::batch::Call;
 use super::deny_cache::DenyCache;
 use super::key;
 use super::script::{Mode, Program};
@@ -139,6 +140,8 @@ pub struct RedisLimiter {
     soft: Soft,
     program: Program,
     base: Vec<u8>,
+    /// Whether the key part goes in a hash tag (`base{key}`).
+    hash_tag_keys: bool,
     backend: RedisBackend,
     failure: FailurePolicy,
     fallback: Option<KeyedPolicyLimiter<Vec<u8>>>,
@@ -174,6 +177,7 @@ pub struct RedisLimiterBuilder {
     failure: FailurePolicy,
     fallback_max_keys: usize,
     deny_cache: Option<usize>,
+    hash_tag_keys: bool,
 }
 
 impl RedisLimiter {
@@ -197,6 +201,7 @@ impl RedisLimiter {
             failure: FailurePolicy::default(),
             fallback_max_keys: 65_536,
             deny_cache: None,
+            hash_tag_keys: false,
         }
     }
 
@@ -247,7 +252,13 @@ impl RedisLimiter {
     /// # Ok::<(), ratewall::redis::RedisError>(()) }).unwrap();
     /// ```
     pub fn redis_key(&self, key: &[u8]) -> Result<Vec<u8>, RedisError> {
-        key::redis_key(&self.base, key)
+        let mut k = key::redis_key(&self.base, key)?;
+        if self.hash_tag_keys {
+            // The key part never holds a brace (a key with one is hashed).
+            k.insert(self.base.len(), b'{');
+            k.push(b'}');
+        }
+        Ok(k)
     }
 
     /// Checks one unit for `key`: taken if allowed.
@@ -523,17 +534,16 @@ impl RedisLimiter {
         n: u64,
         now_us: Option<u64>,
     ) -> Result<Value, RedisError> {
-        let [a, b, c] = self.program.params;
-        let mut invocation = self.program.script().prepare_invoke();
-        invocation
-            .key(rkey)
-            .arg(mode.arg())
-            .arg(n)
-            .arg(a)
-            .arg(b)
-            .arg(c)
-            .arg(now_us.map(|t| t.to_string()).unwrap_or_default());
-        self.backend.invoke(&invocation).await
+        let call = Call {
+            script: self.program.script(),
+            code: self.program.code(),
+            key: rkey.to_vec(),
+            mode,
+            n,
+            params: self.program.params,
+            now_us,
+        };
+        self.backend.call(call).await
     }
 }
 
@@ -665,6 +675,33 @@ impl RedisLimiterBuilder {
         self
     }
 
+    /// Puts the key part of every Redis key in a hash tag
+    /// (`ratewall:name:{user:42}`), so on a Redis Cluster one key's state
+    /// in every limiter built this way lives in one hash slot. Then
+    /// [`check_all`](super::check_all) of such limits on one key (a
+    /// per-second and a per-day limit of one API key, say) runs as one
+    /// script on one node, all or nothing with no window, instead of
+    /// parallel checks with rollback. Off by default: keys then spread over
+    /// the slots by their whole name. Changing it changes the key names
+    /// (the old state is not found: every key starts fresh).
+    ///
+    /// ```
+    /// # use ratewall::redis::{RedisBackend, RedisLimiter};
+    /// # use ratewall::{Policy, Rate};
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let redis = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
+    /// let per_day = RedisLimiter::builder(Policy::token_bucket(Rate::per_day(10_000)), &redis)
+    ///     .name("day")
+    ///     .hash_tag_keys(true)
+    ///     .build()?;
+    /// assert_eq!(per_day.redis_key(b"key-7")?, b"ratewall:day:{key-7}");
+    /// # Ok::<(), ratewall::redis::RedisError>(()) }).unwrap();
+    /// ```
+    pub fn hash_tag_keys(mut self, on: bool) -> Self {
+        self.hash_tag_keys = on;
+        self
+    }
+
     /// The limiter; the policy is validated for Redis here.
     ///
     /// ```
@@ -715,6 +752,7 @@ impl RedisLimiterBuilder {
             soft,
             program,
             base: format!("{}:{}:", self.prefix, name).into_bytes(),
+            hash_tag_keys: self.hash_tag_keys,
             backend: self.backend,
             failure: self.failure,
             fallback,

@@ -46,6 +46,7 @@
 //! ```
 
 mod backend;
+mod batch;
 mod breaker;
 mod deny_cache;
 mod elastic;
@@ -59,7 +60,7 @@ mod tests;
 
 pub use backend::{
     RedisBackend, RedisBackendBuilder, DEFAULT_BREAKER_FAILURES, DEFAULT_CONNECT_TIMEOUT,
-    DEFAULT_COOL_DOWN, DEFAULT_TIMEOUT,
+    DEFAULT_COOL_DOWN, DEFAULT_IN_FLIGHT, DEFAULT_MAX_BATCH, DEFAULT_TIMEOUT,
 };
 pub use elastic::{RedisElasticBuilder, RedisElasticLimiter};
 pub use error::RedisError;

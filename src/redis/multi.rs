@@ -6,12 +6,14 @@
 //! Every (limit, key, cost) is validated first: an empty key or a cost a
 //! limit can never admit is an error, and nothing is taken. Then:
 //!
-//! - **One server** (every limit on the same standalone backend, distinct
-//!   keys, costs of at least 1, no live deny-cache entry): one script
+//! - **One server** (every limit on the same backend, distinct keys in one
+//!   hash slot if it is a Cluster (see
+//!   [`hash_tag_keys`](super::RedisLimiterBuilder::hash_tag_keys)), costs
+//!   of at least 1, no live deny-cache entry): one script
 //!   (`lua/multi.lua`) decides every limit at one server time and writes
 //!   only if all allow. One round trip, atomic, no window.
-//! - **Otherwise** (a Cluster, whose keys live on different slots, or
-//!   limits on different backends): every limit is checked **in parallel**
+//! - **Otherwise** (Cluster keys in different slots, or limits on
+//!   different backends): every limit is checked **in parallel**
 //!   (one script call each); if any denies (or fails with an error), what
 //!   the others took is given back, each to where it was taken (Redis or
 //!   the local fallback), in parallel, before returning.
@@ -34,6 +36,7 @@ use super::limiter::{parse_fields, RedisLimiter};
 use super::script::MULTI;
 use super::{DecisionSource, RedisDecision, RedisError};
 use futures_util::future::join_all;
+use redis::cluster_routing::Slot;
 use redis::Value;
 
 /// Checks `(limit, key, cost)` triples all or nothing: each cost is taken
@@ -80,7 +83,7 @@ fn one_server(limits: &[(&RedisLimiter, &[u8], u64)]) -> Result<Option<Vec<Vec<u
     let Some(&(first, _, _)) = limits.first() else {
         return Ok(None);
     };
-    if limits.len() < 2 || first.backend().is_cluster() {
+    if limits.len() < 2 {
         return Ok(None);
     }
     let mut rkeys = Vec::with_capacity(limits.len());
@@ -93,6 +96,14 @@ fn one_server(limits: &[(&RedisLimiter, &[u8], u64)]) -> Result<Option<Vec<Vec<u
             return Ok(None);
         }
         rkeys.push(rkey);
+    }
+    // A Cluster runs a script only if all its keys share one hash slot
+    // (limits built with `hash_tag_keys`, checked on one key, do).
+    if first.backend().is_cluster() {
+        let slot = Slot::for_key(&rkeys[0]);
+        if rkeys.iter().any(|k| Slot::for_key(k) != slot) {
+            return Ok(None);
+        }
     }
     Ok(Some(rkeys))
 }

@@ -60,6 +60,18 @@ pub(crate) static MULTI: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(MULTI_SOURCE));
 
 /// Elastic limits: guarantee, headroom and pool in one script.
+pub(crate) const BATCH_SOURCE: &str = concat!(
+    include_str!("lua/prelude.lua"),
+    include_str!("lua/gcra.lua"),
+    include_str!("lua/fixed_window.lua"),
+    include_str!("lua/sliding_window.lua"),
+    include_str!("lua/sliding_log.lua"),
+    include_str!("lua/batch.lua"),
+);
+
+pub(crate) static BATCH: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(BATCH_SOURCE));
+
 pub(crate) const ELASTIC_SOURCE: &str = concat!(
     include_str!("lua/prelude.lua"),
     include_str!("lua/gcra.lua"),

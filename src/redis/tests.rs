@@ -16,6 +16,7 @@ mod server;
 use super::{RedisBackend, RedisLimiter};
 use crate::{Decision, KeyedPolicyLimiter, ManualClock, Policy, Rate, Tolerance, Window};
 use server::RedisServer;
+use std::future::Future;
 use std::time::Duration;
 
 /// A small deterministic generator (xorshift64*), so a failure replays.
@@ -403,4 +404,217 @@ async fn the_elastic_script_matches_the_local_elastic_limiter() {
         "{above} above, {denied} denied"
     );
     assert!(changes > 10, "{changes} pool changes");
+}
+
+/// The number of script calls the server ran so far.
+fn evalsha_calls(server: &RedisServer) -> u64 {
+    let stats = server.cmd(&["INFO", "commandstats"]);
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Batching: groups of calls (checks, peeks and refunds of several keys of
+/// several policies, the same key several times) made at once run as
+/// batches (`lua/batch.lua`), and every decision equals the local step's
+/// applied one call after the other in arrival order at the group's time:
+/// what a call would have got alone. Fails if the calls were not batched.
+// One thread: the calls of a group all queue before the runner sends,
+// so the batches are the same on every run.
+#[tokio::test(flavor = "current_thread")]
+async fn batched_calls_match_the_local_step_in_arrival_order() {
+    let server = RedisServer::start();
+    let backend = RedisBackend::builder(server.url())
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let mut ps = policies();
+    ps.push(Policy::token_bucket(Rate::per_second(10).burst(4)).soft(Tolerance::Units(2)));
+    ps.push(
+        Policy::sliding_window_counter(Window::new(6, Duration::from_millis(200)))
+            .soft(Tolerance::Percent(50)),
+    );
+    let clock = ManualClock::new();
+    let mut locals = Vec::new();
+    let mut remotes = Vec::new();
+    for (pi, &policy) in ps.iter().enumerate() {
+        locals.push(
+            KeyedPolicyLimiter::<u8, _>::builder(policy)
+                .clock(clock.clone())
+                .build()
+                .unwrap(),
+        );
+        remotes.push(
+            RedisLimiter::builder(policy, &backend)
+                .prefix("batchdiff")
+                .name(format!("p{pi}"))
+                .build()
+                .unwrap(),
+        );
+    }
+    let mut rng = Rng(0xB47C_4ED0);
+    let mut t = T0_US;
+    let (mut calls, mut compared, mut denied) = (0u64, 0, 0);
+    let before = evalsha_calls(&server);
+    for group in 0..150 {
+        t += rng.below(40_000);
+        let now = t * 1000;
+        clock.set_nanos(now);
+        // Up to 24 calls at once (join_all polls them in order, so each
+        // queues in this order), on few keys so that keys repeat.
+        let ops: Vec<(usize, u8, Op)> = (0..1 + rng.below(24))
+            .map(|_| {
+                let p = rng.below(ps.len() as u64) as usize;
+                let limit = ps[p].soft_limit();
+                let op = match rng.below(10) {
+                    0..=6 => Op::Check(1 + rng.below(limit)),
+                    7 | 8 => Op::Peek(1 + rng.below(limit)),
+                    _ => Op::Refund(1 + rng.below(limit)),
+                };
+                (p, rng.below(3) as u8, op)
+            })
+            .collect();
+        calls += ops.len() as u64;
+        let replies = futures_util::future::join_all(ops.iter().map(|&(p, k, op)| {
+            let remote = &remotes[p];
+            async move {
+                let key = [b'k', b'0' + k];
+                match op {
+                    Op::Check(n) => Some(remote.decide(&key, n, true, Some(t)).await.unwrap()),
+                    Op::Peek(n) => Some(remote.decide(&key, n, false, Some(t)).await.unwrap()),
+                    Op::Refund(n) => {
+                        remote.refund_at(&key, n, Some(t)).await.unwrap();
+                        None
+                    }
+                    Op::Reset => unreachable!(),
+                }
+            }
+        }))
+        .await;
+        for (i, (&(p, k, op), got)) in ops.iter().zip(replies).enumerate() {
+            let want = match op {
+                Op::Check(n) => locals[p].check_key_n_at(&k, now, n).unwrap(),
+                Op::Peek(n) => locals[p].peek_key_n(&k, n).unwrap(),
+                Op::Refund(n) => {
+                    locals[p].refund_key_at(&k, now, n);
+                    continue;
+                }
+                Op::Reset => unreachable!(),
+            };
+            let got = got.expect("a decision");
+            assert_eq!(
+                fields(got.decision()),
+                fields(want),
+                "group {group} call {i} of {ops:?} ({:?}, key {k})",
+                ps[p]
+            );
+            compared += 1;
+            denied += usize::from(!want.is_allowed());
+        }
+    }
+    let scripts = evalsha_calls(&server) - before;
+    assert!(
+        compared > 1000 && denied > 100,
+        "{compared} compared, {denied} denied"
+    );
+    // Batched: far fewer script calls than calls.
+    assert!(
+        scripts * 2 < calls,
+        "{scripts} script calls for {calls} calls"
+    );
+}
+
+/// A call that fails inside a batch (its key holds another policy's state,
+/// or a value of another type) is an error for that call only; the other
+/// calls of the batch get their decisions, and the foreign keys are left
+/// as they were.
+// One thread: the calls of a group all queue before the runner sends,
+// so the batches are the same on every run.
+#[tokio::test(flavor = "current_thread")]
+async fn a_failing_call_in_a_batch_fails_alone() {
+    let server = RedisServer::start();
+    let backend = RedisBackend::builder(server.url())
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let l = RedisLimiter::builder(
+        Policy::token_bucket(Rate::per_second(10).burst(5)),
+        &backend,
+    )
+    .name("iso")
+    .build()
+    .unwrap();
+    server.cmd(&["SET", "ratewall:iso:text", "not-a-number"]);
+    server.cmd(&["ZADD", "ratewall:iso:zset", "1", "a"]);
+    // Load both scripts (a call alone, then a batch) before counting.
+    let warm = [&b"w1"[..], b"w2", b"w3"];
+    for r in futures_util::future::join_all(warm.iter().map(|k| l.check(k))).await {
+        assert!(r.unwrap().is_allowed());
+    }
+    let before = evalsha_calls(&server);
+    let keys: Vec<&[u8]> = vec![b"a", b"text", b"b", b"zset", b"a", b"zset", b"c", b"a"];
+    let replies = futures_util::future::join_all(keys.iter().map(|k| l.check(k))).await;
+    for (k, r) in keys.iter().zip(&replies) {
+        match *k {
+            b"text" | b"zset" => assert!(
+                matches!(r, Err(super::RedisError::Server { .. })),
+                "{:?}: {r:?}",
+                String::from_utf8_lossy(k)
+            ),
+            _ => assert!(r.as_ref().is_ok_and(|d| d.is_allowed()), "{r:?}"),
+        }
+    }
+    // The three checks of "a" took three units, in order.
+    let remaining: Vec<u64> = keys
+        .iter()
+        .zip(&replies)
+        .filter(|(k, _)| **k == b"a")
+        .map(|(_, r)| r.as_ref().unwrap().remaining())
+        .collect();
+    assert_eq!(remaining, [4, 3, 2]);
+    assert!(server
+        .cmd(&["GET", "ratewall:iso:text"])
+        .contains("not-a-number"));
+    assert!(server.cmd(&["TYPE", "ratewall:iso:zset"]).contains("zset"));
+    // All eight in one script call: the warm-up's runner still holds its
+    // slot (it yields once before looking at the queue again), so every
+    // call queues and it sends them together.
+    let after = evalsha_calls(&server);
+    assert_eq!(after - before, 1, "{before} -> {after}");
+}
+
+/// Outside a tokio runtime, building a backend or calling one is a typed
+/// error, never a panic.
+#[test]
+fn outside_a_runtime_calls_are_a_typed_error() {
+    let outside = RedisBackend::builder("redis://127.0.0.1:1").build();
+    assert_eq!(outside.unwrap_err(), super::RedisError::NoRuntime);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    for max_batch in [1, 64] {
+        let backend = rt.block_on(async {
+            RedisBackend::builder("redis://127.0.0.1:1")
+                .max_batch(max_batch)
+                .build()
+                .unwrap()
+        });
+        let l = RedisLimiter::builder(Policy::token_bucket(Rate::per_second(1)), &backend)
+            .on_failure(super::FailurePolicy::Closed)
+            .build()
+            .unwrap();
+        let mut call = std::pin::pin!(l.check(b"k"));
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match call.as_mut().poll(&mut cx) {
+            std::task::Poll::Ready(r) => {
+                assert_eq!(
+                    r.unwrap_err(),
+                    super::RedisError::NoRuntime,
+                    "max_batch {max_batch}"
+                )
+            }
+            std::task::Poll::Pending => panic!("max_batch {max_batch}: pending outside a runtime"),
+        }
+    }
 }

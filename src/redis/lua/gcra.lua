@@ -12,8 +12,9 @@
 -- allowed iff used <= tau, and then TAT := now + used. A denial writes nothing.
 
 -- The stored TAT, 0 if absent; an error if the key holds anything else.
-local function gcra_tat(key)
-  local v = redis.call('GET', key)
+-- The TAT in a stored value (nil or false if absent); an error if the value
+-- is anything else.
+local function gcra_parse(v)
   if not v then
     return 0
   end
@@ -24,19 +25,33 @@ local function gcra_tat(key)
   return tat
 end
 
--- `tat`, if given, replaces the stored TAT (a pool whose quota changed,
--- rescaled by the elastic script); the key is read otherwise.
-local function gcra_step(key, now, n, T, tau, burst, tat)
-  tat = tat or gcra_tat(key)
+local function gcra_tat(key)
+  return gcra_parse(redis.call('GET', key))
+end
+
+-- A check of cost n against `tat` at `now`: the five decision fields and,
+-- on allow, the new TAT (nil on a denial).
+local function gcra_decide(tat, now, n, T, tau, burst)
   local held = math.max(tat - now, 0)
   local used = held + n * T
   if used <= tau then
-    local commit = function(slack)
-      redis.call('SET', key, int(now + used), 'PX', px(used, slack))
-    end
-    return {1, burst, idiv(tau - used, T), 0, used}, commit
+    return 1, burst, idiv(tau - used, T), 0, used, now + used
   end
-  return {0, burst, idiv(math.max(tau - held, 0), T), used - tau, held}, nil
+  return 0, burst, idiv(math.max(tau - held, 0), T), used - tau, held, nil
+end
+
+-- `tat`, if given, replaces the stored TAT (a pool whose quota changed,
+-- rescaled by the elastic script); the key is read otherwise.
+local function gcra_step(key, now, n, T, tau, burst, tat)
+  local allowed, limit, remaining, retry, reset, new =
+    gcra_decide(tat or gcra_tat(key), now, n, T, tau, burst)
+  local decision = {allowed, limit, remaining, retry, reset}
+  if new then
+    return decision, function(slack)
+      redis.call('SET', key, int(new), 'PX', px(reset, slack))
+    end
+  end
+  return decision, nil
 end
 
 -- Gives back n units: TAT moves back by n*T (not below 0). A bucket that is

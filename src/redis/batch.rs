@@ -1,0 +1,372 @@
+//! Batching: single-key calls made while earlier ones are on the wire go to
+//! Redis together, as one script call (`lua/batch.lua`).
+//!
+//! # Protocol
+//!
+//! One mutex guards the queue and the count of batches in flight. A caller
+//! that finds nothing in flight and nothing queued sends its call itself,
+//! holding a slot; when it is done (or dropped), what queued meanwhile goes
+//! to a runner that inherits the slot. Otherwise a caller pushes its call
+//! and, if fewer than `in_flight` batches are out, becomes the one to send: it takes the queue (up to `max_batch` calls, its own
+//! first among any that waited) and spawns a **runner** task that sends
+//! them, hands out the replies, and, still under its slot, takes and sends
+//! whatever queued meanwhile; it gives the slot back only when it finds the
+//! queue empty, under the same lock. So a queued call is always either
+//! taken by a runner that holds a slot, or finds a free slot itself: none
+//! is stranded. The runner is a task of its own, so a caller that goes
+//! away (a dropped request future) never takes the others' calls with it.
+//!
+//! A call alone is sent as its algorithm's own script (the same call as
+//! without batching). A batch of several runs them in arrival order at one
+//! server time; each gets the decision it would have got alone at that
+//! time, and a failure of one (a key that holds another policy's state) is
+//! that call's error only. On a Cluster, a batch is split by hash slot (a
+//! script's keys must share one) and the parts are sent in parallel.
+//!
+//! Every call is bounded by the per-call timeout from the moment it is
+//! made, queueing included. A call whose caller gave up before its batch
+//! went out is not sent.
+
+use super::backend::Link;
+use super::script::{Mode, BATCH};
+use super::RedisError;
+use redis::cluster_routing::Slot;
+use redis::Value;
+use std::collections::VecDeque;
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+use tokio::sync::oneshot;
+
+/// One single-key script call: a check, peek or refund.
+pub(crate) struct Call {
+    pub(crate) script: &'static redis::Script,
+    /// The algorithm's code in `lua/batch.lua` (`g`, `f`, `s`, `l`).
+    pub(crate) code: &'static str,
+    pub(crate) key: Vec<u8>,
+    pub(crate) mode: Mode,
+    pub(crate) n: u64,
+    pub(crate) params: [u64; 3],
+    /// The test-only time; `None` reads the server's clock.
+    pub(crate) now_us: Option<u64>,
+}
+
+impl Call {
+    /// The call alone, as its algorithm's own script.
+    pub(crate) fn invocation(&self) -> redis::ScriptInvocation<'static> {
+        let [a, b, c] = self.params;
+        let mut invocation = self.script.prepare_invoke();
+        invocation
+            .key(&self.key)
+            .arg(self.mode.arg())
+            .arg(self.n)
+            .arg(a)
+            .arg(b)
+            .arg(c)
+            .arg(self.time_arg());
+        invocation
+    }
+
+    fn time_arg(&self) -> String {
+        self.now_us.map(|t| t.to_string()).unwrap_or_default()
+    }
+}
+
+struct Queued {
+    call: Call,
+    reply: oneshot::Sender<Result<Value, RedisError>>,
+}
+
+struct State {
+    queue: VecDeque<Queued>,
+    /// Runners alive; each holds one slot.
+    running: usize,
+}
+
+/// The batching front of a backend's connection.
+pub(crate) struct Batcher {
+    link: Arc<Link>,
+    state: Arc<Mutex<State>>,
+    max_batch: usize,
+    in_flight: usize,
+}
+
+impl Batcher {
+    pub(crate) fn new(link: Arc<Link>, max_batch: usize, in_flight: usize) -> Self {
+        Batcher {
+            link,
+            state: Arc::new(Mutex::new(State {
+                queue: VecDeque::new(),
+                running: 0,
+            })),
+            max_batch: max_batch.max(1),
+            in_flight: in_flight.max(1),
+        }
+    }
+
+    pub(crate) async fn call(&self, call: Call) -> Result<Value, RedisError> {
+        // The runner is spawned on the caller's runtime.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return Err(RedisError::NoRuntime);
+        };
+        if self.try_inline() {
+            // Nothing was on the wire: send this call now, from this task,
+            // holding a slot so that calls made meanwhile queue.
+            let slot = InlineSlot {
+                batcher: self,
+                runtime,
+            };
+            let reply = self.link.invoke(&call.invocation()).await;
+            drop(slot);
+            return reply;
+        }
+        let (tx, rx) = oneshot::channel();
+        let batch = {
+            let mut state = lock(&self.state);
+            state.queue.push_back(Queued { call, reply: tx });
+            if state.running < self.in_flight {
+                state.running += 1;
+                Some(take(&mut state, self.max_batch))
+            } else {
+                None
+            }
+        };
+        if let Some(batch) = batch {
+            self.spawn_runner(&runtime, batch);
+        }
+        match tokio::time::timeout(self.link.timeout(), rx).await {
+            Ok(Ok(reply)) => reply,
+            // The runner was dropped with the call (its runtime shut down).
+            Ok(Err(_)) => Err(RedisError::Unavailable {
+                retry_in: std::time::Duration::ZERO,
+                cause: "the runtime running the call shut down".into(),
+            }),
+            Err(_) => Err(self.link.timed_out()),
+        }
+    }
+}
+
+impl Batcher {
+    /// Takes a slot for an inline call if nothing is in flight or queued.
+    fn try_inline(&self) -> bool {
+        let mut state = lock(&self.state);
+        let idle = state.running == 0 && state.queue.is_empty();
+        if idle {
+            state.running = 1;
+        }
+        idle
+    }
+
+    fn spawn_runner(&self, runtime: &tokio::runtime::Handle, batch: Vec<Queued>) {
+        let runner = Runner {
+            link: self.link.clone(),
+            state: self.state.clone(),
+            max_batch: self.max_batch,
+        };
+        runtime.spawn(runner.run(batch));
+    }
+}
+
+/// The slot of a call sent inline. When the call ends (or its future is
+/// dropped), the calls that queued meanwhile go to a runner that inherits
+/// the slot; if none did, the slot is freed.
+struct InlineSlot<'a> {
+    batcher: &'a Batcher,
+    runtime: tokio::runtime::Handle,
+}
+
+impl Drop for InlineSlot<'_> {
+    fn drop(&mut self) {
+        let b = self.batcher;
+        let batch = {
+            let mut state = lock(&b.state);
+            let batch = take(&mut state, b.max_batch);
+            if batch.is_empty() {
+                state.running -= 1;
+            }
+            batch
+        };
+        if !batch.is_empty() {
+            b.spawn_runner(&self.runtime, batch);
+        }
+    }
+}
+
+fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
+    // The state stays consistent under a panic (each change is one push,
+    // one drain or one counter step), so a poisoned lock is still usable.
+    state.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Up to `max` queued calls, oldest first, leaving out those whose caller
+/// gave up (timed out or dropped).
+fn take(state: &mut State, max: usize) -> Vec<Queued> {
+    let mut batch = Vec::with_capacity(state.queue.len().min(max));
+    while batch.len() < max {
+        let Some(q) = state.queue.pop_front() else {
+            break;
+        };
+        if !q.reply.is_closed() {
+            batch.push(q);
+        }
+    }
+    batch
+}
+
+/// What calls must share to go in one script call: the hash slot on a
+/// Cluster, and the time (`None`: the server's).
+type Group = (Option<Slot>, Option<u64>);
+
+struct Runner {
+    link: Arc<Link>,
+    state: Arc<Mutex<State>>,
+    max_batch: usize,
+}
+
+impl Runner {
+    async fn run(self, mut batch: Vec<Queued>) {
+        // Gives the slot back if the task ends any other way (its runtime
+        // shuts down), so the backend never runs out of slots.
+        let mut slot = RunnerSlot {
+            state: &self.state,
+            held: true,
+        };
+        loop {
+            self.send(batch).await;
+            // Let the callers just answered run first: those that check
+            // again queue now, and go out together in the next batch
+            // instead of one of them alone, ahead of the rest.
+            tokio::task::yield_now().await;
+            let mut state = lock(&self.state);
+            batch = take(&mut state, self.max_batch);
+            if batch.is_empty() {
+                // Under the lock: a caller that pushes after this sees the
+                // free slot.
+                state.running -= 1;
+                slot.held = false;
+                return;
+            }
+        }
+    }
+
+    async fn send(&self, batch: Vec<Queued>) {
+        // One script call per (hash slot on a Cluster, time): a script's
+        // keys must share one slot, and a batch runs at one time (calls
+        // with a time of their own come from the test-only path).
+        let cluster = self.link.is_cluster();
+        let mut groups: Vec<(Group, Vec<Queued>)> = Vec::new();
+        for q in batch {
+            let group = (cluster.then(|| Slot::for_key(&q.call.key)), q.call.now_us);
+            match groups.iter_mut().find(|(g, _)| *g == group) {
+                Some((_, g)) => g.push(q),
+                None => groups.push((group, vec![q])),
+            }
+        }
+        if groups.len() == 1 {
+            let (_, g) = groups.pop().expect("one group");
+            return self.send_one(g).await;
+        }
+        futures_util::future::join_all(groups.into_iter().map(|(_, g)| self.send_one(g))).await;
+    }
+
+    /// One script call for `batch` (keys on one server or one slot, one
+    /// time).
+    async fn send_one(&self, mut batch: Vec<Queued>) {
+        if batch.len() == 1 {
+            let q = batch.pop().expect("one call");
+            let reply = self.link.invoke(&q.call.invocation()).await;
+            let _ = q.reply.send(reply);
+            return;
+        }
+        let invocation = batch_invocation(&batch);
+        match self.link.invoke(&invocation).await {
+            Ok(Value::Array(items)) if items.len() == 5 * batch.len() => {
+                let mut items = items.into_iter();
+                for q in batch {
+                    let fields: Vec<Value> = items.by_ref().take(5).collect();
+                    let _ = q.reply.send(entry(fields));
+                }
+            }
+            Ok(other) => {
+                let message = format!("unexpected batch reply {other:?}");
+                for q in batch {
+                    let _ = q.reply.send(Err(RedisError::Server {
+                        message: message.clone(),
+                    }));
+                }
+            }
+            Err(e) => {
+                for q in batch {
+                    let _ = q.reply.send(Err(e.clone()));
+                }
+            }
+        }
+    }
+}
+
+/// The `lua/batch.lua` call for `batch`: the time, the distinct programs
+/// (algorithm and parameters) once each, then each call's mode, program
+/// and cost.
+fn batch_invocation(batch: &[Queued]) -> redis::ScriptInvocation<'static> {
+    let mut programs: Vec<(&'static str, [u64; 3])> = Vec::new();
+    let mut index = Vec::with_capacity(batch.len());
+    for q in batch {
+        let p = (q.call.code, q.call.params);
+        let i = match programs.iter().position(|x| *x == p) {
+            Some(i) => i,
+            None => {
+                programs.push(p);
+                programs.len() - 1
+            }
+        };
+        index.push(i + 1);
+    }
+    let mut invocation = BATCH.prepare_invoke();
+    for q in batch {
+        invocation.key(&q.call.key);
+    }
+    invocation.arg(batch[0].call.time_arg()).arg(programs.len());
+    for (code, [a, b, c]) in &programs {
+        invocation.arg(*code).arg(*a).arg(*b).arg(*c);
+    }
+    for (q, i) in batch.iter().zip(index) {
+        invocation.arg(q.call.mode.arg()).arg(i).arg(q.call.n);
+    }
+    invocation
+}
+
+/// A runner's slot, given back on drop unless already given back.
+struct RunnerSlot<'a> {
+    state: &'a Mutex<State>,
+    held: bool,
+}
+
+impl Drop for RunnerSlot<'_> {
+    fn drop(&mut self) {
+        if self.held {
+            lock(self.state).running -= 1;
+        }
+    }
+}
+
+/// One call's five reply fields: the decision's, or an error message in
+/// the first field (that call failed in the script; the others did not).
+fn entry(fields: Vec<Value>) -> Result<Value, RedisError> {
+    match fields.first() {
+        Some(Value::BulkString(message)) => Err(RedisError::Server {
+            message: String::from_utf8_lossy(message).into_owned(),
+        }),
+        Some(Value::SimpleString(message)) => Err(RedisError::Server {
+            message: message.clone(),
+        }),
+        _ => Ok(Value::Array(fields)),
+    }
+}
+
+impl fmt::Debug for Batcher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Batcher")
+            .field("max_batch", &self.max_batch)
+            .field("in_flight", &self.in_flight)
+            .finish()
+    }
+}
