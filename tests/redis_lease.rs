@@ -8,8 +8,8 @@
 mod support;
 
 use ratewall::redis::{
-    DecisionSource, FailurePolicy, RedisBackend, RedisError, RedisLeaseLimiter,
-    RedisLeaseOptions, RedisLimiter,
+    DecisionSource, FailurePolicy, RedisBackend, RedisError, RedisLeaseLimiter, RedisLeaseOptions,
+    RedisLimiter,
 };
 use ratewall::{Policy, Rate};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -181,7 +181,10 @@ async fn a_refilling_bucket_never_admits_more_than_the_bound() {
     let bound = 40 + elapsed.as_micros() as u64 / 500;
     assert!(admitted <= bound, "{admitted} admitted, bound {bound}");
     assert!(counts.from_lease.load(Ordering::Relaxed) > 0);
-    assert!(counts.denied.load(Ordering::Relaxed) > 0, "the limit was hit");
+    assert!(
+        counts.denied.load(Ordering::Relaxed) > 0,
+        "the limit was hit"
+    );
     // Far from starved: at least a third of the bound.
     assert!(admitted * 3 >= bound, "{admitted} of {bound}");
 }
@@ -288,7 +291,10 @@ async fn leases_outlive_a_killed_server_then_the_failure_policy_answers() {
         for i in 0..15 {
             let t = Instant::now();
             let d = l.check(b"k").await.unwrap();
-            assert!(d.is_allowed() && d.source() == DecisionSource::Lease, "{name} {i}");
+            assert!(
+                d.is_allowed() && d.source() == DecisionSource::Lease,
+                "{name} {i}"
+            );
             assert_eq!(d.remaining(), 14 - i);
             assert!(t.elapsed() < Duration::from_millis(5));
         }

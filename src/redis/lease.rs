@@ -490,7 +490,11 @@ impl RedisLeaseLimiter {
             match step {
                 Step::Done(d) => return Ok(d),
                 Step::Wait(mut rx) => {
-                    let outcome = rx.wait_for(Option::is_some).await.ok().and_then(|o| o.clone());
+                    let outcome = rx
+                        .wait_for(Option::is_some)
+                        .await
+                        .ok()
+                        .and_then(|o| o.clone());
                     match outcome {
                         // Sender gone (its check was cancelled) or granted:
                         // look again.
@@ -705,7 +709,10 @@ impl RedisLeaseLimiter {
         // otherwise halve.
         let hot = e.last_take.is_some_and(|t| {
             now.saturating_duration_since(t)
-                < self.options.hot_gap.saturating_mul(e.size.min(u64::from(u32::MAX)) as u32)
+                < self
+                    .options
+                    .hot_gap
+                    .saturating_mul(e.size.min(u64::from(u32::MAX)) as u32)
         });
         let size = if hot {
             (e.size * 2).min(self.options.max_lease)

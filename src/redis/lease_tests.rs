@@ -3,14 +3,11 @@
 //! and the bound is checked over every interval of the admission log; a
 //! take with no extra units is the plain script, field by field.
 
-#[path = "../../tests/support/redis_server.rs"]
-#[allow(unreachable_pub, dead_code)]
-mod server;
-
 use super::*;
 use crate::redis::{FailurePolicy, RedisBackend};
 use crate::{Policy, Rate, Window};
-use server::RedisServer;
+// The server harness of the differential tests (tests/support/redis_server.rs).
+use crate::redis::tests::server::RedisServer;
 
 /// A realistic Unix time in us (about 2^50.6).
 const T0: u64 = 1_700_000_000_000_000;
@@ -70,7 +67,10 @@ async fn take(
     id: u64,
     prev: Option<(u64, u64)>,
 ) -> Reply {
-    let v = l.call(&rkey(l), "t", n, extra, id, prev, Some(t)).await.unwrap();
+    let v = l
+        .call(&rkey(l), "t", n, extra, id, prev, Some(t))
+        .await
+        .unwrap();
     parse_reply(&v).unwrap()
 }
 
@@ -120,7 +120,15 @@ async fn gcra_run(policy: Policy, life_us: u64, holders: usize, seed: u64) -> (u
             4 if leases[h].is_some() => {
                 let m = leases[h].take().unwrap();
                 let v = l
-                    .call(&rkey(&l), "r", m.granted - m.units, m.granted, m.id, None, Some(t))
+                    .call(
+                        &rkey(&l),
+                        "r",
+                        m.granted - m.units,
+                        m.granted,
+                        m.id,
+                        None,
+                        Some(t),
+                    )
                     .await
                     .unwrap();
                 // Given back iff the lease had not ended.
@@ -193,10 +201,30 @@ async fn gcra_run(policy: Policy, life_us: u64, holders: usize, seed: u64) -> (u
 async fn the_bound_is_exact_with_holders_taking_using_releasing_and_abandoning() {
     let ms = Duration::from_millis;
     for (policy, life_us, holders, seed) in [
-        (Policy::token_bucket(Rate::new(4, ms(400)).burst(8)), 250_000, 3, 7),
-        (Policy::token_bucket(Rate::new(4, ms(400)).burst(8)), 2_000_000, 4, 11),
-        (Policy::leaky_bucket(Rate::per_second(50).burst(10)), 30_000, 3, 13),
-        (Policy::token_bucket(Rate::per_second(1000).burst(5)), 1_000, 2, 17),
+        (
+            Policy::token_bucket(Rate::new(4, ms(400)).burst(8)),
+            250_000,
+            3,
+            7,
+        ),
+        (
+            Policy::token_bucket(Rate::new(4, ms(400)).burst(8)),
+            2_000_000,
+            4,
+            11,
+        ),
+        (
+            Policy::leaky_bucket(Rate::per_second(50).burst(10)),
+            30_000,
+            3,
+            13,
+        ),
+        (
+            Policy::token_bucket(Rate::per_second(1000).burst(5)),
+            1_000,
+            2,
+            17,
+        ),
     ] {
         let (admitted, leased, released) = gcra_run(policy, life_us, holders, seed).await;
         // The run exercised what it claims to.
@@ -282,7 +310,10 @@ async fn a_fixed_window_lease_counts_in_its_window_and_ends_with_it() {
             assert!(*n <= limit, "step {step}: {n} admitted in window {id}");
         }
     }
-    assert!(leased_units > 20 && released > 0, "{leased_units} {released}");
+    assert!(
+        leased_units > 20 && released > 0,
+        "{leased_units} {released}"
+    );
     // Windows filled to the limit, some of them by leases.
     assert!(per_window.values().filter(|&&n| n == limit).count() >= 3);
 }
@@ -322,7 +353,10 @@ async fn a_take_of_no_extra_units_is_the_plain_check() {
             let got = if consume {
                 take(&l, t, n, 0, 0, None).await.decision
             } else {
-                let v = l.call(&rkey(&l), "p", n, 0, 0, None, Some(t)).await.unwrap();
+                let v = l
+                    .call(&rkey(&l), "p", n, 0, 0, None, Some(t))
+                    .await
+                    .unwrap();
                 parse_reply(&v).unwrap().decision
             };
             let want = plain.decide(b"k", n, consume, Some(t)).await.unwrap();
@@ -335,7 +369,9 @@ async fn a_take_of_no_extra_units_is_the_plain_check() {
 fn bad_options_and_policies_are_typed_errors() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let b = RedisBackend::builder("redis://127.0.0.1:1").build().unwrap();
+        let b = RedisBackend::builder("redis://127.0.0.1:1")
+            .build()
+            .unwrap();
         let tb = |p| RedisLimiter::builder(p, &b).build().unwrap();
         let p = Policy::token_bucket(Rate::per_second(10));
         for opts in [

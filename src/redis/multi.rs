@@ -205,9 +205,7 @@ impl RedisLimiter {
                 Ok(())
             }
             // `check_all` takes plain limiters: no lease decision reaches here.
-            DecisionSource::FailOpen | DecisionSource::DenyCache | DecisionSource::Lease => {
-                Ok(())
-            }
+            DecisionSource::FailOpen | DecisionSource::DenyCache | DecisionSource::Lease => Ok(()),
         }
     }
 }
