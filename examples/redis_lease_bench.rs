@@ -5,9 +5,10 @@
 //! `cargo run --release --example redis_lease_bench --features redis`
 //! (`-- --secs 2 --rounds 5 --tasks 4`).
 //!
-//! Two workloads, each in alternating rounds (no leases, then leases of
-//! 16): a hot key far from its limit (1M/s, burst 10,000) and a saturated
-//! one (20k/s, burst 200, with the deny cache). Round trips are the
+//! Two workloads, each in alternating rounds (the plain `RedisLimiter`,
+//! then `RedisLeaseLimiter` with `max_lease(1)`, then with leases of 16):
+//! a hot key far from its limit (1M/s, burst 10,000) and a saturated one
+//! (20k/s, burst 200, with the deny cache). Round trips are the
 //! server's own count of script calls (`INFO commandstats`); after every
 //! round the harness checks admitted <= burst + rate x elapsed, elapsed
 //! measured from before the first call to after the last reply. A
@@ -69,6 +70,21 @@ async fn script_calls(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
         .sum()
 }
 
+/// A client instance: the plain limiter (gcra.lua) or a leased one.
+enum Inst {
+    Plain(Box<RedisLimiter>),
+    Leased(Box<RedisLeaseLimiter>),
+}
+
+impl Inst {
+    async fn check(&self, key: &[u8]) -> ratewall::redis::RedisDecision {
+        match self {
+            Inst::Plain(l) => l.check(key).await.unwrap(),
+            Inst::Leased(l) => l.check(key).await.unwrap(),
+        }
+    }
+}
+
 struct Point {
     checks: u64,
     admitted: u64,
@@ -88,7 +104,7 @@ async fn round(
     tasks: usize,
     run: Duration,
 ) -> Point {
-    let instances: Vec<Arc<RedisLeaseLimiter>> = (0..4)
+    let instances: Vec<Arc<Inst>> = (0..4)
         .map(|_| {
             let b = RedisBackend::builder(url)
                 .timeout(Duration::from_secs(2))
@@ -100,19 +116,21 @@ async fn round(
             if deny_cache {
                 l = l.deny_cache(1000);
             }
-            Arc::new(
-                RedisLeaseLimiter::new(
-                    l.build().unwrap(),
-                    RedisLeaseOptions::new().max_lease(max_lease),
-                )
-                .unwrap(),
-            )
+            let l = l.build().unwrap();
+            Arc::new(if max_lease == 0 {
+                Inst::Plain(Box::new(l))
+            } else {
+                Inst::Leased(Box::new(
+                    RedisLeaseLimiter::new(l, RedisLeaseOptions::new().max_lease(max_lease))
+                        .unwrap(),
+                ))
+            })
         })
         .collect();
     // A fresh key per round; the script is loaded before counting.
     let key = format!("hot-{}", rand_suffix());
     for l in &instances {
-        let _ = l.check(b"warm-up").await.unwrap();
+        let _ = l.check(b"warm-up").await;
     }
     let _: () = redis::cmd("CONFIG")
         .arg("RESETSTAT")
@@ -130,7 +148,7 @@ async fn round(
                 let (mut checks, mut admitted, mut from_lease) = (0u64, 0u64, 0u64);
                 while Instant::now() < stop {
                     for _ in 0..32 {
-                        let d = l.check(key.as_bytes()).await.unwrap();
+                        let d = l.check(key.as_bytes()).await;
                         checks += 1;
                         if d.is_allowed() {
                             admitted += 1;
@@ -153,8 +171,10 @@ async fn round(
     }
     let elapsed = start.elapsed();
     let calls = script_calls(conn).await;
-    for l in &instances {
-        let _ = l.release_all().await;
+    for l in instances.iter() {
+        if let Inst::Leased(l) = &**l {
+            let _ = l.release_all().await;
+        }
     }
     // The bound: admitted <= burst + rate x elapsed (elapsed covers every
     // server-side admission of the round).
@@ -231,7 +251,7 @@ async fn main() {
         let mut speed = Vec::new();
         for r in 0..a.rounds {
             let mut per = Vec::new();
-            for max_lease in [1u64, 16] {
+            for max_lease in [0u64, 1, 16] {
                 let name = format!("b{r}x{max_lease}");
                 let p = round(
                     &url, &mut conn, policy, &name, max_lease, deny_cache, a.tasks, run,
@@ -240,7 +260,11 @@ async fn main() {
                 println!(
                     "{:<28} {:>9} {:>12.0} {:>12.0} {:>10.0} {:>11.3} {:>8.1}%",
                     label,
-                    max_lease,
+                    if max_lease == 0 {
+                        "plain".to_string()
+                    } else {
+                        max_lease.to_string()
+                    },
                     p.checks as f64 / p.secs,
                     p.admitted as f64 / p.secs,
                     p.calls as f64 / p.secs,
@@ -250,14 +274,14 @@ async fn main() {
                 per.push(p);
             }
             let rt = |p: &Point| p.calls as f64 / p.admitted.max(1) as f64;
-            ratios.push(rt(&per[0]) / rt(&per[1]).max(1e-9));
-            speed.push((per[1].checks as f64 / per[1].secs) / (per[0].checks as f64 / per[0].secs));
+            ratios.push(rt(&per[0]) / rt(&per[2]).max(1e-9));
+            speed.push((per[2].checks as f64 / per[2].secs) / (per[0].checks as f64 / per[0].secs));
         }
         ratios.sort_by(f64::total_cmp);
         speed.sort_by(f64::total_cmp);
         let m = a.rounds / 2;
         println!(
-            "{label}: round trips per admitted, without / with leases of 16: median {:.1}x (min {:.1}x, max {:.1}x); checks/s with / without: median {:.1}x (min {:.1}x, max {:.1}x)\n",
+            "{label}: round trips per admitted, plain limiter / leases of 16: median {:.1}x (min {:.1}x, max {:.1}x); checks/s leases of 16 / plain: median {:.1}x (min {:.1}x, max {:.1}x)\n",
             ratios[m],
             ratios[0],
             ratios[a.rounds - 1],

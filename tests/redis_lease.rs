@@ -446,3 +446,55 @@ async fn stranded_units_are_holders_times_lease_minus_one_and_come_back() {
     }
     assert_eq!(admitted + got + 7, burst, "the 7 unused units were charged");
 }
+
+/// A check dropped while its take is in flight leaves nothing stuck (the
+/// next check takes again), and a take that times out is not retried:
+/// after the stall the server has run each call exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_or_timed_out_take_is_neither_stuck_nor_retried() {
+    let server = RedisServer::start();
+    let timeout = Duration::from_millis(50);
+    let b = backend(&server, timeout);
+    let l = RedisLimiter::builder(Policy::token_bucket(Rate::new(1000, HOUR)), &b)
+        .prefix("lt")
+        .name("stall")
+        .on_failure(FailurePolicy::Closed)
+        .build()
+        .unwrap();
+    let l = RedisLeaseLimiter::new(
+        l,
+        RedisLeaseOptions::new()
+            .max_lease(16)
+            .hot_gap(Duration::from_secs(10))
+            .life(Duration::from_secs(30)),
+    )
+    .unwrap();
+    // Takes of 1 and 2 units, then the leased unit: the next take asks
+    // for 4 (others would wait for it).
+    for _ in 0..3 {
+        assert!(l.check(b"k").await.unwrap().is_allowed());
+    }
+    assert_eq!(l.held(b"k"), 0);
+    server.cmd(&["CONFIG", "RESETSTAT"]);
+    let before = l.round_trips();
+    server.cmd(&["CLIENT", "PAUSE", "400", "ALL"]);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(10), l.check(b"k"))
+            .await
+            .is_err(),
+        "dropped mid-take"
+    );
+    let t = Instant::now();
+    let next = tokio::time::timeout(Duration::from_secs(2), l.check(b"k"))
+        .await
+        .expect("not stuck behind the dropped take");
+    assert!(
+        matches!(next, Err(RedisError::Unavailable { .. })),
+        "{next:?}"
+    );
+    assert!(t.elapsed() < timeout + Duration::from_millis(300));
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(l.round_trips() - before, 2);
+    assert_eq!(script_calls(&server), 2, "each call ran once, none retried");
+    assert!(l.check(b"k").await.unwrap().is_allowed());
+}

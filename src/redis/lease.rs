@@ -264,7 +264,10 @@ struct Take {
     size: u64,
     prev: Option<(u64, u64)>,
     tx: watch::Sender<Option<Outcome>>,
+    /// Whether the key has an entry to update.
     tracked: bool,
+    /// Whether other checks wait for this take (it may grant a lease).
+    waits: bool,
 }
 
 /// A [`RedisLimiter`] whose hot keys are checked from **leases**: one
@@ -466,9 +469,9 @@ impl RedisLeaseLimiter {
 
     /// Checks one request for `key`: from this instance's lease if it has
     /// a usable unit ([`DecisionSource::Lease`], no round trip), otherwise
-    /// by one script call that may also take a new lease. While a take of
-    /// the key is in flight, other checks of it wait for its reply rather
-    /// than send their own. When Redis cannot answer, units already leased
+    /// by one script call that may also take a new lease. While a take
+    /// that asks for a lease is in flight, other checks of the key wait for
+    /// its reply rather than send their own. When Redis cannot answer, units already leased
     /// keep being admitted until their lease ends, and the failure policy
     /// answers the rest. A call that timed out is never retried.
     ///
@@ -680,6 +683,7 @@ impl RedisLeaseLimiter {
                 prev: None,
                 tx,
                 tracked: false,
+                waits: false,
             });
         }
         let e = shard.map.entry(rkey.to_vec()).or_insert_with(|| Entry {
@@ -728,7 +732,12 @@ impl RedisLeaseLimiter {
         // Relaxed: a unique-id counter that publishes nothing.
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = watch::channel(None);
-        e.taking = Some((id, rx));
+        // A take of one unit grants no lease: concurrent checks send their
+        // own (pipelined, as the plain limiter's) instead of waiting.
+        let waits = size > 1;
+        if waits {
+            e.taking = Some((id, rx));
+        }
         Step::Take(Take {
             id,
             extra: size - 1,
@@ -736,6 +745,7 @@ impl RedisLeaseLimiter {
             prev,
             tx,
             tracked: true,
+            waits,
         })
     }
 
@@ -748,7 +758,7 @@ impl RedisLeaseLimiter {
             limiter: self,
             rkey,
             id: take.id,
-            armed: take.tracked,
+            armed: take.waits,
         };
         let sent = Instant::now();
         let result = self
