@@ -74,85 +74,88 @@ async fn take(
     parse_reply(&v).unwrap()
 }
 
-/// Units free to a new check at `t` (a peek of one unit).
-async fn free(l: &RedisLeaseLimiter, t: u64) -> u64 {
-    let v = l.call(&rkey(l), "p", 1, 0, 0, None, Some(t)).await.unwrap();
-    let d = parse_reply(&v).unwrap().decision;
-    if d.is_allowed() {
-        d.remaining() + 1
-    } else {
-        d.remaining()
-    }
+/// One holder's action in a model run.
+#[derive(Clone, Copy, Debug)]
+enum Op {
+    /// Admit a unit from its lease (a take of `extra` if it has none).
+    Use(u64),
+    /// A take asking for `extra` units, reporting its previous lease.
+    Take(u64),
+    /// Give back its lease.
+    Release,
+    /// Forget its lease (it ends unreleased).
+    Abandon,
 }
 
-/// Random takes (with a previous lease reported or not), local uses,
-/// releases and abandoned leases by `holders` holders; after every step the
-/// units free in Redis plus the units usable in leases are at most the
-/// burst, and after every admission the bound holds over every interval
-/// ending at it. Returns (admitted, taken with extra units, released).
-async fn gcra_run(policy: Policy, life_us: u64, holders: usize, seed: u64) -> (usize, u64, u64) {
-    let server = RedisServer::start();
-    let b = backend(&server);
-    let l = leased(&b, policy, "m", Duration::from_micros(life_us));
-    let [tt, tau, burst] = l.limiter.program().params;
-    let mut rng = Rng(seed);
+/// Runs `steps` (time step in us, holder, action) on key `key` of `l`, on
+/// the test-only clock. After every step the units free in Redis plus the
+/// units usable in leases are at most the burst; after every admission the
+/// bound holds over every interval ending at it; a release gives back iff
+/// its lease had not ended; a take reports the server time it was given.
+/// Returns (admitted, units leased, units released) or the violation.
+async fn gcra_steps(
+    l: &RedisLeaseLimiter,
+    key: &[u8],
+    holders: usize,
+    life_us: u64,
+    steps: &[(u64, usize, Op)],
+) -> Result<(usize, u64, u64), String> {
+    let rkey = l.limiter.redis_key(key).unwrap();
+    let [tt, _, burst] = l.limiter.program().params;
+    let call = |mode: &'static str, n, extra, id, prev, t| {
+        let rkey = rkey.clone();
+        async move {
+            l.call(&rkey, mode, n, extra, id, prev, Some(t))
+                .await
+                .unwrap()
+        }
+    };
     let mut t = T0;
     let mut leases: Vec<Option<ModelLease>> = vec![None; holders];
     let mut admitted: Vec<u64> = Vec::new();
     let (mut leased_units, mut released) = (0, 0);
     let mut next_id = 1;
-    for step in 0..700 {
-        t += match rng.below(10) {
-            0..=3 => 0,
-            4..=7 => rng.below(tt),
-            8 => rng.below(3 * tt),
-            _ => rng.below(2 * tau + life_us),
-        };
-        let h = rng.below(holders as u64) as usize;
+    for (step, &(dt, h, op)) in steps.iter().enumerate() {
+        t += dt;
+        let h = h % holders;
         let usable = leases[h].filter(|m| m.units > 0 && t < m.end);
-        match rng.below(6) {
-            0..=2 if usable.is_some() => {
+        let op = match op {
+            Op::Use(extra) if usable.is_none() => Op::Take(extra),
+            Op::Release | Op::Abandon if leases[h].is_none() => Op::Take(2),
+            op => op,
+        };
+        match op {
+            Op::Use(_) => {
                 let mut m = usable.unwrap();
                 m.units -= 1;
                 leases[h] = Some(m);
                 admitted.push(t);
             }
-            4 if leases[h].is_some() => {
+            Op::Release => {
                 let m = leases[h].take().unwrap();
-                let v = l
-                    .call(
-                        &rkey(&l),
-                        "r",
-                        m.granted - m.units,
-                        m.granted,
-                        m.id,
-                        None,
-                        Some(t),
-                    )
-                    .await
-                    .unwrap();
-                // Given back iff the lease had not ended.
-                assert_eq!(v == Value::Int(1), t < m.end, "step {step}");
+                let v = call("r", m.granted - m.units, m.granted, m.id, None, t).await;
+                if (v == Value::Int(1)) != (t < m.end) {
+                    return Err(format!("step {step}: release of {m:?} at {t}: {v:?}"));
+                }
                 if t < m.end {
                     released += m.units;
                 }
             }
-            5 => {
-                // Abandoned: the holder forgets its lease.
-                leases[h] = None;
-            }
-            _ => {
-                let extra = rng.below(6);
+            Op::Abandon => leases[h] = None,
+            Op::Take(extra) => {
                 let prev = leases[h].take().map(|m| (m.id, m.granted - m.units));
                 let id = next_id;
                 next_id += 1;
-                let r = take(&l, t, 1, extra, id, prev).await;
-                assert_eq!(r.now_us, t);
+                let r = parse_reply(&call("t", 1, extra, id, prev, t).await).unwrap();
+                if r.now_us != t || r.granted > extra {
+                    return Err(format!("step {step}: {r:?}"));
+                }
                 if r.decision.is_allowed() {
                     admitted.push(t);
-                    assert!(r.granted <= extra);
                     if r.granted > 0 {
-                        assert_eq!(r.end_us, t + life_us);
+                        if r.end_us != t + life_us {
+                            return Err(format!("step {step}: end {r:?}"));
+                        }
                         leased_units += r.granted;
                         leases[h] = Some(ModelLease {
                             id,
@@ -162,9 +165,8 @@ async fn gcra_run(policy: Policy, life_us: u64, holders: usize, seed: u64) -> (u
                             window: 0,
                         });
                     }
-                } else {
-                    assert_eq!(r.granted, 0);
-                    assert!(r.decision.retry_after() > Duration::ZERO, "step {step}");
+                } else if r.granted != 0 || r.decision.retry_after() == Duration::ZERO {
+                    return Err(format!("step {step}: denial {r:?}"));
                 }
             }
         }
@@ -175,32 +177,36 @@ async fn gcra_run(policy: Policy, life_us: u64, holders: usize, seed: u64) -> (u
             .filter(|m| t < m.end)
             .map(|m| m.units)
             .sum();
-        let f = free(&l, t).await;
-        assert!(
-            f + in_leases <= burst,
-            "step {step}: free {f} + leased {in_leases} > burst {burst}"
-        );
+        let d = parse_reply(&call("p", 1, 0, 0, None, t).await)
+            .unwrap()
+            .decision;
+        let free = d.remaining() + u64::from(d.is_allowed());
+        if free + in_leases > burst {
+            return Err(format!(
+                "step {step}: free {free} + leased {in_leases} > burst {burst}"
+            ));
+        }
         // The bound over every interval ending now.
         if admitted.last() == Some(&t) {
             let n = admitted.len() as u64;
             for (i, &x) in admitted.iter().enumerate() {
-                let allowed = burst + (t - x) / tt;
-                assert!(
-                    n - i as u64 <= allowed,
-                    "step {step}: {} admitted in [{x}, {t}], bound {allowed}",
-                    n - i as u64
-                );
+                let bound = burst + (t - x) / tt;
+                if n - i as u64 > bound {
+                    return Err(format!(
+                        "step {step}: {} admitted in [{x}, {t}], bound {bound}",
+                        n - i as u64
+                    ));
+                }
             }
         }
     }
-    let _ = tau;
-    (admitted.len(), leased_units, released)
+    Ok((admitted.len(), leased_units, released))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_bound_is_exact_with_holders_taking_using_releasing_and_abandoning() {
+/// Bucket policies, lease lives and holder counts of the model runs.
+fn gcra_cases() -> [(Policy, u64, usize); 4] {
     let ms = Duration::from_millis;
-    let cases = [
+    [
         (
             Policy::token_bucket(Rate::new(4, ms(400)).burst(8)),
             250_000,
@@ -221,17 +227,110 @@ async fn the_bound_is_exact_with_holders_taking_using_releasing_and_abandoning()
             1_000,
             2,
         ),
-    ];
-    for (policy, life_us, holders) in cases {
-        for seed in [7, 11, 13] {
-            let seed = seed * (life_us + 1);
-            let (admitted, leased, released) = gcra_run(policy, life_us, holders, seed).await;
+    ]
+}
+
+/// A time step: none, under one interval, up to three, or across a burst
+/// and a lease life, from a class (0..10) and a random number.
+fn time_step(class: u8, r: u64, tt: u64, tau: u64, life_us: u64) -> u64 {
+    match class {
+        0..=3 => 0,
+        4..=7 => r % tt,
+        8 => r % (3 * tt),
+        _ => r % (2 * tau + life_us),
+    }
+}
+
+fn op_of(class: u8, extra: u64) -> Op {
+    match class {
+        0..=2 => Op::Use(extra),
+        3 => Op::Take(extra),
+        4 => Op::Release,
+        _ => Op::Abandon,
+    }
+}
+
+/// Seeded runs of 700 steps (three seeds per case), each of which must
+/// exercise leases, uses and releases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bound_is_exact_with_holders_taking_using_releasing_and_abandoning() {
+    let server = RedisServer::start();
+    let b = backend(&server);
+    for (i, (policy, life_us, holders)) in gcra_cases().into_iter().enumerate() {
+        let l = leased(&b, policy, &format!("m{i}"), Duration::from_micros(life_us));
+        let [tt, tau, _] = l.limiter.program().params;
+        for seed in [7u64, 11, 13] {
+            let mut rng = Rng(seed * (life_us + 1));
+            let steps: Vec<_> = (0..700)
+                .map(|_| {
+                    let dt = time_step(rng.below(10) as u8, rng.next(), tt, tau, life_us);
+                    let h = rng.below(holders as u64) as usize;
+                    (dt, h, op_of(rng.below(6) as u8, rng.below(6)))
+                })
+                .collect();
+            let key = format!("s{seed}");
+            let (admitted, leased, released) =
+                gcra_steps(&l, key.as_bytes(), holders, life_us, &steps)
+                    .await
+                    .unwrap();
             // The run exercised what it claims to.
             assert!(admitted > 50, "{policy:?}: {admitted}");
             assert!(leased > 20, "{policy:?}: {leased}");
             assert!(released > 0, "{policy:?}: {released}");
         }
     }
+}
+
+/// The same model as a property test (proptest shrinks a failing run to
+/// its shortest steps): random cases, holders and step lists.
+#[test]
+fn the_bound_holds_for_any_steps() {
+    use proptest::collection::vec;
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestCaseError, TestRunner};
+    let server = RedisServer::start();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let b = rt.block_on(async { backend(&server) });
+    let limiters: Vec<_> = rt.block_on(async {
+        gcra_cases()
+            .into_iter()
+            .enumerate()
+            .map(|(i, (p, life, _))| leased(&b, p, &format!("q{i}"), Duration::from_micros(life)))
+            .collect()
+    });
+    let mut runner = TestRunner::new(Config {
+        cases: 32,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let next = std::sync::atomic::AtomicU64::new(0);
+    let strategy = (
+        0..4usize,
+        vec((0u8..10, any::<u64>(), 0usize..4, 0u8..6, 0u64..6), 1..200),
+    );
+    runner
+        .run(&strategy, |(case, raw)| {
+            let (_, life_us, holders) = gcra_cases()[case];
+            let l = &limiters[case];
+            let [tt, tau, _] = l.limiter.program().params;
+            let steps: Vec<_> = raw
+                .iter()
+                .map(|&(c, r, h, o, e)| (time_step(c, r, tt, tau, life_us), h, op_of(o, e)))
+                .collect();
+            // A fresh key per case (the server keeps the others' state).
+            let key = format!(
+                "c{}",
+                next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            );
+            rt.block_on(gcra_steps(l, key.as_bytes(), holders, life_us, &steps))
+                .map(|_| ())
+                .map_err(TestCaseError::fail)
+        })
+        .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
