@@ -15,7 +15,7 @@ use ratewall::{Policy, Rate};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use support::redis_server::RedisServer;
+use support::redis_server::{RedisCluster, RedisServer};
 
 const HOUR: Duration = Duration::from_secs(3600);
 
@@ -497,4 +497,73 @@ async fn a_dropped_or_timed_out_take_is_neither_stuck_nor_retried() {
     assert_eq!(l.round_trips() - before, 2);
     assert_eq!(script_calls(&server), 2, "each call ran once, none retried");
     assert!(l.check(b"k").await.unwrap().is_allowed());
+}
+
+/// On a 3-master Redis Cluster: 3 instances x 4 tasks with leases of up to
+/// 8, on 6 keys spread over every master (no refill): at most the burst
+/// per key, and after `release_all` another instance gets exactly the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_on_a_cluster_are_exact_on_every_master() {
+    let cluster = RedisCluster::start(3);
+    let policy = Policy::token_bucket(Rate::new(20, HOUR));
+    let opts = RedisLeaseOptions::new()
+        .max_lease(8)
+        .hot_gap(Duration::from_secs(1))
+        .life(Duration::from_secs(60));
+    let make = |max_lease| {
+        let b = RedisBackend::cluster_builder(cluster.urls())
+            .timeout(Duration::from_secs(5))
+            .build()
+            .unwrap();
+        let l = RedisLimiter::builder(policy, &b)
+            .prefix("lc")
+            .name("cl")
+            .on_failure(FailurePolicy::Closed)
+            .build()
+            .unwrap();
+        Arc::new(RedisLeaseLimiter::new(l, opts.max_lease(max_lease)).unwrap())
+    };
+    let instances: Vec<_> = (0..3).map(|_| make(8)).collect();
+    let keys: Vec<String> = (0..6).map(|i| format!("k{i}")).collect();
+    let mut owners = [0usize; 3];
+    for k in &keys {
+        let rkey = instances[0].limiter().redis_key(k.as_bytes()).unwrap();
+        owners[cluster.owner(std::str::from_utf8(&rkey).unwrap())] += 1;
+    }
+    assert!(
+        owners.iter().all(|&n| n > 0),
+        "keys on every master: {owners:?}"
+    );
+    let admitted = Arc::new((0..6).map(|_| AtomicU64::new(0)).collect::<Vec<_>>());
+    let mut handles = Vec::new();
+    for l in &instances {
+        for t in 0..4usize {
+            let (l, keys, admitted) = (l.clone(), keys.clone(), admitted.clone());
+            handles.push(tokio::spawn(async move {
+                for round in 0..40usize {
+                    let i = (round + t) % 6;
+                    if l.check(keys[i].as_bytes()).await.unwrap().is_allowed() {
+                        admitted[i].fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }));
+        }
+    }
+    for h in handles {
+        h.await.unwrap();
+    }
+    for l in &instances {
+        l.release_all().await.unwrap();
+    }
+    let probe = make(1);
+    for (i, k) in keys.iter().enumerate() {
+        let first = admitted[i].load(Ordering::Relaxed);
+        assert!(first <= 20, "{k}: {first}");
+        let mut more = 0;
+        while probe.check(k.as_bytes()).await.unwrap().is_allowed() {
+            more += 1;
+            assert!(more <= 20);
+        }
+        assert_eq!(first + more, 20, "{k}: {first} then {more}");
+    }
 }
