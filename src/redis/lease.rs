@@ -673,23 +673,33 @@ impl RedisLeaseLimiter {
         let limit = self.limiter.program().limit;
         let mut guard = lock(self.shard(rkey));
         let shard = &mut *guard;
-        if !shard.map.contains_key(rkey) && !shard.make_room(now) {
-            // No room: a plain check, with no lease.
-            let (tx, _) = watch::channel(None);
-            return Step::Take(Take {
-                id: 0,
-                extra: 0,
-                size: 1,
-                prev: None,
-                tx,
-                tracked: false,
-                waits: false,
-            });
+        if !shard.map.contains_key(rkey) {
+            if !shard.make_room(now) {
+                // No room: a plain check, with no lease.
+                let (tx, _) = watch::channel(None);
+                return Step::Take(Take {
+                    id: 0,
+                    extra: 0,
+                    size: 1,
+                    prev: None,
+                    tx,
+                    tracked: false,
+                    waits: false,
+                });
+            }
+            shard.map.insert(
+                rkey.to_vec(),
+                Entry {
+                    size: 1,
+                    ..Entry::default()
+                },
+            );
         }
-        let e = shard.map.entry(rkey.to_vec()).or_insert_with(|| Entry {
-            size: 1,
-            ..Entry::default()
-        });
+        // Looked up again rather than through `entry`, which would copy
+        // the key on every check.
+        let Some(e) = shard.map.get_mut(rkey) else {
+            unreachable!("the entry was inserted above")
+        };
         if let Some(h) = &mut e.lease {
             if h.usable(now) > 0 {
                 h.units -= 1;

@@ -520,3 +520,41 @@ fn a_lease_is_usable_only_while_the_server_time_may_be_before_its_end() {
     assert_eq!(h.usable(sent + Duration::from_micros(9_980)), 4);
     assert_eq!(h.usable(sent + Duration::from_millis(11)), 0);
 }
+
+/// The local table holds at most `max_keys` keys, whatever the keys
+/// checked; evicted keys just take again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lease_table_stays_bounded() {
+    let server = RedisServer::start();
+    let b = backend(&server);
+    let l = RedisLimiter::builder(
+        Policy::token_bucket(Rate::new(100, Duration::from_secs(3600))),
+        &b,
+    )
+    .name("bounded")
+    .on_failure(FailurePolicy::Closed)
+    .build()
+    .unwrap();
+    let l = RedisLeaseLimiter::new(
+        l,
+        RedisLeaseOptions::new()
+            .max_keys(4)
+            .max_lease(4)
+            .hot_gap(Duration::from_secs(10)),
+    )
+    .unwrap();
+    let len = |l: &RedisLeaseLimiter| -> usize { l.shards.iter().map(|s| lock(s).map.len()).sum() };
+    for round in 0..3 {
+        for i in 0..40u32 {
+            let key = format!("key{i}");
+            for _ in 0..2 {
+                let d = l.check(key.as_bytes()).await.unwrap();
+                assert!(d.is_allowed(), "round {round} {key}");
+            }
+            assert!(len(&l) <= 4, "{}", len(&l));
+        }
+    }
+    // Leases are held for at most the 4 keys in the table.
+    let released = l.release_all().await.unwrap();
+    assert!(released <= 4 * 3, "{released}");
+}
