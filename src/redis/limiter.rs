@@ -483,6 +483,18 @@ impl RedisLimiter {
         }
     }
 
+    /// The time left (ns) of a live deny-cache denial for `rkey`, if any.
+    pub(crate) fn denied_for(&self, rkey: &[u8]) -> Option<u64> {
+        self.deny_cache.as_ref().and_then(|c| c.denied_for(rkey))
+    }
+
+    /// Forgets a deny-cache entry for `rkey` (capacity came back here).
+    pub(crate) fn clear_denial(&self, rkey: &[u8]) {
+        if let Some(c) = &self.deny_cache {
+            c.clear(rkey);
+        }
+    }
+
     /// Whether the deny cache holds a live denial for `rkey`.
     pub(crate) fn cached_denial(&self, rkey: &[u8]) -> bool {
         self.deny_cache

@@ -11,6 +11,9 @@
 //! - [`FailurePolicy`]: what to answer when Redis cannot.
 //! - [`RedisElasticLimiter`]: an elastic limit (guarantee, ceiling and a
 //!   shared pool), one script call per check, all or nothing.
+//! - [`RedisLeaseLimiter`]: a [`RedisLimiter`] (token or leaky bucket,
+//!   fixed window) whose hot keys take up to k units per round trip and
+//!   admit them locally, with the bound kept exact.
 //! - [`check_all`]: several (limit, key, cost) triples, all or nothing, in
 //!   parallel, for the HTTP layer.
 //!
@@ -52,6 +55,7 @@ mod deny_cache;
 mod elastic;
 mod error;
 mod key;
+mod lease;
 mod limiter;
 mod multi;
 mod script;
@@ -64,6 +68,7 @@ pub use backend::{
 };
 pub use elastic::{RedisElasticBuilder, RedisElasticLimiter};
 pub use error::RedisError;
+pub use lease::{RedisLeaseLimiter, RedisLeaseOptions};
 pub use limiter::{FailurePolicy, RedisLimiter, RedisLimiterBuilder};
 pub use multi::check_all;
 
@@ -95,6 +100,10 @@ pub enum DecisionSource {
     /// Redis could not answer and the policy is [`FailurePolicy::Open`]:
     /// allowed without counting.
     FailOpen,
+    /// Admitted locally, with no round trip, from units this instance
+    /// leased from Redis earlier (see [`RedisLeaseLimiter`]); they were
+    /// counted in Redis when the lease was taken.
+    Lease,
 }
 
 /// A [`Decision`] and where it came from. Derefs to the decision, so

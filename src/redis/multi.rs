@@ -215,7 +215,8 @@ impl RedisLimiter {
                 self.refund_fallback(key, n);
                 Ok(())
             }
-            DecisionSource::FailOpen | DecisionSource::DenyCache => Ok(()),
+            // `check_all` takes plain limiters: no lease decision reaches here.
+            DecisionSource::FailOpen | DecisionSource::DenyCache | DecisionSource::Lease => Ok(()),
         }
     }
 }

@@ -11,7 +11,7 @@
 
 #[path = "../../tests/support/redis_server.rs"]
 #[allow(unreachable_pub)]
-mod server;
+pub(super) mod server;
 
 use super::{RedisBackend, RedisLimiter};
 use crate::{Decision, KeyedPolicyLimiter, ManualClock, Policy, Rate, Tolerance, Window};
