@@ -17,9 +17,12 @@
 //! round) with the median ratio and its spread. A harness, not a test:
 //! read the ratios, not the absolute numbers, on a shared machine.
 
+#[path = "../tests/support/redis_server.rs"]
+mod redis_server;
+
 use ratewall::redis::{FailurePolicy, RedisBackend, RedisLimiter};
 use ratewall::{Policy, Rate};
-use std::process::{Command, Stdio};
+use redis_server::RedisServer;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -112,29 +115,10 @@ async fn main() {
         .unwrap_or(ratewall::redis::DEFAULT_MAX_BATCH);
     // `--only uniform:ratewall` runs that point alone for 3 s (to profile).
     let only = flag("--only");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let server = Command::new("redis-server")
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("redis-server (apt-get install redis-server)");
-    // Killed (by PID) however the harness ends, a panic included.
-    let _server = KillOnDrop(server);
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let url = format!("redis://127.0.0.1:{port}");
+    // A throwaway server on a free port, killed (by PID) however the
+    // harness ends, a panic included.
+    let server = RedisServer::start();
+    let url = server.url();
     let backend = |max_batch: usize| {
         RedisBackend::builder(url.clone())
             .timeout(Duration::from_secs(2))
@@ -268,16 +252,6 @@ async fn main() {
             mid(&mut allowed_seed),
             mid(&mut allowed_ours),
         );
-    }
-}
-
-/// A child process, killed and reaped when dropped.
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
     }
 }
 

@@ -14,11 +14,14 @@
 //! measured from before the first call to after the last reply. A
 //! harness, not a test: on a shared machine read the ratios.
 
+#[path = "../tests/support/redis_server.rs"]
+mod redis_server;
+
 use ratewall::redis::{
     DecisionSource, FailurePolicy, RedisBackend, RedisLeaseLimiter, RedisLeaseOptions, RedisLimiter,
 };
 use ratewall::{Policy, Rate};
-use std::process::{Command, Stdio};
+use redis_server::RedisServer;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -202,27 +205,10 @@ fn rand_suffix() -> u64 {
 #[tokio::main]
 async fn main() {
     let a = args();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut server = Command::new("redis-server")
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("redis-server (apt-get install redis-server)");
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let url = format!("redis://127.0.0.1:{port}");
+    // A throwaway server on a free port, killed (by PID) however the
+    // harness ends, a panic included.
+    let server = RedisServer::start();
+    let url = server.url();
     let client = redis::Client::open(url.as_str()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
     let run = Duration::from_secs_f64(a.secs);
@@ -290,6 +276,4 @@ async fn main() {
             speed[a.rounds - 1]
         );
     }
-    let _ = server.kill();
-    let _ = server.wait();
 }

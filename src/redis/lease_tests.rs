@@ -8,24 +8,10 @@ use crate::redis::{FailurePolicy, RedisBackend};
 use crate::{Policy, Rate, Window};
 // The server harness of the differential tests (tests/support/redis_server.rs).
 use crate::redis::tests::server::RedisServer;
+use crate::redis::tests::Rng;
 
 /// A realistic Unix time in us (about 2^50.6).
 const T0: u64 = 1_700_000_000_000_000;
-
-/// xorshift64*, so a failure replays.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 fn backend(server: &RedisServer) -> RedisBackend {
     RedisBackend::builder(server.url())
