@@ -12,7 +12,8 @@
 //! Workloads: uniform keys (100k, all allowed); mixed (Zipf keys, s = 1,
 //! over 10k keys, 20 per second each, about half the requests over their
 //! limit); one hot key (mostly denied). For 1, 16 and 128 concurrent
-//! callers: checks/s and p50/p99 latency. Then every algorithm, and
+//! callers: checks/s and p50/p99 latency. Each point starts on an empty
+//! server (`FLUSHALL`). Then every algorithm, and
 //! alternating rounds at 128 callers (seed, then ratewall, fresh keys each
 //! round) with the median ratio and its spread. A harness, not a test:
 //! read the ratios, not the absolute numbers, on a shared machine.
@@ -113,7 +114,8 @@ async fn main() {
     let max_batch: usize = flag("--max-batch")
         .and_then(|v| v.parse().ok())
         .unwrap_or(ratewall::redis::DEFAULT_MAX_BATCH);
-    // `--only uniform:ratewall` runs that point alone for 3 s (to profile).
+    // `--only uniform:ratewall [--callers N]` runs that point alone for 3 s
+    // (to profile; 128 callers unless given).
     let only = flag("--only");
     // A throwaway server on a free port, killed (by PID) however the
     // harness ends, a panic included.
@@ -157,7 +159,8 @@ async fn main() {
             _ => Workload::Hot,
         };
         let which: &'static str = Box::leak(which.to_string().into_boxed_str());
-        let p = ctx.run(which, 128, workload, Duration::from_secs(3)).await;
+        let callers = flag("--callers").and_then(|v| v.parse().ok()).unwrap_or(128);
+        let p = ctx.run(which, callers, workload, Duration::from_secs(3)).await;
         println!(
             "{only}: {:.0} checks/s, p50 {} us, p99 {} us, {:.0}% allowed",
             p.rate,
@@ -310,6 +313,13 @@ impl Ctx {
         run: Duration,
     ) -> Point {
         let tag = self.round.fetch_add(1, Ordering::Relaxed);
+        // Each point starts on an empty server, so no contender pays for
+        // expiring or rehashing the keys of the one before.
+        let _: () = redis::cmd("FLUSHALL")
+            .arg("SYNC")
+            .query_async(&mut self.conn.clone())
+            .await
+            .unwrap();
         let slot = usize::from(workload == Workload::Mixed);
         let ours = match which {
             "rw+cache" => self.cached[slot].clone(),
