@@ -29,17 +29,22 @@ impl<A: Copy> Overrides<A> {
         }
     }
 
-    /// The own quota of the key with hash `h`, if it has one.
+    /// Whether any key has its own quota (else checks skip `get`).
     #[inline]
-    fn get(&self, h: u64) -> Option<A> {
+    fn any(&self) -> bool {
         // Relaxed: a key's override is inserted before its state is rescaled
         // (AcqRel exchange); a check that loaded the rescaled slot (Acquire)
         // therefore sees the count; one that loaded an older value fails its
         // exchange and comes back here.
-        if self.count.load(Ordering::Relaxed) != 0 {
-            return lock(&self.map).get(&table::fingerprint(h)).copied();
-        }
-        None
+        self.count.load(Ordering::Relaxed) != 0
+    }
+
+    /// The own quota of the key with hash `h`, if it has one (a mutex: the
+    /// slow path of `params_for`, taken only while `any`).
+    #[cold]
+    #[inline(never)]
+    fn get(&self, h: u64) -> Option<A> {
+        lock(&self.map).get(&table::fingerprint(h)).copied()
     }
 
     /// A copy of every override, if there is any (for `set_quota`, which
@@ -84,10 +89,12 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
     /// after the slot load (see `ParamCell`).
     #[inline]
     pub(super) fn params_for(&self, h: u64) -> A {
-        match self.overrides.get(h) {
-            Some(a) => a,
-            None => self.params.read(),
+        if self.overrides.any() {
+            if let Some(a) = self.overrides.get(h) {
+                return a;
+            }
         }
+        self.params.read()
     }
 
     /// Changes the quota of every key at run time, keeping each key's usage
