@@ -161,7 +161,21 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         K: Borrow<Q>,
         Q: Hash + ?Sized,
     {
-        self.check_key_at(key, self.now())
+        // The slot's load starts before the clock read: the two overlap
+        // (docs/benchmarks.md, "prefetch the slot before the clock read").
+        let h = self.hash(key);
+        self.table.touch(h);
+        self.check_hashed(h, self.clamp(self.now()))
+    }
+
+    /// A unit check of the key with hash `h` at `now` (clamped).
+    #[inline]
+    fn check_hashed(&self, h: u64, now: u64) -> Decision {
+        match self.run_tracked(h, now, 1, true) {
+            Some(Ok(d)) => d,
+            Some(Err(_)) => unreachable_capacity(),
+            None => self.check_untracked(h, now),
+        }
     }
 
     /// [`check_key`](Self::check_key) at a time the caller read (one clock
@@ -180,12 +194,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         K: Borrow<Q>,
         Q: Hash + ?Sized,
     {
-        let (h, now) = (self.hash(key), self.clamp(now));
-        match self.run_tracked(h, now, 1, true) {
-            Some(Ok(d)) => d,
-            Some(Err(_)) => unreachable_capacity(),
-            None => self.check_untracked(h, now),
-        }
+        self.check_hashed(self.hash(key), self.clamp(now))
     }
 
     /// Checks a request of cost `n` for `key` and takes all of it if
@@ -204,7 +213,10 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         K: Borrow<Q>,
         Q: Hash + ?Sized,
     {
-        self.check_key_n_at(key, self.now(), n)
+        // As in `check_key`: the slot's load, then the clock read.
+        let h = self.hash(key);
+        self.table.touch(h);
+        self.run(h, self.clamp(self.now()), n, true)
     }
 
     /// [`check_key_n`](Self::check_key_n) at a time the caller read.
