@@ -134,7 +134,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         None
     }
 
-    /// A unit check of a key the table does not hold (`check_key_at`'s
+    /// A unit check of a key the table does not hold (`check_hashed`'s
     /// slow path, out of line so that the fast path builds its decision in
     /// the caller's return slot, not in a temporary shared with this one).
     #[cold]
