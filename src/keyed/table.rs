@@ -268,6 +268,23 @@ impl Table {
         (shard, start)
     }
 
+    /// Loads the first slot of the key's probe window and discards the
+    /// value: a prefetch, so that the slot's cache miss overlaps what the
+    /// caller does next (the clock read) instead of following it. A check
+    /// then finds the line on its way in. Not a part of the slot protocol
+    /// (it publishes and decides nothing), so not compiled under loom.
+    #[inline]
+    pub(crate) fn touch(&self, h: u64) {
+        #[cfg(not(ratewall_loom))]
+        {
+            let (shard, start) = self.locate(h);
+            // Relaxed: the value is discarded.
+            let _ = shard.slots[start].load(Ordering::Relaxed);
+        }
+        #[cfg(ratewall_loom)]
+        let _ = h;
+    }
+
     /// Runs `step` on the key's state if the key is tracked, with the slot
     /// protocol (see the module doc). `None`: not tracked.
     #[inline]

@@ -1,0 +1,286 @@
+//! [`KeyedBuilder`]: the keyed limiters' configuration, its bounds
+//! ([`MAX_KEYS`], the shard count) and their validation. Shared by
+//! [`KeyedLimiter`] and the keyed sliding log (`log.rs`).
+
+use super::insert::WhenFull;
+use super::limiter::KeyedLimiter;
+use super::overrides::Overrides;
+use super::table::Table;
+use super::KeyedAlgorithm;
+use crate::algo::Algorithm;
+use crate::clock::{Clock, Timebase};
+use crate::error::ConfigError;
+use crate::limiter::DefaultClock;
+use crate::sync::Mutex;
+use crate::word::ParamCell;
+use crossbeam_utils::CachePadded;
+use std::fmt;
+use std::marker::PhantomData;
+
+/// The largest `max_keys` accepted (2^32 keys, about 90 GiB of table).
+pub const MAX_KEYS: usize = 1 << 32;
+const MAX_SHARDS: usize = 1 << 16;
+const DEFAULT_MAX_KEYS: usize = 1 << 16;
+const DEFAULT_SHARDS: usize = 64;
+
+/// Configures a [`KeyedLimiter`]: quota, `max_keys`, shards, policy when
+/// full, hash seed and clock.
+///
+/// # Example
+///
+/// ```
+/// use ratewall::{KeyedTokenBucket, ManualClock, Rate, WhenFull};
+///
+/// let limiter = KeyedTokenBucket::<u64, _>::builder(Rate::per_minute(60))
+///     .max_keys(1_000_000)
+///     .shards(128)
+///     .when_full(WhenFull::EvictLeastRecent)
+///     .seed(42)
+///     .clock(ManualClock::new())
+///     .build()?;
+/// assert_eq!(limiter.max_keys(), 1_000_000);
+/// # Ok::<(), ratewall::ConfigError>(())
+/// ```
+#[must_use = "a builder does nothing until `build`"]
+pub struct KeyedBuilder<K, A: Algorithm, C: Clock = DefaultClock> {
+    pub(super) config: A::Config,
+    pub(super) max_keys: usize,
+    shards: Option<usize>,
+    pub(super) policy: WhenFull,
+    seed: Option<u64>,
+    pub(super) clock: C,
+    _key: PhantomData<fn(&K)>,
+}
+
+impl<K, A: KeyedAlgorithm> KeyedLimiter<K, A, DefaultClock> {
+    /// A builder for the quota `config`, with defaults: 65,536 keys, up to 64
+    /// shards, [`WhenFull::RejectNew`], a random seed, the default clock.
+    ///
+    /// ```
+    /// use ratewall::{KeyedTokenBucket, Rate};
+    /// let limiter = KeyedTokenBucket::<u64>::builder(Rate::per_second(5)).build()?;
+    /// assert!(limiter.check_key(&1).is_allowed());
+    /// # Ok::<(), ratewall::ConfigError>(())
+    /// ```
+    pub fn builder(config: A::Config) -> KeyedBuilder<K, A, DefaultClock> {
+        KeyedBuilder::new(config)
+    }
+}
+
+impl<K, A: Algorithm, C: Clock> KeyedBuilder<K, A, C> {
+    /// The most keys tracked at once (1 to 2^32), and the promise that this
+    /// many distinct keys fit. Memory is allocated up front: 24 bytes per key
+    /// (small tables add a few slots and their headers).
+    ///
+    /// ```
+    /// # use ratewall::{KeyedTokenBucket, Rate};
+    /// let l = KeyedTokenBucket::<u64>::builder(Rate::per_second(5)).max_keys(10).build()?;
+    /// assert_eq!(l.max_keys(), 10);
+    /// # Ok::<(), ratewall::ConfigError>(())
+    /// ```
+    pub fn max_keys(mut self, max_keys: usize) -> Self {
+        self.max_keys = max_keys;
+        self
+    }
+
+    /// The shard count: a power of two from 1 to 65,536 (default: 64, fewer
+    /// for small tables). Inserts of new keys lock one shard; checks of
+    /// tracked keys never lock. If larger than `max_keys`, it is reduced to
+    /// the largest power of two not above `max_keys`.
+    ///
+    /// ```
+    /// # use ratewall::{ConfigError, KeyedTokenBucket, Rate};
+    /// let bad = KeyedTokenBucket::<u64>::builder(Rate::per_second(5)).shards(3).build();
+    /// assert_eq!(bad.unwrap_err(), ConfigError::InvalidShards { shards: 3 });
+    /// ```
+    pub fn shards(mut self, shards: usize) -> Self {
+        self.shards = Some(shards);
+        self
+    }
+
+    /// What happens to a new key when the table is full of active keys.
+    ///
+    /// ```
+    /// # use ratewall::{KeyedTokenBucket, Rate, WhenFull};
+    /// let l = KeyedTokenBucket::<u64>::builder(Rate::per_second(5))
+    ///     .when_full(WhenFull::AdmitUntracked)
+    ///     .build()?;
+    /// assert_eq!(l.when_full(), WhenFull::AdmitUntracked);
+    /// # Ok::<(), ratewall::ConfigError>(())
+    /// ```
+    pub fn when_full(mut self, policy: WhenFull) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// A fixed hash seed (default: random per limiter). A fixed seed makes
+    /// the table's layout reproducible, and lets anyone who knows it craft
+    /// colliding keys: keep it secret in production.
+    ///
+    /// ```
+    /// # use ratewall::{KeyedTokenBucket, Rate};
+    /// let l = KeyedTokenBucket::<u64>::builder(Rate::per_second(5)).seed(7).build()?;
+    /// assert!(l.check_key(&1).is_allowed());
+    /// # Ok::<(), ratewall::ConfigError>(())
+    /// ```
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+
+    /// The clock.
+    ///
+    /// ```
+    /// # use ratewall::{Clock, KeyedTokenBucket, ManualClock, Rate};
+    /// let l = KeyedTokenBucket::<u64, _>::builder(Rate::per_second(5)).clock(ManualClock::new()).build()?;
+    /// assert_eq!(l.clock().now(), 0);
+    /// # Ok::<(), ratewall::ConfigError>(())
+    /// ```
+    pub fn clock<C2: Clock>(self, clock: C2) -> KeyedBuilder<K, A, C2> {
+        KeyedBuilder {
+            config: self.config,
+            max_keys: self.max_keys,
+            shards: self.shards,
+            policy: self.policy,
+            seed: self.seed,
+            clock,
+            _key: PhantomData,
+        }
+    }
+
+    /// Validates `max_keys` and the shard count; returns the shard count to
+    /// use (shared by every keyed limiter's `build`).
+    pub(super) fn validated_shards(&self) -> Result<usize, ConfigError> {
+        if self.max_keys == 0 || self.max_keys > MAX_KEYS {
+            return Err(ConfigError::InvalidCapacity {
+                max_keys: self.max_keys,
+                max: MAX_KEYS,
+            });
+        }
+        let asked = self.shards.unwrap_or(DEFAULT_SHARDS);
+        if !asked.is_power_of_two() || asked > MAX_SHARDS {
+            return Err(ConfigError::InvalidShards { shards: asked });
+        }
+        // At most the largest power of two <= max_keys, so every shard has
+        // a share of at least one key; by default also at least ~1024 keys
+        // per shard.
+        let mut shards = asked.min(prev_power_of_two(self.max_keys));
+        if self.shards.is_none() {
+            shards = shards.min(prev_power_of_two((self.max_keys / 1024).max(1)));
+        }
+        Ok(shards)
+    }
+
+    /// The key hasher: seeded as asked, fixed under loom, random otherwise.
+    pub(super) fn key_hasher(&self) -> ahash::RandomState {
+        match self.seed {
+            Some(s) => ahash::RandomState::with_seeds(s, s ^ 0x9e37_79b9_7f4a_7c15, 1, 2),
+            None if cfg!(ratewall_loom) => ahash::RandomState::with_seeds(0, 1, 2, 3),
+            None => ahash::RandomState::new(),
+        }
+    }
+}
+
+impl<K, A: Algorithm> KeyedBuilder<K, A, DefaultClock> {
+    pub(crate) fn new(config: A::Config) -> Self {
+        KeyedBuilder {
+            config,
+            max_keys: DEFAULT_MAX_KEYS,
+            shards: None,
+            policy: WhenFull::default(),
+            seed: None,
+            clock: DefaultClock::default(),
+            _key: PhantomData,
+        }
+    }
+}
+
+impl<K, A: KeyedAlgorithm, C: Clock> KeyedBuilder<K, A, C> {
+    /// Validates the configuration and allocates the table.
+    ///
+    /// ```
+    /// # use ratewall::{ConfigError, KeyedTokenBucket, Rate};
+    /// let err = KeyedTokenBucket::<u64>::builder(Rate::per_second(5)).max_keys(0).build();
+    /// assert!(matches!(err, Err(ConfigError::InvalidCapacity { .. })));
+    /// ```
+    pub fn build(self) -> Result<KeyedLimiter<K, A, C>, ConfigError> {
+        let params = A::from_config(&self.config)?;
+        let shards = self.validated_shards()?;
+        let hasher = self.key_hasher();
+        Ok(KeyedLimiter {
+            table: Table::new(self.max_keys, shards),
+            params: CachePadded::new(ParamCell::new(params)),
+            hasher,
+            time: Timebase::new(self.clock),
+            policy: self.policy,
+            config: Mutex::new(self.config),
+            overrides: Overrides::new(),
+            _key: PhantomData,
+        })
+    }
+}
+
+fn prev_power_of_two(n: usize) -> usize {
+    debug_assert!(n > 0);
+    1 << (usize::BITS - 1 - n.leading_zeros())
+}
+
+impl<K, A: Algorithm, C: Clock> fmt::Debug for KeyedBuilder<K, A, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyedBuilder")
+            .field("config", &self.config)
+            .field("max_keys", &self.max_keys)
+            .field("shards", &self.shards)
+            .field("policy", &self.policy)
+            .field("seed", &self.seed.map(|_| "<set>"))
+            .field("clock", &self.clock)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algo::Gcra;
+    use crate::keyed::KeyedTokenBucket;
+    use crate::Rate;
+
+    fn builder() -> KeyedBuilder<u64, Gcra, DefaultClock> {
+        KeyedTokenBucket::<u64>::builder(Rate::per_second(5))
+    }
+
+    /// The bounds are inclusive: `MAX_KEYS` keys and `MAX_SHARDS` shards
+    /// are accepted, one more is not (checked without building the table).
+    #[test]
+    fn the_largest_table_and_shard_count_are_accepted_and_no_more() {
+        let largest = builder().max_keys(MAX_KEYS).shards(MAX_SHARDS);
+        assert_eq!(largest.validated_shards(), Ok(MAX_SHARDS));
+        assert_eq!(
+            builder().max_keys(MAX_KEYS + 1).validated_shards(),
+            Err(ConfigError::InvalidCapacity {
+                max_keys: MAX_KEYS + 1,
+                max: MAX_KEYS
+            })
+        );
+        assert_eq!(
+            builder()
+                .max_keys(MAX_KEYS)
+                .shards(2 * MAX_SHARDS)
+                .validated_shards(),
+            Err(ConfigError::InvalidShards {
+                shards: 2 * MAX_SHARDS
+            })
+        );
+    }
+
+    /// A seed fixes the key hasher (a reproducible layout); without one,
+    /// every limiter draws its own keys, so nobody can precompute keys that
+    /// collide in it.
+    #[test]
+    fn a_seed_fixes_the_hasher_and_no_seed_draws_a_random_one() {
+        let hash = |b: KeyedBuilder<u64, Gcra, DefaultClock>| b.key_hasher().hash_one(42u64);
+        assert_eq!(hash(builder().seed(7)), hash(builder().seed(7)));
+        assert_ne!(hash(builder().seed(7)), hash(builder().seed(8)));
+        assert_ne!(hash(builder()), hash(builder()));
+    }
+}

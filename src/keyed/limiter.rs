@@ -1,0 +1,510 @@
+//! The façade: [`KeyedLimiter`] and its per-key operations (check, peek,
+//! refund, reset) over the slot table, plus the table's accessors. The
+//! builder is in `builder.rs`, the path of a key the table does not hold
+//! (insert and [`WhenFull`]) in `insert.rs`, quotas and per-key overrides in
+//! `overrides.rs`.
+
+use super::insert::WhenFull;
+use super::overrides::Overrides;
+use super::table::Table;
+use super::KeyedAlgorithm;
+use crate::algo::Algorithm;
+use crate::clock::{Clock, Timebase};
+use crate::decision::Decision;
+use crate::error::InsufficientCapacity;
+use crate::limiter::DefaultClock;
+use crate::quota::HORIZON;
+use crate::sync::{lock, Mutex};
+use crate::word::ParamCell;
+use crossbeam_utils::CachePadded;
+use std::borrow::Borrow;
+use std::fmt;
+use std::hash::Hash;
+use std::marker::PhantomData;
+
+/// One limit per key, for any key type `K: Hash + Eq` (tuples included),
+/// with memory bounded by `max_keys`.
+///
+/// - A check of a tracked key is lock-free: one hash, a short probe, one
+///   16-byte compare-exchange on the key's own slot; a denial writes nothing.
+/// - Keys are identified by a 64-bit seeded hash (`ahash`); no key is
+///   stored, so memory is 24 bytes per key of `max_keys` (small tables add
+///   their headers) whatever the key type, and `max_keys` distinct keys
+///   always fit. Two keys whose hashes collide (probability about 2^-64
+///   per pair, with a per-process random seed) share one limit.
+/// - A key whose state equals a fresh key's carries no information and may
+///   be reclaimed at any time; inserts reclaim such keys as they go.
+/// - When the table is full of active keys, [`WhenFull`] decides.
+///
+/// # Example
+///
+/// ```
+/// use ratewall::{KeyedTokenBucket, ManualClock, Rate};
+///
+/// let clock = ManualClock::new();
+/// let limiter = KeyedTokenBucket::<(u32, &str), _>::builder(Rate::per_second(1).burst(1))
+///     .clock(clock.clone())
+///     .build()?;
+/// assert!(limiter.check_key(&(7, "/login")).is_allowed());
+/// assert!(!limiter.check_key(&(7, "/login")).is_allowed());
+/// assert!(limiter.check_key(&(8, "/login")).is_allowed()); // another key
+/// assert_eq!(limiter.len(), 2);
+/// # Ok::<(), ratewall::ConfigError>(())
+/// ```
+pub struct KeyedLimiter<K, A: Algorithm, C: Clock = DefaultClock> {
+    pub(super) table: Table,
+    pub(super) params: CachePadded<ParamCell>,
+    pub(super) hasher: ahash::RandomState,
+    pub(super) time: Timebase<C>,
+    pub(super) policy: WhenFull,
+    /// Serializes quota changes; holds the configuration they were built from.
+    pub(super) config: Mutex<A::Config>,
+    /// Per-key quotas (`overrides.rs`).
+    pub(super) overrides: Overrides<A>,
+    pub(super) _key: PhantomData<fn(&K)>,
+}
+
+impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
+    #[inline]
+    pub(super) fn hash<Q: Hash + ?Sized>(&self, key: &Q) -> u64 {
+        self.hasher.hash_one(key)
+    }
+
+    #[inline]
+    pub(super) fn clamp(&self, now: u64) -> u64 {
+        self.time.clamp(now).min(HORIZON)
+    }
+
+    /// The core of every check: `consume` takes `n` if allowed.
+    #[inline]
+    fn run(
+        &self,
+        h: u64,
+        now: u64,
+        n: u64,
+        consume: bool,
+    ) -> Result<Decision, InsufficientCapacity> {
+        match self.run_tracked(h, now, n, consume) {
+            Some(r) => r,
+            None => self.run_untracked(h, now, n, consume && n > 0),
+        }
+    }
+
+    /// `run` for a key the table holds; `None` if it does not.
+    #[inline]
+    fn run_tracked(
+        &self,
+        h: u64,
+        now: u64,
+        n: u64,
+        consume: bool,
+    ) -> Option<Result<Decision, InsufficientCapacity>> {
+        let take = consume && n > 0;
+        // The slot loop only decides the next state and hands back the
+        // parameters it read; the decision is built after the exchange from
+        // the state the winning step saw (the same pure function of the same
+        // inputs), so no decision is stored across the exchange and copied
+        // out (a store-forwarding stall on every check, see
+        // docs/benchmarks.md). Nothing on this path is forced inline: with
+        // plain `#[inline]` this one closure and `Table::apply` inline into
+        // the check (callgrind counts the same instructions as with
+        // `#[inline(always)]`). What is forced is the other way: the paths of
+        // a key the table does not hold (`check_untracked`, `run_untracked`)
+        // are `#[cold]` and out of line, so that `check_key` builds its
+        // decision in place (-22 instructions per check, docs/benchmarks.md).
+        if let Some((a, state)) = self.table.apply(h, &mut |state| {
+            let a = self.params_for(h);
+            let next = if take && n <= a.k_capacity() {
+                a.k_step(state, now, n).1
+            } else {
+                None
+            };
+            (a, next)
+        }) {
+            let capacity = a.k_capacity();
+            if n > capacity {
+                return Some(Err(InsufficientCapacity {
+                    requested: n,
+                    capacity,
+                }));
+            }
+            // A cost of 0 asks for a unit request's decision, without taking it.
+            return Some(Ok(a.k_step(state, now, n.max(1)).0));
+        }
+        None
+    }
+
+    /// A unit check of a key the table does not hold (`check_hashed`'s
+    /// slow path, out of line so that the fast path builds its decision in
+    /// the caller's return slot, not in a temporary shared with this one).
+    #[cold]
+    #[inline(never)]
+    fn check_untracked(&self, h: u64, now: u64) -> Decision {
+        match self.run_untracked(h, now, 1, true) {
+            Ok(d) => d,
+            Err(_) => unreachable_capacity(),
+        }
+    }
+
+    /// Checks one request of cost 1 for `key`, and takes it if allowed.
+    ///
+    /// ```
+    /// # use ratewall::{KeyedTokenBucket, Rate};
+    /// let l = KeyedTokenBucket::<String>::builder(Rate::per_hour(2)).build().unwrap();
+    /// assert!(l.check_key("bob").is_allowed());
+    /// assert!(l.check_key("bob").is_allowed());
+    /// assert!(!l.check_key("bob").is_allowed());
+    /// ```
+    #[inline]
+    pub fn check_key<Q>(&self, key: &Q) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Hash + ?Sized,
+    {
+        // The slot's load starts before the clock read: the two overlap
+        // (docs/benchmarks.md, "prefetch the slot before the clock read").
+        let h = self.hash(key);
+        self.table.touch(h);
+        self.check_hashed(h, self.clamp(self.now()))
+    }
+
+    /// A unit check of the key with hash `h` at `now` (clamped).
+    #[inline]
+    fn check_hashed(&self, h: u64, now: u64) -> Decision {
+        match self.run_tracked(h, now, 1, true) {
+            Some(Ok(d)) => d,
+            Some(Err(_)) => unreachable_capacity(),
+            None => self.check_untracked(h, now),
+        }
+    }
+
+    /// [`check_key`](Self::check_key) at a time the caller read (one clock
+    /// read shared by several limiters).
+    ///
+    /// ```
+    /// # use ratewall::{KeyedTokenBucket, ManualClock, Rate};
+    /// let l = KeyedTokenBucket::<u64, _>::builder(Rate::per_second(1).burst(1))
+    ///     .clock(ManualClock::new()).build().unwrap();
+    /// assert!(l.check_key_at(&1, 0).is_allowed());
+    /// assert!(l.check_key_at(&1, 1_000_000_000).is_allowed());
+    /// ```
+    #[inline]
+    pub fn check_key_at<Q>(&self, key: &Q, now: u64) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Hash + ?Sized,
+    {
+        self.check_hashed(self.hash(key), self.clamp(now))
+    }
+
+    /// Checks a request of cost `n` for `key` and takes all of it if
+    /// allowed. A cost above the capacity is an error.
+    ///
+    /// ```
+    /// # use ratewall::{KeyedTokenBucket, Rate};
+    /// let l = KeyedTokenBucket::<u64>::builder(Rate::per_hour(10).burst(10)).build().unwrap();
+    /// assert!(l.check_key_n(&1, 8).unwrap().is_allowed());
+    /// assert!(!l.check_key_n(&1, 8).unwrap().is_allowed());
+    /// assert!(l.check_key_n(&1, 11).is_err());
+    /// ```
+    #[inline]
+    pub fn check_key_n<Q>(&self, key: &Q, n: u64) -> Result<Decision, InsufficientCapacity>
+    where
+        K: Borrow<Q>,
+        Q: Hash + ?Sized,
+    {
+        // As in `check_key`: the slot's load, then the clock read.
+        let h = self.hash(key);
+        self.table.touch(h);
+        self.run(h, self.clamp(self.now()), n, true)
+    }
+
+    /// [`check_key_n`](Self::check_key_n) at a time the caller read.
+    ///
+    /// ```
+    /// # use ratewall::{KeyedTokenBucket, ManualClock, Rate};
+    /// let l = KeyedTokenBucket::<u64, _>::builder(Rate::per_second(10))
+    ///     .clock(ManualClock::new()).build().unwrap();
+    /// assert_eq!(l.check_key_n_at(&1, 0, 4).unwrap().remaining(), 6);
+    /// ```
+    #[inline]
+    pub fn check_key_n_at<Q>(
+        &self,
+        key: &Q,
+        now: u64,
+        n: u64,
+    ) -> Result<Decision, InsufficientCapacity>
+    where
+        K: Borrow<Q>,
+        Q: Hash + ?Sized,
+    {
+        self.run(self.hash(key), self.clamp(now), n, true)
+    }
+
+    /// The decision a unit request for `key` would get, without taking it
+    /// (and without tracking an unknown key): what [`check_key`](Self::check_key)
+    /// would return now, if nothing else happened in between. For a key the
+    /// table does not hold, that includes the full-table policy: its
+    /// [`tracking`](Decision::tracking) says whether the check would track
+    /// the key, evict another one for it, admit it untracked, or reject it
+    /// (with the same `retry_after`).
+    ///
+    /// ```
+    /// # use ratewall::{KeyedTokenBucket, Rate};
+    /// let l = KeyedTokenBucket::<u64>::builder(Rate::per_hour(1)).build().unwrap();
+    /// assert!(l.peek_key(&1).is_allowed());
+    /// assert_eq!(l.len(), 0);
+    /// let _ = l.check_key(&1);
+    /// assert!(!l.peek_key(&1).is_allowed());
+    /// ```
+    #[inline]
+    pub fn peek_key<Q>(&self, key: &Q) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Hash + ?Sized,
+    {
+        match self.peek_key_n(key, 1) {
+            Ok(d) => d,
+            Err(_) => unreachable_capacity(),
+        }
+    }
+
+    /// The decision a request of cost `n` for `key` would get, without taking
+    /// it: what [`check_key_n`](Self::check_key_n) would return now, full-table
+    /// policy included (see [`peek_key`](Self::peek_key)).
+    ///
+    /// ```
+    /// # use ratewall::{KeyedTokenBucket, Rate};
+    /// let l = KeyedTokenBucket::<u64>::builder(Rate::per_second(10).burst(5)).build().unwrap();
+    /// assert!(l.peek_key_n(&1, 5).unwrap().is_allowed());
+    /// assert!(l.peek_key_n(&1, 6).is_err());
+    /// ```
+    #[inline]
+    pub fn peek_key_n<Q>(&self, key: &Q, n: u64) -> Result<Decision, InsufficientCapacity>
+    where
+        K: Borrow<Q>,
+        Q: Hash + ?Sized,
+    {
+        self.run(self.hash(key), self.clamp(self.now()), n, false)
+    }
+
+    /// [`peek_key_n`](Self::peek_key_n) at a time the caller read.
+    #[inline]
+    pub(crate) fn peek_key_n_at<Q>(
+        &self,
+        key: &Q,
+        now: u64,
+        n: u64,
+    ) -> Result<Decision, InsufficientCapacity>
+    where
+        K: Borrow<Q>,
+        Q: Hash + ?Sized,
+    {
+        self.run(self.hash(key), self.clamp(now), n, false)
+    }
+
+    /// Gives back `n` units an allowed check of `key` took. Nothing happens
+    /// if the key is no longer tracked (it went idle and was reclaimed, or
+    /// was admitted untracked).
+    ///
+    /// ```
+    /// # use ratewall::{KeyedTokenBucket, Rate};
+    /// let l = KeyedTokenBucket::<u64>::builder(Rate::per_hour(1)).build().unwrap();
+    /// let _ = l.check_key(&1);
+    /// l.refund_key(&1, 1);
+    /// assert!(l.check_key(&1).is_allowed());
+    /// ```
+    pub fn refund_key<Q>(&self, key: &Q, n: u64)
+    where
+        K: Borrow<Q>,
+        Q: Hash + ?Sized,
+    {
+        self.refund_key_at(key, self.now(), n);
+    }
+
+    /// [`refund_key`](Self::refund_key) at the time the refunded check used.
+    ///
+    /// ```
+    /// # use ratewall::{KeyedTokenBucket, Rate};
+    /// let l = KeyedTokenBucket::<u64>::builder(Rate::per_hour(1)).build().unwrap();
+    /// let t = l.now();
+    /// let _ = l.check_key_at(&1, t);
+    /// l.refund_key_at(&1, t, 1);
+    /// assert!(l.check_key_at(&1, t).is_allowed());
+    /// ```
+    pub fn refund_key_at<Q>(&self, key: &Q, now: u64, n: u64)
+    where
+        K: Borrow<Q>,
+        Q: Hash + ?Sized,
+    {
+        if n == 0 {
+            return;
+        }
+        let h = self.hash(key);
+        let now = self.clamp(now);
+        let _ = self.table.update(h, &mut |state| {
+            let a = self.params_for(h);
+            ((), a.k_refund(state, now, n))
+        });
+    }
+
+    /// Forgets `key`'s history: its next check is a fresh key's.
+    ///
+    /// ```
+    /// # use ratewall::{KeyedTokenBucket, Rate};
+    /// let l = KeyedTokenBucket::<u64>::builder(Rate::per_hour(1)).build().unwrap();
+    /// let _ = l.check_key(&1);
+    /// l.reset_key(&1);
+    /// assert!(l.check_key(&1).is_allowed());
+    /// ```
+    pub fn reset_key<Q>(&self, key: &Q)
+    where
+        K: Borrow<Q>,
+        Q: Hash + ?Sized,
+    {
+        // All-zero is every algorithm's fresh state; the slot stays the key's
+        // until an insert reclaims it.
+        let _ = self.table.update(self.hash(key), &mut |_| ((), Some(0)));
+    }
+
+    /// Keys tracked now, idle ones not yet reclaimed included. Never above
+    /// [`max_keys`](Self::max_keys).
+    ///
+    /// ```
+    /// # use ratewall::{KeyedTokenBucket, Rate};
+    /// let l = KeyedTokenBucket::<u64>::builder(Rate::per_second(3)).build().unwrap();
+    /// let _ = (l.check_key(&1), l.check_key(&2), l.check_key(&1));
+    /// assert_eq!(l.len(), 2);
+    /// ```
+    pub fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    /// Whether no key is tracked.
+    ///
+    /// ```
+    /// # use ratewall::{KeyedTokenBucket, Rate};
+    /// let l = KeyedTokenBucket::<u64>::builder(Rate::per_second(3)).build().unwrap();
+    /// assert!(l.is_empty());
+    /// ```
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The most keys tracked at once.
+    ///
+    /// ```
+    /// # use ratewall::{KeyedTokenBucket, Rate};
+    /// let l = KeyedTokenBucket::<u64>::builder(Rate::per_second(3)).max_keys(500).build().unwrap();
+    /// assert_eq!(l.max_keys(), 500);
+    /// ```
+    pub fn max_keys(&self) -> usize {
+        self.table.capacity()
+    }
+
+    /// The shard count in use.
+    ///
+    /// ```
+    /// # use ratewall::{KeyedTokenBucket, Rate};
+    /// let l = KeyedTokenBucket::<u64>::builder(Rate::per_second(3)).max_keys(4).shards(16).build().unwrap();
+    /// assert_eq!(l.shards(), 4); // capped at max_keys
+    /// ```
+    pub fn shards(&self) -> usize {
+        self.table.shard_count()
+    }
+
+    /// The policy when the table is full.
+    ///
+    /// ```
+    /// # use ratewall::{KeyedTokenBucket, Rate, WhenFull};
+    /// let l = KeyedTokenBucket::<u64>::builder(Rate::per_second(3)).build().unwrap();
+    /// assert_eq!(l.when_full(), WhenFull::RejectNew);
+    /// ```
+    pub fn when_full(&self) -> WhenFull {
+        self.policy
+    }
+
+    /// Removes every idle key (state equal to a fresh key's), one shard at a
+    /// time; returns how many. Never required (inserts reclaim idle keys as
+    /// they go) but it makes [`len`](Self::len) exact.
+    ///
+    /// ```
+    /// # use ratewall::{KeyedTokenBucket, ManualClock, Rate};
+    /// # use std::time::Duration;
+    /// let clock = ManualClock::new();
+    /// let l = KeyedTokenBucket::<u64, _>::builder(Rate::per_second(1)).clock(clock.clone()).build().unwrap();
+    /// let _ = (l.check_key(&1), l.check_key(&2));
+    /// clock.advance(Duration::from_secs(1));
+    /// assert_eq!(l.retain_active(), 2);
+    /// assert!(l.is_empty());
+    /// ```
+    pub fn retain_active(&self) -> usize {
+        self.table.retain_active(&self.view(self.clamp(self.now())))
+    }
+
+    /// Bytes the table owns (allocated up front, constant): at most 24 per
+    /// key of `max_keys` from about 1,000 keys up, whatever the key type.
+    ///
+    /// ```
+    /// # use ratewall::{KeyedTokenBucket, Rate};
+    /// let l = KeyedTokenBucket::<String>::builder(Rate::per_second(3)).max_keys(1_000_000).build().unwrap();
+    /// assert!(l.memory_bytes() <= 24 * 1_000_000);
+    /// ```
+    pub fn memory_bytes(&self) -> usize {
+        self.table.memory_bytes() + std::mem::size_of::<Self>()
+    }
+
+    /// Loom-only test hook (compiled only with `--cfg ratewall_loom`, so not
+    /// part of the API): the shard and the first slot of the key's probe
+    /// window. Loom models use it to make two keys compete for one slot.
+    #[cfg(ratewall_loom)]
+    #[doc(hidden)]
+    pub fn __home_slot<Q>(&self, key: &Q) -> (usize, usize)
+    where
+        K: Borrow<Q>,
+        Q: Hash + ?Sized,
+    {
+        self.table.home(self.hash(key))
+    }
+
+    /// One reading of this limiter's clock (guarded against backward steps).
+    ///
+    /// ```
+    /// # use ratewall::{KeyedTokenBucket, ManualClock, Rate};
+    /// let l = KeyedTokenBucket::<u64, _>::builder(Rate::per_second(3)).clock(ManualClock::new()).build().unwrap();
+    /// assert_eq!(l.now(), 0);
+    /// ```
+    #[inline]
+    pub fn now(&self) -> u64 {
+        self.time.now()
+    }
+
+    /// The clock.
+    ///
+    /// ```
+    /// # use ratewall::{Clock, KeyedTokenBucket, ManualClock, Rate};
+    /// let l = KeyedTokenBucket::<u64, _>::builder(Rate::per_second(3)).clock(ManualClock::new()).build().unwrap();
+    /// assert_eq!(l.clock().now(), 0);
+    /// ```
+    pub fn clock(&self) -> &C {
+        self.time.clock()
+    }
+}
+
+#[cold]
+fn unreachable_capacity() -> Decision {
+    // Capacity >= 1 is validated at construction, so a unit cost always fits.
+    Decision::deny(0, 0, u64::MAX, u64::MAX)
+}
+
+impl<K, A: Algorithm, C: Clock> fmt::Debug for KeyedLimiter<K, A, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyedLimiter")
+            .field("algorithm", &A::NAME)
+            .field("quota", &*lock(&self.config))
+            .field("policy", &self.policy)
+            .field("table", &self.table)
+            .field("clock", self.time.clock())
+            .finish()
+    }
+}
