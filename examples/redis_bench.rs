@@ -159,8 +159,12 @@ async fn main() {
             _ => Workload::Hot,
         };
         let which: &'static str = Box::leak(which.to_string().into_boxed_str());
-        let callers = flag("--callers").and_then(|v| v.parse().ok()).unwrap_or(128);
-        let p = ctx.run(which, callers, workload, Duration::from_secs(3)).await;
+        let callers = flag("--callers")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(128);
+        let p = ctx
+            .run(which, callers, workload, Duration::from_secs(3))
+            .await;
         println!(
             "{only}: {:.0} checks/s, p50 {} us, p99 {} us, {:.0}% allowed",
             p.rate,
