@@ -184,6 +184,27 @@ pub enum HttpConfigError {
         /// The token that is wrong and what was expected.
         error: ParseError,
     },
+    /// A rule with `store = "redis"` in a configuration built without a
+    /// Redis backend ([`LayerConfig::to_builder`] instead of
+    /// `LayerConfig::to_builder_with_redis`).
+    RedisBackendMissing {
+        /// The rule.
+        rule: String,
+    },
+    /// A rule with `store = "redis"` while ratewall was compiled without
+    /// its `redis` feature.
+    RedisFeatureMissing {
+        /// The rule.
+        rule: String,
+    },
+    /// A Redis rule's limiter could not be made (feature `redis`).
+    #[cfg(feature = "redis")]
+    Redis {
+        /// The rule.
+        rule: String,
+        /// What is wrong with it.
+        error: crate::redis::RedisError,
+    },
 }
 
 impl fmt::Display for HttpConfigError {
@@ -227,6 +248,20 @@ impl fmt::Display for HttpConfigError {
             HttpConfigError::PolicyText { rule, error } => {
                 write!(f, "rule {rule:?}, field `policy`: {error}")
             }
+            HttpConfigError::RedisBackendMissing { rule } => write!(
+                f,
+                "rule {rule:?} keeps its state in Redis (`store = \"redis\"`), but the layer was \
+                 built without a Redis backend: build it with \
+                 `LayerConfig::to_builder_with_redis(&backend)`, or set `store = \"local\"`"
+            ),
+            HttpConfigError::RedisFeatureMissing { rule } => write!(
+                f,
+                "rule {rule:?} keeps its state in Redis (`store = \"redis\"`), but ratewall was \
+                 compiled without its `redis` feature: enable it \
+                 (`features = [\"tower\", \"serde\", \"redis\"]`), or set `store = \"local\"`"
+            ),
+            #[cfg(feature = "redis")]
+            HttpConfigError::Redis { rule, error } => write!(f, "rule {rule:?}: {error}"),
         }
     }
 }
@@ -236,6 +271,8 @@ impl std::error::Error for HttpConfigError {
         match self {
             HttpConfigError::Policy { error, .. } => Some(error),
             HttpConfigError::PolicyText { error, .. } => Some(error),
+            #[cfg(feature = "redis")]
+            HttpConfigError::Redis { error, .. } => Some(error),
             _ => None,
         }
     }
