@@ -78,8 +78,8 @@ use crate::clock::Clock;
 use crate::decision::{Decision, Tracking};
 use crate::error::{ConfigError, InsufficientCapacity};
 use crate::limiter::DefaultClock;
-use crate::multi::{check_each, Limit};
-use crate::policy::KeyedPolicyLimiter;
+use crate::multi::{check_set, Limit, LimitSet};
+use crate::policy::{KeyedPolicyLimiter, KeyedPolicyRef};
 #[cfg(feature = "redis")]
 use crate::redis::{check_all, DecisionSource, RedisError, RedisLimiter};
 use crate::sync::{AtomicU64, Ordering};
@@ -1004,6 +1004,78 @@ impl<C: Clock + 'static> Refunds for Shared<C> {
     }
 }
 
+/// The local enforced entries of one request as the limits of one
+/// all-or-nothing check ([`check_set`]): each entry's rule table with the
+/// entry's key and cost, statically dispatched, and each decision written
+/// into its entry. `map` lists the entries that take part when not all do.
+struct LocalSet<'a, C: Clock> {
+    rules: &'a [Compiled<C>],
+    entries: &'a mut Entries,
+    map: Option<&'a [u16]>,
+}
+
+impl<C: Clock> LocalSet<'_, C> {
+    #[inline]
+    fn entry(&self, i: usize) -> &Entry {
+        match self.map {
+            None => &self.entries[i],
+            Some(m) => &self.entries[usize::from(m[i])],
+        }
+    }
+
+    /// Entry `i`'s table with its key. Every entry in the set is local
+    /// (`check_enforced` picks them).
+    #[inline]
+    fn limit(&self, i: usize) -> Option<KeyedPolicyRef<'_, u128, u128, C>> {
+        let e = self.entry(i);
+        Some(self.rules[usize::from(e.rule)].local()?.with_key(&e.key))
+    }
+}
+
+impl<C: Clock> LimitSet<C> for LocalSet<'_, C> {
+    #[inline]
+    fn len(&self) -> usize {
+        self.map.map_or(self.entries.len(), <[u16]>::len)
+    }
+    #[inline]
+    fn cost(&self, i: usize) -> u64 {
+        self.entry(i).cost
+    }
+    #[inline]
+    fn read_clock(&self) -> u64 {
+        self.limit(0).map_or(0, |l| l.read_clock())
+    }
+    #[inline]
+    fn take_at(&self, i: usize, now: u64, n: u64) -> Result<Decision, InsufficientCapacity> {
+        match self.limit(i) {
+            Some(l) => l.take_at(now, n),
+            None => Ok(Decision::allow(u64::MAX, u64::MAX, 0)),
+        }
+    }
+    fn peek_at(&self, i: usize, now: u64, n: u64) -> Result<Decision, InsufficientCapacity> {
+        match self.limit(i) {
+            Some(l) => l.peek_at(now, n),
+            None => Ok(Decision::allow(u64::MAX, u64::MAX, 0)),
+        }
+    }
+    fn give_back_at(&self, i: usize, now: u64, n: u64) {
+        if let Some(l) = self.limit(i) {
+            l.give_back_at(now, n);
+        }
+    }
+    fn capacity(&self, i: usize) -> u64 {
+        self.limit(i).map_or(u64::MAX, |l| l.capacity())
+    }
+    #[inline]
+    fn decide(&mut self, i: usize, d: Option<Decision>) {
+        let at = match self.map {
+            None => i,
+            Some(m) => usize::from(m[i]),
+        };
+        self.entries[at].decision = d;
+    }
+}
+
 impl<C: Clock + 'static> Shared<C> {
     fn warn(&self, once: &Once, message: &'static str) {
         once.call_once(|| warn_now(message));
@@ -1158,48 +1230,37 @@ impl<C: Clock + 'static> Shared<C> {
     /// The all-or-nothing check of the local enforced entries. `Err` names the
     /// rule whose cost can never pass.
     fn check_enforced(&self, entries: &mut Entries) -> Result<bool, (u16, InsufficientCapacity)> {
-        let enforced = || {
-            entries
-                .iter()
-                .filter(|e| !e.shadow && self.rules[usize::from(e.rule)].local().is_some())
-        };
-        let refs: SmallVec<[_; INLINE_RULES]> = enforced()
-            .filter_map(|e| Some(self.rules[usize::from(e.rule)].local()?.with_key(&e.key)))
-            .collect();
-        if refs.is_empty() {
-            return Ok(true);
-        }
-        let limits: SmallVec<[(&dyn Limit<C>, u64); INLINE_RULES]> = refs
-            .iter()
-            .zip(enforced())
-            .map(|(l, e)| (l as &dyn Limit<C>, e.cost))
-            .collect();
-        let mut inline = [None; INLINE_RULES];
-        let mut spilled;
-        let decisions: &mut [Option<Decision>] = if limits.len() <= INLINE_RULES {
-            &mut inline[..limits.len()]
+        let counted = |e: &Entry| !e.shadow && self.rules[usize::from(e.rule)].local().is_some();
+        // Usually every matching rule is a local enforced one: the set is
+        // the entries themselves. Otherwise it maps to the entries that are.
+        let map: Option<SmallVec<[u16; INLINE_RULES]>> = if entries.iter().all(counted) {
+            None
         } else {
-            spilled = vec![None; limits.len()];
-            &mut spilled
+            Some(
+                (0..entries.len())
+                    .filter(|&i| counted(&entries[i]))
+                    // Fits: at most one entry per rule, and at most u16::MAX rules.
+                    .map(|i| i as u16)
+                    .collect(),
+            )
         };
-        let result = check_each(&limits, decisions);
-        drop(limits);
-        drop(refs);
-        let allowed = match result {
+        let mut set = LocalSet {
+            rules: &self.rules,
+            entries,
+            map: map.as_deref(),
+        };
+        let allowed = match check_set(&mut set) {
             Ok(allowed) => allowed,
             Err(e) => {
-                let culprit = enforced()
+                let culprit = entries
+                    .iter()
+                    .filter(|e| counted(e))
                     .find(|e2| e2.cost > self.rules[usize::from(e2.rule)].rule.policy.limit())
                     .map_or(entries[0].rule, |e2| e2.rule);
                 return Err((culprit, e));
             }
         };
-        let mut d = decisions.iter();
-        for e in entries
-            .iter_mut()
-            .filter(|e| !e.shadow && self.rules[usize::from(e.rule)].local().is_some())
-        {
-            e.decision = d.next().copied().flatten();
+        for e in entries.iter().filter(|e| counted(e)) {
             let c = &self.rules[usize::from(e.rule)].counters;
             match e.decision {
                 Some(dec) if !dec.is_allowed() => bump(&c.denied),
