@@ -218,13 +218,15 @@ pub fn check_all_n<C: Clock>(
     // say, and nothing is taken: check every capacity first (a parameter
     // read each, no state touched). A quota change racing this call can
     // still make `take_at` fail below; that path rolls back too.
-    for limit in limits {
-        let capacity = limit.capacity();
-        if n > capacity {
-            return Err(InsufficientCapacity {
-                requested: n,
-                capacity,
-            });
+    if n > MIN_CAPACITY {
+        for limit in limits {
+            let capacity = limit.capacity();
+            if n > capacity {
+                return Err(InsufficientCapacity {
+                    requested: n,
+                    capacity,
+                });
+            }
         }
     }
     let now = first.read_clock();
@@ -264,6 +266,14 @@ pub fn check_all_n<C: Clock>(
     }
     Ok(combined.unwrap_or(Decision::allow(u64::MAX, u64::MAX, 0)))
 }
+
+/// Every valid limit admits at least one unit at once (a burst, window
+/// limit or quota of 0 is a `ConfigError`), so a cost up to this needs no
+/// capacity read before the check: for a keyed limit that read hashes the
+/// key and loads its parameters, a good part of a multi-limit check's cost.
+/// (Were a capacity ever below it, `take_at` would report the error and
+/// the check would roll back as for any other error.)
+const MIN_CAPACITY: u64 = 1;
 
 /// Gives back what the limits before the denial took, latest first, each
 /// its own cost: the first 64 if their bit in `took` is set, the rest
@@ -398,9 +408,12 @@ pub(crate) fn check_set<C: Clock, S: LimitSet<C>>(
         return Ok(true);
     }
     // As in `check_all_n`: an impossible cost is an error before anything
-    // is taken.
+    // is taken (a unit cost always fits).
     for i in 0..len {
         let n = set.cost(i);
+        if n <= MIN_CAPACITY {
+            continue;
+        }
         let capacity = set.capacity(i);
         if n > capacity {
             return Err(InsufficientCapacity {
