@@ -441,7 +441,17 @@ pub(crate) struct Matcher {
 }
 
 impl Matcher {
+    /// Whether the rule applies to every request (no method, path or
+    /// route): then no call is needed.
+    #[inline]
     pub(crate) fn matches(&self, req: &RequestParts<'_>) -> bool {
+        if self.methods.is_empty() && self.path_prefix.is_none() && self.route.is_none() {
+            return true;
+        }
+        self.matches_request(req)
+    }
+
+    fn matches_request(&self, req: &RequestParts<'_>) -> bool {
         if !self.methods.is_empty() && !self.methods.iter().any(|m| m == req.method) {
             return false;
         }
@@ -886,6 +896,7 @@ impl Rule {
         self.policy
     }
 
+    #[inline]
     pub(crate) fn cost_of(&self, req: &RequestParts<'_>) -> u64 {
         match self.cost {
             Cost::Units(n) => n,
