@@ -1199,7 +1199,9 @@ impl<C: Clock + 'static> Shared<C> {
                 ));
             }
         }
-        self.check_shadow(&mut entries);
+        if entries.iter().any(|e| e.shadow) {
+            self.check_shadow(&mut entries);
+        }
         if self.decisions_extension {
             req.extensions_mut_insert(RateLimitInfo {
                 names: self.names.clone(),
@@ -1211,7 +1213,11 @@ impl<C: Clock + 'static> Shared<C> {
                 sources: Vec::new(),
             });
         }
-        Verdict::Pass(self.after(&entries))
+        Verdict::Pass(if self.headers == Headers::None && !self.any_refund {
+            None
+        } else {
+            self.after(&entries)
+        })
     }
 
     /// A rule's key for a request: a fingerprint for a local table, bytes
@@ -1278,6 +1284,7 @@ impl<C: Clock + 'static> Shared<C> {
 
     /// Shadow rules, each on its own, after the enforced ones admitted the
     /// request: charged like an enforced rule, never rejecting.
+    #[inline(never)]
     fn check_shadow(&self, entries: &mut Entries) {
         for e in entries.iter_mut().filter(|e| e.shadow) {
             let r = &self.rules[usize::from(e.rule)];
@@ -1297,6 +1304,10 @@ impl<C: Clock + 'static> Shared<C> {
     }
 
     /// Headers and refunds for an admitted request.
+    // Not inlined (nor `reject`, `check_shadow`): the check that every
+    // request runs stays small, and its cost does not depend on the code
+    // of the header generations it does not use.
+    #[inline(never)]
     fn after(self: &Arc<Self>, entries: &Entries) -> Option<After> {
         let mut after = After {
             policy: None,
@@ -1409,6 +1420,8 @@ impl<C: Clock + 'static> Shared<C> {
     }
 
     /// The 429 for a request the enforced rules denied.
+    #[cold]
+    #[inline(never)]
     fn reject(&self, grpc: bool, entries: &Entries) -> Response<Bytes> {
         let rules: SmallVec<[RuleDecision<'_>; INLINE_RULES]> = entries
             .iter()
