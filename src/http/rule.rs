@@ -191,8 +191,27 @@ impl Key {
         }
     }
 
-    /// The key of a request, or why it has none.
+    /// The key of a request, or why it has none. The client-address and
+    /// global keys are inline (a few instructions); the others, which hash,
+    /// and composites, which recurse, are a call.
+    #[inline]
     pub(crate) fn extract(&self, req: &RequestParts<'_>, fp: &Fingerprint) -> Result<u128, Absent> {
+        match &self.0 {
+            KeyKind::ClientIp {
+                v4_prefix,
+                v6_prefix,
+            } => match req.client {
+                Resolved::Ip(ip) => Ok(ip_key(ip, *v4_prefix, *v6_prefix)),
+                Resolved::NoPeer => Err(Absent::NoPeer),
+                Resolved::Unknown => Err(Absent::UnknownClient),
+            },
+            KeyKind::Global => Ok(0),
+            _ => self.extract_hashed(req, fp),
+        }
+    }
+
+    #[inline(never)]
+    fn extract_hashed(&self, req: &RequestParts<'_>, fp: &Fingerprint) -> Result<u128, Absent> {
         match &self.0 {
             KeyKind::ClientIp {
                 v4_prefix,
