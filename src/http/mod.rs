@@ -28,7 +28,7 @@
 //!    cost. A rule without a key skips, or rejects the request (as the rule
 //!    says) before anything is charged.
 //! 3. The enforced rules are checked together with
-//!    [`check_each`]: one clock read, all or nothing.
+//!    [`check_each`](crate::check_each)'s protocol: one clock read, all or nothing.
 //!    If one denies, the others give back what they took and the request
 //!    gets a 429.
 //! 4. Shadow rules are checked after an admitted request (never rejecting).
