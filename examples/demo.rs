@@ -4,7 +4,9 @@
 //! It plays a scripted burst through each limiter on the real clock, prints
 //! what each request got, and ends with checks per second on this machine.
 //! With `--features redis` it also shows three instances sharing one limit
-//! in a throwaway `redis-server` (started on a free port when installed).
+//! in a throwaway `redis-server` (started on a free port when installed),
+//! and with `--all-features` the HTTP layer (`examples/server.rs` and a real
+//! client), locally and then as two server instances on one Redis limit.
 
 use ratewall::{
     check_all, FixedWindow, KeyedTokenBucket, LeakyBucket, ManualClock, Rate, SlidingWindowCounter,
@@ -30,6 +32,7 @@ fn main() {
     keyed_million();
     soft_and_elastic();
     http_layer();
+    http_on_redis();
 }
 
 fn header(title: &str) {
@@ -239,50 +242,87 @@ fn multi_limit() {
     println!("  the third was denied by per-user, and per-IP and global got their unit back\n");
 }
 
+/// A throwaway `redis-server` on a free loopback port, with no
+/// persistence, in its own directory; killed by its PID (and the directory
+/// removed) however the demo ends.
+#[cfg(feature = "redis")]
+struct ThrowawayRedis {
+    child: std::process::Child,
+    port: u16,
+    dir: std::path::PathBuf,
+}
+
+#[cfg(feature = "redis")]
+impl ThrowawayRedis {
+    /// `None` when `redis-server` is not installed.
+    fn start() -> Option<ThrowawayRedis> {
+        use std::process::{Command, Stdio};
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free loopback port");
+        let dir = std::env::temp_dir().join(format!("ratewall-demo-{port}"));
+        let _ = std::fs::create_dir_all(&dir);
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--dir"])
+            .arg(&dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .ok()?;
+        let server = ThrowawayRedis { child, port, dir };
+        // Wait (up to 5 s) until it accepts connections.
+        let start = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err()
+            && start.elapsed() < Duration::from_secs(5)
+        {
+            sleep(Duration::from_millis(10));
+        }
+        Some(server)
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// `kill -9` now (the demo of the fallback).
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[cfg(feature = "redis")]
+impl Drop for ThrowawayRedis {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[cfg(feature = "redis")]
+const NO_REDIS_SERVER: &str =
+    "  (redis-server is not installed: `apt-get install redis-server` to see this part)\n";
+
 /// Three instances behind a load balancer: with local limits they admit
 /// 3 x L, sharing the limit in Redis they admit L.
 #[cfg(feature = "redis")]
 fn distributed() {
     use ratewall::redis::{DecisionSource, FailurePolicy, RedisBackend, RedisLimiter};
     use ratewall::{KeyedPolicyLimiter, Policy};
-    use std::process::{Child, Command, Stdio};
-
-    /// Kills the throwaway server (by PID) however the demo ends.
-    struct Server(Child);
-    impl Drop for Server {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
 
     println!(
         "Distributed: 3 instances, one client, limit L = 10 per minute, 45 requests round-robin"
     );
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port");
-    let dir = std::env::temp_dir().join(format!("ratewall-demo-{port}"));
-    let _ = std::fs::create_dir_all(&dir);
-    let child = Command::new("redis-server")
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-        .args(["--save", "", "--appendonly", "no", "--dir"])
-        .arg(&dir)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn();
-    let mut server = match child {
-        Ok(c) => Server(c),
-        Err(_) => {
-            println!("  (redis-server is not installed: `apt-get install redis-server` to see this part)\n");
-            return;
-        }
+    let Some(mut server) = ThrowawayRedis::start() else {
+        println!("{NO_REDIS_SERVER}");
+        return;
     };
     let policy = Policy::token_bucket(Rate::per_minute(10));
     let rt = tokio::runtime::Runtime::new().expect("a tokio runtime");
     rt.block_on(async {
-        let url = format!("redis://127.0.0.1:{port}");
+        let url = server.url();
         // Wait for the server to accept connections.
         let probe = RedisBackend::builder(url.clone()).build().expect("valid URL");
         let ping = RedisLimiter::builder(policy, &probe).name("ping").on_failure(FailurePolicy::Closed).build().expect("valid");
@@ -314,8 +354,7 @@ fn distributed() {
         println!("  local limits on each instance: {local_ok:>2} admitted  (3 x L: the N x L problem)");
         println!("  one limit shared in Redis:     {shared_ok:>2} admitted  (L; {from_redis} of 45 decided by the script)");
         // Redis goes away: each instance falls back to its third of L.
-        let _ = server.0.kill();
-        let _ = server.0.wait();
+        server.kill();
         let (mut ok, mut fallback) = (0, 0);
         for i in 0..45 {
             let d = shared[i % 3].check(b"bob").await.expect("an answer");
@@ -324,7 +363,6 @@ fn distributed() {
         }
         println!("  Redis killed (kill -9), local fallback with each instance's share: {ok:>2} admitted ({fallback} of 45 from the fallback)\n");
     });
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[cfg(not(feature = "redis"))]
@@ -523,53 +561,107 @@ fn soft_and_elastic() {
     println!("  and went above it once the pool grew\n");
 }
 
+#[cfg(feature = "axum")]
+#[path = "server.rs"]
+#[allow(dead_code)]
+mod server;
+
+/// One request over a fresh HTTP/1.1 connection (hyper's client); returns
+/// the response head and body.
+#[cfg(feature = "axum")]
+async fn fetch(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> (http::response::Parts, bytes::Bytes) {
+    use http_body_util::BodyExt;
+    let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .expect("handshake");
+    tokio::spawn(conn);
+    let mut req = http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", addr.to_string());
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let req = req
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .expect("request");
+    let res = sender.send_request(req).await.expect("response");
+    let (parts, body) = res.into_parts();
+    (parts, body.collect().await.expect("body").to_bytes())
+}
+
+/// Prints a request (`label` names the instance, if any) and its answer:
+/// status, the retry and rate-limit headers, the body.
+#[cfg(feature = "axum")]
+fn show(
+    label: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    res: &(http::response::Parts, bytes::Bytes),
+) {
+    let (parts, body) = res;
+    let shown: Vec<String> = headers.iter().map(|(k, v)| format!("{k}: {v}")).collect();
+    println!("  {label}{method} {path} {}", shown.join(" "));
+    println!("    -> {}", parts.status);
+    for name in [
+        "retry-after",
+        "ratelimit-policy",
+        "ratelimit",
+        "content-type",
+    ] {
+        if let Some(v) = parts.headers.get(name) {
+            println!("       {name}: {}", v.to_str().unwrap_or("<binary>"));
+        }
+    }
+    if !body.is_empty() {
+        println!("       body: {}", String::from_utf8_lossy(body).trim_end());
+    }
+}
+
+/// Serves `app` on a free port of 127.0.0.1 until the sender is dropped.
+#[cfg(feature = "axum")]
+async fn serve(
+    app: axum::Router,
+) -> (
+    std::net::SocketAddr,
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind 127.0.0.1:0");
+    let addr = listener.local_addr().expect("local addr");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+        )
+        .with_graceful_shutdown(async {
+            let _ = stopped.await;
+        })
+        .await
+        .expect("server");
+    });
+    (addr, stop, serving)
+}
+
 /// The tower layer over real HTTP: `examples/server.rs` on a free port on
 /// 127.0.0.1, driven by a real HTTP/1.1 client (hyper). Shows allowed
 /// responses with their `RateLimit` fields, then failed logins until a 429.
 #[cfg(feature = "axum")]
 fn http_layer() {
-    #[path = "server.rs"]
-    #[allow(dead_code)]
-    mod server;
-
-    use http_body_util::BodyExt;
-    use std::net::SocketAddr;
-
-    async fn send(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)]) {
-        let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
-        let (mut sender, conn) =
-            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-                .await
-                .expect("handshake");
-        tokio::spawn(conn);
-        let mut req = http::Request::builder()
-            .method(method)
-            .uri(path)
-            .header("host", addr.to_string());
-        for (k, v) in headers {
-            req = req.header(*k, *v);
-        }
-        let req = req
-            .body(http_body_util::Empty::<bytes::Bytes>::new())
-            .expect("request");
-        let res = sender.send_request(req).await.expect("response");
-        let shown: Vec<String> = headers.iter().map(|(k, v)| format!("{k}: {v}")).collect();
-        println!("  {method} {path} {}", shown.join(" "));
-        println!("    -> {}", res.status());
-        for name in [
-            "retry-after",
-            "ratelimit-policy",
-            "ratelimit",
-            "content-type",
-        ] {
-            if let Some(v) = res.headers().get(name) {
-                println!("       {name}: {}", v.to_str().unwrap_or("<binary>"));
-            }
-        }
-        let body = res.into_body().collect().await.expect("body").to_bytes();
-        if !body.is_empty() {
-            println!("       body: {}", String::from_utf8_lossy(&body).trim_end());
-        }
+    async fn send(addr: std::net::SocketAddr, method: &str, path: &str, headers: &[(&str, &str)]) {
+        let res = fetch(addr, method, path, headers).await;
+        show("", method, path, headers, &res);
     }
 
     println!("The HTTP layer: examples/server.rs on 127.0.0.1, a real client");
@@ -580,23 +672,8 @@ fn http_layer() {
         .build()
         .expect("runtime");
     rt.block_on(async {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind 127.0.0.1:0");
-        let addr = listener.local_addr().expect("local addr");
         let app = server::router(server::limits(ratewall::DefaultClock::default()));
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let serving = tokio::spawn(async move {
-            axum::serve(
-                listener,
-                app.into_make_service_with_connect_info::<SocketAddr>(),
-            )
-            .with_graceful_shutdown(async {
-                let _ = stopped.await;
-            })
-            .await
-            .expect("server");
-        });
+        let (addr, stop, serving) = serve(app).await;
         send(addr, "GET", "/", &[]).await;
         send(addr, "GET", "/items", &[("x-api-key", "demo-key")]).await;
         send(addr, "POST", "/login", &[("x-password", "hunter2")]).await;
@@ -619,4 +696,87 @@ fn http_layer() {
 #[cfg(not(feature = "axum"))]
 fn http_layer() {
     println!("The HTTP layer: run `cargo run --release --example demo --features axum` to see it.");
+}
+
+/// The same server with its per-IP and per-API-key limits in a throwaway
+/// Redis: two instances on two ports, one client alternating between them,
+/// spends one shared budget (bursts of 20 for the fleet, not 20 each).
+#[cfg(all(feature = "axum", feature = "redis"))]
+fn http_on_redis() {
+    println!(
+        "The HTTP layer on Redis: two instances of examples/server.rs, one throwaway redis-server"
+    );
+    let Some(redis) = ThrowawayRedis::start() else {
+        println!("{NO_REDIS_SERVER}");
+        return;
+    };
+    let url = redis.url();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        // The limits of examples/http_limits_redis.toml (`store = "redis"`
+        // rules) with `serde`, else the same limits set in Rust.
+        #[cfg(feature = "serde")]
+        let (layer, from) = (
+            || {
+                let file = concat!(
+                    env!("CARGO_MANIFEST_DIR"),
+                    "/examples/http_limits_redis.toml"
+                );
+                server::limits_from_file_on_redis(std::path::Path::new(file), &url)
+            },
+            "examples/http_limits_redis.toml",
+        );
+        #[cfg(not(feature = "serde"))]
+        let (layer, from) = (|| server::redis_limits(&url), "server::redis_limits");
+        let mut instances = Vec::new();
+        for _ in 0..2 {
+            match layer() {
+                Ok(l) => instances.push(serve(server::router(l)).await),
+                Err(e) => {
+                    println!("  (cannot build the Redis limits: {e})\n");
+                    return;
+                }
+            }
+        }
+        let (a, b) = (instances[0].0, instances[1].0);
+        println!("  limits from {from}: ip 60/min burst 20 and key 600/min in Redis at {url}");
+        println!("  instance A on {a}, instance B on {b}; one client alternates between them");
+        let key = [("x-api-key", "demo-key")];
+        let mut last = None;
+        let mut quiet = Vec::new();
+        for i in 0..21 {
+            let (label, addr) = if i % 2 == 0 { ("A ", a) } else { ("B ", b) };
+            let res = fetch(addr, "GET", "/", &key).await;
+            if !(2..19).contains(&i) {
+                if !quiet.is_empty() {
+                    let ok = quiet.iter().filter(|s| **s == 200).count();
+                    println!("  ... {} more, alternating: {ok} x 200", quiet.len());
+                    quiet.clear();
+                }
+                show(label, "GET", "/", &key, &res);
+            } else {
+                quiet.push(res.0.status.as_u16());
+            }
+            last = Some((label.trim(), res.0.status));
+        }
+        if let Some((label, status)) = last {
+            println!(
+                "  the 21st request, on {label}, got {status}: the burst of 20 is the fleet's, in Redis\n"
+            );
+        }
+        for (_, stop, serving) in instances {
+            drop(stop);
+            serving.await.expect("server task");
+        }
+    });
+    drop(redis);
+}
+
+#[cfg(not(all(feature = "axum", feature = "redis")))]
+fn http_on_redis() {
+    println!("The HTTP layer on Redis: `cargo run --release --example demo --all-features` shows two instances sharing one limit in Redis\n");
 }

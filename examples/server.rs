@@ -16,6 +16,11 @@
 //! strict login rule stays local, checked in the same all-or-nothing step):
 //! `RATEWALL_REDIS_URL=redis://127.0.0.1:6379 cargo run --example server --features axum,redis`.
 //! If Redis stops answering, each instance limits with its local share.
+//!
+//! With both set (features `serde` and `redis`), the file's rules that say
+//! `store = "redis"` are kept in that Redis, the others locally
+//! (`examples/http_limits_redis.toml` is the Redis variant of the limits):
+//! `RATEWALL_LIMITS=examples/http_limits_redis.toml RATEWALL_REDIS_URL=redis://127.0.0.1:6379 cargo run --example server --features axum,serde,redis`.
 
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::{get, post};
@@ -117,6 +122,28 @@ pub fn limits_from_file<C: Clock + Clone + 'static>(
     Ok(layer)
 }
 
+/// The limits of a configuration file whose rules may keep their state in
+/// Redis (`store = "redis"`, such as `examples/http_limits_redis.toml`), on
+/// the Redis at `url` (features `serde` and `redis`).
+#[cfg(all(feature = "serde", feature = "redis"))]
+pub fn limits_from_file_on_redis(
+    path: &std::path::Path,
+    url: &str,
+) -> Result<RateLimitLayer, Box<dyn std::error::Error>> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let config: ratewall::http::LayerConfig =
+        toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let redis = ratewall::redis::RedisBackend::builder(url)
+        .timeout(std::time::Duration::from_millis(50))
+        .build()?;
+    let layer = config
+        .to_builder_with_redis(&redis)?
+        .skip(|_, uri, _| uri.path() == "/health")
+        .build()?;
+    Ok(layer)
+}
+
 /// The API behind the limits.
 pub fn router<C: Clock + Clone + 'static>(limits: RateLimitLayer<C>) -> Router {
     Router::new()
@@ -171,6 +198,23 @@ async fn main() {
             std::process::exit(2);
         }
         None => limits(clock),
+        #[cfg(all(feature = "serde", feature = "redis"))]
+        Some(path) if redis_url.is_some() => {
+            let url = redis_url.as_deref().unwrap_or_default();
+            match limits_from_file_on_redis(std::path::Path::new(&path), url) {
+                Ok(layer) => {
+                    println!(
+                        "limits from {}, its Redis rules in Redis at {url}",
+                        path.to_string_lossy()
+                    );
+                    layer
+                }
+                Err(e) => {
+                    eprintln!("RATEWALL_LIMITS with RATEWALL_REDIS_URL: {e}");
+                    std::process::exit(2);
+                }
+            }
+        }
         #[cfg(feature = "serde")]
         Some(path) => match limits_from_file(std::path::Path::new(&path), clock) {
             Ok(layer) => {
@@ -179,6 +223,12 @@ async fn main() {
             }
             Err(e) => {
                 eprintln!("RATEWALL_LIMITS: {e}");
+                if redis_url.is_none() {
+                    eprintln!(
+                        "(a file with `store = \"redis\"` rules needs RATEWALL_REDIS_URL too, \
+                         and the `redis` feature)"
+                    );
+                }
                 std::process::exit(2);
             }
         },

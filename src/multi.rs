@@ -218,13 +218,15 @@ pub fn check_all_n<C: Clock>(
     // say, and nothing is taken: check every capacity first (a parameter
     // read each, no state touched). A quota change racing this call can
     // still make `take_at` fail below; that path rolls back too.
-    for limit in limits {
-        let capacity = limit.capacity();
-        if n > capacity {
-            return Err(InsufficientCapacity {
-                requested: n,
-                capacity,
-            });
+    if n > MIN_CAPACITY {
+        for limit in limits {
+            let capacity = limit.capacity();
+            if n > capacity {
+                return Err(InsufficientCapacity {
+                    requested: n,
+                    capacity,
+                });
+            }
         }
     }
     let now = first.read_clock();
@@ -264,6 +266,14 @@ pub fn check_all_n<C: Clock>(
     }
     Ok(combined.unwrap_or(Decision::allow(u64::MAX, u64::MAX, 0)))
 }
+
+/// Every valid limit admits at least one unit at once (a burst, window
+/// limit or quota of 0 is a `ConfigError`), so a cost up to this needs no
+/// capacity read before the check: for a keyed limit that read hashes the
+/// key and loads its parameters, a good part of a multi-limit check's cost.
+/// (Were a capacity ever below it, `take_at` would report the error and
+/// the check would roll back as for any other error.)
+const MIN_CAPACITY: u64 = 1;
 
 /// Gives back what the limits before the denial took, latest first, each
 /// its own cost: the first 64 if their bit in `took` is set, the rest
@@ -325,50 +335,134 @@ pub fn check_each<C: Clock>(
     limits: &[(&dyn Limit<C>, u64)],
     decisions: &mut [Option<Decision>],
 ) -> Result<bool, InsufficientCapacity> {
-    let Some((first, _)) = limits.first() else {
+    check_set(&mut DynLimits { limits, decisions })
+}
+
+/// The limits of one [`check_each`]-style check, by index: what
+/// [`check_set`] runs the all-or-nothing protocol over. A caller with its
+/// own list (the HTTP layer's matching rules) implements it to skip
+/// building a `&dyn Limit` list and a decisions array per check, and to
+/// dispatch statically.
+pub(crate) trait LimitSet<C: Clock> {
+    /// How many limits.
+    fn len(&self) -> usize;
+    /// What limit `i` is charged.
+    fn cost(&self, i: usize) -> u64;
+    /// The clock reading the whole check uses (the first limit's clock).
+    fn read_clock(&self) -> u64;
+    fn take_at(&self, i: usize, now: u64, n: u64) -> Result<Decision, InsufficientCapacity>;
+    fn peek_at(&self, i: usize, now: u64, n: u64) -> Result<Decision, InsufficientCapacity>;
+    fn give_back_at(&self, i: usize, now: u64, n: u64);
+    fn capacity(&self, i: usize) -> u64;
+    /// Limit `i`'s decision, as [`check_each`] writes `decisions[i]`.
+    fn decide(&mut self, i: usize, d: Option<Decision>);
+}
+
+/// [`check_each`]'s list as a [`LimitSet`].
+struct DynLimits<'a, 'b, C: Clock> {
+    limits: &'a [(&'a dyn Limit<C>, u64)],
+    decisions: &'b mut [Option<Decision>],
+}
+
+impl<C: Clock> LimitSet<C> for DynLimits<'_, '_, C> {
+    #[inline]
+    fn len(&self) -> usize {
+        self.limits.len()
+    }
+    #[inline]
+    fn cost(&self, i: usize) -> u64 {
+        self.limits[i].1
+    }
+    #[inline]
+    fn read_clock(&self) -> u64 {
+        self.limits[0].0.read_clock()
+    }
+    #[inline]
+    fn take_at(&self, i: usize, now: u64, n: u64) -> Result<Decision, InsufficientCapacity> {
+        self.limits[i].0.take_at(now, n)
+    }
+    fn peek_at(&self, i: usize, now: u64, n: u64) -> Result<Decision, InsufficientCapacity> {
+        self.limits[i].0.peek_at(now, n)
+    }
+    fn give_back_at(&self, i: usize, now: u64, n: u64) {
+        self.limits[i].0.give_back_at(now, n);
+    }
+    fn capacity(&self, i: usize) -> u64 {
+        self.limits[i].0.capacity()
+    }
+    #[inline]
+    fn decide(&mut self, i: usize, d: Option<Decision>) {
+        if let Some(slot) = self.decisions.get_mut(i) {
+            *slot = d;
+        }
+    }
+}
+
+/// The protocol of [`check_each`] over any [`LimitSet`].
+#[inline]
+pub(crate) fn check_set<C: Clock, S: LimitSet<C>>(
+    set: &mut S,
+) -> Result<bool, InsufficientCapacity> {
+    let len = set.len();
+    if len == 0 {
         return Ok(true);
-    };
+    }
     // As in `check_all_n`: an impossible cost is an error before anything
-    // is taken.
-    for (limit, n) in limits {
-        let capacity = limit.capacity();
-        if *n > capacity {
+    // is taken (a unit cost always fits).
+    for i in 0..len {
+        let n = set.cost(i);
+        if n <= MIN_CAPACITY {
+            continue;
+        }
+        let capacity = set.capacity(i);
+        if n > capacity {
             return Err(InsufficientCapacity {
-                requested: *n,
+                requested: n,
                 capacity,
             });
         }
     }
-    let now = first.read_clock();
+    let now = set.read_clock();
     let mut took: u64 = 0;
-    for (i, (limit, n)) in limits.iter().enumerate() {
-        let d = match limit.take_at(now, *n) {
+    for i in 0..len {
+        let n = set.cost(i);
+        let d = match set.take_at(i, now, n) {
             Ok(d) => d,
             Err(e) => {
-                roll_back(limits[..i].iter().copied(), took, now);
+                roll_back_set(set, i, took, now);
                 return Err(e);
             }
         };
         if !d.is_allowed() {
-            roll_back(limits[..i].iter().copied(), took, now);
-            for (j, slot) in decisions.iter_mut().enumerate().take(limits.len()) {
-                *slot = if j == i {
+            roll_back_set(set, i, took, now);
+            for j in 0..len {
+                let dj = if j == i {
                     Some(d)
                 } else {
-                    let (other, m) = limits[j];
-                    other.peek_at(now, m).ok()
+                    set.peek_at(j, now, set.cost(j)).ok()
                 };
+                set.decide(j, dj);
             }
             return Ok(false);
         }
-        if let Some(slot) = decisions.get_mut(i) {
-            *slot = Some(d);
-        }
-        if i < 64 && *n > 0 && matches!(d.tracking(), Tracking::Tracked | Tracking::EvictedOther) {
+        set.decide(i, Some(d));
+        if i < 64 && n > 0 && matches!(d.tracking(), Tracking::Tracked | Tracking::EvictedOther) {
             took |= 1 << i;
         }
     }
     Ok(true)
+}
+
+/// [`roll_back`] for the first `end` limits of a [`LimitSet`].
+#[cold]
+fn roll_back_set<C: Clock, S: LimitSet<C>>(set: &S, end: usize, took: u64, now: u64) {
+    for i in (0..end).rev() {
+        let n = set.cost(i);
+        let taken = if i < 64 { took & (1 << i) != 0 } else { n > 0 };
+        if taken {
+            set.give_back_at(i, now, n);
+        }
+    }
 }
 
 #[cfg(test)]

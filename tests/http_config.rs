@@ -441,6 +441,12 @@ fn every_bad_value_is_a_typed_error_naming_the_rule_and_field() {
         ("when_missing = \"reject 200\"", "when_missing"),
         ("when_missing = \"reject\"", "when_missing"),
         ("when_full = \"evict\"", "when_full"),
+        ("store = \"disk\"", "store"),
+        ("redis_prefix = \"shop\"", "redis_prefix"),
+        ("on_failure = \"open\"", "on_failure"),
+        ("deny_cache = 1000", "deny_cache"),
+        ("store = \"redis\"\nmax_keys = 5", "max_keys"),
+        ("store = \"redis\"\nwhen_full = \"reject-new\"", "when_full"),
     ];
     for (line, field) in rule_fields {
         // The key line replaces the rule's own.
@@ -552,9 +558,121 @@ fn structural_mistakes_are_the_file_formats_errors() {
     }
 }
 
+const REDIS_EXAMPLE: &str = include_str!("../examples/http_limits_redis.toml");
+
+/// A rule with `store = "redis"` parses with every feature set; building it
+/// without a Redis backend (or without the `redis` feature) is a typed
+/// error naming the rule and saying what to do. Local rules of the same
+/// file are unaffected.
+#[test]
+fn redis_rules_parse_and_say_what_they_need_to_build() {
+    let config: LayerConfig = toml::from_str(REDIS_EXAMPLE).unwrap();
+    assert!(config.uses_redis());
+    let redis: Vec<bool> = config.rules.iter().map(RuleConfig::is_redis).collect();
+    assert_eq!(redis, [true, true, false]);
+    assert!(!toml::from_str::<LayerConfig>(EXAMPLE).unwrap().uses_redis());
+    assert!(config.rules[2].to_rule().is_ok(), "the local login rule");
+    let err = config.to_builder().unwrap_err();
+    assert_eq!(err, config.rules[0].to_rule().unwrap_err());
+    let msg = err.to_string();
+    assert!(
+        msg.starts_with("rule \"ip\" keeps its state in Redis"),
+        "{msg}"
+    );
+    assert!(msg.contains("`store = \"local\"`"), "{msg}");
+    #[cfg(feature = "redis")]
+    {
+        assert_eq!(
+            err,
+            HttpConfigError::RedisBackendMissing { rule: "ip".into() }
+        );
+        assert!(msg.contains("to_builder_with_redis(&backend)"), "{msg}");
+    }
+    #[cfg(not(feature = "redis"))]
+    {
+        assert_eq!(
+            err,
+            HttpConfigError::RedisFeatureMissing { rule: "ip".into() }
+        );
+        assert!(msg.contains("`redis` feature"), "{msg}");
+    }
+    // `store = "local"` is the default, written out.
+    let local = with("", "store = \"LOCAL\"");
+    let config: LayerConfig = toml::from_str(&local).unwrap();
+    assert!(!config.uses_redis());
+    assert!(config.to_builder().unwrap().build().is_ok());
+}
+
+/// The Redis fields' values are checked before the backend is needed, and
+/// each bad one names the rule and the field (feature `redis`).
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn bad_redis_values_are_typed_errors_naming_the_rule_and_field() {
+    // No server: building limiters does not connect.
+    let backend = ratewall::redis::RedisBackend::builder("redis://127.0.0.1:1")
+        .build()
+        .unwrap();
+    let redis_rule = |line: &str| with("", &format!("store = \"redis\"\n{line}"));
+    for (line, field) in [
+        ("on_failure = \"sometimes\"", "on_failure"),
+        ("on_failure = \"fallback-share 0\"", "on_failure"),
+        ("on_failure = \"fallback 10/fortnight\"", "on_failure"),
+        ("redis_prefix = \"a:b\"", "redis_prefix"),
+        ("redis_prefix = \"\"", "redis_prefix"),
+    ] {
+        let config: LayerConfig = toml::from_str(&redis_rule(line)).unwrap();
+        for err in [
+            config.to_builder().unwrap_err(),
+            config.to_builder_with_redis(&backend).unwrap_err(),
+        ] {
+            assert!(
+                matches!(&err, HttpConfigError::InvalidValue { rule: Some(r), field: f, .. } if r == "r" && *f == field),
+                "{line}: {err:?}"
+            );
+        }
+    }
+    // A rule name with `:` cannot name Redis keys.
+    let config: LayerConfig = toml::from_str(
+        "[[rules]]\nname = \"a:b\"\nkey = \"ip\"\npolicy = \"1/s\"\nstore = \"redis\"\n",
+    )
+    .unwrap();
+    let err = config.to_builder_with_redis(&backend).unwrap_err();
+    assert!(
+        matches!(&err, HttpConfigError::InvalidValue { field: "name", .. }),
+        "{err:?}"
+    );
+    // What the limiter itself rejects is its error, with the rule's name.
+    let config: LayerConfig = toml::from_str(&redis_rule("deny_cache = 0")).unwrap();
+    let err = config.to_builder_with_redis(&backend).unwrap_err();
+    assert!(
+        matches!(&err, HttpConfigError::Redis { rule, error: ratewall::redis::RedisError::Config(_) } if rule == "r"),
+        "{err:?}"
+    );
+    assert!(err.to_string().starts_with("rule \"r\": "), "{err}");
+    // Good values build, and the example file builds three rules.
+    let good =
+        redis_rule("redis_prefix = \"shop\"\non_failure = \"fallback 5/s\"\ndeny_cache = 100");
+    let config: LayerConfig = toml::from_str(&good).unwrap();
+    let layer = config
+        .to_builder_with_redis(&backend)
+        .unwrap()
+        .build()
+        .unwrap();
+    assert_eq!(layer.stats().len(), 1);
+    let config: LayerConfig = toml::from_str(REDIS_EXAMPLE).unwrap();
+    let layer = config
+        .to_builder_with_redis(&backend)
+        .unwrap()
+        .build()
+        .unwrap();
+    let stats = layer.stats();
+    let names: Vec<&str> = stats.iter().map(|s| s.name()).collect();
+    assert_eq!(names, ["ip", "key", "login"]);
+}
+
 #[test]
 fn configurations_survive_a_round_trip() {
-    for text in [EXAMPLE, EVERY_FIELD] {
+    for text in [EXAMPLE, EVERY_FIELD, REDIS_EXAMPLE] {
         let config: LayerConfig = toml::from_str(text).unwrap();
         let written = toml::to_string(&config).unwrap();
         let back: LayerConfig = toml::from_str(&written).unwrap();
@@ -568,7 +686,16 @@ fn configurations_survive_a_round_trip() {
     let mut login = RuleConfig::new("login", "ip", "5/15min sliding-log");
     login.methods = vec!["POST".into()];
     login.count_failures_only = true;
-    config.rules = vec![RuleConfig::new("ip", "ip", "100/min soft 10%"), login];
+    let mut shared = RuleConfig::new("key", "header:x-api-key", "100/min");
+    shared.store = Some("redis".into());
+    shared.redis_prefix = Some("shop".into());
+    shared.on_failure = Some("fallback-share 3".into());
+    shared.deny_cache = Some(10_000);
+    config.rules = vec![
+        RuleConfig::new("ip", "ip", "100/min soft 10%"),
+        login,
+        shared.clone(),
+    ];
     let written = toml::to_string(&config).unwrap();
     assert!(written.contains("[[rules]]"), "{written}");
     assert!(
@@ -576,5 +703,18 @@ fn configurations_survive_a_round_trip() {
         "defaults are left out: {written}"
     );
     assert_eq!(toml::from_str::<LayerConfig>(&written).unwrap(), config);
+    for line in [
+        "store = \"redis\"",
+        "redis_prefix = \"shop\"",
+        "on_failure = \"fallback-share 3\"",
+        "deny_cache = 10000",
+    ] {
+        assert!(written.contains(line), "{line} in {written}");
+    }
+    let json = serde_json::to_string(&config).unwrap();
+    assert!(json.contains("\"store\":\"redis\""), "{json}");
+    assert_eq!(serde_json::from_str::<LayerConfig>(&json).unwrap(), config);
+    // Without the Redis rule it builds with no backend.
+    config.rules.pop();
     assert!(config.to_builder().unwrap().build().is_ok());
 }

@@ -117,6 +117,14 @@ pub struct LayerConfig {
 /// | `count_failures_only` | `true`: given back when the response is 2xx or 3xx |
 /// | `max_keys` | the most keys tracked at once |
 /// | `when_full` | `"reject-new"` (default), `"admit-untracked"` or `"evict-least-recent"` |
+/// | `store` | `"local"` (default) or `"redis"`: the state lives in Redis, shared by every instance (built by `LayerConfig::to_builder_with_redis`) |
+/// | `redis_prefix` | Redis rules: the first part of the key names (default `"ratewall"`; keys are `prefix:name:key`) |
+/// | `on_failure` | Redis rules: `"open"`, `"closed"`, `"fallback-share N"` (default `"fallback-share 1"`) or `"fallback POLICY"` |
+/// | `deny_cache` | Redis rules: a local deny cache of up to this many keys |
+///
+/// `max_keys` and `when_full` are for local rules only, the `redis_*`,
+/// `on_failure` and `deny_cache` fields for Redis rules only; either on
+/// the other kind is an error naming the field.
 ///
 /// # Example
 ///
@@ -177,7 +185,34 @@ pub struct RuleConfig {
     /// ([`WhenFull`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub when_full: Option<String>,
+    /// Where the rule's state lives: `"local"` (default: a table in this
+    /// process) or `"redis"` (shared by every instance through Redis; built
+    /// by [`LayerConfig::to_builder_with_redis`], feature `redis`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store: Option<String>,
+    /// For Redis rules: the first part of the rule's Redis key names
+    /// (default `ratewall`; keys are `prefix:name:key`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redis_prefix: Option<String>,
+    /// For Redis rules: what to answer when Redis cannot. `"open"`
+    /// (admit), `"closed"` (503), `"fallback-share N"` (limit locally with
+    /// this instance's share of the policy among `N` instances; the
+    /// default is `"fallback-share 1"`) or `"fallback POLICY"` (limit
+    /// locally with that policy, `"fallback 10/s"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_failure: Option<String>,
+    /// For Redis rules: keep a local deny cache of up to this many keys
+    /// (`RedisLimiterBuilder::deny_cache`; off by default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deny_cache: Option<usize>,
 }
+
+/// What a Redis rule is built with: the backend with the `redis` feature,
+/// nothing without it.
+#[cfg(feature = "redis")]
+type Backend = crate::redis::RedisBackend;
+#[cfg(not(feature = "redis"))]
+type Backend = std::convert::Infallible;
 
 fn is_false(b: &bool) -> bool {
     !*b
@@ -223,6 +258,52 @@ impl RuleConfig {
     /// println!("{err}");
     /// ```
     pub fn to_rule(&self) -> Result<Rule, HttpConfigError> {
+        self.make_rule(None)
+    }
+
+    /// As [`to_rule`](Self::to_rule), and a rule with `store = "redis"`
+    /// becomes a [`Rule::redis`] on `redis` (features `tower`, `serde` and
+    /// `redis`): its limiter is named after the rule, so its Redis keys are
+    /// `prefix:name:key`, shared by every instance with the same
+    /// configuration.
+    ///
+    /// ```
+    /// use ratewall::http::{RateLimitLayer, RuleConfig};
+    /// use ratewall::redis::RedisBackend;
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let redis = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
+    /// let mut rule = RuleConfig::new("ip", "ip", "600/min burst 100");
+    /// rule.store = Some("redis".into());
+    /// rule.on_failure = Some("fallback-share 4".into());
+    /// let layer = RateLimitLayer::builder().rule(rule.to_rule_with_redis(&redis)?).build()?;
+    /// # let _ = layer;
+    /// # Ok::<(), Box<dyn std::error::Error>>(()) }).unwrap();
+    /// ```
+    #[cfg(feature = "redis")]
+    pub fn to_rule_with_redis(
+        &self,
+        redis: &crate::redis::RedisBackend,
+    ) -> Result<Rule, HttpConfigError> {
+        self.make_rule(Some(redis))
+    }
+
+    /// Whether the rule's state is in Redis (`store = "redis"`).
+    ///
+    /// ```
+    /// # use ratewall::http::RuleConfig;
+    /// let mut rule = RuleConfig::new("ip", "ip", "100/min");
+    /// assert!(!rule.is_redis());
+    /// rule.store = Some("redis".into());
+    /// assert!(rule.is_redis());
+    /// ```
+    pub fn is_redis(&self) -> bool {
+        self.store
+            .as_deref()
+            .is_some_and(|s| s.eq_ignore_ascii_case("redis"))
+    }
+
+    fn make_rule(&self, redis: Option<&Backend>) -> Result<Rule, HttpConfigError> {
         let bad = |field: &'static str, value: &str, expected: &'static str| {
             HttpConfigError::InvalidValue {
                 rule: Some(self.name.clone()),
@@ -240,7 +321,42 @@ impl RuleConfig {
             })?;
         let key = parse_key(&self.key).ok_or_else(|| bad("key", &self.key, KEY))?;
         let has_ip = key.needs_client_ip();
-        let mut rule = Rule::new(self.name.clone(), key, policy);
+        let in_redis = match self.store.as_deref() {
+            None => false,
+            Some(s) if s.eq_ignore_ascii_case("local") => false,
+            Some(s) if s.eq_ignore_ascii_case("redis") => true,
+            Some(s) => return Err(bad("store", s, "`local` (default) or `redis`")),
+        };
+        let redis_only = [
+            ("redis_prefix", self.redis_prefix.clone()),
+            ("on_failure", self.on_failure.clone()),
+            ("deny_cache", self.deny_cache.map(|n| n.to_string())),
+        ];
+        let local_only = [
+            ("max_keys", self.max_keys.map(|n| n.to_string())),
+            ("when_full", self.when_full.clone()),
+        ];
+        if in_redis {
+            if let Some((field, Some(value))) = local_only.iter().find(|(_, v)| v.is_some()) {
+                return Err(bad(
+                    field,
+                    value,
+                    "nothing on a Redis rule: its keys expire in Redis by their TTL \
+                     (leave the field out, or set `store = \"local\"`)",
+                ));
+            }
+        } else if let Some((field, Some(value))) = redis_only.iter().find(|(_, v)| v.is_some()) {
+            return Err(bad(
+                field,
+                value,
+                "`store = \"redis\"` too: only a Redis rule takes it",
+            ));
+        }
+        let mut rule = if in_redis {
+            self.redis_rule(key, policy, redis)?
+        } else {
+            Rule::new(self.name.clone(), key, policy)
+        };
         for (field, prefix, max) in [
             ("ipv4_prefix", self.ipv4_prefix, 32),
             ("ipv6_prefix", self.ipv6_prefix, 128),
@@ -346,6 +462,115 @@ impl RuleConfig {
         }
         Ok(rule)
     }
+
+    #[cfg(not(feature = "redis"))]
+    fn redis_rule(
+        &self,
+        _key: Key,
+        _policy: Policy,
+        _redis: Option<&Backend>,
+    ) -> Result<Rule, HttpConfigError> {
+        Err(HttpConfigError::RedisFeatureMissing {
+            rule: self.name.clone(),
+        })
+    }
+
+    #[cfg(feature = "redis")]
+    fn redis_rule(
+        &self,
+        key: Key,
+        policy: Policy,
+        redis: Option<&Backend>,
+    ) -> Result<Rule, HttpConfigError> {
+        use crate::redis::{FailurePolicy, RedisLimiter};
+        let bad = |field: &'static str, value: &str, expected: &'static str| {
+            HttpConfigError::InvalidValue {
+                rule: Some(self.name.clone()),
+                field,
+                value: value.to_owned(),
+                expected,
+            }
+        };
+        let failure = match &self.on_failure {
+            None => FailurePolicy::default(),
+            Some(text) => parse_failure(text).ok_or_else(|| {
+                bad(
+                    "on_failure",
+                    text,
+                    "`open`, `closed`, `fallback-share N` (this instance's share among N, 1 or more) \
+                     or `fallback POLICY` (`fallback 10/s`)",
+                )
+            })?,
+        };
+        if let Some(prefix) = &self.redis_prefix {
+            if !redis_name(prefix) {
+                return Err(bad(
+                    "redis_prefix",
+                    prefix,
+                    "1 to 64 printable ASCII characters without space, `:`, `{` or `}`",
+                ));
+            }
+        }
+        if self.name.contains(':') {
+            return Err(bad(
+                "name",
+                &self.name,
+                "a name without `:` for a Redis rule (it names the rule's Redis keys, `prefix:name:key`)",
+            ));
+        }
+        let Some(backend) = redis else {
+            return Err(HttpConfigError::RedisBackendMissing {
+                rule: self.name.clone(),
+            });
+        };
+        let mut limiter = RedisLimiter::builder(policy, backend)
+            .name(self.name.clone())
+            .on_failure(failure);
+        if let Some(prefix) = &self.redis_prefix {
+            limiter = limiter.prefix(prefix.clone());
+        }
+        if let Some(n) = self.deny_cache {
+            limiter = limiter.deny_cache(n);
+        }
+        let limiter = limiter.build().map_err(|error| HttpConfigError::Redis {
+            rule: self.name.clone(),
+            error,
+        })?;
+        Ok(Rule::redis(self.name.clone(), key, limiter))
+    }
+}
+
+/// Whether a Redis key prefix is usable: what `RedisLimiterBuilder::build`
+/// accepts (1 to 64 printable ASCII bytes without space, `:` or braces),
+/// checked here so that the error names the field even without a backend.
+#[cfg(feature = "redis")]
+fn redis_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_graphic() && b != b'{' && b != b'}' && b != b':')
+}
+
+/// `open`, `closed`, `fallback-share N` or `fallback POLICY`.
+#[cfg(feature = "redis")]
+fn parse_failure(text: &str) -> Option<crate::redis::FailurePolicy> {
+    use crate::redis::FailurePolicy;
+    let text = text.trim();
+    let (word, rest) = match text.split_once(char::is_whitespace) {
+        Some((w, r)) => (w, r.trim()),
+        None => (text, ""),
+    };
+    match (word.to_ascii_lowercase().as_str(), rest) {
+        ("open", "") => Some(FailurePolicy::Open),
+        ("closed", "") => Some(FailurePolicy::Closed),
+        ("fallback-share", n) => {
+            let instances: u32 = n.parse().ok().filter(|&n| n >= 1)?;
+            Some(FailurePolicy::FallbackShare { instances })
+        }
+        ("fallback", p) if !p.is_empty() => p.parse().ok().map(FailurePolicy::Fallback),
+        _ => None,
+    }
 }
 
 impl LayerConfig {
@@ -366,6 +591,55 @@ impl LayerConfig {
     /// );
     /// ```
     pub fn to_builder(&self) -> Result<RateLimitBuilder, HttpConfigError> {
+        self.make_builder(None)
+    }
+
+    /// As [`to_builder`](Self::to_builder), with the rules that say
+    /// `store = "redis"` on `redis` (features `tower`, `serde` and `redis`;
+    /// the backend needs a tokio runtime). Every instance built from the
+    /// same configuration on the same Redis counts against one limit.
+    ///
+    /// ```
+    /// use ratewall::http::LayerConfig;
+    /// use ratewall::redis::RedisBackend;
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let config: LayerConfig = toml::from_str(r#"
+    ///     [[rules]]
+    ///     name = "ip"
+    ///     key = "ip"
+    ///     policy = "600/min burst 100"
+    ///     store = "redis"
+    ///     on_failure = "fallback-share 4"
+    /// "#)?;
+    /// let redis = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
+    /// let layer = config.to_builder_with_redis(&redis)?.build()?;
+    /// # let _ = layer;
+    /// # Ok::<(), Box<dyn std::error::Error>>(()) }).unwrap();
+    /// ```
+    #[cfg(feature = "redis")]
+    pub fn to_builder_with_redis(
+        &self,
+        redis: &crate::redis::RedisBackend,
+    ) -> Result<RateLimitBuilder, HttpConfigError> {
+        self.make_builder(Some(redis))
+    }
+
+    /// Whether any rule keeps its state in Redis (`store = "redis"`), so
+    /// that the layer needs [`to_builder_with_redis`](Self::to_builder_with_redis).
+    ///
+    /// ```
+    /// # use ratewall::http::LayerConfig;
+    /// let config: LayerConfig =
+    ///     toml::from_str("[[rules]]\nname = \"ip\"\nkey = \"ip\"\npolicy = \"1/s\"\nstore = \"redis\"\n")?;
+    /// assert!(config.uses_redis());
+    /// # Ok::<(), toml::de::Error>(())
+    /// ```
+    pub fn uses_redis(&self) -> bool {
+        self.rules.iter().any(RuleConfig::is_redis)
+    }
+
+    fn make_builder(&self, redis: Option<&Backend>) -> Result<RateLimitBuilder, HttpConfigError> {
         let bad = |field: &'static str, value: &str, expected: &'static str| {
             HttpConfigError::InvalidValue {
                 rule: None,
@@ -468,7 +742,7 @@ impl LayerConfig {
         });
         b = b.allow(networks("allow", &self.allow)?);
         for rule in &self.rules {
-            b = b.rule(rule.to_rule()?);
+            b = b.rule(rule.make_rule(redis)?);
         }
         Ok(b)
     }
@@ -557,6 +831,43 @@ mod tests {
             "ip route",
         ] {
             assert!(parse_key(bad).is_none(), "{bad}");
+        }
+    }
+
+    #[cfg(feature = "redis")]
+    #[test]
+    fn failure_policies_parse_strictly() {
+        use crate::redis::FailurePolicy;
+        use crate::{Policy, Rate};
+        assert_eq!(parse_failure("open"), Some(FailurePolicy::Open));
+        assert_eq!(parse_failure(" Closed "), Some(FailurePolicy::Closed));
+        assert_eq!(
+            parse_failure("fallback-share 4"),
+            Some(FailurePolicy::FallbackShare { instances: 4 })
+        );
+        assert_eq!(
+            parse_failure("fallback 10/s"),
+            Some(FailurePolicy::Fallback(Policy::token_bucket(
+                Rate::per_second(10)
+            )))
+        );
+        for bad in [
+            "",
+            "opened",
+            "open now",
+            "closed 1",
+            "fallback",
+            "fallback 10/lightyear",
+            "fallback-share",
+            "fallback-share 0",
+            "fallback-share -1",
+            "fallback-share four",
+        ] {
+            assert_eq!(parse_failure(bad), None, "{bad}");
+        }
+        assert!(redis_name("shop-1"));
+        for bad in ["", "a:b", "a b", "{x}", &"x".repeat(65)] {
+            assert!(!redis_name(bad), "{bad}");
         }
     }
 

@@ -88,28 +88,46 @@ impl Buf {
         }
     }
 
+    #[inline]
     fn bytes(&mut self, b: &[u8]) {
-        if self.heap.is_empty() {
-            if let Some(dst) = self.stack.get_mut(self.len..self.len + b.len()) {
+        if let Some(dst) = self.stack.get_mut(self.len..self.len + b.len()) {
+            if self.heap.is_empty() {
                 dst.copy_from_slice(b);
                 self.len += b.len();
                 return;
             }
+        }
+        self.bytes_on_heap(b);
+    }
+
+    /// Past the stack buffer: everything moves to the heap, once.
+    #[cold]
+    fn bytes_on_heap(&mut self, b: &[u8]) {
+        if self.heap.is_empty() {
             self.heap.extend_from_slice(&self.stack[..self.len]);
         }
         self.heap.extend_from_slice(b);
     }
 
+    /// `n` in decimal, two digits per division (the digit pairs come from
+    /// a table).
+    #[inline]
     fn num(&mut self, mut n: u64) {
         let mut digits = [0u8; 20];
         let mut i = digits.len();
-        loop {
+        while n >= 100 {
+            let pair = usize::try_from(n % 100).unwrap_or(0) * 2;
+            n /= 100;
+            i -= 2;
+            digits[i..i + 2].copy_from_slice(&DIGIT_PAIRS[pair..pair + 2]);
+        }
+        if n >= 10 {
+            let pair = usize::try_from(n).unwrap_or(0) * 2;
+            i -= 2;
+            digits[i..i + 2].copy_from_slice(&DIGIT_PAIRS[pair..pair + 2]);
+        } else {
             i -= 1;
-            digits[i] = b'0' + (n % 10) as u8;
-            n /= 10;
-            if n == 0 {
-                break;
-            }
+            digits[i] = b'0' + n as u8;
         }
         self.bytes(&digits[i..]);
     }
@@ -166,6 +184,14 @@ impl Buf {
         HeaderValue::from_bytes(self.as_slice()).ok()
     }
 }
+
+/// "00" to "99": the two decimal digits of each number below 100.
+const DIGIT_PAIRS: &[u8; 200] = b"\
+    0001020304050607080910111213141516171819\
+    2021222324252627282930313233343536373839\
+    4041424344454647484950515253545556575859\
+    6061626364656667686970717273747576777879\
+    8081828384858687888990919293949596979899";
 
 /// The largest structured-field integer (15 decimal digits).
 const SF_INT_MAX: u64 = 999_999_999_999_999;
@@ -262,6 +288,26 @@ mod tests {
         assert!(want.len() > 384);
         assert_eq!(std::str::from_utf8(b.as_slice()).unwrap(), want);
         assert!(b.value().is_some());
+    }
+
+    #[test]
+    fn numbers_render_as_decimal() {
+        let mut cases: Vec<u64> = vec![0, 1, 9, 10, 11, 99, 100, 101, 999, 1000, 65_535];
+        cases.extend((0..20).map(|k| 10u64.pow(k)));
+        cases.extend((1..20).map(|k| 10u64.pow(k) - 1));
+        cases.extend([u64::MAX, u64::MAX - 1, 123_456_789_012_345_678]);
+        let mut x = 0x9e37_79b9_7f4a_7c15_u64;
+        for _ in 0..1000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            cases.push(x >> (x % 64));
+        }
+        for n in cases {
+            let mut b = Buf::new();
+            b.num(n);
+            assert_eq!(b.as_slice(), n.to_string().as_bytes(), "{n}");
+        }
     }
 
     #[test]

@@ -28,7 +28,7 @@
 //!    cost. A rule without a key skips, or rejects the request (as the rule
 //!    says) before anything is charged.
 //! 3. The enforced rules are checked together with
-//!    [`check_each`]: one clock read, all or nothing.
+//!    [`check_each`](crate::check_each)'s protocol: one clock read, all or nothing.
 //!    If one denies, the others give back what they took and the request
 //!    gets a 429.
 //! 4. Shadow rules are checked after an admitted request (never rejecting).
@@ -78,8 +78,8 @@ use crate::clock::Clock;
 use crate::decision::{Decision, Tracking};
 use crate::error::{ConfigError, InsufficientCapacity};
 use crate::limiter::DefaultClock;
-use crate::multi::{check_each, Limit};
-use crate::policy::KeyedPolicyLimiter;
+use crate::multi::{check_set, Limit, LimitSet};
+use crate::policy::{KeyedPolicyLimiter, KeyedPolicyRef};
 #[cfg(feature = "redis")]
 use crate::redis::{check_all, DecisionSource, RedisError, RedisLimiter};
 use crate::sync::{AtomicU64, Ordering};
@@ -184,6 +184,27 @@ pub enum HttpConfigError {
         /// The token that is wrong and what was expected.
         error: ParseError,
     },
+    /// A rule with `store = "redis"` in a configuration built without a
+    /// Redis backend ([`LayerConfig::to_builder`] instead of
+    /// `LayerConfig::to_builder_with_redis`).
+    RedisBackendMissing {
+        /// The rule.
+        rule: String,
+    },
+    /// A rule with `store = "redis"` while ratewall was compiled without
+    /// its `redis` feature.
+    RedisFeatureMissing {
+        /// The rule.
+        rule: String,
+    },
+    /// A Redis rule's limiter could not be made (feature `redis`).
+    #[cfg(feature = "redis")]
+    Redis {
+        /// The rule.
+        rule: String,
+        /// What is wrong with it.
+        error: crate::redis::RedisError,
+    },
 }
 
 impl fmt::Display for HttpConfigError {
@@ -227,6 +248,20 @@ impl fmt::Display for HttpConfigError {
             HttpConfigError::PolicyText { rule, error } => {
                 write!(f, "rule {rule:?}, field `policy`: {error}")
             }
+            HttpConfigError::RedisBackendMissing { rule } => write!(
+                f,
+                "rule {rule:?} keeps its state in Redis (`store = \"redis\"`), but the layer was \
+                 built without a Redis backend: build it with \
+                 `LayerConfig::to_builder_with_redis(&backend)`, or set `store = \"local\"`"
+            ),
+            HttpConfigError::RedisFeatureMissing { rule } => write!(
+                f,
+                "rule {rule:?} keeps its state in Redis (`store = \"redis\"`), but ratewall was \
+                 compiled without its `redis` feature: enable it \
+                 (`features = [\"tower\", \"serde\", \"redis\"]`), or set `store = \"local\"`"
+            ),
+            #[cfg(feature = "redis")]
+            HttpConfigError::Redis { rule, error } => write!(f, "rule {rule:?}: {error}"),
         }
     }
 }
@@ -236,6 +271,8 @@ impl std::error::Error for HttpConfigError {
         match self {
             HttpConfigError::Policy { error, .. } => Some(error),
             HttpConfigError::PolicyText { error, .. } => Some(error),
+            #[cfg(feature = "redis")]
+            HttpConfigError::Redis { error, .. } => Some(error),
             _ => None,
         }
     }
@@ -967,6 +1004,78 @@ impl<C: Clock + 'static> Refunds for Shared<C> {
     }
 }
 
+/// The local enforced entries of one request as the limits of one
+/// all-or-nothing check ([`check_set`]): each entry's rule table with the
+/// entry's key and cost, statically dispatched, and each decision written
+/// into its entry. `map` lists the entries that take part when not all do.
+struct LocalSet<'a, C: Clock> {
+    rules: &'a [Compiled<C>],
+    entries: &'a mut Entries,
+    map: Option<&'a [u16]>,
+}
+
+impl<C: Clock> LocalSet<'_, C> {
+    #[inline]
+    fn entry(&self, i: usize) -> &Entry {
+        match self.map {
+            None => &self.entries[i],
+            Some(m) => &self.entries[usize::from(m[i])],
+        }
+    }
+
+    /// Entry `i`'s table with its key. Every entry in the set is local
+    /// (`check_enforced` picks them).
+    #[inline]
+    fn limit(&self, i: usize) -> Option<KeyedPolicyRef<'_, u128, u128, C>> {
+        let e = self.entry(i);
+        Some(self.rules[usize::from(e.rule)].local()?.with_key(&e.key))
+    }
+}
+
+impl<C: Clock> LimitSet<C> for LocalSet<'_, C> {
+    #[inline]
+    fn len(&self) -> usize {
+        self.map.map_or(self.entries.len(), <[u16]>::len)
+    }
+    #[inline]
+    fn cost(&self, i: usize) -> u64 {
+        self.entry(i).cost
+    }
+    #[inline]
+    fn read_clock(&self) -> u64 {
+        self.limit(0).map_or(0, |l| l.read_clock())
+    }
+    #[inline]
+    fn take_at(&self, i: usize, now: u64, n: u64) -> Result<Decision, InsufficientCapacity> {
+        match self.limit(i) {
+            Some(l) => l.take_at(now, n),
+            None => Ok(Decision::allow(u64::MAX, u64::MAX, 0)),
+        }
+    }
+    fn peek_at(&self, i: usize, now: u64, n: u64) -> Result<Decision, InsufficientCapacity> {
+        match self.limit(i) {
+            Some(l) => l.peek_at(now, n),
+            None => Ok(Decision::allow(u64::MAX, u64::MAX, 0)),
+        }
+    }
+    fn give_back_at(&self, i: usize, now: u64, n: u64) {
+        if let Some(l) = self.limit(i) {
+            l.give_back_at(now, n);
+        }
+    }
+    fn capacity(&self, i: usize) -> u64 {
+        self.limit(i).map_or(u64::MAX, |l| l.capacity())
+    }
+    #[inline]
+    fn decide(&mut self, i: usize, d: Option<Decision>) {
+        let at = match self.map {
+            None => i,
+            Some(m) => usize::from(m[i]),
+        };
+        self.entries[at].decision = d;
+    }
+}
+
 impl<C: Clock + 'static> Shared<C> {
     fn warn(&self, once: &Once, message: &'static str) {
         once.call_once(|| warn_now(message));
@@ -1090,7 +1199,9 @@ impl<C: Clock + 'static> Shared<C> {
                 ));
             }
         }
-        self.check_shadow(&mut entries);
+        if entries.iter().any(|e| e.shadow) {
+            self.check_shadow(&mut entries);
+        }
         if self.decisions_extension {
             req.extensions_mut_insert(RateLimitInfo {
                 names: self.names.clone(),
@@ -1102,7 +1213,11 @@ impl<C: Clock + 'static> Shared<C> {
                 sources: Vec::new(),
             });
         }
-        Verdict::Pass(self.after(&entries))
+        Verdict::Pass(if self.headers == Headers::None && !self.any_refund {
+            None
+        } else {
+            self.after(&entries)
+        })
     }
 
     /// A rule's key for a request: a fingerprint for a local table, bytes
@@ -1121,48 +1236,37 @@ impl<C: Clock + 'static> Shared<C> {
     /// The all-or-nothing check of the local enforced entries. `Err` names the
     /// rule whose cost can never pass.
     fn check_enforced(&self, entries: &mut Entries) -> Result<bool, (u16, InsufficientCapacity)> {
-        let enforced = || {
-            entries
-                .iter()
-                .filter(|e| !e.shadow && self.rules[usize::from(e.rule)].local().is_some())
-        };
-        let refs: SmallVec<[_; INLINE_RULES]> = enforced()
-            .filter_map(|e| Some(self.rules[usize::from(e.rule)].local()?.with_key(&e.key)))
-            .collect();
-        if refs.is_empty() {
-            return Ok(true);
-        }
-        let limits: SmallVec<[(&dyn Limit<C>, u64); INLINE_RULES]> = refs
-            .iter()
-            .zip(enforced())
-            .map(|(l, e)| (l as &dyn Limit<C>, e.cost))
-            .collect();
-        let mut inline = [None; INLINE_RULES];
-        let mut spilled;
-        let decisions: &mut [Option<Decision>] = if limits.len() <= INLINE_RULES {
-            &mut inline[..limits.len()]
+        let counted = |e: &Entry| !e.shadow && self.rules[usize::from(e.rule)].local().is_some();
+        // Usually every matching rule is a local enforced one: the set is
+        // the entries themselves. Otherwise it maps to the entries that are.
+        let map: Option<SmallVec<[u16; INLINE_RULES]>> = if entries.iter().all(counted) {
+            None
         } else {
-            spilled = vec![None; limits.len()];
-            &mut spilled
+            Some(
+                (0..entries.len())
+                    .filter(|&i| counted(&entries[i]))
+                    // Fits: at most one entry per rule, and at most u16::MAX rules.
+                    .map(|i| i as u16)
+                    .collect(),
+            )
         };
-        let result = check_each(&limits, decisions);
-        drop(limits);
-        drop(refs);
-        let allowed = match result {
+        let mut set = LocalSet {
+            rules: &self.rules,
+            entries,
+            map: map.as_deref(),
+        };
+        let allowed = match check_set(&mut set) {
             Ok(allowed) => allowed,
             Err(e) => {
-                let culprit = enforced()
+                let culprit = entries
+                    .iter()
+                    .filter(|e| counted(e))
                     .find(|e2| e2.cost > self.rules[usize::from(e2.rule)].rule.policy.limit())
                     .map_or(entries[0].rule, |e2| e2.rule);
                 return Err((culprit, e));
             }
         };
-        let mut d = decisions.iter();
-        for e in entries
-            .iter_mut()
-            .filter(|e| !e.shadow && self.rules[usize::from(e.rule)].local().is_some())
-        {
-            e.decision = d.next().copied().flatten();
+        for e in entries.iter().filter(|e| counted(e)) {
             let c = &self.rules[usize::from(e.rule)].counters;
             match e.decision {
                 Some(dec) if !dec.is_allowed() => bump(&c.denied),
@@ -1180,6 +1284,7 @@ impl<C: Clock + 'static> Shared<C> {
 
     /// Shadow rules, each on its own, after the enforced ones admitted the
     /// request: charged like an enforced rule, never rejecting.
+    #[inline(never)]
     fn check_shadow(&self, entries: &mut Entries) {
         for e in entries.iter_mut().filter(|e| e.shadow) {
             let r = &self.rules[usize::from(e.rule)];
@@ -1199,6 +1304,10 @@ impl<C: Clock + 'static> Shared<C> {
     }
 
     /// Headers and refunds for an admitted request.
+    // Not inlined (nor `reject`, `check_shadow`): the check that every
+    // request runs stays small, and its cost does not depend on the code
+    // of the header generations it does not use.
+    #[inline(never)]
     fn after(self: &Arc<Self>, entries: &Entries) -> Option<After> {
         let mut after = After {
             policy: None,
@@ -1311,6 +1420,8 @@ impl<C: Clock + 'static> Shared<C> {
     }
 
     /// The 429 for a request the enforced rules denied.
+    #[cold]
+    #[inline(never)]
     fn reject(&self, grpc: bool, entries: &Entries) -> Response<Bytes> {
         let rules: SmallVec<[RuleDecision<'_>; INLINE_RULES]> = entries
             .iter()

@@ -191,8 +191,27 @@ impl Key {
         }
     }
 
-    /// The key of a request, or why it has none.
+    /// The key of a request, or why it has none. The client-address and
+    /// global keys are inline (a few instructions); the others, which hash,
+    /// and composites, which recurse, are a call.
+    #[inline]
     pub(crate) fn extract(&self, req: &RequestParts<'_>, fp: &Fingerprint) -> Result<u128, Absent> {
+        match &self.0 {
+            KeyKind::ClientIp {
+                v4_prefix,
+                v6_prefix,
+            } => match req.client {
+                Resolved::Ip(ip) => Ok(ip_key(ip, *v4_prefix, *v6_prefix)),
+                Resolved::NoPeer => Err(Absent::NoPeer),
+                Resolved::Unknown => Err(Absent::UnknownClient),
+            },
+            KeyKind::Global => Ok(0),
+            _ => self.extract_hashed(req, fp),
+        }
+    }
+
+    #[inline(never)]
+    fn extract_hashed(&self, req: &RequestParts<'_>, fp: &Fingerprint) -> Result<u128, Absent> {
         match &self.0 {
             KeyKind::ClientIp {
                 v4_prefix,
@@ -441,7 +460,17 @@ pub(crate) struct Matcher {
 }
 
 impl Matcher {
+    /// Whether the rule applies to every request (no method, path or
+    /// route): then no call is needed.
+    #[inline]
     pub(crate) fn matches(&self, req: &RequestParts<'_>) -> bool {
+        if self.methods.is_empty() && self.path_prefix.is_none() && self.route.is_none() {
+            return true;
+        }
+        self.matches_request(req)
+    }
+
+    fn matches_request(&self, req: &RequestParts<'_>) -> bool {
         if !self.methods.is_empty() && !self.methods.iter().any(|m| m == req.method) {
             return false;
         }
@@ -886,6 +915,7 @@ impl Rule {
         self.policy
     }
 
+    #[inline]
     pub(crate) fn cost_of(&self, req: &RequestParts<'_>) -> u64 {
         match self.cost {
             Cost::Units(n) => n,
