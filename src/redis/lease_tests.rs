@@ -293,7 +293,7 @@ fn the_bound_holds_for_any_steps() {
         failure_persistence: None,
         ..Config::default()
     });
-    let next = std::sync::atomic::AtomicU64::new(0);
+    let next = std::cell::Cell::new(0u64);
     let strategy = (
         0..4usize,
         vec((0u8..10, any::<u64>(), 0usize..4, 0u8..6, 0u64..6), 1..200),
@@ -308,10 +308,7 @@ fn the_bound_holds_for_any_steps() {
                 .map(|&(c, r, h, o, e)| (time_step(c, r, tt, tau, life_us), h, op_of(o, e)))
                 .collect();
             // A fresh key per case (the server keeps the others' state).
-            let key = format!(
-                "c{}",
-                next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-            );
+            let key = format!("c{}", next.replace(next.get() + 1));
             rt.block_on(gcra_steps(l, key.as_bytes(), holders, life_us, &steps))
                 .map(|_| ())
                 .map_err(TestCaseError::fail)
