@@ -96,7 +96,7 @@ pub struct RedisBackendBuilder {
 /// The default largest number of calls sent as one script call.
 pub const DEFAULT_MAX_BATCH: usize = 128;
 /// The default number of batches on the wire at once.
-pub const DEFAULT_IN_FLIGHT: usize = 1;
+pub const DEFAULT_IN_FLIGHT: usize = 2;
 
 impl RedisBackend {
     /// A builder for the server at `url` (`redis://host:port/db`).
@@ -383,7 +383,7 @@ impl RedisBackendBuilder {
     }
 
     /// How many batches may be on the wire at once (default
-    /// [`DEFAULT_IN_FLIGHT`], 1; at least 1). More lets more calls overlap
+    /// [`DEFAULT_IN_FLIGHT`], 2; at least 1). More lets more calls overlap
     /// with fewer per batch; while all are in flight, new calls queue (the
     /// per-call timeout still bounds them) and go out together next.
     ///

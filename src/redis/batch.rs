@@ -5,15 +5,16 @@
 //!
 //! One mutex guards the queue and the count of batches in flight. A caller
 //! that finds nothing in flight and nothing queued sends its call itself,
-//! holding a slot; when it is done (or dropped), what queued meanwhile goes
-//! to a runner that inherits the slot. Otherwise a caller pushes its call
-//! and, if fewer than `in_flight` batches are out, becomes the one to send: it takes the queue (up to `max_batch` calls, its own
-//! first among any that waited) and spawns a **runner** task that sends
-//! them, hands out the replies, and, still under its slot, takes and sends
-//! whatever queued meanwhile; it gives the slot back only when it finds the
-//! queue empty, under the same lock. So a queued call is always either
-//! taken by a runner that holds a slot, or finds a free slot itself: none
-//! is stranded. The runner is a task of its own, so a caller that goes
+//! holding a slot; when it is done (or dropped), if calls queued meanwhile,
+//! a runner inherits the slot. Otherwise a caller pushes its call and, if
+//! fewer than `in_flight` batches are out, takes a slot and spawns a
+//! **runner** task. A runner takes the queue (up to `max_batch` calls,
+//! oldest first) when it runs and sends them in the same poll, so calls go
+//! on the wire in the order they left the queue; it hands out the replies
+//! and goes on, under its slot, until it finds the queue empty; then it
+//! gives the slot back, under the same lock. So a queued call is always
+//! either taken by a runner that holds a slot or finds a free slot itself:
+//! none is stranded. The runner is a task of its own, so a caller that goes
 //! away (a dropped request future) never takes the others' calls with it.
 //!
 //! A call alone is sent as its algorithm's own script (the same call as
@@ -120,18 +121,17 @@ impl Batcher {
             return reply;
         }
         let (tx, rx) = oneshot::channel();
-        let batch = {
+        let spawn = {
             let mut state = lock(&self.state);
             state.queue.push_back(Queued { call, reply: tx });
-            if state.running < self.in_flight {
+            let free = state.running < self.in_flight;
+            if free {
                 state.running += 1;
-                Some(take(&mut state, self.max_batch))
-            } else {
-                None
             }
+            free
         };
-        if let Some(batch) = batch {
-            self.spawn_runner(&runtime, batch);
+        if spawn {
+            self.spawn_runner(&runtime);
         }
         match tokio::time::timeout(self.link.timeout(), rx).await {
             Ok(Ok(reply)) => reply,
@@ -156,13 +156,17 @@ impl Batcher {
         idle
     }
 
-    fn spawn_runner(&self, runtime: &tokio::runtime::Handle, batch: Vec<Queued>) {
+    /// A runner for a slot already counted in `running`. It takes the
+    /// queue when it first runs: calls leave the queue in the order they
+    /// go on the wire (a batch taken here, but sent later by a task not yet
+    /// started, could be overtaken by a running runner's next batch).
+    fn spawn_runner(&self, runtime: &tokio::runtime::Handle) {
         let runner = Runner {
             link: self.link.clone(),
             state: self.state.clone(),
             max_batch: self.max_batch,
         };
-        runtime.spawn(runner.run(batch));
+        runtime.spawn(runner.run());
     }
 }
 
@@ -177,16 +181,16 @@ struct InlineSlot<'a> {
 impl Drop for InlineSlot<'_> {
     fn drop(&mut self) {
         let b = self.batcher;
-        let batch = {
+        let hand_on = {
             let mut state = lock(&b.state);
-            let batch = take(&mut state, b.max_batch);
-            if batch.is_empty() {
+            let waiting = !state.queue.is_empty();
+            if !waiting {
                 state.running -= 1;
             }
-            batch
+            waiting
         };
-        if !batch.is_empty() {
-            b.spawn_runner(&self.runtime, batch);
+        if hand_on {
+            b.spawn_runner(&self.runtime);
         }
     }
 }
@@ -223,7 +227,7 @@ struct Runner {
 }
 
 impl Runner {
-    async fn run(self, mut batch: Vec<Queued>) {
+    async fn run(self) {
         // Gives the slot back if the task ends any other way (its runtime
         // shuts down), so the backend never runs out of slots.
         let mut slot = RunnerSlot {
@@ -231,20 +235,26 @@ impl Runner {
             held: true,
         };
         loop {
+            let batch = {
+                let mut state = lock(&self.state);
+                let batch = take(&mut state, self.max_batch);
+                if batch.is_empty() {
+                    // Under the lock: a caller that pushes after this sees
+                    // the free slot.
+                    state.running -= 1;
+                    slot.held = false;
+                    return;
+                }
+                batch
+            };
+            // Sent in this poll (the connection queues the command before
+            // the first await that can wait), so batches go on the wire in
+            // the order they left the queue.
             self.send(batch).await;
             // Let the callers just answered run first: those that check
             // again queue now, and go out together in the next batch
             // instead of one of them alone, ahead of the rest.
             tokio::task::yield_now().await;
-            let mut state = lock(&self.state);
-            batch = take(&mut state, self.max_batch);
-            if batch.is_empty() {
-                // Under the lock: a caller that pushes after this sees the
-                // free slot.
-                state.running -= 1;
-                slot.held = false;
-                return;
-            }
         }
     }
 

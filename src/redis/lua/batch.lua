@@ -60,10 +60,12 @@ if #fast_keys > 0 then
     prefetched[key] = values[j] or false
   end
 end
--- GCRA keys touched on the fast path: their TAT now; for those whose TAT
--- changed and is not written yet, the calls that took from it; and the
--- order in which they were first changed.
-local tats, takers, order = {}, {}, {}
+-- GCRA keys touched on the fast path: their TAT now (`tats`); whether it
+-- changed since it was last written (`dirty`), and the order in which keys
+-- first changed. A call that took from a key records the key's write
+-- generation (`took[i]`), so a failed write can find its takers without a
+-- table per key.
+local tats, dirty, order, took, gen = {}, {}, {}, {}, {}
 
 local function put(i, a, b, c, d, e)
   local o = 5 * (i - 1)
@@ -73,16 +75,20 @@ end
 -- Writes `key`'s TAT if it changed. If the write fails, the calls that
 -- took from it fail (nothing they took is stored, so none is admitted).
 local function flush(key)
-  local calls = takers[key]
-  if calls then
+  if dirty[key] then
     local tat = tats[key]
     local ok, err = pcall(redis.call, 'SET', key, int(tat), 'PX', px(tat - now, slack), 'GET')
+    local g = gen[key] or 0
     if not ok then
-      for _, i in ipairs(calls) do
-        put(i, type(err) == 'table' and err.err or tostring(err), 0, 0, 0, 0)
+      local message = type(err) == 'table' and err.err or tostring(err)
+      for i = 1, #KEYS do
+        if took[i] == g and KEYS[i] == key then
+          put(i, message, 0, 0, 0, 0)
+        end
       end
     end
-    takers[key] = nil
+    dirty[key] = nil
+    gen[key] = g + 1
   end
   tats[key] = nil
   -- A later fast-path call of this key reads it again.
@@ -105,13 +111,11 @@ local function one(i, key, mode, program, n)
     local allowed, limit, remaining, retry, reset, new = gcra_decide(tat, now, n, a, b, c)
     if new and mode == 'c' then
       tats[key] = new
-      local calls = takers[key]
-      if not calls then
-        calls = {}
-        takers[key] = calls
+      if not dirty[key] then
+        dirty[key] = true
         order[#order + 1] = key
       end
-      calls[#calls + 1] = i
+      took[i] = gen[key] or 0
     end
     put(i, allowed, limit, remaining, retry, reset)
     return

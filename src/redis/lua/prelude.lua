@@ -39,11 +39,9 @@ end
 
 -- The PX argument for a key that carries information for `us` more
 -- microseconds: whole milliseconds rounded up (never shorter than needed),
--- at least 1. A number: redis.call turns it into its exact decimal digits
--- (it is below 2^43, far from where doubles lose integers), without the
--- cost of string.format.
+-- at least 1.
 local function px(us, slack)
-  return math.max(1, idiv(math.max(us, 0) + 999, 1000)) + slack
+  return int(math.max(1, idiv(math.max(us, 0) + 999, 1000)) + slack)
 end
 
 -- Parses a state string of `count` integers joined by ':'; nil if absent.
