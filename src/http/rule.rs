@@ -213,14 +213,8 @@ impl Key {
     #[inline(never)]
     fn extract_hashed(&self, req: &RequestParts<'_>, fp: &Fingerprint) -> Result<u128, Absent> {
         match &self.0 {
-            KeyKind::ClientIp {
-                v4_prefix,
-                v6_prefix,
-            } => match req.client {
-                Resolved::Ip(ip) => Ok(ip_key(ip, *v4_prefix, *v6_prefix)),
-                Resolved::NoPeer => Err(Absent::NoPeer),
-                Resolved::Unknown => Err(Absent::UnknownClient),
-            },
+            // Inline in `extract`, which does not come back here for them.
+            KeyKind::ClientIp { .. } | KeyKind::Global => self.extract(req, fp),
             KeyKind::Header(name) => {
                 let name = name.as_ref().ok_or(Absent::Value)?;
                 let mut values = req.headers.get_all(name).iter();
@@ -234,7 +228,6 @@ impl Key {
             }
             KeyKind::Extension(_, f, _) => f(req.extensions, fp).ok_or(Absent::Value),
             KeyKind::Route => Ok(fp.of(req.route())),
-            KeyKind::Global => Ok(0),
             KeyKind::Composite(keys) => {
                 let mut acc: u128 = 0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c834;
                 for k in keys {

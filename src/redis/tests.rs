@@ -459,7 +459,8 @@ async fn batched_calls_match_the_local_step_in_arrival_order() {
     // after the reload, behind calls made after it (concurrent calls have
     // no order; this test compares against one).
     for remote in &remotes {
-        remote.decide(b"warm", 1, false, Some(T0_US)).await.unwrap();
+        let d = remote.decide(b"warm", 1, false, Some(T0_US)).await.unwrap();
+        assert!(d.is_allowed());
     }
     let warm = futures_util::future::join_all(
         (0..4).map(|_| remotes[0].decide(b"warm", 1, false, Some(T0_US))),
