@@ -632,3 +632,37 @@ fn outside_a_runtime_calls_are_a_typed_error() {
         }
     }
 }
+
+/// A batch holds at most `max_batch` calls: 11 calls at once on a backend
+/// with batches of 3 and one batch in flight go out as the first call
+/// alone (nothing was in flight), then batches of 3, 3, 3 and 1.
+// One thread: the batches are the same on every run.
+#[tokio::test(flavor = "current_thread")]
+async fn batches_hold_at_most_max_batch_calls() {
+    let server = RedisServer::start();
+    let backend = RedisBackend::builder(server.url())
+        .timeout(Duration::from_secs(5))
+        .max_batch(3)
+        .batches_in_flight(1)
+        .build()
+        .unwrap();
+    let l = RedisLimiter::builder(
+        Policy::token_bucket(Rate::per_second(1000).burst(100)),
+        &backend,
+    )
+    .name("max")
+    .build()
+    .unwrap();
+    // Both scripts loaded, so no call meets NOSCRIPT (a second call).
+    assert!(l.check(b"warm").await.unwrap().is_allowed());
+    assert!(server
+        .cmd(&["SCRIPT", "LOAD", super::script::BATCH_SOURCE])
+        .starts_with('$'));
+    let before = evalsha_calls(&server);
+    let keys: Vec<String> = (0..11).map(|i| format!("k{i}")).collect();
+    let replies = futures_util::future::join_all(keys.iter().map(|k| l.check(k.as_bytes()))).await;
+    assert!(replies
+        .iter()
+        .all(|r| r.as_ref().is_ok_and(|d| d.is_allowed())));
+    assert_eq!(evalsha_calls(&server) - before, 1 + 4);
+}
