@@ -360,13 +360,11 @@ impl Drop for RunnerSlot<'_> {
 
 /// One call's five reply fields: the decision's, or an error message in
 /// the first field (that call failed in the script; the others did not).
+/// A Lua string in a script's reply is always a bulk string.
 fn entry(fields: Vec<Value>) -> Result<Value, RedisError> {
     match fields.first() {
         Some(Value::BulkString(message)) => Err(RedisError::Server {
             message: String::from_utf8_lossy(message).into_owned(),
-        }),
-        Some(Value::SimpleString(message)) => Err(RedisError::Server {
-            message: message.clone(),
         }),
         _ => Ok(Value::Array(fields)),
     }

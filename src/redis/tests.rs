@@ -670,3 +670,55 @@ async fn batches_hold_at_most_max_batch_calls() {
         .all(|r| r.as_ref().is_ok_and(|d| d.is_allowed())));
     assert_eq!(evalsha_calls(&server) - before, 1 + 4);
 }
+
+/// A runtime that shuts down with a batch on the wire gives its slot
+/// back (the runner's guard): the next call, on another runtime, is sent
+/// at once instead of queueing behind a slot that no runner holds until
+/// its timeout. The backend's `Debug` shows its batching.
+#[test]
+fn a_runtime_shut_down_mid_batch_leaves_no_slot_taken() {
+    let server = RedisServer::start();
+    let first = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (backend, l) = first.block_on(async {
+        let backend = RedisBackend::builder(server.url())
+            .timeout(Duration::from_secs(3))
+            .batches_in_flight(2)
+            .build()
+            .unwrap();
+        let l = RedisLimiter::builder(Policy::token_bucket(Rate::per_second(100)), &backend)
+            .name("shut")
+            .on_failure(super::FailurePolicy::Closed)
+            .build()
+            .unwrap();
+        assert!(l.check(b"warm").await.unwrap().is_allowed());
+        (backend, l)
+    });
+    assert!(format!("{backend:?}").contains("max_batch: 128"));
+    assert_eq!(server.cmd(&["CLIENT", "PAUSE", "400", "ALL"]), "+OK\r\n");
+    let l = std::sync::Arc::new(l);
+    for _ in 0..2 {
+        // The first call goes inline; the second takes the other slot and
+        // a runner sends it; both wait for the paused server.
+        let l = l.clone();
+        first.spawn(async move { l.check(b"k").await });
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    drop(first);
+    let second = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let started = std::time::Instant::now();
+    let _ = second.block_on(l.check(b"k"));
+    // Answered (or failed) when the pause ends or the connection is found
+    // gone, not after the 3 s timeout of a call queued behind a lost slot.
+    assert!(
+        started.elapsed() < Duration::from_millis(2000),
+        "{:?}",
+        started.elapsed()
+    );
+}
