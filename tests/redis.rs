@@ -1042,3 +1042,81 @@ async fn a_dropped_first_caller_hands_the_queue_on() {
         paused.elapsed()
     );
 }
+
+/// A server that answers a batch with the wrong number of fields (here: a
+/// valid-looking decision too many) gets a typed error for every call of
+/// the batch, never decisions shifted onto the wrong calls.
+#[tokio::test(flavor = "current_thread")]
+async fn a_batch_reply_of_the_wrong_length_is_an_error_for_every_call() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    // A fake Redis: "+OK" to every command except EVALSHA, which gets an
+    // array of 5 x (its key count + 1) integers (an allowed decision each).
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for s in listener.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut w = s.try_clone().unwrap();
+                let mut r = BufReader::new(s);
+                let mut line = String::new();
+                loop {
+                    line.clear();
+                    if r.read_line(&mut line).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    let Some(n) = line
+                        .trim()
+                        .strip_prefix('*')
+                        .and_then(|n| n.parse::<usize>().ok())
+                    else {
+                        return;
+                    };
+                    let mut args = Vec::new();
+                    for _ in 0..n {
+                        line.clear();
+                        r.read_line(&mut line).unwrap();
+                        let len: usize = line.trim()[1..].parse().unwrap();
+                        let mut buf = vec![0u8; len + 2];
+                        r.read_exact(&mut buf).unwrap();
+                        args.push(String::from_utf8_lossy(&buf[..len]).into_owned());
+                    }
+                    let reply = if args[0].eq_ignore_ascii_case("EVALSHA") {
+                        let fields = 5 * (args[2].parse::<usize>().unwrap() + 1);
+                        let mut s = format!("*{fields}\r\n");
+                        for i in 0..fields {
+                            s.push_str(if i % 5 == 0 { ":1\r\n" } else { ":5\r\n" });
+                        }
+                        s
+                    } else {
+                        "+OK\r\n".to_string()
+                    };
+                    if w.write_all(reply.as_bytes()).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let b = RedisBackend::builder(format!("redis://127.0.0.1:{port}"))
+        .timeout(Duration::from_secs(2))
+        .batches_in_flight(1)
+        .build()
+        .unwrap();
+    let l = limiter(
+        Policy::token_bucket(Rate::per_second(5)),
+        &b,
+        "len",
+        FailurePolicy::Closed,
+    );
+    // One call alone: a reply of ten fields, not five, is an error too.
+    assert!(matches!(
+        l.check(b"a").await,
+        Err(RedisError::Server { .. })
+    ));
+    // Four at once: the first alone, then a batch of three.
+    let keys = [&b"a"[..], b"b", b"c", b"d"];
+    let replies = futures_util::future::join_all(keys.iter().map(|k| l.check(k))).await;
+    for r in &replies {
+        assert!(matches!(r, Err(RedisError::Server { .. })), "{r:?}");
+    }
+}
