@@ -163,6 +163,13 @@ impl Batcher {
     fn spawn_runner(&self, runtime: &tokio::runtime::Handle) {
         let runner = Runner {
             link: self.link.clone(),
+            // The slot's guard exists before the task does: a task dropped
+            // before it first runs (its runtime shutting down) gives the
+            // slot back too.
+            slot: RunnerSlot {
+                state: self.state.clone(),
+                held: true,
+            },
             state: self.state.clone(),
             max_batch: self.max_batch,
         };
@@ -222,18 +229,15 @@ type Group = (Option<Slot>, Option<u64>);
 
 struct Runner {
     link: Arc<Link>,
+    slot: RunnerSlot,
     state: Arc<Mutex<State>>,
     max_batch: usize,
 }
 
 impl Runner {
-    async fn run(self) {
-        // Gives the slot back if the task ends any other way (its runtime
-        // shuts down), so the backend never runs out of slots.
-        let mut slot = RunnerSlot {
-            state: &self.state,
-            held: true,
-        };
+    async fn run(mut self) {
+        // `self.slot` gives the slot back if the task ends any other way
+        // (its runtime shuts down), so the backend never runs out of slots.
         loop {
             let batch = {
                 let mut state = lock(&self.state);
@@ -242,7 +246,7 @@ impl Runner {
                     // Under the lock: a caller that pushes after this sees
                     // the free slot.
                     state.running -= 1;
-                    slot.held = false;
+                    self.slot.held = false;
                     return;
                 }
                 batch
@@ -345,15 +349,15 @@ fn batch_invocation(batch: &[Queued]) -> redis::ScriptInvocation<'static> {
 }
 
 /// A runner's slot, given back on drop unless already given back.
-struct RunnerSlot<'a> {
-    state: &'a Mutex<State>,
+struct RunnerSlot {
+    state: Arc<Mutex<State>>,
     held: bool,
 }
 
-impl Drop for RunnerSlot<'_> {
+impl Drop for RunnerSlot {
     fn drop(&mut self) {
         if self.held {
-            lock(self.state).running -= 1;
+            lock(&self.state).running -= 1;
         }
     }
 }
