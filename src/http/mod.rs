@@ -1081,7 +1081,11 @@ impl<C: Clock + 'static> Shared<C> {
         once.call_once(|| warn_now(message));
     }
 
-    fn check(self: &Arc<Self>, req: &mut RequestHead<'_>) -> Verdict {
+    fn check(
+        self: &Arc<Self>,
+        req: &RequestHead<'_>,
+        insert: &mut Option<RateLimitInfo>,
+    ) -> Verdict {
         if let Some(skip) = self.skip {
             if skip(req.method, req.uri, req.headers) {
                 return Verdict::Pass(None);
@@ -1203,7 +1207,7 @@ impl<C: Clock + 'static> Shared<C> {
             self.check_shadow(&mut entries);
         }
         if self.decisions_extension {
-            req.extensions_mut_insert(RateLimitInfo {
+            *insert = Some(RateLimitInfo {
                 names: self.names.clone(),
                 entries: entries
                     .iter()
@@ -1517,20 +1521,12 @@ fn legacy(h: &mut HeaderMap, [limit, remaining, reset]: [u64; 3]) {
     h.insert(X_RESET, HeaderValue::from(reset));
 }
 
-/// The request head the check reads (and, for the decisions extension,
-/// writes).
+/// The request head the check reads.
 struct RequestHead<'a> {
     method: &'a Method,
     uri: &'a Uri,
     headers: &'a HeaderMap,
     extensions: &'a http::Extensions,
-    insert: Option<RateLimitInfo>,
-}
-
-impl RequestHead<'_> {
-    fn extensions_mut_insert(&mut self, info: RateLimitInfo) {
-        self.insert = Some(info);
-    }
 }
 
 /// The per-rule decisions of an admitted request, for handlers (turn on
@@ -1663,17 +1659,18 @@ where
     }
 
     fn call(&mut self, mut req: Request<ReqB>) -> ResponseFuture<S::Future> {
-        let (verdict, insert) = {
-            let mut head = RequestHead {
+        // The decisions extension, when on, is written here by the check
+        // (not returned with the verdict: a large value moved on every request).
+        let mut insert = None;
+        let verdict = self.shared.check(
+            &RequestHead {
                 method: req.method(),
                 uri: req.uri(),
                 headers: req.headers(),
                 extensions: req.extensions(),
-                insert: None,
-            };
-            let v = self.shared.check(&mut head);
-            (v, head.insert)
-        };
+            },
+            &mut insert,
+        );
         match verdict {
             Verdict::Pass(after) => {
                 if let Some(info) = insert {
