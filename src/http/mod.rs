@@ -1010,7 +1010,7 @@ impl<C: Clock + 'static> Refunds for Shared<C> {
 /// into its entry. `map` lists the entries that take part when not all do.
 struct LocalSet<'a, C: Clock> {
     rules: &'a [Compiled<C>],
-    entries: &'a mut Entries,
+    entries: &'a mut [Entry],
     map: Option<&'a [u16]>,
 }
 
@@ -1239,7 +1239,7 @@ impl<C: Clock + 'static> Shared<C> {
 
     /// The all-or-nothing check of the local enforced entries. `Err` names the
     /// rule whose cost can never pass.
-    fn check_enforced(&self, entries: &mut Entries) -> Result<bool, (u16, InsufficientCapacity)> {
+    fn check_enforced(&self, entries: &mut [Entry]) -> Result<bool, (u16, InsufficientCapacity)> {
         let counted = |e: &Entry| !e.shadow && self.rules[usize::from(e.rule)].local().is_some();
         // Usually every matching rule is a local enforced one: the set is
         // the entries themselves. Otherwise it maps to the entries that are.
@@ -1289,7 +1289,7 @@ impl<C: Clock + 'static> Shared<C> {
     /// Shadow rules, each on its own, after the enforced ones admitted the
     /// request: charged like an enforced rule, never rejecting.
     #[inline(never)]
-    fn check_shadow(&self, entries: &mut Entries) {
+    fn check_shadow(&self, entries: &mut [Entry]) {
         for e in entries.iter_mut().filter(|e| e.shadow) {
             let r = &self.rules[usize::from(e.rule)];
             let Some(local) = r.local() else { continue };
@@ -1312,7 +1312,7 @@ impl<C: Clock + 'static> Shared<C> {
     // request runs stays small, and its cost does not depend on the code
     // of the header generations it does not use.
     #[inline(never)]
-    fn after(self: &Arc<Self>, entries: &Entries) -> Option<After> {
+    fn after(self: &Arc<Self>, entries: &[Entry]) -> Option<After> {
         let mut after = After {
             policy: None,
             ratelimit: None,
@@ -1426,7 +1426,7 @@ impl<C: Clock + 'static> Shared<C> {
     /// The 429 for a request the enforced rules denied.
     #[cold]
     #[inline(never)]
-    fn reject(&self, grpc: bool, entries: &Entries) -> Response<Bytes> {
+    fn reject(&self, grpc: bool, entries: &[Entry]) -> Response<Bytes> {
         let rules: SmallVec<[RuleDecision<'_>; INLINE_RULES]> = entries
             .iter()
             .filter(|e| !e.shadow)
