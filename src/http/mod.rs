@@ -531,6 +531,9 @@ impl<C: Clock + Clone> RateLimitBuilder<C> {
             .map(|r| Box::from(r.rule.name.as_str()))
             .collect();
         let any_refund = rules.iter().any(|r| r.rule.refund_on_success);
+        let plain = rules
+            .iter()
+            .all(|r| r.rule.mode != Mode::Shadow && r.local().is_some());
         // The `RateLimit-Policy` value when every shown rule matches (the
         // common case: rules without matchers), rendered once.
         let shown: Vec<usize> = (0..rules.len())
@@ -571,6 +574,7 @@ impl<C: Clock + Clone> RateLimitBuilder<C> {
                 responder: self.responder,
                 decisions_extension: self.decisions_extension,
                 any_refund,
+                plain,
                 all_policy,
                 fp: Fingerprint::new(),
                 warn_xff: Once::new(),
@@ -907,6 +911,10 @@ struct Shared<C: Clock> {
     responder: Option<Responder>,
     decisions_extension: bool,
     any_refund: bool,
+    /// No rule is in shadow mode and every rule is local: every entry of a
+    /// request takes part in the all-or-nothing check (known at build, so
+    /// no request scans its entries to find out).
+    plain: bool,
     /// The mask of the shown rules and their joint `RateLimit-Policy` value.
     all_policy: Option<(u64, HeaderValue)>,
     fp: Fingerprint,
@@ -1203,7 +1211,7 @@ impl<C: Clock + 'static> Shared<C> {
                 ));
             }
         }
-        if entries.iter().any(|e| e.shadow) {
+        if !self.plain && entries.iter().any(|e| e.shadow) {
             self.check_shadow(&mut entries);
         }
         if self.decisions_extension {
@@ -1243,17 +1251,18 @@ impl<C: Clock + 'static> Shared<C> {
         let counted = |e: &Entry| !e.shadow && self.rules[usize::from(e.rule)].local().is_some();
         // Usually every matching rule is a local enforced one: the set is
         // the entries themselves. Otherwise it maps to the entries that are.
-        let map: Option<SmallVec<[u16; INLINE_RULES]>> = if entries.iter().all(counted) {
-            None
-        } else {
-            Some(
-                (0..entries.len())
-                    .filter(|&i| counted(&entries[i]))
-                    // Fits: at most one entry per rule, and at most u16::MAX rules.
-                    .map(|i| i as u16)
-                    .collect(),
-            )
-        };
+        let map: Option<SmallVec<[u16; INLINE_RULES]>> =
+            if self.plain || entries.iter().all(counted) {
+                None
+            } else {
+                Some(
+                    (0..entries.len())
+                        .filter(|&i| counted(&entries[i]))
+                        // Fits: at most one entry per rule, and at most u16::MAX rules.
+                        .map(|i| i as u16)
+                        .collect(),
+                )
+            };
         let mut set = LocalSet {
             rules: &self.rules,
             entries,
@@ -1270,7 +1279,7 @@ impl<C: Clock + 'static> Shared<C> {
                 return Err((culprit, e));
             }
         };
-        for e in entries.iter().filter(|e| counted(e)) {
+        for e in entries.iter().filter(|e| self.plain || counted(e)) {
             let c = &self.rules[usize::from(e.rule)].counters;
             match e.decision {
                 Some(dec) if !dec.is_allowed() => bump(&c.denied),
