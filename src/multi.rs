@@ -356,6 +356,13 @@ pub(crate) trait LimitSet<C: Clock> {
     fn capacity(&self, i: usize) -> u64;
     /// Limit `i`'s decision, as [`check_each`] writes `decisions[i]`.
     fn decide(&mut self, i: usize, d: Option<Decision>);
+    /// An upper bound of every limit's cost, when the set knows one
+    /// without looking: at most `MIN_CAPACITY` skips the capacity
+    /// pre-check (a unit cost always fits).
+    #[inline]
+    fn max_cost(&self) -> u64 {
+        u64::MAX
+    }
 }
 
 /// [`check_each`]'s list as a [`LimitSet`].
@@ -409,7 +416,11 @@ pub(crate) fn check_set<C: Clock, S: LimitSet<C>>(
     }
     // As in `check_all_n`: an impossible cost is an error before anything
     // is taken (a unit cost always fits).
-    for i in 0..len {
+    for i in 0..if set.max_cost() <= MIN_CAPACITY {
+        0
+    } else {
+        len
+    } {
         let n = set.cost(i);
         if n <= MIN_CAPACITY {
             continue;

@@ -531,6 +531,11 @@ impl<C: Clock + Clone> RateLimitBuilder<C> {
             .map(|r| Box::from(r.rule.name.as_str()))
             .collect();
         let any_refund = rules.iter().any(|r| r.rule.refund_on_success);
+        // Every rule's cost is a constant of at most one unit (a unit cost
+        // always fits: the all-or-nothing check skips its capacity check).
+        let unit_costs = rules
+            .iter()
+            .all(|r| matches!(r.rule.cost, rule::Cost::Units(0 | 1)));
         let plain = rules
             .iter()
             .all(|r| r.rule.mode != Mode::Shadow && r.local().is_some());
@@ -575,6 +580,7 @@ impl<C: Clock + Clone> RateLimitBuilder<C> {
                 decisions_extension: self.decisions_extension,
                 any_refund,
                 plain,
+                unit_costs,
                 all_policy,
                 fp: Fingerprint::new(),
                 warn_xff: Once::new(),
@@ -915,6 +921,8 @@ struct Shared<C: Clock> {
     /// request takes part in the all-or-nothing check (known at build, so
     /// no request scans its entries to find out).
     plain: bool,
+    /// Every rule costs a constant of at most one unit.
+    unit_costs: bool,
     /// The mask of the shown rules and their joint `RateLimit-Policy` value.
     all_policy: Option<(u64, HeaderValue)>,
     fp: Fingerprint,
@@ -1020,6 +1028,8 @@ struct LocalSet<'a, C: Clock> {
     rules: &'a [Compiled<C>],
     entries: &'a mut [Entry],
     map: Option<&'a [u16]>,
+    /// Every cost is at most one unit.
+    unit_costs: bool,
 }
 
 impl<C: Clock> LocalSet<'_, C> {
@@ -1073,6 +1083,14 @@ impl<C: Clock> LimitSet<C> for LocalSet<'_, C> {
     }
     fn capacity(&self, i: usize) -> u64 {
         self.limit(i).map_or(u64::MAX, |l| l.capacity())
+    }
+    #[inline]
+    fn max_cost(&self) -> u64 {
+        if self.unit_costs {
+            1
+        } else {
+            u64::MAX
+        }
     }
     #[inline]
     fn decide(&mut self, i: usize, d: Option<Decision>) {
@@ -1267,6 +1285,7 @@ impl<C: Clock + 'static> Shared<C> {
             rules: &self.rules,
             entries,
             map: map.as_deref(),
+            unit_costs: self.unit_costs,
         };
         let allowed = match check_set(&mut set) {
             Ok(allowed) => allowed,
