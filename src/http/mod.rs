@@ -1700,6 +1700,15 @@ where
             &mut insert,
         );
         match verdict {
+            // Apart from the other case: with nothing to do after the
+            // response, no `After` is moved (it is large) on its way into the
+            // future.
+            Verdict::Pass(None) if insert.is_none() => ResponseFuture {
+                state: State::Inner {
+                    fut: self.inner.call(req),
+                    after: None,
+                },
+            },
             Verdict::Pass(after) => {
                 if let Some(info) = insert {
                     req.extensions_mut().insert(info);
