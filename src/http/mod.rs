@@ -1831,6 +1831,34 @@ type RemoteSlot = std::convert::Infallible;
 #[cfg(not(feature = "redis"))]
 type CallSlot<F> = std::marker::PhantomData<F>;
 
+/// Writes an admitted request's headers into its response, and gives
+/// back the units of count-only-failures rules when the response succeeded.
+fn apply_after<B>(res: &mut Response<B>, after: &mut Option<After>) {
+    let Some(after) = after.take() else { return };
+    let h = res.headers_mut();
+    if let Some(v) = after.policy {
+        h.insert(RATELIMIT_POLICY, v);
+    }
+    if let Some(v) = after.ratelimit {
+        h.insert(RATELIMIT, v);
+    }
+    if let Some(l) = after.legacy {
+        legacy(h, l);
+    }
+    if let Some(refund) = after.refund {
+        let s = res.status();
+        if s.is_success() || s.is_redirection() {
+            for (rule, key, cost) in refund.list {
+                refund.shared.refund(rule, key, cost);
+            }
+            #[cfg(feature = "redis")]
+            if !refund.remote.is_empty() {
+                refund.shared.refund_remote(refund.remote);
+            }
+        }
+    }
+}
+
 fn poll_done<F, B, E>(
     state: StateProj<'_, F>,
     cx: &mut Context<'_>,
@@ -1842,29 +1870,10 @@ where
         match state {
             StateProj::Inner { fut, after } => {
                 let mut res = ready!(fut.poll(cx))?;
-                if let Some(after) = after.take() {
-                    let h = res.headers_mut();
-                    if let Some(v) = after.policy {
-                        h.insert(RATELIMIT_POLICY, v);
-                    }
-                    if let Some(v) = after.ratelimit {
-                        h.insert(RATELIMIT, v);
-                    }
-                    if let Some(l) = after.legacy {
-                        legacy(h, l);
-                    }
-                    if let Some(refund) = after.refund {
-                        let s = res.status();
-                        if s.is_success() || s.is_redirection() {
-                            for (rule, key, cost) in refund.list {
-                                refund.shared.refund(rule, key, cost);
-                            }
-                            #[cfg(feature = "redis")]
-                            if !refund.remote.is_empty() {
-                                refund.shared.refund_remote(refund.remote);
-                            }
-                        }
-                    }
+                // Tested before it is taken: `take` would read the whole
+                // (large) value even when there is none.
+                if after.is_some() {
+                    apply_after(&mut res, after);
                 }
                 Poll::Ready(Ok(res.map(ResponseBody::new)))
             }
