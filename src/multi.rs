@@ -356,6 +356,12 @@ pub(crate) trait LimitSet<C: Clock> {
     fn capacity(&self, i: usize) -> u64;
     /// Limit `i`'s decision, as [`check_each`] writes `decisions[i]`.
     fn decide(&mut self, i: usize, d: Option<Decision>);
+    /// Limit `i` took its cost and allowed: its decision, which a set
+    /// that does not need it may keep only in part.
+    #[inline]
+    fn decide_taken(&mut self, i: usize, d: Decision) {
+        self.decide(i, Some(d));
+    }
     /// An upper bound of every limit's cost, when the set knows one
     /// without looking: at most `MIN_CAPACITY` skips the capacity
     /// pre-check (a unit cost always fits).
@@ -456,7 +462,7 @@ pub(crate) fn check_set<C: Clock, S: LimitSet<C>>(
             }
             return Ok(false);
         }
-        set.decide(i, Some(d));
+        set.decide_taken(i, d);
         if i < 64 && n > 0 && matches!(d.tracking(), Tracking::Tracked | Tracking::EvictedOther) {
             took |= 1 << i;
         }

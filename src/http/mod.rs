@@ -581,6 +581,10 @@ impl<C: Clock + Clone> RateLimitBuilder<C> {
                 any_refund,
                 plain,
                 unit_costs,
+                keep_decisions: self.headers != Headers::None
+                    || self.decisions_extension
+                    || any_refund
+                    || !plain,
                 all_policy,
                 fp: Fingerprint::new(),
                 warn_xff: Once::new(),
@@ -923,6 +927,9 @@ struct Shared<C: Clock> {
     plain: bool,
     /// Every rule costs a constant of at most one unit.
     unit_costs: bool,
+    /// An admitted request's decisions are read after the check (headers,
+    /// the decisions extension, refunds or shadow rules).
+    keep_decisions: bool,
     /// The mask of the shown rules and their joint `RateLimit-Policy` value.
     all_policy: Option<(u64, HeaderValue)>,
     fp: Fingerprint,
@@ -938,6 +945,9 @@ struct Entry {
     key: u128,
     cost: u64,
     shadow: bool,
+    /// The table did not track the key (its decision's `Tracking`), for
+    /// the `untracked` counter: kept even when the decision is not.
+    untracked: bool,
     decision: Option<Decision>,
 }
 
@@ -1030,6 +1040,9 @@ struct LocalSet<'a, C: Clock> {
     map: Option<&'a [u16]>,
     /// Every cost is at most one unit.
     unit_costs: bool,
+    /// Whether the decisions of an admitted request are kept in the
+    /// entries (headers, the extension, refunds and Redis rules read them).
+    keep: bool,
 }
 
 impl<C: Clock> LocalSet<'_, C> {
@@ -1090,6 +1103,18 @@ impl<C: Clock> LimitSet<C> for LocalSet<'_, C> {
             1
         } else {
             u64::MAX
+        }
+    }
+    #[inline]
+    fn decide_taken(&mut self, i: usize, d: Decision) {
+        let at = match self.map {
+            None => i,
+            Some(m) => usize::from(m[i]),
+        };
+        let e = &mut self.entries[at];
+        e.untracked = d.tracking() == Tracking::Untracked;
+        if self.keep {
+            e.decision = Some(d);
         }
     }
     #[inline]
@@ -1201,6 +1226,7 @@ impl<C: Clock + 'static> Shared<C> {
                 key,
                 cost: rule.cost_of(&parts),
                 shadow: rule.mode == Mode::Shadow,
+                untracked: false,
                 decision: None,
             });
         }
@@ -1215,7 +1241,7 @@ impl<C: Clock + 'static> Shared<C> {
                 shared.check_remote(entries, remote_keys, grpc).await
             }));
         }
-        match self.check_enforced(&mut entries) {
+        match self.check_enforced(&mut entries, self.keep_decisions) {
             Ok(true) => {}
             Ok(false) => {
                 return Verdict::Reject(self.reject(response::is_grpc(req.headers), &entries))
@@ -1265,7 +1291,14 @@ impl<C: Clock + 'static> Shared<C> {
 
     /// The all-or-nothing check of the local enforced entries. `Err` names the
     /// rule whose cost can never pass.
-    fn check_enforced(&self, entries: &mut [Entry]) -> Result<bool, (u16, InsufficientCapacity)> {
+    ///
+    /// `keep`: whether an admitted request's decisions are kept in its
+    /// entries (a denied request's always are, for the 429).
+    fn check_enforced(
+        &self,
+        entries: &mut [Entry],
+        keep: bool,
+    ) -> Result<bool, (u16, InsufficientCapacity)> {
         let counted = |e: &Entry| !e.shadow && self.rules[usize::from(e.rule)].local().is_some();
         // Usually every matching rule is a local enforced one: the set is
         // the entries themselves. Otherwise it maps to the entries that are.
@@ -1286,6 +1319,7 @@ impl<C: Clock + 'static> Shared<C> {
             entries,
             map: map.as_deref(),
             unit_costs: self.unit_costs,
+            keep,
         };
         let allowed = match check_set(&mut set) {
             Ok(allowed) => allowed,
@@ -1300,15 +1334,14 @@ impl<C: Clock + 'static> Shared<C> {
         };
         for e in entries.iter().filter(|e| self.plain || counted(e)) {
             let c = &self.rules[usize::from(e.rule)].counters;
-            match e.decision {
-                Some(dec) if !dec.is_allowed() => bump(&c.denied),
-                Some(dec) if allowed => {
-                    bump(&c.allowed);
-                    if dec.tracking() == Tracking::Untracked {
-                        bump(&c.untracked);
-                    }
+            if allowed {
+                // Every entry took its cost and allowed.
+                bump(&c.allowed);
+                if e.untracked {
+                    bump(&c.untracked);
                 }
-                _ => {}
+            } else if e.decision.is_some_and(|d| !d.is_allowed()) {
+                bump(&c.denied);
             }
         }
         Ok(allowed)
