@@ -219,7 +219,7 @@ impl Key {
                 let name = name.as_ref().ok_or(Absent::Value)?;
                 let mut values = req.headers.get_all(name).iter();
                 let first = values.next().ok_or(Absent::Value)?;
-                let mut acc = fp.of(first.as_bytes());
+                let mut acc = fp.of_bytes(first.as_bytes());
                 // Sent more than once (rare): chain the lines in order.
                 for more in values {
                     acc = fp.of(&(acc, more.as_bytes()));
