@@ -519,6 +519,7 @@ impl<C: Clock + Clone> RateLimitBuilder<C> {
                 policy_item: item.value(),
                 ratelimit_prefix: format!("\"{}\";r=", rule.name).into_bytes().into(),
                 counters: CachePadded::new(Counters::default()),
+                always: rule.mode != Mode::Off && rule.matcher.matches_all(),
                 rule,
             });
         }
@@ -897,6 +898,8 @@ struct Compiled<C: Clock> {
     /// `"name";r=`: the start of the rule's `RateLimit` item.
     ratelimit_prefix: Box<[u8]>,
     counters: CachePadded<Counters>,
+    /// Applies to every request: on (not `Mode::Off`), with no matcher.
+    always: bool,
 }
 
 impl<C: Clock> Compiled<C> {
@@ -1191,7 +1194,7 @@ impl<C: Clock + 'static> Shared<C> {
         let mut remote_keys: Vec<(usize, Vec<u8>)> = Vec::new();
         for (i, r) in self.rules.iter().enumerate() {
             let rule = &r.rule;
-            if rule.mode == Mode::Off || !rule.matcher.matches(&parts) {
+            if !r.always && (rule.mode == Mode::Off || !rule.matcher.matches(&parts)) {
                 continue;
             }
             let key = match self.key_of(r, &parts) {

@@ -457,10 +457,15 @@ impl Matcher {
     /// route): then no call is needed.
     #[inline]
     pub(crate) fn matches(&self, req: &RequestParts<'_>) -> bool {
-        if self.methods.is_empty() && self.path_prefix.is_none() && self.route.is_none() {
+        if self.matches_all() {
             return true;
         }
         self.matches_request(req)
+    }
+
+    /// Whether the rule applies to every request (no method, path or route).
+    pub(crate) fn matches_all(&self) -> bool {
+        self.methods.is_empty() && self.path_prefix.is_none() && self.route.is_none()
     }
 
     fn matches_request(&self, req: &RequestParts<'_>) -> bool {
