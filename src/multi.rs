@@ -356,6 +356,19 @@ pub(crate) trait LimitSet<C: Clock> {
     fn capacity(&self, i: usize) -> u64;
     /// Limit `i`'s decision, as [`check_each`] writes `decisions[i]`.
     fn decide(&mut self, i: usize, d: Option<Decision>);
+    /// Limit `i` took its cost and allowed: its decision, which a set
+    /// that does not need it may keep only in part.
+    #[inline]
+    fn decide_taken(&mut self, i: usize, d: Decision) {
+        self.decide(i, Some(d));
+    }
+    /// An upper bound of every limit's cost, when the set knows one
+    /// without looking: at most `MIN_CAPACITY` skips the capacity
+    /// pre-check (a unit cost always fits).
+    #[inline]
+    fn max_cost(&self) -> u64 {
+        u64::MAX
+    }
 }
 
 /// [`check_each`]'s list as a [`LimitSet`].
@@ -409,7 +422,11 @@ pub(crate) fn check_set<C: Clock, S: LimitSet<C>>(
     }
     // As in `check_all_n`: an impossible cost is an error before anything
     // is taken (a unit cost always fits).
-    for i in 0..len {
+    for i in 0..if set.max_cost() <= MIN_CAPACITY {
+        0
+    } else {
+        len
+    } {
         let n = set.cost(i);
         if n <= MIN_CAPACITY {
             continue;
@@ -445,7 +462,7 @@ pub(crate) fn check_set<C: Clock, S: LimitSet<C>>(
             }
             return Ok(false);
         }
-        set.decide(i, Some(d));
+        set.decide_taken(i, d);
         if i < 64 && n > 0 && matches!(d.tracking(), Tracking::Tracked | Tracking::EvictedOther) {
             took |= 1 << i;
         }

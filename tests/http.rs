@@ -992,8 +992,17 @@ mod end_to_end {
 
 #[tokio::test]
 async fn a_full_key_table_admits_untracked_and_counts_it() {
+    // With and without headers: without, the layer keeps no decisions of
+    // an admitted request, only whether its key was tracked.
+    for headers in [Headers::default(), Headers::None] {
+        full_table_counts_untracked(headers).await;
+    }
+}
+
+async fn full_table_counts_untracked(headers: Headers) {
     let clock = ManualClock::new();
     let layer = builder(&clock)
+        .headers(headers)
         .rule(
             Rule::per_ip("ip", Policy::fixed_window(Window::per_minute(5)))
                 .max_keys(1)

@@ -689,6 +689,24 @@ impl Fingerprint {
     pub(crate) fn of<T: Hash + ?Sized>(&self, value: &T) -> u128 {
         (u128::from(self.a.hash_one(value)) << 64) | u128::from(self.b.hash_one(value))
     }
+
+    /// [`of`](Self::of) for one byte string, written to the hashers in one
+    /// call (no separate length prefix: a single value needs none, and
+    /// `ahash` mixes the length into the write).
+    #[inline]
+    pub(crate) fn of_bytes(&self, value: &[u8]) -> u128 {
+        self.of(&Bytes(value))
+    }
+}
+
+/// A byte string hashed with one `write`.
+struct Bytes<'a>(&'a [u8]);
+
+impl Hash for Bytes<'_> {
+    #[inline]
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write(self.0);
+    }
 }
 
 impl fmt::Debug for Fingerprint {
@@ -982,5 +1000,19 @@ mod tests {
             ip_key("::".parse().unwrap(), 32, 64),
             ip_key("0.0.0.0".parse().unwrap(), 32, 64)
         );
+    }
+
+    #[test]
+    fn byte_fingerprints_tell_prefixes_and_zero_padding_apart() {
+        // One write per value, no length prefix: the hasher's own length
+        // mixing must still separate these.
+        let fp = Fingerprint::new();
+        let values: [&[u8]; 6] = [b"", b"\0", b"\0\0", b"a", b"a\0", b"key-0123456789abcdef"];
+        for (i, a) in values.iter().enumerate() {
+            assert_eq!(fp.of_bytes(a), fp.of_bytes(a));
+            for b in &values[i + 1..] {
+                assert_ne!(fp.of_bytes(a), fp.of_bytes(b), "{a:?} {b:?}");
+            }
+        }
     }
 }

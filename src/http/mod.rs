@@ -519,6 +519,7 @@ impl<C: Clock + Clone> RateLimitBuilder<C> {
                 policy_item: item.value(),
                 ratelimit_prefix: format!("\"{}\";r=", rule.name).into_bytes().into(),
                 counters: CachePadded::new(Counters::default()),
+                always: rule.mode != Mode::Off && rule.matcher.matches_all(),
                 rule,
             });
         }
@@ -531,6 +532,14 @@ impl<C: Clock + Clone> RateLimitBuilder<C> {
             .map(|r| Box::from(r.rule.name.as_str()))
             .collect();
         let any_refund = rules.iter().any(|r| r.rule.refund_on_success);
+        // Every rule's cost is a constant of at most one unit (a unit cost
+        // always fits: the all-or-nothing check skips its capacity check).
+        let unit_costs = rules
+            .iter()
+            .all(|r| matches!(r.rule.cost, rule::Cost::Units(0 | 1)));
+        let plain = rules
+            .iter()
+            .all(|r| r.rule.mode != Mode::Shadow && r.local().is_some());
         // The `RateLimit-Policy` value when every shown rule matches (the
         // common case: rules without matchers), rendered once.
         let shown: Vec<usize> = (0..rules.len())
@@ -571,6 +580,12 @@ impl<C: Clock + Clone> RateLimitBuilder<C> {
                 responder: self.responder,
                 decisions_extension: self.decisions_extension,
                 any_refund,
+                plain,
+                unit_costs,
+                keep_decisions: self.headers != Headers::None
+                    || self.decisions_extension
+                    || any_refund
+                    || !plain,
                 all_policy,
                 fp: Fingerprint::new(),
                 warn_xff: Once::new(),
@@ -883,6 +898,8 @@ struct Compiled<C: Clock> {
     /// `"name";r=`: the start of the rule's `RateLimit` item.
     ratelimit_prefix: Box<[u8]>,
     counters: CachePadded<Counters>,
+    /// Applies to every request: on (not `Mode::Off`), with no matcher.
+    always: bool,
 }
 
 impl<C: Clock> Compiled<C> {
@@ -907,6 +924,15 @@ struct Shared<C: Clock> {
     responder: Option<Responder>,
     decisions_extension: bool,
     any_refund: bool,
+    /// No rule is in shadow mode and every rule is local: every entry of a
+    /// request takes part in the all-or-nothing check (known at build, so
+    /// no request scans its entries to find out).
+    plain: bool,
+    /// Every rule costs a constant of at most one unit.
+    unit_costs: bool,
+    /// An admitted request's decisions are read after the check (headers,
+    /// the decisions extension, refunds or shadow rules).
+    keep_decisions: bool,
     /// The mask of the shown rules and their joint `RateLimit-Policy` value.
     all_policy: Option<(u64, HeaderValue)>,
     fp: Fingerprint,
@@ -922,6 +948,9 @@ struct Entry {
     key: u128,
     cost: u64,
     shadow: bool,
+    /// The table did not track the key (its decision's `Tracking`), for
+    /// the `untracked` counter: kept even when the decision is not.
+    untracked: bool,
     decision: Option<Decision>,
 }
 
@@ -1010,8 +1039,13 @@ impl<C: Clock + 'static> Refunds for Shared<C> {
 /// into its entry. `map` lists the entries that take part when not all do.
 struct LocalSet<'a, C: Clock> {
     rules: &'a [Compiled<C>],
-    entries: &'a mut Entries,
+    entries: &'a mut [Entry],
     map: Option<&'a [u16]>,
+    /// Every cost is at most one unit.
+    unit_costs: bool,
+    /// Whether the decisions of an admitted request are kept in the
+    /// entries (headers, the extension, refunds and Redis rules read them).
+    keep: bool,
 }
 
 impl<C: Clock> LocalSet<'_, C> {
@@ -1067,6 +1101,26 @@ impl<C: Clock> LimitSet<C> for LocalSet<'_, C> {
         self.limit(i).map_or(u64::MAX, |l| l.capacity())
     }
     #[inline]
+    fn max_cost(&self) -> u64 {
+        if self.unit_costs {
+            1
+        } else {
+            u64::MAX
+        }
+    }
+    #[inline]
+    fn decide_taken(&mut self, i: usize, d: Decision) {
+        let at = match self.map {
+            None => i,
+            Some(m) => usize::from(m[i]),
+        };
+        let e = &mut self.entries[at];
+        e.untracked = d.tracking() == Tracking::Untracked;
+        if self.keep {
+            e.decision = Some(d);
+        }
+    }
+    #[inline]
     fn decide(&mut self, i: usize, d: Option<Decision>) {
         let at = match self.map {
             None => i,
@@ -1081,7 +1135,11 @@ impl<C: Clock + 'static> Shared<C> {
         once.call_once(|| warn_now(message));
     }
 
-    fn check(self: &Arc<Self>, req: &mut RequestHead<'_>) -> Verdict {
+    fn check(
+        self: &Arc<Self>,
+        req: &RequestHead<'_>,
+        insert: &mut Option<RateLimitInfo>,
+    ) -> Verdict {
         if let Some(skip) = self.skip {
             if skip(req.method, req.uri, req.headers) {
                 return Verdict::Pass(None);
@@ -1136,7 +1194,7 @@ impl<C: Clock + 'static> Shared<C> {
         let mut remote_keys: Vec<(usize, Vec<u8>)> = Vec::new();
         for (i, r) in self.rules.iter().enumerate() {
             let rule = &r.rule;
-            if rule.mode == Mode::Off || !rule.matcher.matches(&parts) {
+            if !r.always && (rule.mode == Mode::Off || !rule.matcher.matches(&parts)) {
                 continue;
             }
             let key = match self.key_of(r, &parts) {
@@ -1171,6 +1229,7 @@ impl<C: Clock + 'static> Shared<C> {
                 key,
                 cost: rule.cost_of(&parts),
                 shadow: rule.mode == Mode::Shadow,
+                untracked: false,
                 decision: None,
             });
         }
@@ -1185,7 +1244,7 @@ impl<C: Clock + 'static> Shared<C> {
                 shared.check_remote(entries, remote_keys, grpc).await
             }));
         }
-        match self.check_enforced(&mut entries) {
+        match self.check_enforced(&mut entries, self.keep_decisions) {
             Ok(true) => {}
             Ok(false) => {
                 return Verdict::Reject(self.reject(response::is_grpc(req.headers), &entries))
@@ -1199,11 +1258,11 @@ impl<C: Clock + 'static> Shared<C> {
                 ));
             }
         }
-        if entries.iter().any(|e| e.shadow) {
+        if !self.plain && entries.iter().any(|e| e.shadow) {
             self.check_shadow(&mut entries);
         }
         if self.decisions_extension {
-            req.extensions_mut_insert(RateLimitInfo {
+            *insert = Some(RateLimitInfo {
                 names: self.names.clone(),
                 entries: entries
                     .iter()
@@ -1235,25 +1294,35 @@ impl<C: Clock + 'static> Shared<C> {
 
     /// The all-or-nothing check of the local enforced entries. `Err` names the
     /// rule whose cost can never pass.
-    fn check_enforced(&self, entries: &mut Entries) -> Result<bool, (u16, InsufficientCapacity)> {
+    ///
+    /// `keep`: whether an admitted request's decisions are kept in its
+    /// entries (a denied request's always are, for the 429).
+    fn check_enforced(
+        &self,
+        entries: &mut [Entry],
+        keep: bool,
+    ) -> Result<bool, (u16, InsufficientCapacity)> {
         let counted = |e: &Entry| !e.shadow && self.rules[usize::from(e.rule)].local().is_some();
         // Usually every matching rule is a local enforced one: the set is
         // the entries themselves. Otherwise it maps to the entries that are.
-        let map: Option<SmallVec<[u16; INLINE_RULES]>> = if entries.iter().all(counted) {
-            None
-        } else {
-            Some(
-                (0..entries.len())
-                    .filter(|&i| counted(&entries[i]))
-                    // Fits: at most one entry per rule, and at most u16::MAX rules.
-                    .map(|i| i as u16)
-                    .collect(),
-            )
-        };
+        let map: Option<SmallVec<[u16; INLINE_RULES]>> =
+            if self.plain || entries.iter().all(counted) {
+                None
+            } else {
+                Some(
+                    (0..entries.len())
+                        .filter(|&i| counted(&entries[i]))
+                        // Fits: at most one entry per rule, and at most u16::MAX rules.
+                        .map(|i| i as u16)
+                        .collect(),
+                )
+            };
         let mut set = LocalSet {
             rules: &self.rules,
             entries,
             map: map.as_deref(),
+            unit_costs: self.unit_costs,
+            keep,
         };
         let allowed = match check_set(&mut set) {
             Ok(allowed) => allowed,
@@ -1266,17 +1335,16 @@ impl<C: Clock + 'static> Shared<C> {
                 return Err((culprit, e));
             }
         };
-        for e in entries.iter().filter(|e| counted(e)) {
+        for e in entries.iter().filter(|e| self.plain || counted(e)) {
             let c = &self.rules[usize::from(e.rule)].counters;
-            match e.decision {
-                Some(dec) if !dec.is_allowed() => bump(&c.denied),
-                Some(dec) if allowed => {
-                    bump(&c.allowed);
-                    if dec.tracking() == Tracking::Untracked {
-                        bump(&c.untracked);
-                    }
+            if allowed {
+                // Every entry took its cost and allowed.
+                bump(&c.allowed);
+                if e.untracked {
+                    bump(&c.untracked);
                 }
-                _ => {}
+            } else if e.decision.is_some_and(|d| !d.is_allowed()) {
+                bump(&c.denied);
             }
         }
         Ok(allowed)
@@ -1285,7 +1353,7 @@ impl<C: Clock + 'static> Shared<C> {
     /// Shadow rules, each on its own, after the enforced ones admitted the
     /// request: charged like an enforced rule, never rejecting.
     #[inline(never)]
-    fn check_shadow(&self, entries: &mut Entries) {
+    fn check_shadow(&self, entries: &mut [Entry]) {
         for e in entries.iter_mut().filter(|e| e.shadow) {
             let r = &self.rules[usize::from(e.rule)];
             let Some(local) = r.local() else { continue };
@@ -1308,7 +1376,7 @@ impl<C: Clock + 'static> Shared<C> {
     // request runs stays small, and its cost does not depend on the code
     // of the header generations it does not use.
     #[inline(never)]
-    fn after(self: &Arc<Self>, entries: &Entries) -> Option<After> {
+    fn after(self: &Arc<Self>, entries: &[Entry]) -> Option<After> {
         let mut after = After {
             policy: None,
             ratelimit: None,
@@ -1422,7 +1490,7 @@ impl<C: Clock + 'static> Shared<C> {
     /// The 429 for a request the enforced rules denied.
     #[cold]
     #[inline(never)]
-    fn reject(&self, grpc: bool, entries: &Entries) -> Response<Bytes> {
+    fn reject(&self, grpc: bool, entries: &[Entry]) -> Response<Bytes> {
         let rules: SmallVec<[RuleDecision<'_>; INLINE_RULES]> = entries
             .iter()
             .filter(|e| !e.shadow)
@@ -1517,20 +1585,12 @@ fn legacy(h: &mut HeaderMap, [limit, remaining, reset]: [u64; 3]) {
     h.insert(X_RESET, HeaderValue::from(reset));
 }
 
-/// The request head the check reads (and, for the decisions extension,
-/// writes).
+/// The request head the check reads.
 struct RequestHead<'a> {
     method: &'a Method,
     uri: &'a Uri,
     headers: &'a HeaderMap,
     extensions: &'a http::Extensions,
-    insert: Option<RateLimitInfo>,
-}
-
-impl RequestHead<'_> {
-    fn extensions_mut_insert(&mut self, info: RateLimitInfo) {
-        self.insert = Some(info);
-    }
 }
 
 /// The per-rule decisions of an admitted request, for handlers (turn on
@@ -1663,18 +1723,28 @@ where
     }
 
     fn call(&mut self, mut req: Request<ReqB>) -> ResponseFuture<S::Future> {
-        let (verdict, insert) = {
-            let mut head = RequestHead {
+        // The decisions extension, when on, is written here by the check
+        // (not returned with the verdict: a large value moved on every request).
+        let mut insert = None;
+        let verdict = self.shared.check(
+            &RequestHead {
                 method: req.method(),
                 uri: req.uri(),
                 headers: req.headers(),
                 extensions: req.extensions(),
-                insert: None,
-            };
-            let v = self.shared.check(&mut head);
-            (v, head.insert)
-        };
+            },
+            &mut insert,
+        );
         match verdict {
+            // Apart from the other case: with nothing to do after the
+            // response, no `After` is moved (it is large) on its way into the
+            // future.
+            Verdict::Pass(None) if insert.is_none() => ResponseFuture {
+                state: State::Inner {
+                    fut: self.inner.call(req),
+                    after: None,
+                },
+            },
             Verdict::Pass(after) => {
                 if let Some(info) = insert {
                     req.extensions_mut().insert(info);
@@ -1797,6 +1867,34 @@ type RemoteSlot = std::convert::Infallible;
 #[cfg(not(feature = "redis"))]
 type CallSlot<F> = std::marker::PhantomData<F>;
 
+/// Writes an admitted request's headers into its response, and gives
+/// back the units of count-only-failures rules when the response succeeded.
+fn apply_after<B>(res: &mut Response<B>, after: &mut Option<After>) {
+    let Some(after) = after.take() else { return };
+    let h = res.headers_mut();
+    if let Some(v) = after.policy {
+        h.insert(RATELIMIT_POLICY, v);
+    }
+    if let Some(v) = after.ratelimit {
+        h.insert(RATELIMIT, v);
+    }
+    if let Some(l) = after.legacy {
+        legacy(h, l);
+    }
+    if let Some(refund) = after.refund {
+        let s = res.status();
+        if s.is_success() || s.is_redirection() {
+            for (rule, key, cost) in refund.list {
+                refund.shared.refund(rule, key, cost);
+            }
+            #[cfg(feature = "redis")]
+            if !refund.remote.is_empty() {
+                refund.shared.refund_remote(refund.remote);
+            }
+        }
+    }
+}
+
 fn poll_done<F, B, E>(
     state: StateProj<'_, F>,
     cx: &mut Context<'_>,
@@ -1808,29 +1906,10 @@ where
         match state {
             StateProj::Inner { fut, after } => {
                 let mut res = ready!(fut.poll(cx))?;
-                if let Some(after) = after.take() {
-                    let h = res.headers_mut();
-                    if let Some(v) = after.policy {
-                        h.insert(RATELIMIT_POLICY, v);
-                    }
-                    if let Some(v) = after.ratelimit {
-                        h.insert(RATELIMIT, v);
-                    }
-                    if let Some(l) = after.legacy {
-                        legacy(h, l);
-                    }
-                    if let Some(refund) = after.refund {
-                        let s = res.status();
-                        if s.is_success() || s.is_redirection() {
-                            for (rule, key, cost) in refund.list {
-                                refund.shared.refund(rule, key, cost);
-                            }
-                            #[cfg(feature = "redis")]
-                            if !refund.remote.is_empty() {
-                                refund.shared.refund_remote(refund.remote);
-                            }
-                        }
-                    }
+                // Tested before it is taken: `take` would read the whole
+                // (large) value even when there is none.
+                if after.is_some() {
+                    apply_after(&mut res, after);
                 }
                 Poll::Ready(Ok(res.map(ResponseBody::new)))
             }

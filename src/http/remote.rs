@@ -68,7 +68,7 @@ impl<C: Clock + 'static> Shared<C> {
         }
         // 2. The local enforced rules, synchronously; a denial gives the
         // Redis units back (to where they were taken).
-        let local = self.check_enforced(&mut entries);
+        let local = self.check_enforced(&mut entries, true);
         if !matches!(local, Ok(true)) {
             let give_backs = idx.iter().zip(&triples).zip(&sources).filter_map(
                 |((&i, &(l, k, cost)), &(_, source))| {

@@ -219,7 +219,7 @@ impl Key {
                 let name = name.as_ref().ok_or(Absent::Value)?;
                 let mut values = req.headers.get_all(name).iter();
                 let first = values.next().ok_or(Absent::Value)?;
-                let mut acc = fp.of(first.as_bytes());
+                let mut acc = fp.of_bytes(first.as_bytes());
                 // Sent more than once (rare): chain the lines in order.
                 for more in values {
                     acc = fp.of(&(acc, more.as_bytes()));
@@ -457,10 +457,15 @@ impl Matcher {
     /// route): then no call is needed.
     #[inline]
     pub(crate) fn matches(&self, req: &RequestParts<'_>) -> bool {
-        if self.methods.is_empty() && self.path_prefix.is_none() && self.route.is_none() {
+        if self.matches_all() {
             return true;
         }
         self.matches_request(req)
+    }
+
+    /// Whether the rule applies to every request (no method, path or route).
+    pub(crate) fn matches_all(&self) -> bool {
+        self.methods.is_empty() && self.path_prefix.is_none() && self.route.is_none()
     }
 
     fn matches_request(&self, req: &RequestParts<'_>) -> bool {
