@@ -4,6 +4,7 @@
 //! (insert and [`WhenFull`]) in `insert.rs`, quotas and per-key overrides in
 //! `overrides.rs`.
 
+use super::hot::Hot;
 use super::insert::WhenFull;
 use super::overrides::Overrides;
 use super::table::Table;
@@ -14,7 +15,7 @@ use crate::decision::Decision;
 use crate::error::InsufficientCapacity;
 use crate::limiter::DefaultClock;
 use crate::quota::HORIZON;
-use crate::sync::{lock, Mutex};
+use crate::sync::{lock, thread_index, Mutex};
 use crate::word::ParamCell;
 use crossbeam_utils::CachePadded;
 use std::borrow::Borrow;
@@ -61,6 +62,8 @@ pub struct KeyedLimiter<K, A: Algorithm, C: Clock = DefaultClock> {
     pub(super) config: Mutex<A::Config>,
     /// Per-key quotas (`overrides.rs`).
     pub(super) overrides: Overrides<A>,
+    /// Hot keys' striped leases (`hot.rs`), if configured.
+    pub(super) hot: Option<Box<Hot>>,
     pub(super) _key: PhantomData<fn(&K)>,
 }
 
@@ -139,7 +142,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
     /// the caller's return slot, not in a temporary shared with this one).
     #[cold]
     #[inline(never)]
-    fn check_untracked(&self, h: u64, now: u64) -> Decision {
+    pub(super) fn check_untracked(&self, h: u64, now: u64) -> Decision {
         match self.run_untracked(h, now, 1, true) {
             Ok(d) => d,
             Err(_) => unreachable_capacity(),
@@ -171,6 +174,9 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
     /// A unit check of the key with hash `h` at `now` (clamped).
     #[inline]
     fn check_hashed(&self, h: u64, now: u64) -> Decision {
+        if let Some(hot) = self.hot.as_deref() {
+            return self.check_hot(hot, h, thread_index(), now);
+        }
         match self.run_tracked(h, now, 1, true) {
             Some(Ok(d)) => d,
             Some(Err(_)) => unreachable_capacity(),
@@ -305,7 +311,11 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
 
     /// Gives back `n` units an allowed check of `key` took. Nothing happens
     /// if the key is no longer tracked (it went idle and was reclaimed, or
-    /// was admitted untracked).
+    /// was admitted untracked), or if the table has hot keys
+    /// ([`KeyedBuilder::hot_keys`](super::KeyedBuilder::hot_keys)): a refund
+    /// below a lease would let the lease's units count twice, so there the
+    /// units stay taken until their time passes (more denials, never more
+    /// admissions).
     ///
     /// ```
     /// # use ratewall::{KeyedTokenBucket, Rate};
@@ -337,7 +347,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         K: Borrow<Q>,
         Q: Hash + ?Sized,
     {
-        if n == 0 {
+        if n == 0 || self.hot.is_some() {
             return;
         }
         let h = self.hash(key);
@@ -504,6 +514,7 @@ impl<K, A: Algorithm, C: Clock> fmt::Debug for KeyedLimiter<K, A, C> {
             .field("quota", &*lock(&self.config))
             .field("policy", &self.policy)
             .field("table", &self.table)
+            .field("hot", &self.hot)
             .field("clock", self.time.clock())
             .finish()
     }
