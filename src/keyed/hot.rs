@@ -257,9 +257,10 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         a.k_step(state, now, 1).0
     }
 
-    /// The key's state in the table (0, a fresh key's, if not tracked).
+    /// The key's state in the table (0, a fresh key's, if not tracked): a
+    /// snapshot for a decision's counts.
     fn tat_of(&self, h: u64) -> u64 {
-        self.table.update(h, &mut |tat| (tat, None)).unwrap_or(0)
+        self.table.state(h).unwrap_or(0)
     }
 
     /// Gives `units` of key `k`'s lease ending at `end` back to its entry in
@@ -321,7 +322,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
                         s,
                         key,
                         now,
-                        |k| self.table.update(k, &mut |tat| (tat, None)),
+                        |k| self.table.state(k),
                         |k, e, u| self.give_back(hot, k, e, u),
                     )
                 })
@@ -357,7 +358,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
             return false;
         };
         let h = self.hash(key);
-        if self.table.update(h, &mut |s| (s, None)).is_none() {
+        if self.table.state(h).is_none() {
             return false;
         }
         self.promote(hot, h, self.clamp(self.now()))
