@@ -79,7 +79,8 @@ proptest! {
     /// admission takes exactly one unit of the key (`available_key_at`), a
     /// promotion and a demotion none of a key that keeps them, and no other
     /// key gains any; a denial leaves at most the units held in stripes
-    /// (`slots * stripes * (max_lease - 1)`); `remaining` never over-counts.
+    /// (`slots * stripes * (max_lease - 1)`); `remaining` never over-counts;
+/// with one stripe per slot, a peek predicts the check, every field.
     #[test]
     fn the_bound_is_exact_per_key_with_promotion_and_demotion(
         (t_ns, burst, slots, stripes, max_lease, gap, ops) in (1u64..500, 1u64..24, 1usize..3, 1usize..5)
@@ -130,7 +131,12 @@ proptest! {
                 }
                 Op::Check { key, holder } => {
                     let k = u64::from(key);
+                    // One stripe: the peek's stripe (the thread's) is the check's.
+                    let peek = (stripes == 1).then(|| l.peek_key(&k));
                     let d = l.check_key_at_stripe(&k, holder.into(), now);
+                    if let Some(p) = peek {
+                        prop_assert_eq!(p, d, "peek predicts check");
+                    }
                     let after: Vec<u64> = (0..3).map(avail).collect();
                     for other in (0..3).filter(|&o| o != usize::from(key)) {
                         prop_assert!(after[other] <= before[other], "key {} gained units", other);

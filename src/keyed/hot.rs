@@ -240,6 +240,31 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         }
     }
 
+    /// The decision [`check_hot`](Self::check_hot) on `stripe` would return
+    /// for a hot key, without taking anything: the home stripe's lease, else
+    /// the take's answer, else another stripe's lease. `None`: not hot, or not tracked (the plain peek).
+    pub(super) fn peek_hot(&self, hot: &Hot, h: u64, stripe: usize, now: u64) -> Option<Decision> {
+        let i = hot.slot_of(h)?;
+        let l = &hot.leases;
+        let stripes = &hot.slots[i].stripes;
+        let home = stripe % stripes.len();
+        let lease = |j: usize| {
+            let u = l.held::<true>(&stripes[(home + j) % stripes.len()], h, now);
+            (u > 0).then(|| l.lease_decision(self.tat_of(h), u - 1, now))
+        };
+        if let Some(d) = lease(0) {
+            return Some(d);
+        }
+        // The take the check would make (a pure step; its size from the
+        // stripe's hints, as `check_hot` reads them).
+        let tat = self.table.state(h)?;
+        let (k, _, _) = l.next_size(&stripes[home], now);
+        match l.take_step(tat, now, k).0 {
+            Ok((d, _, _)) => Some(d),
+            Err(denial) => Some((1..stripes.len()).find_map(lease).unwrap_or(denial)),
+        }
+    }
+
     /// The plain unit check of a key that is not hot; promotes it if its
     /// compare-exchange lost to another check of the same key.
     fn check_maybe_contended(&self, hot: &Hot, h: u64, now: u64) -> Decision {

@@ -87,6 +87,14 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         n: u64,
         consume: bool,
     ) -> Result<Decision, InsufficientCapacity> {
+        if !consume && n == 1 {
+            if let Some(hot) = self.hot.as_deref() {
+                // A hot key's peek counts its leases, as its check would.
+                if let Some(d) = self.peek_hot(hot, h, thread_index(), now) {
+                    return Ok(d);
+                }
+            }
+        }
         match self.run_tracked(h, now, n, consume) {
             Some(r) => r,
             None => self.run_untracked(h, now, n, consume && n > 0),
