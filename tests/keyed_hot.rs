@@ -366,3 +366,40 @@ fn another_keys_install_drops_a_lease_that_is_not_the_tail() {
         "back a burst's time later"
     );
 }
+
+/// Threads on a frozen clock hammer one key (promoted, and contended so
+/// that another key is promoted on its own): never more than the burst
+/// admitted per key, and what is admitted plus what is left never exceeds
+/// it (a lost install race may leave fresh units to expire unused).
+#[test]
+fn threads_on_a_frozen_clock_never_exceed_the_burst() {
+    use std::sync::Arc;
+    let burst = 20_000;
+    let l = Arc::new(table(1_000, burst, 2, 4, 64, Duration::from_secs(3600)));
+    let _ = (l.check_key_at(&7, 0), l.check_key_at(&8, 0));
+    assert!(l.promote_key(&7));
+    let workers: Vec<_> = (0..4)
+        .map(|_| {
+            let l = Arc::clone(&l);
+            std::thread::spawn(move || {
+                let mut admitted = [0u64; 2];
+                for i in 0..10_000u64 {
+                    let k = 7 + (i & 1);
+                    admitted[(i & 1) as usize] += u64::from(l.check_key(&k).is_allowed());
+                }
+                admitted
+            })
+        })
+        .collect();
+    let mut admitted = [1u64, 1];
+    for w in workers {
+        let a = w.join().unwrap();
+        admitted[0] += a[0];
+        admitted[1] += a[1];
+    }
+    for (k, a) in [(7u64, admitted[0]), (8, admitted[1])] {
+        assert!(a <= burst, "key {k}: {a} admitted");
+        let left = l.available_key_at(&k, 0);
+        assert!(a + left <= burst, "key {k}: {a} admitted, {left} left");
+    }
+}
