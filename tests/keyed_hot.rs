@@ -8,6 +8,10 @@ use proptest::prelude::*;
 use ratewall::{Clock, HotKeys, KeyedTokenBucket, LeaseOptions, ManualClock, Rate, WhenFull};
 use std::time::Duration;
 
+#[path = "support/bound.rs"]
+mod bound;
+use bound::assert_bound;
+
 type Table = KeyedTokenBucket<u64, ManualClock>;
 
 fn table(
@@ -50,23 +54,6 @@ fn op(t_ns: u64, keys: u8) -> impl Strategy<Value = Op> {
         1 => (0..keys).prop_map(|key| Op::Demote { key }),
         3 => (0..(3 * t_ns) as u32).prop_map(|ns| Op::Advance { ns }),
     ]
-}
-
-/// In every interval `[t_i, t_j]` of a key's admission log (sorted), at
-/// most `burst + floor((t_j - t_i) / T)`.
-fn assert_bound(log: &[u64], burst: u64, t_ns: u64) {
-    for i in 0..log.len() {
-        for j in i..log.len() {
-            let n = (j - i + 1) as u64;
-            let allowed = burst + (log[j] - log[i]) / t_ns;
-            assert!(
-                n <= allowed,
-                "{n} admitted in [{}, {}] > {allowed}: {log:?}",
-                log[i],
-                log[j]
-            );
-        }
-    }
 }
 
 proptest! {
