@@ -390,3 +390,42 @@ fn threads_on_a_frozen_clock_never_exceed_the_burst() {
         assert!(a + left <= burst, "key {k}: {a} admitted, {left} left");
     }
 }
+
+/// A slot is taken over only once its key took no lease for `cool_after`;
+/// a promotion that found every slot busy does not look again for a
+/// quarter of `cool_after`; a demotion frees the slot at once.
+#[test]
+fn a_slot_changes_hands_only_when_its_key_cooled() {
+    let lease = LeaseOptions::new().stripes(2).max_lease(4);
+    let l = KeyedTokenBucket::<u64, _>::builder(Rate::per_second(1000).burst(100))
+        .hot_keys(
+            HotKeys::new(1)
+                .lease(lease)
+                .cool_after(Duration::from_secs(1)),
+        )
+        .clock(ManualClock::new())
+        .build()
+        .unwrap();
+    let clock = l.clock().clone();
+    let _ = (l.check_key(&1), l.check_key(&2));
+    assert!(l.promote_key(&1));
+    assert!(l.check_key_at_stripe(&1, 0, 0).is_allowed()); // a take: key 1 active
+    assert!(!l.promote_key(&2), "key 1 is not cold");
+    clock.advance(Duration::from_millis(999));
+    assert!(!l.promote_key(&2), "not yet");
+    clock.advance(Duration::from_millis(1));
+    assert!(
+        !l.promote_key(&2),
+        "cold, but the last look at 999 ms holds for 250 ms"
+    );
+    clock.advance(Duration::from_millis(248));
+    assert!(!l.promote_key(&2), "1248 ms");
+    clock.advance(Duration::from_millis(1));
+    assert!(
+        l.promote_key(&2),
+        "1249 ms: looked again, and key 1 is cold"
+    );
+    assert!(l.is_hot_key(&2) && !l.is_hot_key(&1));
+    assert_eq!(l.demote_key(&2), 0);
+    assert!(l.promote_key(&1), "a demotion frees the slot at once");
+}

@@ -105,6 +105,9 @@ impl HotKeys {
     /// How long a hot key must have taken no lease before another key may
     /// take its slot (default 1 ms). Promotion and demotion are cold paths;
     /// this keeps two contended keys from trading one slot back and forth.
+    /// A promotion that finds every slot busy does not look again for a
+    /// quarter of this (so many contended keys do not scan every stripe on
+    /// every lost compare-exchange).
     ///
     /// ```
     /// # use ratewall::HotKeys;
@@ -131,6 +134,10 @@ pub(crate) struct Hot {
     slots: Box<[HotSlot]>,
     leases: Leases,
     cool_after: u64,
+    /// Until when a promotion need not look for a slot: every slot was hot
+    /// at the last look (a hint, so that many contended keys do not scan
+    /// every stripe on every lost compare-exchange).
+    full_until: AtomicU64,
     options: HotKeys,
 }
 
@@ -155,6 +162,7 @@ impl Hot {
             slots,
             leases,
             cool_after: u64::try_from(options.cool_after.as_nanos()).unwrap_or(u64::MAX),
+            full_until: AtomicU64::new(0),
             options,
         })
     }
@@ -307,6 +315,10 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         if hot.slot_of(h).is_some() {
             return true;
         }
+        // Relaxed: a hint that publishes nothing (see `full_until`).
+        if now < hot.full_until.load(Ordering::Relaxed) {
+            return false;
+        }
         for i in 0..hot.owners.len() {
             // Relaxed: owners are routing hints (see `Hot::owners`).
             let old = hot.owners[i].load(Ordering::Relaxed);
@@ -329,6 +341,10 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
             }
             return true;
         }
+        // No slot free or cold: look again after a quarter of the cool-off.
+        // Relaxed: a hint, as above.
+        hot.full_until
+            .store(now.saturating_add(hot.cool_after / 4), Ordering::Relaxed);
         false
     }
 
@@ -433,6 +449,8 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         {
             return 0;
         }
+        // Relaxed: a hint (see `Hot::full_until`): a slot is free now.
+        hot.full_until.store(0, Ordering::Relaxed);
         self.drain(hot, i, h, self.clamp(self.now()))
     }
 
