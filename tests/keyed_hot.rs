@@ -309,6 +309,13 @@ fn bad_options_and_unsupported_calls() {
         .clock(ManualClock::new())
         .build()
         .unwrap();
+    let plain = KeyedTokenBucket::<u64>::builder(r).build().unwrap();
+    assert!(
+        l.memory_bytes() >= plain.memory_bytes() + 64 * 128,
+        "64 slots of at least one 128-byte stripe each: {} vs {}",
+        l.memory_bytes(),
+        plain.memory_bytes()
+    );
     assert!(l.set_quota(Rate::per_second(20)).is_err());
     assert!(l.set_key_quota(&1, Rate::per_second(20)).is_err());
     assert!(l.check_key(&1).is_allowed());

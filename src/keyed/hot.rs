@@ -179,6 +179,15 @@ impl Hot {
             .position(|o| o.load(Ordering::Relaxed) == h)
     }
 
+    /// Bytes the hot slots own (allocated when the table is built).
+    pub(crate) fn memory_bytes(&self) -> usize {
+        let stripes: usize = self.slots.iter().map(|s| s.stripes.len()).sum();
+        std::mem::size_of::<Self>()
+            + self.owners.len() * std::mem::size_of::<AtomicU64>()
+            + self.slots.len() * std::mem::size_of::<HotSlot>()
+            + stripes * std::mem::size_of::<CachePadded<Stripe>>()
+    }
+
     /// Whether slot `i` took no lease within `cool_after` of `now`.
     fn is_cold(&self, i: usize, now: u64) -> bool {
         self.slots[i]

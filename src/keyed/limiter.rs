@@ -461,7 +461,8 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
     }
 
     /// Bytes the table owns (allocated up front, constant): at most 24 per
-    /// key of `max_keys` from about 1,000 keys up, whatever the key type.
+    /// key of `max_keys` from about 1,000 keys up, whatever the key type,
+    /// plus 128 per stripe of the hot slots if it has hot keys.
     ///
     /// ```
     /// # use ratewall::{KeyedTokenBucket, Rate};
@@ -469,7 +470,9 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
     /// assert!(l.memory_bytes() <= 24 * 1_000_000);
     /// ```
     pub fn memory_bytes(&self) -> usize {
-        self.table.memory_bytes() + std::mem::size_of::<Self>()
+        self.table.memory_bytes()
+            + std::mem::size_of::<Self>()
+            + self.hot.as_deref().map_or(0, Hot::memory_bytes)
     }
 
     /// Loom-only test hook (compiled only with `--cfg ratewall_loom`, so not
