@@ -462,7 +462,8 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
 
     /// Bytes the table owns (allocated up front, constant): at most 24 per
     /// key of `max_keys` from about 1,000 keys up, whatever the key type,
-    /// plus 128 per stripe of the hot slots if it has hot keys.
+    /// plus a cache-padded line (128 bytes on x86-64) per stripe of the hot
+    /// slots if it has hot keys.
     ///
     /// ```
     /// # use ratewall::{KeyedTokenBucket, Rate};
