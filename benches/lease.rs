@@ -2,7 +2,12 @@
 //! `StripedLimiter` (leases in per-thread stripes) against the plain
 //! `TokenBucket` (one word) and `governor`'s direct limiter, on the same quota.
 //!
-//! `cargo bench --bench lease -- [--secs 0.3] [--rounds 5] [--threads 1,2,4,8] [--coarse]`
+//! `cargo bench --bench lease -- [--secs 0.3] [--rounds 5] [--threads 1,2,4,8] [--coarse] [--keyed]`
+//!
+//! `--keyed`: one hot key of a keyed token bucket instead (the same quota
+//! per key; 10,000 other keys tracked): the table with hot keys
+//! (`KeyedBuilder::hot_keys`, the key promoted before the run), the plain
+//! keyed table (one 16-byte slot), and governor's `RateLimiter::keyed`.
 //!
 //! `--coarse`: ratewall on `CoarseClock` and governor on `QuantaUpkeepClock`
 //! (1 ms), so the clock read (an `rdtsc`, 30-40 ns on the 2-core VM) no
@@ -20,7 +25,7 @@
 //! builds: more threads than cores measure time-slicing, not parallelism.
 
 use governor::{Quota, RateLimiter};
-use ratewall::{CoarseClock, Rate, StripedLimiter, TokenBucket};
+use ratewall::{Clock, CoarseClock, HotKeys, KeyedTokenBucket, Rate, StripedLimiter, TokenBucket};
 use std::hint::black_box;
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -79,6 +84,64 @@ fn point<Op: Fn() -> bool + Sync>(threads: usize, secs: f64, op: &Op) -> (f64, u
     (rate, admitted, t0.elapsed())
 }
 
+/// The keyed tables: `hot` with hot keys, key 7 promoted; 10,000 other
+/// keys tracked so the hot key's slot sits in a real table.
+fn keyed_table<C: Clock>(clock: C, hot: bool) -> KeyedTokenBucket<u64, C> {
+    let b = KeyedTokenBucket::<u64>::builder(rate())
+        .max_keys(1 << 16)
+        .clock(clock);
+    let l = if hot {
+        b.hot_keys(HotKeys::new(4)).build().unwrap()
+    } else {
+        b.build().unwrap()
+    };
+    for k in 0..10_000 {
+        let _ = l.check_key(&k);
+    }
+    assert_eq!(l.promote_key(&7), hot);
+    l
+}
+
+/// One point of the `--keyed` mode: implementation `ii` at `t` threads.
+fn keyed_point(ii: usize, t: usize, secs: f64, coarse: bool) -> f64 {
+    let check_bound = |(ops, admitted, wall): (f64, u64, Duration)| {
+        let bound = BURST as f64 + RATE as f64 * wall.as_secs_f64();
+        assert!(
+            admitted as f64 <= bound,
+            "bound violated: {admitted} > {bound}"
+        );
+        ops
+    };
+    match (ii, coarse) {
+        (0 | 1, true) => {
+            let l = keyed_table(CoarseClock::new(), ii == 0);
+            check_bound(point(t, secs, &|| black_box(&l).check_key(&7).is_allowed()))
+        }
+        (0 | 1, false) => {
+            let l = keyed_table(ratewall::DefaultClock::default(), ii == 0);
+            check_bound(point(t, secs, &|| black_box(&l).check_key(&7).is_allowed()))
+        }
+        (_, true) => {
+            let l = RateLimiter::dashmap_with_clock(
+                gov_quota(),
+                governor::clock::QuantaUpkeepClock::from_interval(Duration::from_millis(1))
+                    .unwrap(),
+            );
+            for k in 0..10_000u64 {
+                let _ = l.check_key(&k);
+            }
+            point(t, secs, &|| black_box(&l).check_key(&7).is_ok()).0
+        }
+        (_, false) => {
+            let l = RateLimiter::keyed(gov_quota());
+            for k in 0..10_000u64 {
+                let _ = l.check_key(&k);
+            }
+            point(t, secs, &|| black_box(&l).check_key(&7).is_ok()).0
+        }
+    }
+}
+
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     v[v.len() / 2]
@@ -89,6 +152,7 @@ fn main() {
     let mut rounds = 5;
     let mut threads = vec![1, 2, 4, 8];
     let mut coarse = false;
+    let mut keyed = false;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -108,16 +172,22 @@ fn main() {
                     .collect()
             }
             "--coarse" => coarse = true,
+            "--keyed" => keyed = true,
             _ => {} // cargo bench passes --bench
         }
     }
-    let names = ["striped", "single word", "governor"];
+    let names = if keyed {
+        ["hot key", "keyed", "governor keyed"]
+    } else {
+        ["striped", "single word", "governor"]
+    };
     // [threads][impl] -> per-round ops/s
     let mut results = vec![vec![Vec::new(); names.len()]; threads.len()];
     for round in 0..rounds {
         for (ti, &t) in threads.iter().enumerate() {
             for (ii, name) in names.iter().enumerate() {
                 let ops = match ii {
+                    _ if keyed => keyed_point(ii, t, secs, coarse),
                     0 if coarse => {
                         let l = StripedLimiter::with_clock(rate(), CoarseClock::new()).unwrap();
                         point(t, secs, &|| black_box(&l).check().is_allowed()).0
@@ -157,14 +227,17 @@ fn main() {
                     }
                 };
                 eprintln!(
-                    "round {round} {t} threads {name:<11}: {:>7.2} M/s",
+                    "round {round} {t} threads {name:<14}: {:>7.2} M/s",
                     ops / 1e6
                 );
                 results[ti][ii].push(ops);
             }
         }
     }
-    println!("| threads | striped M/s | single word M/s | governor M/s | striped / single (spread) | striped / governor |");
+    println!(
+        "| threads | {} M/s | {} M/s | {} M/s | {} / {} (spread) | {} / {} |",
+        names[0], names[1], names[2], names[0], names[1], names[0], names[2]
+    );
     println!("|---|---|---|---|---|---|");
     for (ti, &t) in threads.iter().enumerate() {
         let r = &results[ti];

@@ -71,7 +71,7 @@ pub use decision::{Decision, Tracking};
 pub use elastic::{ElasticBuilder, ElasticLimiter, ElasticRef};
 pub use error::{ConfigError, InsufficientCapacity, InvalidPolicyName};
 pub use keyed::{
-    KeyedBuilder, KeyedFixedWindow, KeyedLeakyBucket, KeyedLimiter, KeyedLogRef,
+    HotKeys, KeyedBuilder, KeyedFixedWindow, KeyedLeakyBucket, KeyedLimiter, KeyedLogRef,
     KeyedSlidingWindowCounter, KeyedSlidingWindowLog, KeyedTokenBucket, WhenFull, MAX_KEYS,
 };
 pub use lease::{LeaseOptions, StripedLimiter};

@@ -89,7 +89,7 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// A small number for the calling thread, handed out in the order threads
 /// first ask (0, 1, 2, ...), so that threads spread over a striped limiter's
-/// stripes (`src/lease.rs`). Always `std`'s atomics, even under loom: the
+/// stripes (`src/lease/`). Always `std`'s atomics, even under loom: the
 /// index only picks a stripe and publishes no memory, so loom need not see it.
 pub(crate) fn thread_index() -> usize {
     use std::cell::Cell;

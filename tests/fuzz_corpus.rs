@@ -71,3 +71,8 @@ fn headers_corpus() {
 fn lease_corpus() {
     replay("lease", model::run_lease);
 }
+
+#[test]
+fn lease_keyed_corpus() {
+    replay("lease_keyed", model::run_lease_keyed);
+}

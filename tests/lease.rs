@@ -7,6 +7,10 @@ use ratewall::{Clock, LeaseOptions, ManualClock, Rate, StripedLimiter, TokenBuck
 use std::sync::Arc;
 use std::time::Duration;
 
+#[path = "support/bound.rs"]
+mod bound;
+use bound::assert_bound;
+
 fn striped(
     t_ns: u64,
     burst: u64,
@@ -39,23 +43,6 @@ fn op(t_ns: u64) -> impl Strategy<Value = Op> {
         1 => Just(Op::Release),
         3 => (0..(3 * t_ns) as u32).prop_map(|ns| Op::Advance { ns }),
     ]
-}
-
-/// The bound of DESIGN.md section 1 over a log of admission times (sorted):
-/// in every interval `[t_i, t_j]`, at most `burst + floor((t_j - t_i) / T)`.
-fn assert_bound(log: &[u64], burst: u64, t_ns: u64) {
-    for i in 0..log.len() {
-        for j in i..log.len() {
-            let n = (j - i + 1) as u64;
-            let allowed = burst + (log[j] - log[i]) / t_ns;
-            assert!(
-                n <= allowed,
-                "{n} admitted in [{}, {}] > {allowed}: {log:?}",
-                log[i],
-                log[j]
-            );
-        }
-    }
 }
 
 proptest! {

@@ -1,14 +1,22 @@
 //! The lease target: a `StripedLimiter` with several holders against a naive
-//! model written from the documented rules (`src/lease.rs` module docs and
+//! model written from the documented rules (`src/lease/` module docs and
 //! docs/design.md, "Leases") in `u128`: take, use, steal, release, expiry and
 //! the adaptation of the lease size. After every step every field of the
 //! decision and the units available anywhere must agree, and every admission
 //! must keep the bound `admitted <= burst + floor(d / T)` over every interval
 //! ending at it.
+//!
+//! The `lease_keyed` target runs the same scenarios on a hot key of a keyed
+//! token bucket (`HotKeys`, one slot): after one plain check (which tracks
+//! the key) and its promotion, the key's entry in the table is the shared
+//! word and the same model must hold, field for field (releases are not
+//! offered there, so they are skipped).
 
 use super::{assert_decision, gcra, Dec, RateSpec, SmallRate, TimeModel, TimeOp, MAX_STEPS};
 use arbitrary::{Arbitrary, Unstructured};
-use ratewall::{ConfigError, LeaseOptions, ManualClock, StripedLimiter};
+use ratewall::{
+    ConfigError, Decision, HotKeys, KeyedTokenBucket, LeaseOptions, ManualClock, StripedLimiter,
+};
 use std::time::Duration;
 
 #[derive(Arbitrary, Clone, Copy, Debug)]
@@ -129,6 +137,19 @@ impl Model {
             reset_ns: held + m * self.t(),
         }
     }
+    /// A plain unit check on the word (no lease, no hints): the keyed
+    /// table's check of a key that is not hot yet.
+    fn plain_check(&mut self, now: u128) -> Dec {
+        let plain = gcra::Bucket {
+            quota: self.q,
+            tat: self.tat,
+        };
+        let (d, next) = plain.decide(now, 1);
+        if let Some(tat) = next {
+            self.tat = tat;
+        }
+        d
+    }
     fn release(&mut self, now: u128) -> u128 {
         let mut total = 0;
         for i in 0..self.stripes.len() {
@@ -145,8 +166,40 @@ impl Model {
     }
 }
 
-/// Decodes and runs one lease scenario; panics on any disagreement.
+/// The limiter under test: a striped limiter, or hot key 0 of a keyed table.
+#[derive(Debug)]
+enum Subject {
+    Striped(StripedLimiter<ManualClock>),
+    Keyed(KeyedTokenBucket<u64, ManualClock>),
+}
+
+impl Subject {
+    fn check_at_stripe(&self, holder: usize, at: u64) -> Decision {
+        match self {
+            Subject::Striped(l) => l.check_at_stripe(holder, at),
+            Subject::Keyed(l) => l.check_key_at_stripe(&0, holder, at),
+        }
+    }
+    fn available_at(&self, at: u64) -> u64 {
+        match self {
+            Subject::Striped(l) => l.available_at(at),
+            Subject::Keyed(l) => l.available_key_at(&0, at),
+        }
+    }
+}
+
+/// Decodes and runs one lease scenario on a `StripedLimiter`; panics on any
+/// disagreement.
 pub fn run_lease(data: &[u8]) {
+    run(data, false);
+}
+
+/// The same scenario on hot key 0 of a keyed token bucket.
+pub fn run_lease_keyed(data: &[u8]) {
+    run(data, true);
+}
+
+fn run(data: &[u8], keyed: bool) {
     let mut u = Unstructured::new(data);
     let (Ok(spec), Ok(stripes), Ok(max_lease), Ok(gap_us)) = (
         SmallRate::arbitrary(&mut u),
@@ -162,7 +215,18 @@ pub fn run_lease(data: &[u8]) {
         .max_lease(max_lease)
         .hot_gap(Duration::from_micros(gap_us.into()));
     let clock = ManualClock::new();
-    let real = StripedLimiter::with_options(spec.rate(), clock.clone(), opts);
+    let real = if keyed {
+        KeyedTokenBucket::<u64, _>::builder(spec.rate())
+            .max_keys(4)
+            .shards(1)
+            .seed(0)
+            .hot_keys(HotKeys::new(1).lease(opts))
+            .clock(clock.clone())
+            .build()
+            .map(Subject::Keyed)
+    } else {
+        StripedLimiter::with_options(spec.rate(), clock.clone(), opts).map(Subject::Striped)
+    };
     let q = match (real.as_ref(), spec.model()) {
         (Ok(_), Ok(q)) if stripes >= 1 && (1..=q.burst).contains(&max_lease) => q,
         (Err(ConfigError::Incompatible { .. }), Ok(q))
@@ -188,6 +252,17 @@ pub fn run_lease(data: &[u8]) {
     };
     let mut time = TimeModel::default();
     let mut log: Vec<u128> = Vec::new();
+    if let Subject::Keyed(l) = &real {
+        // One plain check tracks the key; then it is made hot.
+        let at = time.clock;
+        let d = l.check_key_at(&0, at);
+        let now = time.observe(at);
+        assert_decision(&d, &model.plain_check(now), &"the first, plain check");
+        if d.is_allowed() {
+            log.push(now);
+        }
+        assert!(l.promote_key(&0), "a tracked key takes the free slot");
+    }
     for step in 0..MAX_STEPS {
         let Ok(op) = LeaseOp::arbitrary(&mut u) else {
             break;
@@ -211,10 +286,12 @@ pub fn run_lease(data: &[u8]) {
                 d.is_allowed().then_some(now)
             }
             LeaseOp::Release => {
-                let at = time.clock;
-                let got = real.release_at(at);
-                let now = time.observe(at);
-                assert_eq!(u128::from(got), model.release(now), "release at {ctx:?}");
+                if let Subject::Striped(real) = &real {
+                    let at = time.clock;
+                    let got = real.release_at(at);
+                    let now = time.observe(at);
+                    assert_eq!(u128::from(got), model.release(now), "release at {ctx:?}");
+                }
                 None
             }
             LeaseOp::Time(op) => {

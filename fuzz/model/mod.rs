@@ -846,4 +846,4 @@ pub use headers::run_headers;
 pub mod lease;
 
 #[allow(unused_imports)]
-pub use lease::run_lease;
+pub use lease::{run_lease, run_lease_keyed};

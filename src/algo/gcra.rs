@@ -108,6 +108,10 @@ impl WordStep for Gcra {
     fn time_to_idle(&self, tat: u64, now: u64) -> u64 {
         tat.saturating_sub(now)
     }
+
+    fn as_gcra(&self) -> Option<Gcra> {
+        Some(*self)
+    }
 }
 
 word_algorithm!(Gcra, Rate, "token bucket", |r| r.to_gcra());

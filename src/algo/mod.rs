@@ -93,6 +93,11 @@ pub(crate) trait WordStep: Params + Copy {
     /// Nanoseconds from `now` until `state` is idle (0 iff `is_idle`): the
     /// earliest moment a keyed table may reclaim the key.
     fn time_to_idle(&self, state: u64, now: u64) -> u64;
+    /// The token bucket's parameters (`None` for every other algorithm):
+    /// leases (`src/lease/`) are token-bucket arithmetic.
+    fn as_gcra(&self) -> Option<Gcra> {
+        None
+    }
 }
 
 /// The CAS-applied check shared by every single-word algorithm.

@@ -2,12 +2,13 @@
 //! ([`MAX_KEYS`], the shard count) and their validation. Shared by
 //! [`KeyedLimiter`] and the keyed sliding log (`log.rs`).
 
+use super::hot::{Hot, HotKeys};
 use super::insert::WhenFull;
 use super::limiter::KeyedLimiter;
 use super::overrides::Overrides;
 use super::table::Table;
 use super::KeyedAlgorithm;
-use crate::algo::Algorithm;
+use crate::algo::{Algorithm, Gcra};
 use crate::clock::{Clock, Timebase};
 use crate::error::ConfigError;
 use crate::limiter::DefaultClock;
@@ -48,6 +49,7 @@ pub struct KeyedBuilder<K, A: Algorithm, C: Clock = DefaultClock> {
     shards: Option<usize>,
     pub(super) policy: WhenFull,
     seed: Option<u64>,
+    hot: Option<HotKeys>,
     pub(super) clock: C,
     _key: PhantomData<fn(&K)>,
 }
@@ -143,6 +145,7 @@ impl<K, A: Algorithm, C: Clock> KeyedBuilder<K, A, C> {
             shards: self.shards,
             policy: self.policy,
             seed: self.seed,
+            hot: self.hot,
             clock,
             _key: PhantomData,
         }
@@ -181,6 +184,30 @@ impl<K, A: Algorithm, C: Clock> KeyedBuilder<K, A, C> {
     }
 }
 
+impl<K, C: Clock> KeyedBuilder<K, Gcra, C> {
+    /// Striped leases for the table's hot keys (off by default): up to
+    /// `hot.slots` keys that several threads check at once admit from
+    /// per-thread leases taken from their entry in batches, with the bound
+    /// kept exact; see [`HotKeys`]. Then the table's quota cannot change at
+    /// run time ([`set_quota`](KeyedLimiter::set_quota) and
+    /// [`set_key_quota`](KeyedLimiter::set_key_quota) return an error), and
+    /// [`refund_key`](KeyedLimiter::refund_key) does nothing.
+    ///
+    /// ```
+    /// # use ratewall::{HotKeys, KeyedTokenBucket, LeaseOptions, Rate};
+    /// let l = KeyedTokenBucket::<u64>::builder(Rate::per_second(1000).burst(100))
+    ///     .hot_keys(HotKeys::new(8).lease(LeaseOptions::new().stripes(4)))
+    ///     .build()?;
+    /// assert!(l.check_key(&1).is_allowed());
+    /// assert!(l.set_quota(Rate::per_second(10)).is_err());
+    /// # Ok::<(), ratewall::ConfigError>(())
+    /// ```
+    pub fn hot_keys(mut self, hot: HotKeys) -> Self {
+        self.hot = Some(hot);
+        self
+    }
+}
+
 impl<K, A: Algorithm> KeyedBuilder<K, A, DefaultClock> {
     pub(crate) fn new(config: A::Config) -> Self {
         KeyedBuilder {
@@ -189,6 +216,7 @@ impl<K, A: Algorithm> KeyedBuilder<K, A, DefaultClock> {
             shards: None,
             policy: WhenFull::default(),
             seed: None,
+            hot: None,
             clock: DefaultClock::default(),
             _key: PhantomData,
         }
@@ -207,6 +235,11 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedBuilder<K, A, C> {
         let params = A::from_config(&self.config)?;
         let shards = self.validated_shards()?;
         let hasher = self.key_hasher();
+        // `hot_keys` exists only on token-bucket builders.
+        let hot = match (self.hot, params.k_gcra()) {
+            (Some(options), Some(gcra)) => Some(Box::new(Hot::new(gcra, options)?)),
+            _ => None,
+        };
         Ok(KeyedLimiter {
             table: Table::new(self.max_keys, shards),
             params: CachePadded::new(ParamCell::new(params)),
@@ -215,6 +248,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedBuilder<K, A, C> {
             policy: self.policy,
             config: Mutex::new(self.config),
             overrides: Overrides::new(),
+            hot,
             _key: PhantomData,
         })
     }
@@ -233,6 +267,7 @@ impl<K, A: Algorithm, C: Clock> fmt::Debug for KeyedBuilder<K, A, C> {
             .field("shards", &self.shards)
             .field("policy", &self.policy)
             .field("seed", &self.seed.map(|_| "<set>"))
+            .field("hot", &self.hot)
             .field("clock", &self.clock)
             .finish()
     }

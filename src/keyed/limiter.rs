@@ -4,6 +4,7 @@
 //! (insert and [`WhenFull`]) in `insert.rs`, quotas and per-key overrides in
 //! `overrides.rs`.
 
+use super::hot::Hot;
 use super::insert::WhenFull;
 use super::overrides::Overrides;
 use super::table::Table;
@@ -14,7 +15,7 @@ use crate::decision::Decision;
 use crate::error::InsufficientCapacity;
 use crate::limiter::DefaultClock;
 use crate::quota::HORIZON;
-use crate::sync::{lock, Mutex};
+use crate::sync::{lock, thread_index, Mutex};
 use crate::word::ParamCell;
 use crossbeam_utils::CachePadded;
 use std::borrow::Borrow;
@@ -61,6 +62,8 @@ pub struct KeyedLimiter<K, A: Algorithm, C: Clock = DefaultClock> {
     pub(super) config: Mutex<A::Config>,
     /// Per-key quotas (`overrides.rs`).
     pub(super) overrides: Overrides<A>,
+    /// Hot keys' striped leases (`hot.rs`), if configured.
+    pub(super) hot: Option<Box<Hot>>,
     pub(super) _key: PhantomData<fn(&K)>,
 }
 
@@ -84,6 +87,14 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         n: u64,
         consume: bool,
     ) -> Result<Decision, InsufficientCapacity> {
+        if !consume && n == 1 {
+            if let Some(hot) = self.hot.as_deref() {
+                // A hot key's peek counts its leases, as its check would.
+                if let Some(d) = self.peek_hot(hot, h, thread_index(), now) {
+                    return Ok(d);
+                }
+            }
+        }
         match self.run_tracked(h, now, n, consume) {
             Some(r) => r,
             None => self.run_untracked(h, now, n, consume && n > 0),
@@ -139,7 +150,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
     /// the caller's return slot, not in a temporary shared with this one).
     #[cold]
     #[inline(never)]
-    fn check_untracked(&self, h: u64, now: u64) -> Decision {
+    pub(super) fn check_untracked(&self, h: u64, now: u64) -> Decision {
         match self.run_untracked(h, now, 1, true) {
             Ok(d) => d,
             Err(_) => unreachable_capacity(),
@@ -171,6 +182,9 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
     /// A unit check of the key with hash `h` at `now` (clamped).
     #[inline]
     fn check_hashed(&self, h: u64, now: u64) -> Decision {
+        if let Some(hot) = self.hot.as_deref() {
+            return self.check_hot(hot, h, thread_index(), now);
+        }
         match self.run_tracked(h, now, 1, true) {
             Some(Ok(d)) => d,
             Some(Err(_)) => unreachable_capacity(),
@@ -305,7 +319,11 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
 
     /// Gives back `n` units an allowed check of `key` took. Nothing happens
     /// if the key is no longer tracked (it went idle and was reclaimed, or
-    /// was admitted untracked).
+    /// was admitted untracked), or if the table has hot keys
+    /// ([`KeyedBuilder::hot_keys`](super::KeyedBuilder::hot_keys)): a refund
+    /// below a lease would let the lease's units count twice, so there the
+    /// units stay taken until their time passes (more denials, never more
+    /// admissions).
     ///
     /// ```
     /// # use ratewall::{KeyedTokenBucket, Rate};
@@ -337,7 +355,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         K: Borrow<Q>,
         Q: Hash + ?Sized,
     {
-        if n == 0 {
+        if n == 0 || self.hot.is_some() {
             return;
         }
         let h = self.hash(key);
@@ -443,7 +461,9 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
     }
 
     /// Bytes the table owns (allocated up front, constant): at most 24 per
-    /// key of `max_keys` from about 1,000 keys up, whatever the key type.
+    /// key of `max_keys` from about 1,000 keys up, whatever the key type,
+    /// plus a cache-padded line (128 bytes on x86-64) per stripe of the hot
+    /// slots if it has hot keys.
     ///
     /// ```
     /// # use ratewall::{KeyedTokenBucket, Rate};
@@ -451,7 +471,9 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
     /// assert!(l.memory_bytes() <= 24 * 1_000_000);
     /// ```
     pub fn memory_bytes(&self) -> usize {
-        self.table.memory_bytes() + std::mem::size_of::<Self>()
+        self.table.memory_bytes()
+            + std::mem::size_of::<Self>()
+            + self.hot.as_deref().map_or(0, Hot::memory_bytes)
     }
 
     /// Loom-only test hook (compiled only with `--cfg ratewall_loom`, so not
@@ -504,6 +526,7 @@ impl<K, A: Algorithm, C: Clock> fmt::Debug for KeyedLimiter<K, A, C> {
             .field("quota", &*lock(&self.config))
             .field("policy", &self.policy)
             .field("table", &self.table)
+            .field("hot", &self.hot)
             .field("clock", self.time.clock())
             .finish()
     }

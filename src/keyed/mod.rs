@@ -14,6 +14,7 @@
 //! bounds; `log.rs`, the keyed sliding log (its own table).
 
 mod builder;
+mod hot;
 mod insert;
 mod limiter;
 mod log;
@@ -21,6 +22,7 @@ mod overrides;
 pub(crate) mod table;
 
 pub use builder::{KeyedBuilder, MAX_KEYS};
+pub use hot::HotKeys;
 pub use insert::WhenFull;
 pub use limiter::KeyedLimiter;
 pub use log::{KeyedLogRef, KeyedSlidingWindowLog};
@@ -54,6 +56,9 @@ pub(crate) mod sealed {
         fn k_rescale(&self, old: &Self, state: u64, now: u64) -> u64;
         fn k_is_idle(&self, state: u64, now: u64) -> bool;
         fn k_time_to_idle(&self, state: u64, now: u64) -> u64;
+        /// The token bucket's parameters, for hot keys' leases (`None` for
+        /// every other algorithm).
+        fn k_gcra(&self) -> Option<crate::algo::Gcra>;
     }
 }
 
@@ -80,6 +85,9 @@ impl<A: Algorithm + WordStep> sealed::KeyedCore for A {
     #[inline]
     fn k_time_to_idle(&self, state: u64, now: u64) -> u64 {
         WordStep::time_to_idle(self, state, now)
+    }
+    fn k_gcra(&self) -> Option<Gcra> {
+        WordStep::as_gcra(self)
     }
 }
 

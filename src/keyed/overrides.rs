@@ -85,6 +85,17 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         self.params_for(self.hash(key)).k_capacity()
     }
 
+    /// Quota changes need a table without hot keys: a lease's units are
+    /// counted in the emission interval of its take.
+    fn no_hot_keys(&self) -> Result<(), ConfigError> {
+        match self.hot {
+            Some(_) => Err(ConfigError::Incompatible {
+                reason: "quota changes are not supported on a keyed table with hot keys; build it without `hot_keys`",
+            }),
+            None => Ok(()),
+        }
+    }
+
     /// The parameters for the key with hash `h`. Called inside the step,
     /// after the slot load (see `ParamCell`).
     #[inline]
@@ -119,6 +130,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
     /// assert_eq!(l.quota(), Rate::per_second(100).burst(20));
     /// ```
     pub fn set_quota(&self, config: A::Config) -> Result<(), ConfigError> {
+        self.no_hot_keys()?;
         let new = A::from_config(&config)?;
         let mut current = lock(&self.config);
         let old: A = self.params.read();
@@ -155,6 +167,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         K: Borrow<Q>,
         Q: Hash + ?Sized,
     {
+        self.no_hot_keys()?;
         let new = A::from_config(&config)?;
         let _serial = lock(&self.config);
         let h = self.hash(key);

@@ -296,6 +296,14 @@ impl Table {
         self.apply(h, step).map(|(r, _)| r)
     }
 
+    /// The key's state, if tracked: one load of its slot (a snapshot, for a
+    /// decision's counts; it decides nothing).
+    #[inline]
+    pub(crate) fn state(&self, h: u64) -> Option<u64> {
+        let (shard, start) = self.locate(h);
+        find(shard, start, fingerprint(h)).map(|(_, v)| state_of(v))
+    }
+
     /// [`update`](Self::update), also returning the state the winning step
     /// ran on (the hot path builds its decision from it after the exchange,
     /// as `AtomicWord::apply`).

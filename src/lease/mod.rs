@@ -32,24 +32,23 @@
 //! of length `d` at most `burst + floor(d / T)` units are admitted, exactly as
 //! for the plain token bucket. See `docs/design.md`, "Leases".
 
-use crate::algo::{Gcra, WordStep};
+use crate::algo::WordStep;
 use crate::clock::{Clock, Timebase};
 use crate::decision::Decision;
 use crate::error::{ConfigError, InsufficientCapacity};
 use crate::limiter::DefaultClock;
 use crate::quota::{Rate, HORIZON};
-use crate::sync::{thread_index, AtomicU64, Ordering};
+use crate::sync::thread_index;
 use crate::word::AtomicWord;
 use crossbeam_utils::CachePadded;
 use std::fmt;
 use std::time::Duration;
 
-/// Most stripes a [`StripedLimiter`] accepts.
-const MAX_STRIPES: usize = 1024;
-/// Largest default lease.
-const DEFAULT_MAX_LEASE: u64 = 1 << 16;
-/// `last_take` of a stripe that never took.
-const NEVER: u64 = u64::MAX;
+mod stripe;
+
+#[cfg(all(test, not(ratewall_loom)))]
+use stripe::MAX_STRIPES;
+pub(crate) use stripe::{Leases, Stripe};
 
 /// How a [`StripedLimiter`] leases: the number of stripes, the largest lease
 /// and how quickly a lease grows.
@@ -146,64 +145,6 @@ impl LeaseOptions {
     }
 }
 
-/// One stripe: a lease and its size. Its own cache line.
-///
-/// ```text
-/// lease:  63  62            32 31                 0
-///        +---+----------------+--------------------+
-///        | L | generation     | units left         |
-///        +---+----------------+--------------------+
-/// end:   the TAT the lease's take stored (64 bits)
-/// ```
-///
-/// `end` changes only while `L` (an installer's lock) is set, and every lock
-/// bumps the generation, so a check that read `lease` and then `end` and
-/// compare-exchanges `lease` from the value it read used the `end` of that
-/// very lease. The generation wraps after 2^31 installs, far more than can
-/// happen between one check's load and its CAS.
-#[derive(Debug)]
-struct Stripe {
-    lease: AtomicU64,
-    end: AtomicU64,
-    /// The size of this stripe's next lease (a hint: races only mis-size it).
-    size: AtomicU64,
-    /// When this stripe last took from the word (`NEVER` before its first take).
-    last_take: AtomicU64,
-}
-
-const UNITS: u64 = (1 << 32) - 1;
-const LOCK: u64 = 1 << 63;
-
-/// The units of a lease word (none while an installer holds it).
-#[inline]
-fn units_of(w: u64) -> u64 {
-    if w & LOCK != 0 {
-        0
-    } else {
-        w & UNITS
-    }
-}
-
-/// The lease word's next generation, unlocked, with no units.
-#[inline]
-fn next_generation(w: u64) -> u64 {
-    (((w >> 32) + 1) & 0x7FFF_FFFF) << 32
-}
-
-/// Units of the lease `(units, end)` that may still be admitted at `now`:
-/// those whose slot has not started to pass.
-#[inline]
-fn usable(units: u64, end: u64, now: u64, emission: u64) -> u64 {
-    let ahead = end.saturating_sub(now);
-    // No overflow: units * T <= burst * T = tau <= 2^62. The common case (no
-    // slot has started to pass) needs no division.
-    if units * emission <= ahead {
-        units
-    } else {
-        ahead / emission
-    }
-}
-
 /// A token bucket for one hot limit shared by many threads: each thread
 /// admits from a lease of units taken from the shared word in batches, so a
 /// hot limit stops queueing every check on one cache line. The bound stays
@@ -234,10 +175,8 @@ fn usable(units: u64, end: u64, now: u64, emission: u64) -> u64 {
 pub struct StripedLimiter<C: Clock = DefaultClock> {
     word: CachePadded<AtomicWord>,
     stripes: Box<[CachePadded<Stripe>]>,
-    params: Gcra,
+    leases: Leases,
     rate: Rate,
-    max_lease: u64,
-    hot_gap: u64,
     time: Timebase<C>,
 }
 
@@ -279,45 +218,15 @@ impl<C: Clock> StripedLimiter<C> {
     /// assert!(bad.is_err());
     /// ```
     pub fn with_options(rate: Rate, clock: C, options: LeaseOptions) -> Result<Self, ConfigError> {
-        let params = rate.to_gcra()?;
-        let stripes = match options.stripes {
-            Some(s) => s,
-            None => std::thread::available_parallelism()
-                .map_or(1, |n| n.get())
-                .saturating_mul(2)
-                .min(64),
-        };
-        if stripes == 0 || stripes > MAX_STRIPES {
-            return Err(ConfigError::Incompatible {
-                reason: "a striped limiter needs between 1 and 1024 stripes",
-            });
-        }
-        let max_lease = match options.max_lease {
-            Some(k) => k,
-            None => (params.burst / (4 * stripes as u64)).clamp(1, DEFAULT_MAX_LEASE),
-        };
-        if max_lease == 0 || max_lease > params.burst || max_lease > UNITS {
-            return Err(ConfigError::Incompatible {
-                reason: "the largest lease must be between 1 and the burst (and below 2^32)",
-            });
-        }
+        let (leases, stripes) = Leases::new(rate.to_gcra()?, &options)?;
         let stripes = (0..stripes)
-            .map(|_| {
-                CachePadded::new(Stripe {
-                    lease: AtomicU64::new(0),
-                    end: AtomicU64::new(0),
-                    size: AtomicU64::new(1),
-                    last_take: AtomicU64::new(NEVER),
-                })
-            })
+            .map(|_| CachePadded::new(Stripe::new()))
             .collect();
         Ok(StripedLimiter {
             word: CachePadded::new(AtomicWord::new(0)),
             stripes,
-            params,
+            leases,
             rate,
-            max_lease,
-            hot_gap: u64::try_from(options.hot_gap.as_nanos()).unwrap_or(u64::MAX),
             time: Timebase::new(clock),
         })
     }
@@ -400,7 +309,7 @@ impl<C: Clock> StripedLimiter<C> {
     /// ```
     pub fn check_n_at(&self, now: u64, n: u64) -> Result<Decision, InsufficientCapacity> {
         let now = self.clamp(now);
-        let p = self.params;
+        let p = self.leases.params;
         if n > p.burst {
             return Err(InsufficientCapacity {
                 requested: n,
@@ -417,154 +326,40 @@ impl<C: Clock> StripedLimiter<C> {
     /// returns the units left in it.
     #[inline]
     fn use_lease(&self, stripe: &Stripe, now: u64) -> Option<u64> {
-        // Acquire: pairs with the Release store that published the lease, so
-        // its `end` (stored before) and the word take that made it are visible.
-        let mut seen = stripe.lease.load(Ordering::Acquire);
-        loop {
-            let units = units_of(seen);
-            if units == 0 {
-                return None;
-            }
-            // Relaxed: ordered after the Acquire above, so at least this
-            // lease's end; a later end belongs to a later lock, which changed
-            // the lease word, and the CAS below then fails.
-            let end = stripe.end.load(Ordering::Relaxed);
-            let u = usable(units, end, now, self.params.emission);
-            if u == 0 {
-                return None;
-            }
-            // Success AcqRel: as the load above, and publishes the use to the
-            // next user of the stripe. Failure Acquire: as the load above.
-            match stripe.lease.compare_exchange(
-                seen,
-                (seen & !UNITS) | (u - 1),
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => return Some(u - 1),
-                Err(actual) => seen = actual,
-            }
-        }
+        self.leases.use_lease::<false>(stripe, 0, now)
     }
 
     /// An allowed decision for a unit served from a lease that has `left`
     /// units left: `remaining` counts the word's free units and `left`.
     #[inline]
     fn lease_decision(&self, left: u64, now: u64) -> Decision {
-        let p = self.params;
-        let held = self.word.load().saturating_sub(now);
-        // No overflow: tau <= 2^62 and left * T <= burst * T = tau.
-        let credit = p.tolerance.saturating_sub(held) + left * p.emission;
-        Decision::allow_credit(p.burst, credit, p.emission, held)
+        self.leases.lease_decision(self.word.load(), left, now)
     }
 
     /// Takes a new lease for `stripe` from the word and admits its first
     /// unit; `Err(denial)` if the word has no unit free.
     fn take(&self, stripe: &Stripe, now: u64) -> Result<Decision, Decision> {
-        let p = self.params;
-        // Relaxed: the size and the last take are hints that publish nothing.
-        let last = stripe.last_take.load(Ordering::Relaxed);
-        let size = stripe.size.load(Ordering::Relaxed);
-        // Hot: this stripe drew more than one unit per `hot_gap` since its
-        // last take (of a lease of `size` units).
-        let hot = last != NEVER && now.saturating_sub(last) < self.hot_gap.saturating_mul(size);
-        let k = if hot {
-            size.saturating_mul(2).min(self.max_lease)
-        } else {
-            (size / 2).max(1)
-        };
-        let taken = self.word.update(|tat| {
-            let held = tat.saturating_sub(now);
-            let free = p.tolerance.saturating_sub(held) / p.emission;
-            if free == 0 {
-                // The plain bucket's denial of a unit request.
-                return (Err(p.step(tat, now, 1).0), None);
-            }
-            let m = k.min(free);
-            // m * T <= tau - held, so no overflow and the take is admitted.
-            let used = held + m * p.emission;
-            let end = now + used;
-            // Admit one unit, hold m - 1: remaining is the plain check's,
-            // (tau - held - T) / T, which counts the m - 1 held units.
-            let credit = p.tolerance - used + (m - 1) * p.emission;
-            let d = Decision::allow_credit(p.burst, credit, p.emission, used);
-            (Ok((d, m, end)), Some(end))
-        });
-        // A denial writes nothing, as the plain bucket's (the steal scans of
-        // other threads read this line): the hints change only on a take.
+        let hints = self.leases.next_size(stripe, now);
+        let taken = self
+            .word
+            .update(|tat| self.leases.take_step(tat, now, hints.0));
         let (d, m, end) = taken?;
-        if last != now {
-            // Relaxed: hints, as above.
-            stripe.last_take.store(now, Ordering::Relaxed);
-        }
-        if k != size {
-            stripe.size.store(k, Ordering::Relaxed);
-        }
+        self.leases.took(stripe, now, hints);
         if m > 1 {
-            self.install(stripe, m - 1, end, now);
+            self.leases
+                .install::<false>(stripe, 0, m - 1, end, now, |_, end, units| {
+                    self.give_back(end, units)
+                });
         }
         Ok(d)
-    }
-
-    /// Puts a fresh lease of `units` ending at `end` into `stripe`. If
-    /// another thread on the same stripe installed a usable lease meanwhile,
-    /// the fresh units go back to the word (if still its tail) or are left
-    /// to expire: never used, so never over-admitted.
-    fn install(&self, stripe: &Stripe, units: u64, end: u64, now: u64) {
-        // Acquire: as in `use_lease`.
-        let mut seen = stripe.lease.load(Ordering::Acquire);
-        loop {
-            let old = units_of(seen);
-            // Relaxed: as in `use_lease`.
-            let busy = seen & LOCK != 0
-                || (old > 0
-                    && usable(
-                        old,
-                        stripe.end.load(Ordering::Relaxed),
-                        now,
-                        self.params.emission,
-                    ) > 0);
-            if busy {
-                // Another installer at work, or a usable lease already there.
-                self.give_back(end, units);
-                return;
-            }
-            let locked = next_generation(seen) | LOCK;
-            // Success AcqRel: Acquire as the load; Release orders the lock
-            // before the stores below. Failure Acquire: as the load.
-            match stripe
-                .lease
-                .compare_exchange(seen, locked, Ordering::AcqRel, Ordering::Acquire)
-            {
-                Ok(_) => {
-                    // Relaxed: published by the Release store below. Only the
-                    // lock holder writes `end` or the lease word now (users
-                    // and other installers see no units and a lock).
-                    stripe.end.store(end, Ordering::Relaxed);
-                    // Release: pairs with `use_lease`'s Acquire load: the
-                    // `end` above and the word take before it are visible.
-                    stripe
-                        .lease
-                        .store((locked & !LOCK) | units, Ordering::Release);
-                    return;
-                }
-                Err(actual) => seen = actual,
-            }
-        }
     }
 
     /// Gives `units` (usable, out of every stripe) of the lease ending at
     /// `end` back to the word, if that lease is still the word's tail.
     /// Returns whether it did.
     fn give_back(&self, end: u64, units: u64) -> bool {
-        let t = self.params.emission;
-        self.word.update(|tat| {
-            if tat == end && units > 0 {
-                (true, Some(end - units * t))
-            } else {
-                (false, None)
-            }
-        })
+        self.word
+            .update(|tat| self.leases.give_back_step(tat, end, units))
     }
 
     /// Gives back the usable units of every lease that is the shared word's
@@ -592,46 +387,18 @@ impl<C: Clock> StripedLimiter<C> {
     /// ```
     pub fn release_at(&self, now: u64) -> u64 {
         let now = self.clamp(now);
-        let mut released = 0;
-        for stripe in self.stripes.iter() {
-            // Acquire: as in `use_lease`.
-            let seen = stripe.lease.load(Ordering::Acquire);
-            let units = units_of(seen);
-            if units == 0 {
-                continue;
-            }
-            // Relaxed: as in `use_lease`.
-            let end = stripe.end.load(Ordering::Relaxed);
-            let u = usable(units, end, now, self.params.emission);
-            if u == 0 || self.word.load() != end {
-                continue; // nothing usable, or not the tail: it expires on its own
-            }
-            // Take the units out of the stripe first (a new generation, so a
-            // check that read the old word fails its CAS), so no one uses
-            // them after they are back in the word. Ordering as in `use_lease`.
-            let emptied = next_generation(seen);
-            if stripe
-                .lease
-                .compare_exchange(seen, emptied, Ordering::AcqRel, Ordering::Acquire)
-                .is_err()
-            {
-                continue; // in use right now: not idle
-            }
-            if self.give_back(end, u) {
-                released += u;
-            } else {
-                // A take moved the word meanwhile: put the units back if the
-                // stripe is still as we left it (same generation, so the
-                // same `end`); otherwise they expire unused.
-                let _ = stripe.lease.compare_exchange(
-                    emptied,
-                    emptied | u,
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                );
-            }
-        }
-        released
+        self.stripes
+            .iter()
+            .map(|stripe| {
+                self.leases.release::<false>(
+                    stripe,
+                    0,
+                    now,
+                    |_| Some(self.word.load()),
+                    |_, end, units| self.give_back(end, units),
+                )
+            })
+            .sum()
     }
 
     /// [`release_at`](Self::release_at) now.
@@ -661,16 +428,15 @@ impl<C: Clock> StripedLimiter<C> {
     /// ```
     pub fn available_at(&self, now: u64) -> u64 {
         let now = self.clamp(now);
-        let p = self.params;
+        let p = self.leases.params;
         let held = self.word.load().saturating_sub(now);
-        let mut total = p.tolerance.saturating_sub(held) / p.emission;
-        for stripe in self.stripes.iter() {
-            // Acquire, then Relaxed: as in `use_lease`.
-            let units = units_of(stripe.lease.load(Ordering::Acquire));
-            let end = stripe.end.load(Ordering::Relaxed);
-            total += usable(units, end, now, p.emission);
-        }
-        total
+        let free = p.tolerance.saturating_sub(held) / p.emission;
+        let leased: u64 = self
+            .stripes
+            .iter()
+            .map(|stripe| self.leases.held::<false>(stripe, 0, now))
+            .sum();
+        free + leased
     }
 
     /// The burst: the largest number of units admitted at once.
@@ -681,7 +447,7 @@ impl<C: Clock> StripedLimiter<C> {
     /// # Ok::<(), ratewall::ConfigError>(())
     /// ```
     pub fn capacity(&self) -> u64 {
-        self.params.burst
+        self.leases.params.burst
     }
 
     /// The quota.
@@ -717,7 +483,7 @@ impl<C: Clock> StripedLimiter<C> {
     /// # Ok::<(), ratewall::ConfigError>(())
     /// ```
     pub fn max_lease(&self) -> u64 {
-        self.max_lease
+        self.leases.max_lease
     }
 
     /// One reading of the clock, guarded against backward steps when the
@@ -757,7 +523,7 @@ impl<C: Clock> fmt::Debug for StripedLimiter<C> {
         f.debug_struct("StripedLimiter")
             .field("quota", &self.rate)
             .field("stripes", &self.stripes.len())
-            .field("max_lease", &self.max_lease)
+            .field("max_lease", &self.leases.max_lease)
             .field("word", &*self.word)
             .field("clock", self.time.clock())
             .finish()
@@ -776,17 +542,6 @@ mod tests {
             .hot_gap(Duration::from_secs(3600));
         StripedLimiter::with_options(Rate::per_second(10).burst(burst), ManualClock::new(), opts)
             .unwrap()
-    }
-
-    #[test]
-    fn usable_counts_only_units_whose_slot_has_not_started_to_pass() {
-        // T = 10: a lease of 3 ending at 100 owns [70, 100).
-        assert_eq!(usable(3, 100, 70, 10), 3);
-        assert_eq!(usable(3, 100, 71, 10), 2);
-        assert_eq!(usable(3, 100, 90, 10), 1);
-        assert_eq!(usable(3, 100, 91, 10), 0);
-        assert_eq!(usable(3, 100, 500, 10), 0);
-        assert_eq!(usable(1, 100, 0, 10), 1, "never more than the units left");
     }
 
     #[test]
