@@ -2,7 +2,7 @@
 //! concurrent callers and reconnects by itself, a per-call timeout, and the
 //! circuit breaker.
 
-use super::batch::{Batcher, Call};
+use super::batch::{Batcher, Call, Reply};
 use super::breaker::{Breaker, Permit};
 use super::RedisError;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
@@ -183,7 +183,7 @@ impl RedisBackend {
     /// the other calls in flight when batching is on, alone otherwise.
     /// Bounded by the per-call timeout from the moment it is made (time
     /// spent queued counts).
-    pub(crate) async fn call(&self, call: Call) -> Result<Value, RedisError> {
+    pub(crate) async fn call(&self, call: Call) -> Result<Reply, RedisError> {
         match &self.inner.batcher {
             Some(b) => b.call(call).await,
             None => call.send(&self.inner.link).await,

@@ -29,6 +29,7 @@
 //! went out is not sent.
 
 use super::backend::{evalsha, Link};
+use super::limiter::{fields_decision, parse_decision};
 use super::script::{Mode, BATCH};
 use super::RedisError;
 use redis::cluster_routing::Slot;
@@ -53,7 +54,7 @@ pub(crate) struct Call {
 
 impl Call {
     /// Sends the call alone, as its algorithm's own script.
-    pub(crate) async fn send(&self, link: &Link) -> Result<Value, RedisError> {
+    pub(crate) async fn send(&self, link: &Link) -> Result<Reply, RedisError> {
         let [a, b, c] = self.params;
         let mut cmd = evalsha(self.script, 1, 7, self.key.len() + 80);
         cmd.arg(&self.key)
@@ -63,7 +64,7 @@ impl Call {
             .arg(b)
             .arg(c)
             .arg(self.time_arg());
-        link.evalsha(self.script, &cmd).await
+        link.evalsha(self.script, &cmd).await.map(Reply::Value)
     }
 
     /// How many values this call's answer takes in a batch's reply: one
@@ -81,9 +82,26 @@ impl Call {
     }
 }
 
+/// A single-key call's answer: the script's reply, or (a GCRA call in a
+/// batch) the decision's five fields, already derived.
+pub(crate) enum Reply {
+    Value(Value),
+    Fields([u64; 5]),
+}
+
+impl Reply {
+    /// The decision in the reply of a check or peek.
+    pub(crate) fn decision(&self) -> Result<crate::Decision, RedisError> {
+        match self {
+            Reply::Value(v) => parse_decision(v),
+            Reply::Fields(f) => Ok(fields_decision(*f)),
+        }
+    }
+}
+
 struct Queued {
     call: Call,
-    reply: oneshot::Sender<Result<Value, RedisError>>,
+    reply: oneshot::Sender<Result<Reply, RedisError>>,
 }
 
 struct State {
@@ -113,7 +131,7 @@ impl Batcher {
         }
     }
 
-    pub(crate) async fn call(&self, call: Call) -> Result<Value, RedisError> {
+    pub(crate) async fn call(&self, call: Call) -> Result<Reply, RedisError> {
         // The runner is spawned on the caller's runtime.
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return Err(RedisError::NoRuntime);
@@ -397,7 +415,7 @@ impl Drop for RunnerSlot {
 /// A fast-path GCRA call's reply value (`held`, see `lua/batch.lua`) as the
 /// five decision fields its own script would have returned, computed as
 /// `gcra_decide` in `lua/gcra.lua` does, or its error message.
-fn gcra_entry(call: &Call, held: Value) -> Result<Value, RedisError> {
+fn gcra_entry(call: &Call, held: Value) -> Result<Reply, RedisError> {
     let held = match held {
         Value::Int(h) if h >= 0 => h as u64,
         Value::BulkString(message) => {
@@ -421,23 +439,18 @@ fn gcra_entry(call: &Call, held: Value) -> Result<Value, RedisError> {
     } else {
         [0, burst, tau.saturating_sub(held) / t, used - tau, held]
     };
-    Ok(Value::Array(
-        fields
-            .into_iter()
-            .map(|f| Value::Int(i64::try_from(f).unwrap_or(i64::MAX)))
-            .collect(),
-    ))
+    Ok(Reply::Fields(fields))
 }
 
 /// One call's five reply fields: the decision's, or an error message in
 /// the first field (that call failed in the script; the others did not).
 /// A Lua string in a script's reply is always a bulk string.
-fn entry(fields: Vec<Value>) -> Result<Value, RedisError> {
+fn entry(fields: Vec<Value>) -> Result<Reply, RedisError> {
     match fields.first() {
         Some(Value::BulkString(message)) => Err(RedisError::Server {
             message: String::from_utf8_lossy(message).into_owned(),
         }),
-        _ => Ok(Value::Array(fields)),
+        _ => Ok(Reply::Value(Value::Array(fields))),
     }
 }
 
