@@ -17,6 +17,12 @@
 //! alternating rounds at 128 callers (seed, then ratewall, fresh keys each
 //! round) with the median ratio and its spread. A harness, not a test:
 //! read the ratios, not the absolute numbers, on a shared machine.
+//!
+//! Flags: `--rounds N`; `--quick` (the alternating rounds only); `--alt
+//! uniform:ratewall` (one alternating series); `--only WORKLOAD:CONTENDER
+//! [--callers N] [--secs S]` (one point, with CPU per check of the server
+//! and the client, and the server's command statistics); `--in-flight N`,
+//! `--max-batch N` (the batched backend's settings); `--verbose`.
 
 #[path = "../tests/support/redis_server.rs"]
 mod redis_server;
