@@ -17,6 +17,12 @@
 //! alternating rounds at 128 callers (seed, then ratewall, fresh keys each
 //! round) with the median ratio and its spread. A harness, not a test:
 //! read the ratios, not the absolute numbers, on a shared machine.
+//!
+//! Flags: `--rounds N`; `--quick` (the alternating rounds only); `--alt
+//! uniform:ratewall` (one alternating series); `--only WORKLOAD:CONTENDER
+//! [--callers N] [--secs S]` (one point, with CPU per check of the server
+//! and the client, and the server's command statistics); `--in-flight N`,
+//! `--max-batch N` (the batched backend's settings); `--verbose`.
 
 #[path = "../tests/support/redis_server.rs"]
 mod redis_server;
@@ -162,18 +168,32 @@ async fn main() {
         let callers = flag("--callers")
             .and_then(|v| v.parse().ok())
             .unwrap_or(128);
+        // `--secs S` (default 3; 0 measures the harness's own start-up, to
+        // subtract from an instruction count under callgrind).
+        let secs: f64 = flag("--secs").and_then(|v| v.parse().ok()).unwrap_or(3.0);
+        let mut conn = ctx.conn.clone();
+        let cpu_before = (server_cpu(&mut conn).await, own_cpu());
         let p = ctx
-            .run(which, callers, workload, Duration::from_secs(3))
+            .run(which, callers, workload, Duration::from_secs_f64(secs))
             .await;
+        let cpu_after = (server_cpu(&mut conn).await, own_cpu());
         println!(
-            "{only}: {:.0} checks/s, p50 {} us, p99 {} us, {:.0}% allowed",
+            "{only}: {:.0} checks/s ({} checks), p50 {} us, p99 {} us, {:.0}% allowed",
             p.rate,
+            p.checks,
             p.p50.as_micros(),
             p.p99.as_micros(),
             p.allowed_pct
         );
+        // CPU time per check (steadier than checks/s on a shared machine):
+        // the server's (`INFO cpu`) and this process's (`/proc/self/stat`).
+        let per_check = |a: f64, b: f64| (b - a) * 1e6 / p.checks.max(1) as f64;
+        println!(
+            "  cpu per check: server {:.2} us, client {:.2} us",
+            per_check(cpu_before.0, cpu_after.0),
+            per_check(cpu_before.1, cpu_after.1)
+        );
         // The server's own accounting: calls and time per script call.
-        let mut conn = ctx.conn.clone();
         let stats: String = redis::cmd("INFO")
             .arg("commandstats")
             .query_async(&mut conn)
@@ -225,6 +245,8 @@ async fn main() {
         "\nAlternating rounds, 128 callers, {rounds} rounds of {:.1} s per side (median, min-max):",
         ROUND.as_secs_f64()
     );
+    // `--alt uniform:ratewall` runs that series alone.
+    let alt = flag("--alt");
     for (workload, which) in [
         (Workload::Uniform, "ratewall"),
         (Workload::Uniform, "unbatched"),
@@ -232,6 +254,12 @@ async fn main() {
         (Workload::Mixed, "unbatched"),
         (Workload::Mixed, "rw+cache"),
     ] {
+        if alt
+            .as_ref()
+            .is_some_and(|a| *a != format!("{}:{which}", workload.name()))
+        {
+            continue;
+        }
         let mut ratios = Vec::new();
         let (mut allowed_seed, mut allowed_ours) = (Vec::new(), Vec::new());
         for _ in 0..rounds {
@@ -260,6 +288,34 @@ async fn main() {
             mid(&mut allowed_ours),
         );
     }
+}
+
+/// The server's CPU time so far, in seconds (`INFO cpu`).
+async fn server_cpu(conn: &mut redis::aio::MultiplexedConnection) -> f64 {
+    let info: String = redis::cmd("INFO")
+        .arg("cpu")
+        .query_async(conn)
+        .await
+        .unwrap();
+    info.lines()
+        .filter(|l| l.starts_with("used_cpu_sys:") || l.starts_with("used_cpu_user:"))
+        .filter_map(|l| l.split_once(':')?.1.trim().parse::<f64>().ok())
+        .sum()
+}
+
+/// This process's CPU time so far, in seconds (`/proc/self/stat`, in
+/// clock ticks of 10 ms; 0 where there is no `/proc`).
+fn own_cpu() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // The fields after the command name (which is in parentheses).
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime: fields 14 and 15 of the line, 11 and 12 here.
+    let ticks: u64 = [11, 12]
+        .iter()
+        .filter_map(|&i| f.get(i)?.parse::<u64>().ok())
+        .sum();
+    ticks as f64 / 100.0
 }
 
 /// `len` key indexes in `0..keys`, Zipf-distributed with s = 1 (key `i`
@@ -302,6 +358,7 @@ struct Ctx {
 
 struct Point {
     rate: f64,
+    checks: usize,
     p50: Duration,
     p99: Duration,
     allowed_pct: f64,
@@ -400,7 +457,8 @@ impl Ctx {
         lat.sort();
         let n = lat.len().max(1);
         Point {
-            rate: lat.len() as f64 / run.as_secs_f64(),
+            rate: lat.len() as f64 / run.as_secs_f64().max(1e-9),
+            checks: lat.len(),
             p50: lat.get(n / 2).copied().unwrap_or_default(),
             p99: lat.get(n * 99 / 100).copied().unwrap_or_default(),
             allowed_pct: 100.0 * allowed as f64 / n as f64,

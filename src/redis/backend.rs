@@ -2,7 +2,7 @@
 //! concurrent callers and reconnects by itself, a per-call timeout, and the
 //! circuit breaker.
 
-use super::batch::{Batcher, Call};
+use super::batch::{Batcher, Call, Reply};
 use super::breaker::{Breaker, Permit};
 use super::RedisError;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
@@ -183,10 +183,10 @@ impl RedisBackend {
     /// the other calls in flight when batching is on, alone otherwise.
     /// Bounded by the per-call timeout from the moment it is made (time
     /// spent queued counts).
-    pub(crate) async fn call(&self, call: Call) -> Result<Value, RedisError> {
+    pub(crate) async fn call(&self, call: Call) -> Result<Reply, RedisError> {
         match &self.inner.batcher {
             Some(b) => b.call(call).await,
-            None => self.inner.link.invoke(&call.invocation()).await,
+            None => call.send(&self.inner.link).await,
         }
     }
 
@@ -228,6 +228,28 @@ impl Link {
         // run) loads the script and sends EVALSHA again.
         self.guarded(|mut conn| async move { invocation.invoke_async::<Value>(&mut conn).await })
             .await
+    }
+
+    /// One `EVALSHA` of `script`, built by the caller as `cmd` (see
+    /// [`evalsha`]), under the timeout and the breaker. On `NOSCRIPT` (the
+    /// script did not run) it loads the script and sends `cmd` again, as
+    /// `ScriptInvocation::invoke_async` does; building the command directly
+    /// writes every argument into one buffer instead of one vector each.
+    pub(crate) async fn evalsha(
+        &self,
+        script: &redis::Script,
+        cmd: &Cmd,
+    ) -> Result<Value, RedisError> {
+        self.guarded(|mut conn| async move {
+            match cmd.query_async::<Value>(&mut conn).await {
+                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                    script.load_async(&mut conn).await?;
+                    cmd.query_async::<Value>(&mut conn).await
+                }
+                other => other,
+            }
+        })
+        .await
     }
 
     async fn guarded<F, Fut>(&self, call: F) -> Result<Value, RedisError>
@@ -284,6 +306,15 @@ impl Link {
             cause: format!("no reply within {} ms", self.timeout.as_millis()),
         }
     }
+}
+
+/// An `EVALSHA` of `script` with `keys` keys, its arguments (`keys`
+/// keys, then the script's arguments) to be added by the caller, in a
+/// command with room for `args` arguments and `bytes` bytes of them.
+pub(crate) fn evalsha(script: &redis::Script, keys: usize, args: usize, bytes: usize) -> Cmd {
+    let mut cmd = Cmd::with_capacity(3 + args, 64 + bytes);
+    cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys);
+    cmd
 }
 
 /// The URL without its credentials (`redis://user:password@host` shows

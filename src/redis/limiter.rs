@@ -1,7 +1,7 @@
 //! [`RedisLimiter`]: a [`Policy`] whose state lives in Redis.
 
 use super::backend::RedisBackend;
-use super::batch::Call;
+use super::batch::{Call, Reply};
 use super::deny_cache::DenyCache;
 use super::key;
 use super::script::{Mode, Program};
@@ -412,11 +412,16 @@ impl RedisLimiter {
             });
         }
         let mode = if consume { Mode::Check } else { Mode::Peek };
-        match self.call(&rkey, mode, cost, now_us).await {
+        // The key goes into the call; a copy stays only for the cache.
+        let (call_key, kept) = match cache {
+            Some(_) => (rkey.clone(), Some(rkey)),
+            None => (rkey, None),
+        };
+        match self.call(call_key, mode, cost, now_us).await {
             Ok(reply) => {
-                let raw = parse_decision(&reply)?;
-                if cache.is_some() {
-                    self.note(&rkey, cost, &raw);
+                let raw = reply.decision()?;
+                if let Some(rkey) = &kept {
+                    self.note(rkey, cost, &raw);
                 }
                 Ok(RedisDecision {
                     decision: self.nominal(raw),
@@ -525,7 +530,7 @@ impl RedisLimiter {
         }
         // Giving back more than the limit is giving back the limit.
         let n = n.min(self.program.limit);
-        match self.call(&rkey, Mode::Refund, n, now_us).await {
+        match self.call(rkey, Mode::Refund, n, now_us).await {
             Ok(_) => Ok(()),
             Err(RedisError::Unavailable { .. }) if self.failure == FailurePolicy::Open => Ok(()),
             Err(RedisError::Unavailable { retry_in, cause }) => match &self.fallback {
@@ -541,15 +546,15 @@ impl RedisLimiter {
 
     async fn call(
         &self,
-        rkey: &[u8],
+        rkey: Vec<u8>,
         mode: Mode,
         n: u64,
         now_us: Option<u64>,
-    ) -> Result<Value, RedisError> {
+    ) -> Result<Reply, RedisError> {
         let call = Call {
             script: self.program.script(),
             code: self.program.code(),
-            key: rkey.to_vec(),
+            key: rkey,
             mode,
             n,
             params: self.program.params,
@@ -584,13 +589,19 @@ pub(crate) fn parse_fields(items: &[Value]) -> Option<Decision> {
             _ => return None,
         }
     }
+    Some(fields_decision(f))
+}
+
+/// The five fields `{allowed, limit, remaining, retry_after_us,
+/// reset_after_us}` as a decision.
+pub(crate) fn fields_decision(f: [u64; 5]) -> Decision {
     let [allowed, limit, remaining, retry_us, reset_us] = f;
     let reset = reset_us.saturating_mul(1000);
-    Some(if allowed == 1 {
+    if allowed == 1 {
         Decision::allow(limit, remaining, reset)
     } else {
         Decision::deny(limit, remaining, retry_us.saturating_mul(1000), reset)
-    })
+    }
 }
 
 impl RedisLimiterBuilder {

@@ -476,16 +476,23 @@ async fn batched_calls_match_the_local_step_in_arrival_order() {
         let now = t * 1000;
         clock.set_nanos(now);
         // Up to 24 calls at once (join_all polls them in order, so each
-        // queues in this order), on few keys so that keys repeat.
+        // queues in this order), on few keys so that keys repeat. In every
+        // third group all calls share their policy, mode and cost (calls of
+        // one limiter: the batch sends that triple once).
+        let op_of = |rng: &mut Rng| {
+            let p = rng.below(ps.len() as u64) as usize;
+            let limit = ps[p].soft_limit();
+            let op = match rng.below(10) {
+                0..=6 => Op::Check(1 + rng.below(limit)),
+                7 | 8 => Op::Peek(1 + rng.below(limit)),
+                _ => Op::Refund(1 + rng.below(limit)),
+            };
+            (p, op)
+        };
+        let shared = (group % 3 == 0).then(|| op_of(&mut rng));
         let ops: Vec<(usize, u8, Op)> = (0..1 + rng.below(24))
             .map(|_| {
-                let p = rng.below(ps.len() as u64) as usize;
-                let limit = ps[p].soft_limit();
-                let op = match rng.below(10) {
-                    0..=6 => Op::Check(1 + rng.below(limit)),
-                    7 | 8 => Op::Peek(1 + rng.below(limit)),
-                    _ => Op::Refund(1 + rng.below(limit)),
-                };
+                let (p, op) = shared.unwrap_or_else(|| op_of(&mut rng));
                 (p, rng.below(3) as u8, op)
             })
             .collect();

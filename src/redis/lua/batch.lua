@@ -22,11 +22,20 @@
 -- ARGV[2]: P, the number of distinct programs; ARGV[3 .. 2 + 4P]: each
 --   program's algorithm ('g' GCRA, 'f' fixed window, 's' sliding window
 --   counter, 'l' sliding log) and its three parameters.
--- Then three values per call i (KEYS[i] is its key; keys may repeat): its
---   mode ('c' check, 'p' peek, 'r' refund), its program (1-based), cost n.
--- Reply: five values per call: for 'c' and 'p' the decision fields
+-- Then '1' and three values that every call shares, or '0' and three values
+--   per call i (KEYS[i] is its key; keys may repeat): its mode ('c' check,
+--   'p' peek, 'r' refund), its program (1-based), cost n. (Calls of one
+--   limiter, the common case, share all three: the server then parses three
+--   arguments per batch instead of three per call.)
+-- Reply, call after call: a GCRA check or peek (the fast path below) gets
+--   one value, `held`: max(TAT - now, 0) before the call, from which the
+--   client derives the decision's five fields exactly as gcra_decide would
+--   (it knows the cost and the program), or its error message if it failed.
+--   Any other call gets five: for 'c' and 'p' the decision fields
 --   {allowed, limit, remaining, retry_after_us, reset_after_us}; for 'r'
 --   {1, 0, 0, 0, 0}; for a call that failed, its error message and four 0s.
+--   (One value instead of five halves the work of building and parsing the
+--   reply of a batch of GCRA checks.)
 
 local steps = {g = gcra_step, f = fixed_step, s = sliding_step, l = log_step}
 local refunds = {g = gcra_refund, f = fixed_refund, s = sliding_refund, l = log_refund}
@@ -38,10 +47,29 @@ for p = 1, tonumber(ARGV[2]) do
 end
 local base = 3 + 4 * #programs
 local reply = {}
-local modes, calls, costs = {}, {}, {}
+-- Each call's mode, program and cost; where its reply starts (`at`) and
+-- whether it takes the fast path (one reply value).
+local modes, calls, costs, at, fast = {}, {}, {}, {}, {}
+local shared = ARGV[base] == '1'
+local mode1, call1, cost1
+if shared then
+  mode1, call1, cost1 = ARGV[base + 1], programs[tonumber(ARGV[base + 2])], tonumber(ARGV[base + 3])
+end
+local next_at = 1
 for i = 1, #KEYS do
-  local o = base + 3 * (i - 1)
-  modes[i], calls[i], costs[i] = ARGV[o], programs[tonumber(ARGV[o + 1])], tonumber(ARGV[o + 2])
+  if shared then
+    modes[i], calls[i], costs[i] = mode1, call1, cost1
+  else
+    local o = base + 1 + 3 * (i - 1)
+    modes[i], calls[i], costs[i] = ARGV[o], programs[tonumber(ARGV[o + 1])], tonumber(ARGV[o + 2])
+  end
+  at[i] = next_at
+  if calls[i][1] == 'g' and modes[i] ~= 'r' then
+    fast[i] = true
+    next_at = next_at + 1
+  else
+    next_at = next_at + 5
+  end
 end
 
 -- The GCRA fast path's keys, read in one MGET: key -> its value, or false
@@ -49,7 +77,7 @@ end
 local prefetched = {}
 local fast_keys = {}
 for i = 1, #KEYS do
-  if calls[i][1] == 'g' and modes[i] ~= 'r' and prefetched[KEYS[i]] == nil then
+  if fast[i] and prefetched[KEYS[i]] == nil then
     prefetched[KEYS[i]] = false
     fast_keys[#fast_keys + 1] = KEYS[i]
   end
@@ -68,8 +96,17 @@ end
 local tats, dirty, order, took, gen = {}, {}, {}, {}, {}
 
 local function put(i, a, b, c, d, e)
-  local o = 5 * (i - 1)
-  reply[o + 1], reply[o + 2], reply[o + 3], reply[o + 4], reply[o + 5] = a, b, c, d, e
+  local o = at[i]
+  reply[o], reply[o + 1], reply[o + 2], reply[o + 3], reply[o + 4] = a, b, c, d, e
+end
+
+-- A call's error message, in its first reply value.
+local function fail(i, message)
+  if fast[i] then
+    reply[at[i]] = message
+  else
+    put(i, message, 0, 0, 0, 0)
+  end
 end
 
 -- Writes `key`'s TAT if it changed. If the write fails, the calls that
@@ -83,7 +120,7 @@ local function flush(key)
       local message = type(err) == 'table' and err.err or tostring(err)
       for i = 1, #KEYS do
         if took[i] == g and KEYS[i] == key then
-          put(i, message, 0, 0, 0, 0)
+          fail(i, message)
         end
       end
     end
@@ -95,9 +132,25 @@ local function flush(key)
   prefetched[key] = nil
 end
 
+-- A fast-path call whose key's TAT is known: no step can fail.
+local function fast_one(i, key, mode, T, tau, n, tat)
+  -- gcra_decide's test; the client derives the fields from `held`.
+  local held = math.max(tat - now, 0)
+  local used = held + n * T
+  if used <= tau and mode == 'c' then
+    tats[key] = now + used
+    if not dirty[key] then
+      dirty[key] = true
+      order[#order + 1] = key
+    end
+    took[i] = gen[key] or 0
+  end
+  reply[at[i]] = held
+end
+
 local function one(i, key, mode, program, n)
   local code, a, b, c = program[1], program[2], program[3], program[4]
-  if code == 'g' and mode ~= 'r' then
+  if fast[i] then
     local tat = tats[key]
     if tat == nil then
       local v = prefetched[key]
@@ -108,16 +161,7 @@ local function one(i, key, mode, program, n)
       end
       tats[key] = tat
     end
-    local allowed, limit, remaining, retry, reset, new = gcra_decide(tat, now, n, a, b, c)
-    if new and mode == 'c' then
-      tats[key] = new
-      if not dirty[key] then
-        dirty[key] = true
-        order[#order + 1] = key
-      end
-      took[i] = gen[key] or 0
-    end
-    put(i, allowed, limit, remaining, retry, reset)
+    fast_one(i, key, mode, a, b, n, tat)
     return
   end
   flush(key)
@@ -134,9 +178,34 @@ local function one(i, key, mode, program, n)
 end
 
 for i = 1, #KEYS do
-  local ok, err = pcall(one, i, KEYS[i], modes[i], calls[i], costs[i])
-  if not ok then
-    put(i, type(err) == 'table' and err.err or tostring(err), 0, 0, 0, 0)
+  local key = KEYS[i]
+  -- A fast-path call whose TAT is at hand (changed in this batch, or read
+  -- by the MGET and a number) runs without pcall: nothing in it can fail.
+  -- Any other call (a key to read again, a value that is not a TAT, another
+  -- algorithm) runs under pcall, so that its failure is its own.
+  local tat
+  if fast[i] then
+    tat = tats[key]
+    if tat == nil then
+      local v = prefetched[key]
+      if v == false then
+        tat = 0
+      elseif v ~= nil then
+        tat = tonumber(v)
+      end
+      if tat ~= nil then
+        tats[key] = tat
+      end
+    end
+  end
+  if tat ~= nil then
+    local program = calls[i]
+    fast_one(i, key, modes[i], program[2], program[3], costs[i], tat)
+  else
+    local ok, err = pcall(one, i, key, modes[i], calls[i], costs[i])
+    if not ok then
+      fail(i, type(err) == 'table' and err.err or tostring(err))
+    end
   end
 end
 for _, key in ipairs(order) do
