@@ -436,3 +436,119 @@ fn a_slot_changes_hands_only_when_its_key_cooled() {
     assert_eq!(l.demote_key(&2), 0);
     assert!(l.promote_key(&1), "a demotion frees the slot at once");
 }
+
+#[test]
+fn available_without_hot_keys_is_the_entrys_count() {
+    let l = KeyedTokenBucket::<u64, _>::builder(Rate::per_hour(1).burst(5))
+        .clock(ManualClock::new())
+        .build()
+        .unwrap();
+    assert_eq!(l.available_key_at(&1, 0), 5, "a new key: the whole burst");
+    for left in (0..5).rev() {
+        assert!(l.check_key_at(&1, 0).is_allowed());
+        assert_eq!(l.available_key_at(&1, 0), left);
+    }
+    assert!(!l.check_key_at(&1, 0).is_allowed());
+    assert_eq!(l.available_key_at(&1, 0), 0, "a denied key has nothing");
+}
+
+#[test]
+fn a_cooled_keys_leases_go_back_to_its_entry_when_its_slot_changes_hands() {
+    // Slow refill (1/s), so the entry cannot refill in the 2 ms below: what
+    // it holds after the hand-over is what the hand-over gave back.
+    let lease = LeaseOptions::new().stripes(1).max_lease(8);
+    let l = KeyedTokenBucket::<u64, _>::builder(Rate::per_second(1).burst(100))
+        .hot_keys(
+            HotKeys::new(1)
+                .lease(lease)
+                .cool_after(Duration::from_millis(1)),
+        )
+        .clock(ManualClock::new())
+        .build()
+        .unwrap();
+    let clock = l.clock().clone();
+    let _ = (l.check_key(&1), l.check_key(&2));
+    assert!(l.promote_key(&1));
+    for _ in 0..20 {
+        assert!(l.check_key_at_stripe(&1, 0, 0).is_allowed());
+    }
+    let available = l.available_key_at(&1, 0);
+    assert_eq!(available, 100 - 21);
+    clock.advance(Duration::from_millis(2));
+    assert!(l.promote_key(&2), "key 1 cooled: its slot goes to key 2");
+    assert!(!l.is_hot_key(&1));
+    // Key 1 is plain again: its entry alone answers, and holds every unit.
+    let d = l.check_key(&1);
+    assert!(d.is_allowed());
+    assert_eq!(d.remaining(), available - 1, "the lease was given back");
+}
+
+#[test]
+fn a_key_two_threads_contend_for_becomes_hot() {
+    // Promotion on a lost compare-exchange: two threads on one key of a
+    // real clock lose one within a bounded number of checks (bounded in
+    // time too, so a machine that never runs them at once fails, not hangs).
+    let l = KeyedTokenBucket::<u64>::builder(Rate::per_second(1_000_000_000).burst(1 << 20))
+        .hot_keys(HotKeys::new(1))
+        .build()
+        .unwrap();
+    let _ = l.check_key(&7);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| {
+                while !l.is_hot_key(&7) && std::time::Instant::now() < deadline {
+                    for _ in 0..1_000 {
+                        let _ = l.check_key(&7);
+                    }
+                }
+            });
+        }
+    });
+    assert!(
+        l.is_hot_key(&7),
+        "two threads checking one key for 10 s never contended"
+    );
+    assert!(!l.is_hot_key(&8));
+}
+
+#[test]
+fn debug_shows_how_many_keys_are_hot() {
+    let l = KeyedTokenBucket::<u64, _>::builder(Rate::per_second(10))
+        .hot_keys(HotKeys::new(2))
+        .clock(ManualClock::new())
+        .build()
+        .unwrap();
+    let _ = (l.check_key(&1), l.check_key(&2));
+    assert!(format!("{l:?}").contains("hot: 0"), "{l:?}");
+    assert!(l.promote_key(&1));
+    assert!(format!("{l:?}").contains("hot: 1"), "{l:?}");
+}
+
+#[test]
+fn hot_slots_memory_is_linear_in_slots_and_stripes() {
+    let bytes = |slots: Option<usize>, stripes: usize| {
+        let b = KeyedTokenBucket::<u64, _>::builder(Rate::per_second(10))
+            .max_keys(1_000)
+            .clock(ManualClock::new());
+        let b = match slots {
+            Some(n) => b.hot_keys(HotKeys::new(n).lease(LeaseOptions::new().stripes(stripes))),
+            None => b,
+        };
+        b.build().unwrap().memory_bytes()
+    };
+    let plain = bytes(None, 1);
+    let stripe = bytes(Some(1), 2) - bytes(Some(1), 1);
+    assert!(stripe >= 64, "a stripe is a cache line or more: {stripe}");
+    assert_eq!(bytes(Some(1), 3) - bytes(Some(1), 2), stripe);
+    assert_eq!(bytes(Some(2), 2) - bytes(Some(2), 1), 2 * stripe);
+    let slot = bytes(Some(2), 1) - bytes(Some(1), 1);
+    assert!(slot > stripe, "a slot is its stripes and more: {slot}");
+    assert_eq!(bytes(Some(3), 1) - bytes(Some(2), 1), slot);
+    assert_eq!(bytes(Some(4), 1) - bytes(Some(3), 1), slot);
+    let fixed = bytes(Some(1), 1) - plain - slot;
+    assert!(
+        fixed > 0 && fixed < 4096,
+        "the hot set's own fields: {fixed}"
+    );
+}
