@@ -67,7 +67,8 @@ proptest! {
     /// promotion and a demotion none of a key that keeps them, and no other
     /// key gains any; a denial leaves at most the units held in stripes
     /// (`slots * stripes * (max_lease - 1)`); `remaining` never over-counts;
-/// with one stripe per slot, a peek predicts the check, every field.
+    /// a peek at a stripe predicts the check at that stripe, every field (with
+    /// one stripe per slot, so does the thread's own peek).
     #[test]
     fn the_bound_is_exact_per_key_with_promotion_and_demotion(
         (t_ns, burst, slots, stripes, max_lease, gap, ops) in (1u64..500, 1u64..24, 1usize..3, 1usize..5)
@@ -118,12 +119,15 @@ proptest! {
                 }
                 Op::Check { key, holder } => {
                     let k = u64::from(key);
-                    // One stripe: the peek's stripe (the thread's) is the check's.
+                    // One stripe: the thread's peek is the check's; any number:
+                    // the peek at the check's stripe is.
                     let peek = (stripes == 1).then(|| l.peek_key(&k));
+                    let at_stripe = l.peek_key_at_stripe(&k, holder.into(), now);
                     let d = l.check_key_at_stripe(&k, holder.into(), now);
                     if let Some(p) = peek {
                         prop_assert_eq!(p, d, "peek predicts check");
                     }
+                    prop_assert_eq!(at_stripe, d, "the peek at its stripe predicts the check");
                     let after: Vec<u64> = (0..3).map(avail).collect();
                     for other in (0..3).filter(|&o| o != usize::from(key)) {
                         prop_assert!(after[other] <= before[other], "key {} gained units", other);

@@ -516,6 +516,44 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         }
     }
 
+    /// The decision [`check_key_at_stripe`](Self::check_key_at_stripe)
+    /// with the same `stripe` would return at `now`, without taking anything
+    /// (for a key that is not hot, or a table without hot keys, the plain
+    /// unit peek at `now`). [`peek_key`](Self::peek_key) is this with the
+    /// calling thread's stripe and the clock's time.
+    ///
+    /// ```
+    /// # use ratewall::{HotKeys, KeyedTokenBucket, LeaseOptions, ManualClock, Rate};
+    /// let l = KeyedTokenBucket::<u64, _>::builder(Rate::per_second(10).burst(4))
+    ///     .hot_keys(HotKeys::new(1).lease(LeaseOptions::new().stripes(2)))
+    ///     .clock(ManualClock::new())
+    ///     .build()?;
+    /// let _ = l.check_key_at_stripe(&1, 0, 0);
+    /// assert!(l.promote_key(&1));
+    /// let peek = l.peek_key_at_stripe(&1, 1, 0);
+    /// assert_eq!(l.check_key_at_stripe(&1, 1, 0), peek);
+    /// # Ok::<(), ratewall::ConfigError>(())
+    /// ```
+    pub fn peek_key_at_stripe<Q>(&self, key: &Q, stripe: usize, now: u64) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Hash + ?Sized,
+    {
+        let h = self.hash(key);
+        let now = self.clamp(now);
+        if let Some(d) = self
+            .hot
+            .as_deref()
+            .and_then(|hot| self.peek_hot(hot, h, stripe, now))
+        {
+            return d;
+        }
+        match self.peek_key_n_at(key, now, 1) {
+            Ok(d) => d,
+            Err(_) => super::limiter::unreachable_capacity(),
+        }
+    }
+
     /// The units of `key` that could be admitted at `now` anywhere: those
     /// free in its entry in the table (a full burst if it is not tracked)
     /// plus every lease of it in every hot slot. Reads every stripe (for

@@ -514,7 +514,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
 }
 
 #[cold]
-fn unreachable_capacity() -> Decision {
+pub(super) fn unreachable_capacity() -> Decision {
     // Capacity >= 1 is validated at construction, so a unit cost always fits.
     Decision::deny(0, 0, u64::MAX, u64::MAX)
 }
