@@ -402,21 +402,28 @@ fn threads_on_a_frozen_clock_never_exceed_the_burst() {
     }
 }
 
+/// A table with one hot slot of `stripes` stripes, leases of at most
+/// `max_lease`, handed over after `cool_after`, on a manual clock.
+fn one_slot(rate: Rate, stripes: usize, max_lease: u64, cool_after: Duration) -> Table {
+    let lease = LeaseOptions::new().stripes(stripes).max_lease(max_lease);
+    KeyedTokenBucket::<u64, _>::builder(rate)
+        .hot_keys(HotKeys::new(1).lease(lease).cool_after(cool_after))
+        .clock(ManualClock::new())
+        .build()
+        .unwrap()
+}
+
 /// A slot is taken over only once its key took no lease for `cool_after`;
 /// a promotion that found every slot busy does not look again for a
 /// quarter of `cool_after`; a demotion frees the slot at once.
 #[test]
 fn a_slot_changes_hands_only_when_its_key_cooled() {
-    let lease = LeaseOptions::new().stripes(2).max_lease(4);
-    let l = KeyedTokenBucket::<u64, _>::builder(Rate::per_second(1000).burst(100))
-        .hot_keys(
-            HotKeys::new(1)
-                .lease(lease)
-                .cool_after(Duration::from_secs(1)),
-        )
-        .clock(ManualClock::new())
-        .build()
-        .unwrap();
+    let l = one_slot(
+        Rate::per_second(1000).burst(100),
+        2,
+        4,
+        Duration::from_secs(1),
+    );
     let clock = l.clock().clone();
     let _ = (l.check_key(&1), l.check_key(&2));
     assert!(l.promote_key(&1));
@@ -460,16 +467,12 @@ fn available_without_hot_keys_is_the_entrys_count() {
 fn a_cooled_keys_leases_go_back_to_its_entry_when_its_slot_changes_hands() {
     // Slow refill (1/s), so the entry cannot refill in the 2 ms below: what
     // it holds after the hand-over is what the hand-over gave back.
-    let lease = LeaseOptions::new().stripes(1).max_lease(8);
-    let l = KeyedTokenBucket::<u64, _>::builder(Rate::per_second(1).burst(100))
-        .hot_keys(
-            HotKeys::new(1)
-                .lease(lease)
-                .cool_after(Duration::from_millis(1)),
-        )
-        .clock(ManualClock::new())
-        .build()
-        .unwrap();
+    let l = one_slot(
+        Rate::per_second(1).burst(100),
+        1,
+        8,
+        Duration::from_millis(1),
+    );
     let clock = l.clock().clone();
     let _ = (l.check_key(&1), l.check_key(&2));
     assert!(l.promote_key(&1));
