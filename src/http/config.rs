@@ -8,10 +8,12 @@
 //! mistakes (a missing `name`, an unknown field, a string where a number
 //! belongs).
 
-use super::{
-    Cidr, ClientIp, Headers, HttpConfigError, Items, Key, Missing, Mode, ProxyHeader,
-    RateLimitBuilder, RateLimitLayer, Rule, MAX_HOPS,
-};
+use super::builder::{HttpConfigError, RateLimitBuilder};
+use super::client_ip::{Cidr, ClientIp, ProxyHeader, MAX_HOPS};
+use super::headers::{Headers, Items};
+use super::key::Key;
+use super::rule::{Missing, Mode, Rule};
+use super::service::RateLimitLayer;
 use crate::keyed::WhenFull;
 use crate::policy::Policy;
 use http::header::HeaderName;
