@@ -3,12 +3,12 @@
 //! synchronously and (features `tower` and `redis`) the Redis rules on an
 //! asynchronous path that the service polls.
 //!
-//! A request's path through the layer: [`Shared::check`] resolves the
+//! A request's path through the layer: `Shared::check` resolves the
 //! client address (`client_ip.rs`), keys each matching rule (`key.rs`),
 //! charges the local enforced rules through [`check_set`] (one clock read,
 //! all or nothing), then shadow rules, then renders the headers
 //! (`headers.rs`) or the 429 (`response.rs`). The Redis branch
-//! ([`Shared::check_remote`]) runs the Redis rules first, all or nothing
+//! (`Shared::check_remote`) runs the Redis rules first, all or nothing
 //! among themselves, then the same local check; a local denial gives the
 //! Redis units back.
 

@@ -510,23 +510,27 @@ impl fmt::Debug for Fingerprint {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn parts<'a>(
+impl<'a> RequestParts<'a> {
+    /// A request from `192.0.2.1`, for the unit tests.
+    pub(super) fn sample(
         method: &'a Method,
         uri: &'a Uri,
         headers: &'a HeaderMap,
-        ext: &'a Extensions,
+        extensions: &'a Extensions,
     ) -> RequestParts<'a> {
         RequestParts {
             method,
             uri,
             headers,
-            extensions: ext,
+            extensions,
             client: Resolved::Ip("192.0.2.1".parse().unwrap()),
         }
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
 
     #[test]
     fn keys_separate_values_and_report_absence() {
@@ -535,20 +539,34 @@ mod tests {
         let e = Extensions::new();
         let mut h = HeaderMap::new();
         let k = Key::header("x-api-key");
-        assert_eq!(k.extract(&parts(&m, &u, &h, &e), &fp), Err(Absent::Value));
+        assert_eq!(
+            k.extract(&RequestParts::sample(&m, &u, &h, &e), &fp),
+            Err(Absent::Value)
+        );
         h.insert("x-api-key", "alpha".parse().unwrap());
-        let a = k.extract(&parts(&m, &u, &h, &e), &fp).unwrap();
+        let a = k
+            .extract(&RequestParts::sample(&m, &u, &h, &e), &fp)
+            .unwrap();
         h.insert("x-api-key", "beta".parse().unwrap());
-        let b = k.extract(&parts(&m, &u, &h, &e), &fp).unwrap();
+        let b = k
+            .extract(&RequestParts::sample(&m, &u, &h, &e), &fp)
+            .unwrap();
         assert_ne!(a, b);
         h.append("x-api-key", "gamma".parse().unwrap());
-        let bg = k.extract(&parts(&m, &u, &h, &e), &fp).unwrap();
+        let bg = k
+            .extract(&RequestParts::sample(&m, &u, &h, &e), &fp)
+            .unwrap();
         assert_ne!(bg, b, "a second line changes the key");
         assert!(Key::header("bad header").has_invalid_header());
-        let g = Key::global().extract(&parts(&m, &u, &h, &e), &fp).unwrap();
+        let g = Key::global()
+            .extract(&RequestParts::sample(&m, &u, &h, &e), &fp)
+            .unwrap();
         assert_eq!(g, 0);
         let c = Key::composite([Key::client_ip(), Key::header("x-missing")]);
-        assert_eq!(c.extract(&parts(&m, &u, &h, &e), &fp), Err(Absent::Value));
+        assert_eq!(
+            c.extract(&RequestParts::sample(&m, &u, &h, &e), &fp),
+            Err(Absent::Value)
+        );
     }
 
     #[cfg(feature = "redis")]
@@ -560,7 +578,7 @@ mod tests {
         let mut e = Extensions::new();
         let mut h = HeaderMap::new();
         let bytes = |k: &Key, h: &HeaderMap, e: &Extensions, client: Resolved| {
-            let mut p = parts(&m, &u, h, e);
+            let mut p = RequestParts::sample(&m, &u, h, e);
             p.client = client;
             let mut out = Vec::new();
             k.extract_bytes(&p, &mut out)

@@ -573,7 +573,6 @@ pub(super) fn valid_name(name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::http::client_ip::Resolved;
     use http::Extensions;
 
     #[test]
@@ -599,21 +598,6 @@ mod tests {
         }
     }
 
-    fn parts<'a>(
-        method: &'a Method,
-        uri: &'a Uri,
-        headers: &'a HeaderMap,
-        ext: &'a Extensions,
-    ) -> RequestParts<'a> {
-        RequestParts {
-            method,
-            uri,
-            headers,
-            extensions: ext,
-            client: Resolved::Ip("192.0.2.1".parse().unwrap()),
-        }
-    }
-
     #[test]
     fn path_prefixes_match_whole_segments() {
         let m = Matcher {
@@ -624,7 +608,7 @@ mod tests {
         let (h, e) = (HeaderMap::new(), Extensions::new());
         let check = |method: Method, path: &str| {
             let uri: Uri = path.parse().unwrap();
-            m.matches(&parts(&method, &uri, &h, &e))
+            m.matches(&RequestParts::sample(&method, &uri, &h, &e))
         };
         assert!(check(Method::POST, "/login"));
         assert!(check(Method::POST, "/login/otp"));
