@@ -7,7 +7,7 @@
 //! process, while the bytes must be the same in every process.
 
 use super::client_ip::{mask, unmap, Resolved};
-use http::header::HeaderName;
+use http::header::{HeaderName, HeaderValue, ValueIter};
 use http::{Extensions, HeaderMap, Method, Uri};
 use std::fmt;
 use std::hash::{Hash, Hasher};
@@ -218,11 +218,7 @@ impl Key {
             KeyKind::ClientIp {
                 v4_prefix,
                 v6_prefix,
-            } => match req.client {
-                Resolved::Ip(ip) => Ok(ip_key(ip, *v4_prefix, *v6_prefix)),
-                Resolved::NoPeer => Err(Absent::NoPeer),
-                Resolved::Unknown => Err(Absent::UnknownClient),
-            },
+            } => Ok(ip_key(req.client_ip()?, *v4_prefix, *v6_prefix)),
             KeyKind::Global => Ok(0),
             _ => self.extract_hashed(req, fp),
         }
@@ -234,9 +230,7 @@ impl Key {
             // Inline in `extract`, which does not come back here for them.
             KeyKind::ClientIp { .. } | KeyKind::Global => self.extract(req, fp),
             KeyKind::Header(name) => {
-                let name = name.as_ref().ok_or(Absent::Value)?;
-                let mut values = req.headers.get_all(name).iter();
-                let first = values.next().ok_or(Absent::Value)?;
+                let (first, values) = req.header_lines(name.as_ref())?;
                 let mut acc = fp.of_bytes(first.as_bytes());
                 // Sent more than once (rare): chain the lines in order.
                 for more in values {
@@ -276,26 +270,20 @@ impl Key {
             KeyKind::ClientIp {
                 v4_prefix,
                 v6_prefix,
-            } => match req.client {
-                Resolved::Ip(ip) => {
-                    let bits = ip_key(ip, *v4_prefix, *v6_prefix);
-                    let v6 = std::net::Ipv6Addr::from(bits);
-                    // Writing to a Vec cannot fail.
-                    let _ = match v6.to_ipv4_mapped() {
-                        Some(v4) if *v4_prefix >= 32 => write!(out, "{v4}"),
-                        Some(v4) => write!(out, "{v4}/{v4_prefix}"),
-                        None if *v6_prefix >= 128 => write!(out, "{v6}"),
-                        None => write!(out, "{v6}/{v6_prefix}"),
-                    };
-                    Ok(())
-                }
-                Resolved::NoPeer => Err(Absent::NoPeer),
-                Resolved::Unknown => Err(Absent::UnknownClient),
-            },
+            } => {
+                let bits = ip_key(req.client_ip()?, *v4_prefix, *v6_prefix);
+                let v6 = std::net::Ipv6Addr::from(bits);
+                // Writing to a Vec cannot fail.
+                let _ = match v6.to_ipv4_mapped() {
+                    Some(v4) if *v4_prefix >= 32 => write!(out, "{v4}"),
+                    Some(v4) => write!(out, "{v4}/{v4_prefix}"),
+                    None if *v6_prefix >= 128 => write!(out, "{v6}"),
+                    None => write!(out, "{v6}/{v6_prefix}"),
+                };
+                Ok(())
+            }
             KeyKind::Header(name) => {
-                let name = name.as_ref().ok_or(Absent::Value)?;
-                let mut values = req.headers.get_all(name).iter();
-                let first = values.next().ok_or(Absent::Value)?;
+                let (first, values) = req.header_lines(name.as_ref())?;
                 out.extend_from_slice(b"h:");
                 out.extend_from_slice(first.as_bytes());
                 // Sent more than once: NUL (never in a header value) between lines.
@@ -401,12 +389,26 @@ impl RequestParts<'_> {
         self.uri.path()
     }
 
-    #[allow(dead_code)]
-    pub(super) fn client_ip(&self) -> Option<IpAddr> {
+    /// The client's address, or why there is none (both encodings).
+    #[inline]
+    fn client_ip(&self) -> Result<IpAddr, Absent> {
         match self.client {
-            Resolved::Ip(ip) => Some(ip),
-            _ => None,
+            Resolved::Ip(ip) => Ok(ip),
+            Resolved::NoPeer => Err(Absent::NoPeer),
+            Resolved::Unknown => Err(Absent::UnknownClient),
         }
+    }
+
+    /// The lines of a header, the first apart (both encodings): absent
+    /// when the header is not there or its name is not valid.
+    #[inline]
+    fn header_lines(
+        &self,
+        name: Option<&HeaderName>,
+    ) -> Result<(&HeaderValue, ValueIter<'_, HeaderValue>), Absent> {
+        let mut lines = self.headers.get_all(name.ok_or(Absent::Value)?).iter();
+        let first = lines.next().ok_or(Absent::Value)?;
+        Ok((first, lines))
     }
 }
 
