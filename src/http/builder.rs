@@ -96,7 +96,7 @@ pub enum HttpConfigError {
         error: ParseError,
     },
     /// A rule with `store = "redis"` in a configuration built without a
-    /// Redis backend ([`LayerConfig::to_builder`] instead of
+    /// Redis backend ([`LayerConfig::to_builder`](super::LayerConfig::to_builder) instead of
     /// `LayerConfig::to_builder_with_redis`).
     RedisBackendMissing {
         /// The rule.
@@ -324,7 +324,7 @@ impl<C: Clock + Clone> RateLimitBuilder<C> {
     }
 
     /// Puts the per-rule decisions into the request's extensions as
-    /// [`RateLimitInfo`] for handlers (off by default: `http`'s
+    /// [`RateLimitInfo`](super::RateLimitInfo) for handlers (off by default: `http`'s
     /// `Extensions` allocates on insert).
     ///
     /// ```

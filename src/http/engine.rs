@@ -477,7 +477,6 @@ impl<C: Clock + 'static> Shared<C> {
     }
 
     /// Headers and refunds for an admitted request.
-
     // Not inlined (nor `reject`, `check_shadow`): the check that every
     // request runs stays small, and its cost does not depend on the code
     // of the header generations it does not use.

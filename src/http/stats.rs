@@ -4,7 +4,7 @@
 
 use crate::sync::{AtomicU64, Ordering};
 
-/// One rule's counters (a snapshot from [`RateLimitLayer::stats`]).
+/// One rule's counters (a snapshot from [`RateLimitLayer::stats`](super::RateLimitLayer::stats)).
 ///
 /// ```
 /// # use ratewall::http::{RateLimitLayer, Rule};
