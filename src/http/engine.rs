@@ -537,6 +537,11 @@ pub(super) struct RequestHead<'a> {
     pub(super) extensions: &'a http::Extensions,
 }
 
+// The asynchronous path of a request that matches Redis rules (features
+// `tower` and `redis`): the Redis rules first, all or nothing among
+// themselves; then the local rules through the synchronous check; a local
+// denial gives the Redis units back.
+
 /// A Redis rule's units to give back when the response succeeds
 /// (count-only-failures): rule, key, cost, and where they were taken.
 #[cfg(feature = "redis")]
