@@ -8,10 +8,12 @@
 //! mistakes (a missing `name`, an unknown field, a string where a number
 //! belongs).
 
-use super::{
-    Cidr, ClientIp, Headers, HttpConfigError, Items, Key, Missing, Mode, ProxyHeader,
-    RateLimitBuilder, RateLimitLayer, Rule, MAX_HOPS,
-};
+use super::builder::{HttpConfigError, RateLimitBuilder};
+use super::client_ip::{Cidr, ClientIp, ProxyHeader, MAX_HOPS};
+use super::headers::{Headers, Items};
+use super::key::Key;
+use super::rule::{Missing, Mode, Rule};
+use super::service::RateLimitLayer;
 use crate::keyed::WhenFull;
 use crate::policy::Policy;
 use http::header::HeaderName;
@@ -303,15 +305,12 @@ impl RuleConfig {
             .is_some_and(|s| s.eq_ignore_ascii_case("redis"))
     }
 
+    /// A field of this rule that cannot be used.
+    fn bad(&self, field: &'static str, value: &str, expected: &'static str) -> HttpConfigError {
+        invalid(Some(&self.name), field, value, expected)
+    }
+
     fn make_rule(&self, redis: Option<&Backend>) -> Result<Rule, HttpConfigError> {
-        let bad = |field: &'static str, value: &str, expected: &'static str| {
-            HttpConfigError::InvalidValue {
-                rule: Some(self.name.clone()),
-                field,
-                value: value.to_owned(),
-                expected,
-            }
-        };
         let policy: Policy = self
             .policy
             .parse()
@@ -319,13 +318,12 @@ impl RuleConfig {
                 rule: self.name.clone(),
                 error,
             })?;
-        let key = parse_key(&self.key).ok_or_else(|| bad("key", &self.key, KEY))?;
+        let key = parse_key(&self.key).ok_or_else(|| self.bad("key", &self.key, KEY))?;
         let has_ip = key.needs_client_ip();
         let in_redis = match self.store.as_deref() {
             None => false,
-            Some(s) if s.eq_ignore_ascii_case("local") => false,
-            Some(s) if s.eq_ignore_ascii_case("redis") => true,
-            Some(s) => return Err(bad("store", s, "`local` (default) or `redis`")),
+            Some(s) => keyword(s, &[("local", false), ("redis", true)])
+                .ok_or_else(|| self.bad("store", s, "`local` (default) or `redis`"))?,
         };
         let redis_only = [
             ("redis_prefix", self.redis_prefix.clone()),
@@ -338,7 +336,7 @@ impl RuleConfig {
         ];
         if in_redis {
             if let Some((field, Some(value))) = local_only.iter().find(|(_, v)| v.is_some()) {
-                return Err(bad(
+                return Err(self.bad(
                     field,
                     value,
                     "nothing on a Redis rule: its keys expire in Redis by their TTL \
@@ -346,7 +344,7 @@ impl RuleConfig {
                 ));
             }
         } else if let Some((field, Some(value))) = redis_only.iter().find(|(_, v)| v.is_some()) {
-            return Err(bad(
+            return Err(self.bad(
                 field,
                 value,
                 "`store = \"redis\"` too: only a Redis rule takes it",
@@ -363,14 +361,14 @@ impl RuleConfig {
         ] {
             let Some(p) = prefix else { continue };
             if !has_ip {
-                return Err(bad(
+                return Err(self.bad(
                     field,
                     &p.to_string(),
                     "no prefix: the rule's key has no `ip` part",
                 ));
             }
             let p = u8::try_from(p).ok().filter(|&p| p <= max).ok_or_else(|| {
-                bad(
+                self.bad(
                     field,
                     &p.to_string(),
                     if max == 32 {
@@ -388,7 +386,7 @@ impl RuleConfig {
         }
         for m in &self.methods {
             let method = parse_method(m).ok_or_else(|| {
-                bad(
+                self.bad(
                     "methods",
                     m,
                     "an HTTP method in capitals, such as `GET` or `POST` (methods are case-sensitive)",
@@ -398,7 +396,7 @@ impl RuleConfig {
         }
         if let Some(prefix) = &self.path_prefix {
             if !prefix.starts_with('/') {
-                return Err(bad(
+                return Err(self.bad(
                     "path_prefix",
                     prefix,
                     "a path starting with `/`, such as `/login`",
@@ -408,7 +406,7 @@ impl RuleConfig {
         }
         if let Some(route) = &self.route {
             if !route.starts_with('/') {
-                return Err(bad(
+                return Err(self.bad(
                     "route",
                     route,
                     "a route starting with `/`, such as `/items/{id}`",
@@ -420,16 +418,19 @@ impl RuleConfig {
             rule = rule.cost(cost);
         }
         if let Some(mode) = &self.mode {
-            rule = rule.mode(match mode.to_ascii_lowercase().as_str() {
-                "enforce" => Mode::Enforce,
-                "shadow" => Mode::Shadow,
-                "off" => Mode::Off,
-                _ => return Err(bad("mode", mode, "`enforce`, `shadow` or `off`")),
-            });
+            let modes = [
+                ("enforce", Mode::Enforce),
+                ("shadow", Mode::Shadow),
+                ("off", Mode::Off),
+            ];
+            rule = rule.mode(
+                keyword(mode, &modes)
+                    .ok_or_else(|| self.bad("mode", mode, "`enforce`, `shadow` or `off`"))?,
+            );
         }
         if let Some(missing) = &self.when_missing {
             let m = parse_missing(missing).ok_or_else(|| {
-                bad(
+                self.bad(
                     "when_missing",
                     missing,
                     "`skip`, or `reject` and a status from 400 to 599 (`reject 401`)",
@@ -447,18 +448,18 @@ impl RuleConfig {
             rule = rule.max_keys(n);
         }
         if let Some(full) = &self.when_full {
-            rule = rule.when_full(match full.to_ascii_lowercase().as_str() {
-                "reject-new" => WhenFull::RejectNew,
-                "admit-untracked" => WhenFull::AdmitUntracked,
-                "evict-least-recent" => WhenFull::EvictLeastRecent,
-                _ => {
-                    return Err(bad(
-                        "when_full",
-                        full,
-                        "`reject-new`, `admit-untracked` or `evict-least-recent`",
-                    ))
-                }
-            });
+            let policies = [
+                ("reject-new", WhenFull::RejectNew),
+                ("admit-untracked", WhenFull::AdmitUntracked),
+                ("evict-least-recent", WhenFull::EvictLeastRecent),
+            ];
+            rule = rule.when_full(keyword(full, &policies).ok_or_else(|| {
+                self.bad(
+                    "when_full",
+                    full,
+                    "`reject-new`, `admit-untracked` or `evict-least-recent`",
+                )
+            })?);
         }
         Ok(rule)
     }
@@ -483,18 +484,10 @@ impl RuleConfig {
         redis: Option<&Backend>,
     ) -> Result<Rule, HttpConfigError> {
         use crate::redis::{FailurePolicy, RedisLimiter};
-        let bad = |field: &'static str, value: &str, expected: &'static str| {
-            HttpConfigError::InvalidValue {
-                rule: Some(self.name.clone()),
-                field,
-                value: value.to_owned(),
-                expected,
-            }
-        };
         let failure = match &self.on_failure {
             None => FailurePolicy::default(),
             Some(text) => parse_failure(text).ok_or_else(|| {
-                bad(
+                self.bad(
                     "on_failure",
                     text,
                     "`open`, `closed`, `fallback-share N` (this instance's share among N, 1 or more) \
@@ -504,7 +497,7 @@ impl RuleConfig {
         };
         if let Some(prefix) = &self.redis_prefix {
             if !redis_name(prefix) {
-                return Err(bad(
+                return Err(self.bad(
                     "redis_prefix",
                     prefix,
                     "1 to 64 printable ASCII characters without space, `:`, `{` or `}`",
@@ -512,7 +505,7 @@ impl RuleConfig {
             }
         }
         if self.name.contains(':') {
-            return Err(bad(
+            return Err(self.bad(
                 "name",
                 &self.name,
                 "a name without `:` for a Redis rule (it names the rule's Redis keys, `prefix:name:key`)",
@@ -640,14 +633,7 @@ impl LayerConfig {
     }
 
     fn make_builder(&self, redis: Option<&Backend>) -> Result<RateLimitBuilder, HttpConfigError> {
-        let bad = |field: &'static str, value: &str, expected: &'static str| {
-            HttpConfigError::InvalidValue {
-                rule: None,
-                field,
-                value: value.to_owned(),
-                expected,
-            }
-        };
+        let bad = |field, value: &str, expected| invalid(None, field, value, expected);
         let networks = |field: &'static str, list: &[String]| {
             list.iter()
                 .map(|s| s.parse::<Cidr>().map_err(|_| bad(field, s, NETWORK)))
@@ -655,29 +641,30 @@ impl LayerConfig {
         };
         let mut b = RateLimitLayer::builder();
         if let Some(h) = &self.headers {
-            b = b.headers(match h.to_ascii_lowercase().as_str() {
-                "draft" => Headers::Draft(Items::All),
-                "draft-closest" => Headers::Draft(Items::ClosestToExhaustion),
-                "legacy" => Headers::Legacy,
-                "none" => Headers::None,
-                _ => {
-                    return Err(bad(
-                        "headers",
-                        h,
-                        "`draft`, `draft-closest`, `legacy` or `none`",
-                    ))
-                }
-            });
+            let kinds = [
+                ("draft", Headers::Draft(Items::All)),
+                ("draft-closest", Headers::Draft(Items::ClosestToExhaustion)),
+                ("legacy", Headers::Legacy),
+                ("none", Headers::None),
+            ];
+            b = b.headers(keyword(h, &kinds).ok_or_else(|| {
+                bad("headers", h, "`draft`, `draft-closest`, `legacy` or `none`")
+            })?);
         }
         let proxies = networks("trusted_proxies", &self.trusted_proxies)?;
-        let proxy_header = match &self.proxy_header {
-            None => None,
-            Some(p) => Some(match p.to_ascii_lowercase().as_str() {
-                "x-forwarded-for" => ProxyHeader::XForwardedFor,
-                "forwarded" => ProxyHeader::Forwarded,
-                _ => return Err(bad("proxy_header", p, "`x-forwarded-for` or `forwarded`")),
-            }),
-        };
+        let proxy_header =
+            match &self.proxy_header {
+                None => None,
+                Some(p) => {
+                    let headers = [
+                        ("x-forwarded-for", ProxyHeader::XForwardedFor),
+                        ("forwarded", ProxyHeader::Forwarded),
+                    ];
+                    Some(keyword(p, &headers).ok_or_else(|| {
+                        bad("proxy_header", p, "`x-forwarded-for` or `forwarded`")
+                    })?)
+                }
+            };
         let client_ip = match (&self.client_ip_header, self.trusted_hops) {
             (Some(h), _) => {
                 if HeaderName::from_bytes(h.as_bytes()).is_err() {
@@ -746,6 +733,30 @@ impl LayerConfig {
         }
         Ok(b)
     }
+}
+
+/// A value of a configuration that cannot be used: `rule` names the rule,
+/// `None` a field of the layer.
+fn invalid(
+    rule: Option<&str>,
+    field: &'static str,
+    value: &str,
+    expected: &'static str,
+) -> HttpConfigError {
+    HttpConfigError::InvalidValue {
+        rule: rule.map(str::to_owned),
+        field,
+        value: value.to_owned(),
+        expected,
+    }
+}
+
+/// The value `text` names among `words`, in any case (`Shadow`, `shadow`).
+fn keyword<T: Copy>(text: &str, words: &[(&str, T)]) -> Option<T> {
+    words
+        .iter()
+        .find(|(w, _)| text.eq_ignore_ascii_case(w))
+        .map(|&(_, v)| v)
 }
 
 /// `ip`, `header:NAME`, `route`, `global`, or several joined by `+`.

@@ -14,10 +14,19 @@
 //! denied, and its `Retry-After` is the largest of their `t`, so no `t` it
 //! sends is later than `Retry-After`.
 
-use super::rule::valid_name;
+use super::compiled::{Compiled, Entry};
+use super::rule::{valid_name, Visibility};
+use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::policy::Policy;
-use http::HeaderValue;
+use http::header::HeaderName;
+use http::{HeaderMap, HeaderValue};
+
+pub(super) const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+pub(super) const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+pub(super) const X_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+const X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+const X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 
 /// Which rate-limit headers the layer sends.
 ///
@@ -61,14 +70,14 @@ pub enum Items {
 
 /// A byte buffer on the stack for one header value; past 384 bytes (many
 /// rules with long names) it moves to the heap.
-pub(crate) struct Buf {
+pub(super) struct Buf {
     stack: [u8; 384],
     len: usize,
     heap: Vec<u8>,
 }
 
 impl Buf {
-    pub(crate) fn new() -> Buf {
+    pub(super) fn new() -> Buf {
         Buf {
             stack: [0; 384],
             len: 0,
@@ -76,7 +85,7 @@ impl Buf {
         }
     }
 
-    pub(crate) fn is_empty(&self) -> bool {
+    pub(super) fn is_empty(&self) -> bool {
         self.len == 0 && self.heap.is_empty()
     }
 
@@ -139,7 +148,7 @@ impl Buf {
     }
 
     /// A `RateLimit-Policy` item: `"name";q=<limit>;w=<span secs>`.
-    pub(crate) fn policy_item(&mut self, name: &str, policy: &Policy) {
+    pub(super) fn policy_item(&mut self, name: &str, policy: &Policy) {
         debug_assert!(valid_name(name));
         self.separator();
         self.bytes(b"\"");
@@ -151,13 +160,13 @@ impl Buf {
     }
 
     /// An item rendered once at build (a rule's `RateLimit-Policy` item).
-    pub(crate) fn item(&mut self, rendered: &[u8]) {
+    pub(super) fn item(&mut self, rendered: &[u8]) {
         self.separator();
         self.bytes(rendered);
     }
 
     /// A `RateLimit` item after its prefix `"name";r=`, rendered at build.
-    pub(crate) fn ratelimit_item_prefixed(&mut self, prefix: &[u8], d: &Decision) {
+    pub(super) fn ratelimit_item_prefixed(&mut self, prefix: &[u8], d: &Decision) {
         self.separator();
         self.bytes(prefix);
         self.num(sf_int(d.remaining()));
@@ -166,7 +175,7 @@ impl Buf {
     }
 
     /// A `RateLimit` item: `"name";r=<remaining>;t=<secs>`.
-    pub(crate) fn ratelimit_item(&mut self, name: &str, d: &Decision) {
+    pub(super) fn ratelimit_item(&mut self, name: &str, d: &Decision) {
         debug_assert!(valid_name(name));
         self.separator();
         self.bytes(b"\"");
@@ -180,7 +189,7 @@ impl Buf {
     /// The header value. Only digits, ASCII punctuation and validated
     /// names are ever written, so this cannot fail; if it did, the header
     /// is left out rather than the request failing.
-    pub(crate) fn value(&self) -> Option<HeaderValue> {
+    pub(super) fn value(&self) -> Option<HeaderValue> {
         HeaderValue::from_bytes(self.as_slice()).ok()
     }
 }
@@ -202,7 +211,7 @@ fn sf_int(n: u64) -> u64 {
 }
 
 /// `w`: the policy's span in whole seconds, rounded up, at least 1.
-pub(crate) fn window_secs(policy: &Policy) -> u64 {
+pub(super) fn window_secs(policy: &Policy) -> u64 {
     let span = policy.span();
     let secs = span.as_secs() + u64::from(span.subsec_nanos() > 0);
     secs.max(1)
@@ -210,10 +219,138 @@ pub(crate) fn window_secs(policy: &Policy) -> u64 {
 
 /// Whether `a` has a smaller share of its quota left than `b`
 /// (`remaining / limit`, compared without division).
-pub(crate) fn closer_to_exhaustion(a: &Decision, b: &Decision) -> bool {
+pub(super) fn closer_to_exhaustion(a: &Decision, b: &Decision) -> bool {
     let lhs = u128::from(a.remaining()) * u128::from(b.limit().max(1));
     let rhs = u128::from(b.remaining()) * u128::from(a.limit().max(1));
     lhs < rhs || (lhs == rhs && a.ratelimit_t_secs() > b.ratelimit_t_secs())
+}
+
+/// The legacy trio: `X-RateLimit-Limit`, `-Remaining` and `-Reset`.
+pub(super) fn legacy(h: &mut HeaderMap, [limit, remaining, reset]: [u64; 3]) {
+    h.insert(X_LIMIT, HeaderValue::from(limit));
+    h.insert(X_REMAINING, HeaderValue::from(remaining));
+    h.insert(X_RESET, HeaderValue::from(reset));
+}
+
+/// The rate-limit headers of an admitted request: rendered by the check,
+/// written into the response when it comes.
+pub(super) struct Admitted {
+    pub(super) policy: Option<HeaderValue>,
+    pub(super) ratelimit: Option<HeaderValue>,
+    /// `X-RateLimit-Limit`, `-Remaining`, `-Reset`.
+    pub(super) legacy: Option<[u64; 3]>,
+}
+
+impl Admitted {
+    /// No header.
+    pub(super) const NONE: Admitted = Admitted {
+        policy: None,
+        ratelimit: None,
+        legacy: None,
+    };
+
+    #[inline]
+    pub(super) fn is_empty(&self) -> bool {
+        self.policy.is_none() && self.ratelimit.is_none() && self.legacy.is_none()
+    }
+
+    /// Writes the headers into a response's.
+    #[inline]
+    pub(super) fn write(self, h: &mut HeaderMap) {
+        if let Some(v) = self.policy {
+            h.insert(RATELIMIT_POLICY, v);
+        }
+        if let Some(v) = self.ratelimit {
+            h.insert(RATELIMIT, v);
+        }
+        if let Some(l) = self.legacy {
+            legacy(h, l);
+        }
+    }
+
+    /// The headers `which` asks for, from the decisions of an admitted
+    /// request's entries. `all_policy` is the mask of the shown rules and
+    /// their joint `RateLimit-Policy` value, rendered at build.
+    #[inline]
+    pub(super) fn of<C: Clock>(
+        which: Headers,
+        rules: &[Compiled<C>],
+        entries: &[Entry],
+        all_policy: Option<&(u64, HeaderValue)>,
+    ) -> Admitted {
+        let mut after = Admitted::NONE;
+        let shown = || {
+            entries.iter().filter_map(|e| {
+                let r = &rules[usize::from(e.rule)];
+                match (r.rule.visibility, e.decision) {
+                    (Visibility::Shown, Some(d)) => Some((r, d)),
+                    _ => None,
+                }
+            })
+        };
+        let closest = || {
+            shown().reduce(|a, b| {
+                if closer_to_exhaustion(&b.1, &a.1) {
+                    b
+                } else {
+                    a
+                }
+            })
+        };
+        match which {
+            Headers::None => {}
+            Headers::Legacy => {
+                if let Some((_, d)) = closest() {
+                    after.legacy = Some([d.limit(), d.remaining(), d.ratelimit_t_secs()]);
+                }
+            }
+            Headers::Draft(Items::ClosestToExhaustion) => {
+                if let Some((r, d)) = closest() {
+                    let mut limit = Buf::new();
+                    limit.ratelimit_item(&r.rule.name, &d);
+                    after.policy = r.policy_item.clone();
+                    after.ratelimit = limit.value();
+                }
+            }
+            Headers::Draft(_) => {
+                let mut limit = Buf::new();
+                let mut count = 0;
+                let mut last = None;
+                let mut mask = 0u64;
+                for e in entries {
+                    let r = &rules[usize::from(e.rule)];
+                    let Some(d) = e.decision else { continue };
+                    if r.rule.visibility != Visibility::Shown {
+                        continue;
+                    }
+                    limit.ratelimit_item_prefixed(&r.ratelimit_prefix, &d);
+                    count += 1;
+                    last = Some(r);
+                    if e.rule < 64 {
+                        mask |= 1 << e.rule;
+                    }
+                }
+                after.policy = match (count, all_policy) {
+                    (0, _) => None,
+                    // One rule: its policy item was rendered once, at build.
+                    (1, _) => last.and_then(|r| r.policy_item.clone()),
+                    // Every shown rule: rendered once, at build.
+                    (_, Some((all, v))) if *all == mask => Some(v.clone()),
+                    _ => {
+                        let mut policy = Buf::new();
+                        for (r, _) in shown() {
+                            policy.item(r.policy_item.as_ref().map_or(&[][..], |v| v.as_bytes()));
+                        }
+                        policy.value()
+                    }
+                };
+                if count > 0 {
+                    after.ratelimit = limit.value();
+                }
+            }
+        }
+        after
+    }
 }
 
 #[cfg(test)]

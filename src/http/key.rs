@@ -1,192 +1,453 @@
-//! Who a request comes from: the client's IP address (behind trusted
-//! proxies, walked from the right) and the keys rules count requests under.
-//!
-//! # The client address
-//!
-//! [`ClientIp`] starts from the TCP peer (axum's `ConnectInfo<SocketAddr>`
-//! with the `axum` feature, tonic's `TcpConnectInfo` with the `tonic`
-//! feature, a `SocketAddr` request extension, or a lookup function of your
-//! own). When the peer is a
-//! trusted proxy, the `X-Forwarded-For` (or RFC 7239 `Forwarded`) entries
-//! are walked **from the right**, past trusted hops; the first untrusted
-//! address is the client. The left-most entry is never believed just
-//! because it is left-most: any client can write it. An entry that is not an
-//! address (`unknown`, an obfuscated `_id`, garbage) stops the walk and the
-//! client is unknown: it is not skipped, because the hop that wrote it is
-//! the one we would have to trust next.
+//! The keys rules count requests under: [`Key`], how a request's key is
+//! extracted, and its two encodings. A local table keys by a 128-bit
+//! [`Fingerprint`] (seeded per layer, so nobody outside can aim for a
+//! collision); a Redis rule keys by bytes that every instance computes alike
+//! (`extract_bytes`). The two stay apart on purpose: the fingerprint hashes
+//! in place, with no allocation per request, and its seed must differ per
+//! process, while the bytes must be the same in every process.
 
-use http::header::{HeaderMap, HeaderName};
-use http::Extensions;
+use super::client_ip::{mask, unmap, Resolved};
+use http::header::{HeaderName, HeaderValue, ValueIter};
+use http::{Extensions, HeaderMap, Method, Uri};
 use std::fmt;
-use std::hash::Hash;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::str::FromStr;
+use std::hash::{Hash, Hasher};
+use std::net::IpAddr;
 
-/// The most list entries a walk reads before it gives up (the client is
-/// then unknown). Real chains are a handful of hops long; the cap bounds the
-/// work a hostile header can cause.
-pub const MAX_HOPS: usize = 32;
-
-/// The longest single list entry that is parsed (longer ones are garbage
-/// and stop the walk): `[v6 with zone]:port` fits easily.
-const MAX_NODE_LEN: usize = 96;
-
-/// A network: an address and a prefix length, such as `10.0.0.0/8` or
-/// `2001:db8::/32`. A bare address is a network of one.
+/// What a rule counts requests under.
 ///
 /// # Example
 ///
 /// ```
-/// use ratewall::http::Cidr;
+/// use ratewall::http::Key;
 ///
-/// let net: Cidr = "10.0.0.0/8".parse()?;
-/// assert!(net.contains("10.1.2.3".parse()?));
-/// assert!(net.contains("::ffff:10.9.9.9".parse()?)); // IPv4-mapped IPv6 is unmapped first
-/// assert!(!net.contains("11.0.0.1".parse()?));
-/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// #[derive(Clone, Hash)]
+/// struct UserId(u64);
+///
+/// let per_user = Key::extension::<UserId>();
+/// let per_key = Key::header("x-api-key");
+/// let both = Key::composite([Key::client_ip(), Key::header("x-api-key")]);
+/// # let _ = (per_user, per_key, both);
 /// ```
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Cidr {
-    /// The network in the 128-bit space where IPv4 sits at `::ffff:0:0/96`.
-    bits: u128,
-    /// The prefix length in that space (IPv4 lengths plus 96).
-    len: u8,
+#[derive(Clone)]
+pub struct Key(KeyKind);
+
+#[derive(Clone)]
+enum KeyKind {
+    ClientIp {
+        v4_prefix: u8,
+        v6_prefix: u8,
+    },
+    Header(Option<HeaderName>),
+    Extension(
+        &'static str,
+        fn(&Extensions, &Fingerprint) -> Option<u128>,
+        // The key as bytes, for Redis rules.
+        #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+        fn(&Extensions, &mut dyn Hasher) -> bool,
+    ),
+    Route,
+    Global,
+    Composite(Vec<Key>),
 }
 
-impl Cidr {
-    /// The network of `addr` with the first `prefix` bits (at most 32 for
-    /// IPv4, 128 for IPv6). `None` if the prefix is too long.
-    ///
-    /// ```
-    /// # use ratewall::http::Cidr;
-    /// # use std::net::{IpAddr, Ipv4Addr};
-    /// let net = Cidr::new(IpAddr::V4(Ipv4Addr::new(192, 168, 0, 0)), 16).unwrap();
-    /// assert!(net.contains("192.168.7.7".parse().unwrap()));
-    /// assert!(Cidr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 33).is_none());
-    /// ```
-    pub fn new(addr: IpAddr, prefix: u8) -> Option<Cidr> {
-        let addr = unmap(addr);
-        let len = match addr {
-            IpAddr::V4(_) if prefix <= 32 => prefix + 96,
-            IpAddr::V6(_) if prefix <= 128 => prefix,
-            _ => return None,
-        };
-        Some(Cidr {
-            bits: to_bits(addr) & mask(len),
-            len,
-        })
-    }
-
-    /// Whether `ip` is in the network (IPv4-mapped IPv6 counts as IPv4).
-    ///
-    /// ```
-    /// # use ratewall::http::Cidr;
-    /// let net: Cidr = "2001:db8::/32".parse().unwrap();
-    /// assert!(net.contains("2001:db8:1::5".parse().unwrap()));
-    /// ```
-    pub fn contains(&self, ip: IpAddr) -> bool {
-        to_bits(unmap(ip)) & mask(self.len) == self.bits
-    }
-}
-
-impl fmt::Debug for Cidr {
+impl fmt::Debug for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(self, f)
-    }
-}
-
-impl fmt::Display for Cidr {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let v6 = Ipv6Addr::from(self.bits);
-        match v6.to_ipv4_mapped() {
-            Some(v4) if self.len >= 96 => write!(f, "{v4}/{}", self.len - 96),
-            _ => write!(f, "{v6}/{}", self.len),
+        match &self.0 {
+            KeyKind::ClientIp {
+                v4_prefix,
+                v6_prefix,
+            } => write!(f, "ClientIp(/{v4_prefix}, /{v6_prefix})"),
+            KeyKind::Header(Some(h)) => write!(f, "Header({h})"),
+            KeyKind::Header(None) => f.write_str("Header(<invalid name>)"),
+            KeyKind::Extension(t, _, _) => write!(f, "Extension({t})"),
+            KeyKind::Route => f.write_str("Route"),
+            KeyKind::Global => f.write_str("Global"),
+            KeyKind::Composite(keys) => f.debug_tuple("Composite").field(keys).finish(),
         }
     }
 }
 
-/// A network that does not parse as `address` or `address/prefix`.
-///
-/// ```
-/// # use ratewall::http::Cidr;
-/// let err = "10.0.0.0/40".parse::<Cidr>().unwrap_err();
-/// assert!(err.to_string().contains("10.0.0.0/40"));
-/// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CidrParseError {
-    input: String,
+fn extension_key<T: Hash + Send + Sync + 'static>(
+    ext: &Extensions,
+    fp: &Fingerprint,
+) -> Option<u128> {
+    ext.get::<T>().map(|v| fp.of(v))
 }
 
-impl fmt::Display for CidrParseError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "`{}` is not a network: write an address with an optional prefix length, \
-             such as `10.0.0.0/8`, `192.0.2.7` or `2001:db8::/32` (at most /32 for IPv4, /128 for IPv6)",
-            self.input
-        )
+fn extension_hash<T: Hash + Send + Sync + 'static>(ext: &Extensions, h: &mut dyn Hasher) -> bool {
+    ext.get::<T>().map(|v| v.hash(&mut &mut *h)).is_some()
+}
+
+impl Key {
+    /// The client's IP address (see [`ClientIp`](super::ClientIp)): IPv4 per
+    /// address, IPv6 per /64.
+    ///
+    /// ```
+    /// # use ratewall::http::Key;
+    /// let k = Key::client_ip();
+    /// # let _ = k;
+    /// ```
+    pub fn client_ip() -> Key {
+        Key(KeyKind::ClientIp {
+            v4_prefix: 32,
+            v6_prefix: 64,
+        })
     }
-}
 
-impl std::error::Error for CidrParseError {}
+    /// The client's IP address, IPv4 by its first `v4_prefix` bits and
+    /// IPv6 by its first `v6_prefix` bits (clamped to 32 and 128).
+    ///
+    /// ```
+    /// # use ratewall::http::Key;
+    /// let per_site = Key::client_ip_prefix(24, 48);
+    /// # let _ = per_site;
+    /// ```
+    pub fn client_ip_prefix(v4_prefix: u8, v6_prefix: u8) -> Key {
+        Key(KeyKind::ClientIp {
+            v4_prefix: v4_prefix.min(32),
+            v6_prefix: v6_prefix.min(128),
+        })
+    }
 
-impl FromStr for Cidr {
-    type Err = CidrParseError;
+    /// The value of a request header (an API key), as a 128-bit
+    /// fingerprint. Sent more than once, the values are joined in order.
+    /// An invalid header name is reported when the layer is built.
+    ///
+    /// ```
+    /// # use ratewall::http::Key;
+    /// let k = Key::header("x-api-key");
+    /// # let _ = k;
+    /// ```
+    pub fn header(name: &str) -> Key {
+        Key(KeyKind::Header(
+            HeaderName::from_bytes(name.as_bytes()).ok(),
+        ))
+    }
 
-    fn from_str(s: &str) -> Result<Cidr, CidrParseError> {
-        let err = || CidrParseError {
-            input: s.to_owned(),
-        };
-        let (addr, prefix) = match s.split_once('/') {
-            Some((a, p)) => {
-                let p: u8 = p.parse().map_err(|_| err())?;
-                (a.parse::<IpAddr>().map_err(|_| err())?, Some(p))
+    /// A request extension of type `T` (the user id an auth layer set), as a
+    /// 128-bit fingerprint of its `Hash`.
+    ///
+    /// ```
+    /// # use ratewall::http::Key;
+    /// #[derive(Clone, Hash)]
+    /// struct UserId(u64);
+    /// let k = Key::extension::<UserId>();
+    /// # let _ = k;
+    /// ```
+    pub fn extension<T: Hash + Send + Sync + 'static>() -> Key {
+        Key(KeyKind::Extension(
+            std::any::type_name::<T>(),
+            extension_key::<T>,
+            extension_hash::<T>,
+        ))
+    }
+
+    /// The route: axum's `MatchedPath` (with the `axum` feature) or else the
+    /// request path. The path of an unmatched request is client-chosen:
+    /// prefer `MatchedPath`, and a bounded `max_keys`.
+    ///
+    /// ```
+    /// # use ratewall::http::Key;
+    /// let k = Key::route();
+    /// # let _ = k;
+    /// ```
+    pub fn route() -> Key {
+        Key(KeyKind::Route)
+    }
+
+    /// One key for every request: a global limit.
+    ///
+    /// ```
+    /// # use ratewall::http::Key;
+    /// let k = Key::global();
+    /// # let _ = k;
+    /// ```
+    pub fn global() -> Key {
+        Key(KeyKind::Global)
+    }
+
+    /// All of `keys` together (per IP and route, per user and API key).
+    /// Missing if any part is missing.
+    ///
+    /// ```
+    /// # use ratewall::http::Key;
+    /// let k = Key::composite([Key::client_ip(), Key::route()]);
+    /// # let _ = k;
+    /// ```
+    pub fn composite(keys: impl IntoIterator<Item = Key>) -> Key {
+        Key(KeyKind::Composite(keys.into_iter().collect()))
+    }
+
+    pub(super) fn needs_client_ip(&self) -> bool {
+        match &self.0 {
+            KeyKind::ClientIp { .. } => true,
+            KeyKind::Composite(keys) => keys.iter().any(Key::needs_client_ip),
+            _ => false,
+        }
+    }
+
+    /// The key with the client-address prefixes given replaced (in every
+    /// part of a composite).
+    pub(super) fn with_prefix(self, v4: Option<u8>, v6: Option<u8>) -> Key {
+        match self.0 {
+            KeyKind::ClientIp {
+                v4_prefix,
+                v6_prefix,
+            } => Key::client_ip_prefix(v4.unwrap_or(v4_prefix), v6.unwrap_or(v6_prefix)),
+            KeyKind::Composite(keys) => Key(KeyKind::Composite(
+                keys.into_iter().map(|k| k.with_prefix(v4, v6)).collect(),
+            )),
+            other => Key(other),
+        }
+    }
+
+    pub(super) fn has_invalid_header(&self) -> bool {
+        match &self.0 {
+            KeyKind::Header(None) => true,
+            KeyKind::Composite(keys) => keys.iter().any(Key::has_invalid_header),
+            _ => false,
+        }
+    }
+
+    /// The key of a request, or why it has none. The client-address and
+    /// global keys are inline (a few instructions); the others, which hash,
+    /// and composites, which recurse, are a call.
+    #[inline]
+    pub(super) fn extract(&self, req: &RequestParts<'_>, fp: &Fingerprint) -> Result<u128, Absent> {
+        match &self.0 {
+            KeyKind::ClientIp {
+                v4_prefix,
+                v6_prefix,
+            } => Ok(ip_key(req.client_ip()?, *v4_prefix, *v6_prefix)),
+            KeyKind::Global => Ok(0),
+            _ => self.extract_hashed(req, fp),
+        }
+    }
+
+    #[inline(never)]
+    fn extract_hashed(&self, req: &RequestParts<'_>, fp: &Fingerprint) -> Result<u128, Absent> {
+        match &self.0 {
+            // Inline in `extract`, which does not come back here for them.
+            KeyKind::ClientIp { .. } | KeyKind::Global => self.extract(req, fp),
+            KeyKind::Header(name) => {
+                let (first, values) = req.header_lines(name.as_ref())?;
+                let mut acc = fp.of_bytes(first.as_bytes());
+                // Sent more than once (rare): chain the lines in order.
+                for more in values {
+                    acc = fp.of(&(acc, more.as_bytes()));
+                }
+                Ok(acc)
             }
-            None => (s.parse::<IpAddr>().map_err(|_| err())?, None),
-        };
-        let prefix = prefix.unwrap_or(match unmap(addr) {
-            IpAddr::V4(_) => 32,
-            IpAddr::V6(_) => 128,
-        });
-        // A written IPv4-mapped network ("::ffff:10.0.0.0/104") counts in
-        // IPv6 lengths; convert it to its IPv4 length.
-        let prefix = match (addr, unmap(addr)) {
-            (IpAddr::V6(_), IpAddr::V4(_)) if s.contains('/') => {
-                prefix.checked_sub(96).ok_or_else(err)?
+            KeyKind::Extension(_, f, _) => f(req.extensions, fp).ok_or(Absent::Value),
+            KeyKind::Route => Ok(fp.of(req.route())),
+            KeyKind::Composite(keys) => {
+                let mut acc: u128 = 0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c834;
+                for k in keys {
+                    let part = k.extract(req, fp)?;
+                    acc = fp.of(&(acc, part));
+                }
+                Ok(acc)
             }
-            _ => prefix,
-        };
-        Cidr::new(addr, prefix).ok_or_else(err)
+        }
     }
 }
 
-/// IPv4-mapped IPv6 (`::ffff:a.b.c.d`) becomes the IPv4 address it carries.
-#[inline]
-pub(crate) fn unmap(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => IpAddr::V6(v6),
-        },
-        v4 => v4,
+#[cfg(feature = "redis")]
+impl Key {
+    /// The key of a request as bytes that every instance computes alike
+    /// (for a Redis limit): the masked client address as text, `h:` and the
+    /// header value, `x:` and a SHA-1 of the extension's `Hash`, `r:` and
+    /// the route, `*` for the global key; a composite's parts each
+    /// prefixed with their length. The Redis limiter bounds the result
+    /// (it hashes long, binary or braced keys).
+    pub(super) fn extract_bytes(
+        &self,
+        req: &RequestParts<'_>,
+        out: &mut Vec<u8>,
+    ) -> Result<(), Absent> {
+        use std::io::Write;
+        match &self.0 {
+            KeyKind::ClientIp {
+                v4_prefix,
+                v6_prefix,
+            } => {
+                let bits = ip_key(req.client_ip()?, *v4_prefix, *v6_prefix);
+                let v6 = std::net::Ipv6Addr::from(bits);
+                // Writing to a Vec cannot fail.
+                let _ = match v6.to_ipv4_mapped() {
+                    Some(v4) if *v4_prefix >= 32 => write!(out, "{v4}"),
+                    Some(v4) => write!(out, "{v4}/{v4_prefix}"),
+                    None if *v6_prefix >= 128 => write!(out, "{v6}"),
+                    None => write!(out, "{v6}/{v6_prefix}"),
+                };
+                Ok(())
+            }
+            KeyKind::Header(name) => {
+                let (first, values) = req.header_lines(name.as_ref())?;
+                out.extend_from_slice(b"h:");
+                out.extend_from_slice(first.as_bytes());
+                // Sent more than once: NUL (never in a header value) between lines.
+                for more in values {
+                    out.push(0);
+                    out.extend_from_slice(more.as_bytes());
+                }
+                Ok(())
+            }
+            KeyKind::Extension(_, _, hash) => {
+                let mut h = Sha1Hasher(sha1_smol::Sha1::new());
+                if !hash(req.extensions, &mut h) {
+                    return Err(Absent::Value);
+                }
+                out.extend_from_slice(b"x:");
+                for b in &h.0.digest().bytes()[..16] {
+                    let _ = write!(out, "{b:02x}");
+                }
+                Ok(())
+            }
+            KeyKind::Route => {
+                out.extend_from_slice(b"r:");
+                out.extend_from_slice(req.route().as_bytes());
+                Ok(())
+            }
+            KeyKind::Global => {
+                out.push(b'*');
+                Ok(())
+            }
+            KeyKind::Composite(keys) => {
+                let mut part = Vec::new();
+                for k in keys {
+                    part.clear();
+                    k.extract_bytes(req, &mut part)?;
+                    let _ = write!(out, "{}:", part.len());
+                    out.extend_from_slice(&part);
+                }
+                Ok(())
+            }
+        }
     }
 }
 
-/// The address in the 128-bit space (IPv4 at `::ffff:0:0/96`).
-#[inline]
-fn to_bits(ip: IpAddr) -> u128 {
-    match ip {
-        IpAddr::V4(v4) => u128::from(v4.to_ipv6_mapped()),
-        IpAddr::V6(v6) => u128::from(v6),
+/// A `Hasher` over SHA-1: the same bytes give the same digest in every
+/// process (unlike a seeded hasher), so instances share Redis keys.
+#[cfg(feature = "redis")]
+struct Sha1Hasher(sha1_smol::Sha1);
+
+#[cfg(feature = "redis")]
+impl Hasher for Sha1Hasher {
+    fn write(&mut self, bytes: &[u8]) {
+        self.0.update(bytes);
+    }
+    fn finish(&self) -> u64 {
+        let d = self.0.digest().bytes();
+        u64::from_le_bytes([d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]])
     }
 }
 
-#[inline]
-fn mask(len: u8) -> u128 {
-    match len {
-        0 => 0,
-        l if l >= 128 => u128::MAX,
-        l => u128::MAX << (128 - u32::from(l)),
+/// Why a request has no key for a rule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Absent {
+    /// The server did not pass the peer address to the layer.
+    NoPeer,
+    /// The proxy chain ends in an unknown or malformed entry.
+    UnknownClient,
+    /// The header or extension is not there.
+    Value,
+}
+
+impl Absent {
+    pub(super) fn describe(self) -> &'static str {
+        match self {
+            Absent::NoPeer => {
+                "the server passed no peer address: with axum, enable ratewall's `axum` feature and serve with \
+                 `into_make_service_with_connect_info::<SocketAddr>()`; with tonic, enable the `tonic` feature; \
+                 otherwise insert a `SocketAddr` extension"
+            }
+            Absent::UnknownClient => {
+                "the client address is unknown: the proxy chain holds an unknown, obfuscated or malformed entry"
+            }
+            Absent::Value => "the request does not carry the value this rule is keyed by",
+        }
+    }
+}
+
+/// The parts of a request that keys, matchers and costs read.
+#[derive(Debug)]
+pub(super) struct RequestParts<'a> {
+    pub(super) method: &'a Method,
+    pub(super) uri: &'a Uri,
+    pub(super) headers: &'a HeaderMap,
+    pub(super) extensions: &'a Extensions,
+    pub(super) client: Resolved,
+}
+
+impl RequestParts<'_> {
+    pub(super) fn route(&self) -> &str {
+        #[cfg(feature = "axum")]
+        if let Some(m) = self.extensions.get::<axum::extract::MatchedPath>() {
+            return m.as_str();
+        }
+        self.uri.path()
+    }
+
+    /// The client's address, or why there is none (both encodings).
+    #[inline]
+    fn client_ip(&self) -> Result<IpAddr, Absent> {
+        match self.client {
+            Resolved::Ip(ip) => Ok(ip),
+            Resolved::NoPeer => Err(Absent::NoPeer),
+            Resolved::Unknown => Err(Absent::UnknownClient),
+        }
+    }
+
+    /// The lines of a header, the first apart (both encodings): absent
+    /// when the header is not there or its name is not valid.
+    #[inline]
+    fn header_lines(
+        &self,
+        name: Option<&HeaderName>,
+    ) -> Result<(&HeaderValue, ValueIter<'_, HeaderValue>), Absent> {
+        let mut lines = self.headers.get_all(name.ok_or(Absent::Value)?).iter();
+        let first = lines.next().ok_or(Absent::Value)?;
+        Ok((first, lines))
+    }
+}
+
+/// A rule's key for one request.
+pub(super) enum RuleKey {
+    Local(u128),
+    #[cfg(feature = "redis")]
+    Remote(Vec<u8>),
+}
+
+#[cfg(not(feature = "redis"))]
+impl RuleKey {
+    #[inline]
+    pub(super) fn into_local(self) -> u128 {
+        match self {
+            RuleKey::Local(k) => k,
+        }
+    }
+}
+
+impl Key {
+    /// The key of a request for a rule: a fingerprint for a local table,
+    /// bytes for a Redis limit (`in_redis`).
+    #[inline]
+    pub(super) fn key_of(
+        &self,
+        req: &RequestParts<'_>,
+        fp: &Fingerprint,
+        in_redis: bool,
+    ) -> Result<RuleKey, Absent> {
+        #[cfg(feature = "redis")]
+        if in_redis {
+            let mut out = Vec::new();
+            self.extract_bytes(req, &mut out)?;
+            return Ok(RuleKey::Remote(out));
+        }
+        #[cfg(not(feature = "redis"))]
+        let _ = in_redis;
+        self.extract(req, fp).map(RuleKey::Local)
     }
 }
 
@@ -195,475 +456,10 @@ fn mask(len: u8) -> u128 {
 /// keeps: IPv4 keys live in `::ffff:0:0/96`, and an IPv6 address there is
 /// unmapped to IPv4 first.
 #[inline]
-pub(crate) fn ip_key(ip: IpAddr, v4_prefix: u8, v6_prefix: u8) -> u128 {
+pub(super) fn ip_key(ip: IpAddr, v4_prefix: u8, v6_prefix: u8) -> u128 {
     match unmap(ip) {
         IpAddr::V4(v4) => u128::from(v4.to_ipv6_mapped()) & mask(96 + v4_prefix.min(32)),
         IpAddr::V6(v6) => u128::from(v6) & mask(v6_prefix.min(128)),
-    }
-}
-
-/// Which list header carries the chain of proxies.
-///
-/// ```
-/// use ratewall::http::{ClientIp, ProxyHeader};
-///
-/// let ip = ClientIp::behind_proxies(["10.0.0.0/8".parse()?]).header(ProxyHeader::Forwarded);
-/// println!("{ip:?}");
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-#[non_exhaustive]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ProxyHeader {
-    /// `X-Forwarded-For: client, proxy1, proxy2` (the default).
-    XForwardedFor,
-    /// RFC 7239 `Forwarded: for=client, for="[2001:db8::1]:443"`.
-    Forwarded,
-}
-
-impl ProxyHeader {
-    fn name(self) -> HeaderName {
-        match self {
-            ProxyHeader::XForwardedFor => HeaderName::from_static("x-forwarded-for"),
-            ProxyHeader::Forwarded => http::header::FORWARDED,
-        }
-    }
-}
-
-#[derive(Clone, Debug)]
-enum Trust {
-    /// Only the TCP peer.
-    Peer,
-    /// Peers and hops inside these networks are proxies.
-    Networks(Vec<Cidr>),
-    /// Exactly this many proxies stand in front of the server.
-    Hops(usize),
-    /// One header set by a CDN, believed only from these peers.
-    Single(HeaderName, Vec<Cidr>),
-}
-
-/// How the layer finds the client's IP address.
-///
-/// The default is the TCP peer, and nothing in the request's headers is
-/// believed. Behind proxies, say which peers are proxies (by network or by
-/// count): the chain is then walked from the right.
-///
-/// # Example
-///
-/// ```
-/// use ratewall::http::ClientIp;
-///
-/// // A load balancer in 10.0.0.0/8 in front of the server.
-/// let ip = ClientIp::behind_proxies(["10.0.0.0/8".parse()?]);
-/// // Or: exactly two proxies, whatever their addresses.
-/// let hops = ClientIp::behind_hops(2);
-/// // Or: Cloudflare's single header, believed only from Cloudflare's ranges.
-/// let cdn = ClientIp::single_header("cf-connecting-ip", ["173.245.48.0/20".parse()?]);
-/// # let _ = (ip, hops, cdn);
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-#[derive(Clone)]
-pub struct ClientIp {
-    trust: Trust,
-    header: ProxyHeader,
-    peer_fn: Option<fn(&Extensions) -> Option<IpAddr>>,
-}
-
-impl Default for ClientIp {
-    fn default() -> Self {
-        ClientIp::peer()
-    }
-}
-
-impl fmt::Debug for ClientIp {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ClientIp")
-            .field("trust", &self.trust)
-            .field("header", &self.header)
-            .field("custom_peer", &self.peer_fn.is_some())
-            .finish()
-    }
-}
-
-/// What the walk found.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Resolved {
-    /// The client's address.
-    Ip(IpAddr),
-    /// No peer address reached the layer: the server is not set up to pass it.
-    NoPeer,
-    /// The chain holds an unknown, obfuscated or malformed entry where the
-    /// client should be (or no entry where one was required).
-    Unknown,
-}
-
-impl ClientIp {
-    /// The TCP peer, and nothing from the headers (the default).
-    ///
-    /// ```
-    /// # use ratewall::http::ClientIp;
-    /// let ip = ClientIp::peer();
-    /// # let _ = ip;
-    /// ```
-    pub fn peer() -> ClientIp {
-        ClientIp {
-            trust: Trust::Peer,
-            header: ProxyHeader::XForwardedFor,
-            peer_fn: None,
-        }
-    }
-
-    /// Proxies are the peers and hops inside `networks`: the chain is
-    /// walked from the right past them, and the first address outside is
-    /// the client. A peer outside the networks is the client, whatever its
-    /// headers say.
-    ///
-    /// ```
-    /// # use ratewall::http::ClientIp;
-    /// let ip = ClientIp::behind_proxies(["10.0.0.0/8".parse()?, "fd00::/8".parse()?]);
-    /// # let _ = ip;
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn behind_proxies(networks: impl IntoIterator<Item = Cidr>) -> ClientIp {
-        ClientIp {
-            trust: Trust::Networks(networks.into_iter().collect()),
-            ..ClientIp::peer()
-        }
-    }
-
-    /// Exactly `hops` proxies stand in front of the server (the peer is the
-    /// nearest): the client is the `hops`-th entry from the right. With
-    /// fewer entries, the left-most one (written by a proxy of ours) is the
-    /// client; with none, the client is unknown. `0` means the peer.
-    ///
-    /// ```
-    /// # use ratewall::http::ClientIp;
-    /// let ip = ClientIp::behind_hops(1); // one load balancer
-    /// # let _ = ip;
-    /// ```
-    pub fn behind_hops(hops: usize) -> ClientIp {
-        ClientIp {
-            trust: Trust::Hops(hops),
-            ..ClientIp::peer()
-        }
-    }
-
-    /// One header holding the client's address (a CDN's, such as
-    /// `CF-Connecting-IP`), believed only when the peer is inside
-    /// `networks`. An invalid header name never matches any request.
-    ///
-    /// ```
-    /// # use ratewall::http::ClientIp;
-    /// let ip = ClientIp::single_header("cf-connecting-ip", ["173.245.48.0/20".parse()?]);
-    /// # let _ = ip;
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn single_header(name: &str, networks: impl IntoIterator<Item = Cidr>) -> ClientIp {
-        let name = HeaderName::from_bytes(name.as_bytes())
-            // An invalid name can never be present in a request.
-            .unwrap_or(HeaderName::from_static("x-ratewall-invalid-header-name"));
-        ClientIp {
-            trust: Trust::Single(name, networks.into_iter().collect()),
-            ..ClientIp::peer()
-        }
-    }
-
-    /// Which list header to walk (`X-Forwarded-For` by default).
-    ///
-    /// ```
-    /// # use ratewall::http::{ClientIp, ProxyHeader};
-    /// let ip = ClientIp::behind_hops(1).header(ProxyHeader::Forwarded);
-    /// # let _ = ip;
-    /// ```
-    pub fn header(mut self, header: ProxyHeader) -> ClientIp {
-        self.header = header;
-        self
-    }
-
-    /// Where the TCP peer's address comes from, when it is not in a
-    /// `SocketAddr` request extension, axum's `ConnectInfo<SocketAddr>`
-    /// (feature `axum`) or tonic's `TcpConnectInfo` (feature `tonic`): for
-    /// example tonic's `TlsConnectInfo<TcpConnectInfo>` behind TLS, or a
-    /// Unix-socket server's own type. Looked up first; when it returns
-    /// `None` the built-in sources are tried.
-    ///
-    /// ```
-    /// # use ratewall::http::ClientIp;
-    /// # use std::net::IpAddr;
-    /// #[derive(Clone)]
-    /// struct Peer(IpAddr);
-    /// let ip = ClientIp::peer().peer_from(|ext| ext.get::<Peer>().map(|p| p.0));
-    /// # let _ = ip;
-    /// ```
-    pub fn peer_from(mut self, lookup: fn(&Extensions) -> Option<IpAddr>) -> ClientIp {
-        self.peer_fn = Some(lookup);
-        self
-    }
-
-    /// Whether any proxy is trusted (for the misconfiguration warning).
-    pub(crate) fn trusts_proxies(&self) -> bool {
-        !matches!(self.trust, Trust::Peer)
-    }
-
-    /// The TCP peer's address, unmapped.
-    pub(crate) fn peer_addr(&self, ext: &Extensions) -> Option<IpAddr> {
-        if let Some(f) = self.peer_fn {
-            if let Some(ip) = f(ext) {
-                return Some(unmap(ip));
-            }
-        }
-        #[cfg(feature = "axum")]
-        if let Some(info) = ext.get::<axum::extract::ConnectInfo<SocketAddr>>() {
-            return Some(unmap(info.0.ip()));
-        }
-        #[cfg(feature = "tonic")]
-        if let Some(addr) = ext
-            .get::<tonic::transport::server::TcpConnectInfo>()
-            .and_then(|info| info.remote_addr())
-        {
-            return Some(unmap(addr.ip()));
-        }
-        ext.get::<SocketAddr>().map(|a| unmap(a.ip()))
-    }
-
-    /// The client's address for a request with these headers and
-    /// extensions. Allocates nothing.
-    pub(crate) fn resolve(&self, headers: &HeaderMap, ext: &Extensions) -> Resolved {
-        let Some(peer) = self.peer_addr(ext) else {
-            return Resolved::NoPeer;
-        };
-        match &self.trust {
-            Trust::Peer => Resolved::Ip(peer),
-            Trust::Networks(nets) => {
-                let trusted = |ip: IpAddr| nets.iter().any(|n| n.contains(ip));
-                if !trusted(peer) {
-                    return Resolved::Ip(peer);
-                }
-                // A trusted address that sent no chain is itself the client
-                // (an internal caller); otherwise the left-most trusted hop
-                // is, when every entry is trusted.
-                let mut last = peer;
-                for node in Chain::new(headers, self.header).take(MAX_HOPS + 1) {
-                    match node {
-                        Node::Ip(ip) if trusted(ip) => last = ip,
-                        Node::Ip(ip) => return Resolved::Ip(ip),
-                        Node::Unknown | Node::TooLong => return Resolved::Unknown,
-                    }
-                }
-                Resolved::Ip(last)
-            }
-            Trust::Hops(0) => Resolved::Ip(peer),
-            Trust::Hops(hops) => {
-                let mut last = None;
-                for (i, node) in Chain::new(headers, self.header)
-                    .take(MAX_HOPS + 1)
-                    .enumerate()
-                {
-                    match node {
-                        Node::Ip(ip) if i + 1 == *hops => return Resolved::Ip(ip),
-                        Node::Ip(ip) => last = Some(ip),
-                        Node::Unknown | Node::TooLong => return Resolved::Unknown,
-                    }
-                }
-                match last {
-                    Some(ip) => Resolved::Ip(ip),
-                    None => Resolved::Unknown,
-                }
-            }
-            Trust::Single(name, nets) => {
-                if !nets.iter().any(|n| n.contains(peer)) {
-                    return Resolved::Ip(peer);
-                }
-                let mut values = headers.get_all(name).iter();
-                match (values.next(), values.next()) {
-                    (Some(v), None) => match parse_node(v.as_bytes().trim_ascii()) {
-                        Some(ip) => Resolved::Ip(unmap(ip)),
-                        None => Resolved::Unknown,
-                    },
-                    // Absent, or sent twice: nothing to believe.
-                    _ => Resolved::Unknown,
-                }
-            }
-        }
-    }
-}
-
-/// One entry of the chain.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Node {
-    Ip(IpAddr),
-    /// `unknown`, an obfuscated identifier, or anything that is not an address.
-    Unknown,
-    /// The walk passed [`MAX_HOPS`] entries.
-    TooLong,
-}
-
-/// The entries of every line of a list header, from the right. Empty list
-/// elements are skipped, as HTTP's list syntax says.
-struct Chain<'a> {
-    lines: http::header::ValueIter<'a, http::HeaderValue>,
-    current: Elements<'a>,
-    header: ProxyHeader,
-    seen: usize,
-}
-
-impl<'a> Chain<'a> {
-    fn new(headers: &'a HeaderMap, header: ProxyHeader) -> Chain<'a> {
-        Chain {
-            lines: headers.get_all(header.name()).into_iter(),
-            current: Elements::new(b""),
-            header,
-            seen: 0,
-        }
-    }
-}
-
-impl Iterator for Chain<'_> {
-    type Item = Node;
-
-    fn next(&mut self) -> Option<Node> {
-        loop {
-            if let Some(el) = self.current.next() {
-                let el = match el {
-                    Some(el) => el.trim_ascii(),
-                    None => return Some(Node::Unknown),
-                };
-                if el.is_empty() {
-                    continue;
-                }
-                self.seen += 1;
-                if self.seen > MAX_HOPS {
-                    return Some(Node::TooLong);
-                }
-                let node = match self.header {
-                    ProxyHeader::XForwardedFor => parse_node(el),
-                    ProxyHeader::Forwarded => forwarded_for(el).and_then(parse_node),
-                };
-                return Some(node.map_or(Node::Unknown, |ip| Node::Ip(unmap(ip))));
-            }
-            let line = self.lines.next_back()?;
-            self.current = Elements::new(line.as_bytes());
-        }
-    }
-}
-
-/// The comma-separated elements of one line, from the right, with commas
-/// inside quoted strings kept. `Some(None)` marks a malformed element (an
-/// unbalanced quote or a backslash escape, which no address needs).
-struct Elements<'a> {
-    rest: &'a [u8],
-    done: bool,
-}
-
-impl<'a> Elements<'a> {
-    fn new(line: &'a [u8]) -> Elements<'a> {
-        Elements {
-            rest: line,
-            done: line.is_empty(),
-        }
-    }
-}
-
-impl<'a> Iterator for Elements<'a> {
-    type Item = Option<&'a [u8]>;
-
-    fn next(&mut self) -> Option<Option<&'a [u8]>> {
-        if self.done {
-            return None;
-        }
-        let mut quoted = false;
-        for i in (0..self.rest.len()).rev() {
-            match self.rest[i] {
-                b'"' => quoted = !quoted,
-                b'\\' => {
-                    self.done = true;
-                    return Some(None);
-                }
-                b',' if !quoted => {
-                    let el = &self.rest[i + 1..];
-                    self.rest = &self.rest[..i];
-                    return Some(Some(el));
-                }
-                _ => {}
-            }
-        }
-        self.done = true;
-        if quoted {
-            return Some(None);
-        }
-        Some(Some(self.rest))
-    }
-}
-
-/// The `for=` value of one `Forwarded` element, unquoted. `None` when the
-/// element has none (a proxy that did not say who it saw).
-fn forwarded_for(el: &[u8]) -> Option<&[u8]> {
-    for pair in el.split(|&b| b == b';') {
-        let pair = pair.trim_ascii();
-        let Some(eq) = pair.iter().position(|&b| b == b'=') else {
-            continue;
-        };
-        let (name, value) = (pair[..eq].trim_ascii(), pair[eq + 1..].trim_ascii());
-        if name.eq_ignore_ascii_case(b"for") {
-            return Some(match value {
-                [b'"', inner @ .., b'"'] => inner,
-                v => v,
-            });
-        }
-    }
-    None
-}
-
-/// An address from one chain entry: `192.0.2.1`, `192.0.2.1:8080`,
-/// `2001:db8::1`, `[2001:db8::1]`, `[2001:db8::1]:443`, with an optional
-/// zone id (`fe80::1%eth0`, dropped). `unknown`, obfuscated identifiers
-/// (`_hidden`) and anything else give `None`.
-pub(crate) fn parse_node(node: &[u8]) -> Option<IpAddr> {
-    if node.is_empty() || node.len() > MAX_NODE_LEN {
-        return None;
-    }
-    let s = std::str::from_utf8(node).ok()?;
-    if let Some(rest) = s.strip_prefix('[') {
-        let (inside, after) = rest.split_once(']')?;
-        if !(after.is_empty() || after.strip_prefix(':').is_some_and(valid_port)) {
-            return None;
-        }
-        return parse_v6(inside).map(IpAddr::V6);
-    }
-    match s.bytes().filter(|&b| b == b':').count() {
-        0 => s.parse::<Ipv4Addr>().ok().map(IpAddr::V4),
-        1 => {
-            let (host, port) = s.split_once(':')?;
-            if !valid_port(port) {
-                return None;
-            }
-            host.parse::<Ipv4Addr>().ok().map(IpAddr::V4)
-        }
-        _ => parse_v6(s).map(IpAddr::V6),
-    }
-}
-
-fn parse_v6(s: &str) -> Option<Ipv6Addr> {
-    let addr = match s.split_once('%') {
-        // A zone id names an interface of the sender; the address is the key.
-        Some((a, zone)) if !zone.is_empty() => a,
-        Some(_) => return None,
-        None => s,
-    };
-    addr.parse().ok()
-}
-
-/// A port: 1 to 5 digits, or an RFC 7239 obfuscated port (`_abc`).
-fn valid_port(p: &str) -> bool {
-    let b = p.as_bytes();
-    match b.first() {
-        Some(b'_') => {
-            b.len() > 1
-                && b[1..]
-                    .iter()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-'))
-        }
-        Some(_) => b.len() <= 5 && b.iter().all(u8::is_ascii_digit),
-        None => false,
     }
 }
 
@@ -672,13 +468,13 @@ fn valid_port(p: &str) -> bool {
 /// nobody outside can aim for a collision; for `n` distinct values the
 /// chance that any two share a fingerprint is about `n² / 2^129`.
 #[derive(Clone)]
-pub(crate) struct Fingerprint {
+pub(super) struct Fingerprint {
     a: ahash::RandomState,
     b: ahash::RandomState,
 }
 
 impl Fingerprint {
-    pub(crate) fn new() -> Fingerprint {
+    pub(super) fn new() -> Fingerprint {
         Fingerprint {
             a: ahash::RandomState::new(),
             b: ahash::RandomState::new(),
@@ -686,7 +482,7 @@ impl Fingerprint {
     }
 
     #[inline]
-    pub(crate) fn of<T: Hash + ?Sized>(&self, value: &T) -> u128 {
+    pub(super) fn of<T: Hash + ?Sized>(&self, value: &T) -> u128 {
         (u128::from(self.a.hash_one(value)) << 64) | u128::from(self.b.hash_one(value))
     }
 
@@ -694,7 +490,7 @@ impl Fingerprint {
     /// call (no separate length prefix: a single value needs none, and
     /// `ahash` mixes the length into the write).
     #[inline]
-    pub(crate) fn of_bytes(&self, value: &[u8]) -> u128 {
+    pub(super) fn of_bytes(&self, value: &[u8]) -> u128 {
         self.of(&Bytes(value))
     }
 }
@@ -716,262 +512,129 @@ impl fmt::Debug for Fingerprint {
 }
 
 #[cfg(test)]
+impl<'a> RequestParts<'a> {
+    /// A request from `192.0.2.1`, for the unit tests.
+    pub(super) fn sample(
+        method: &'a Method,
+        uri: &'a Uri,
+        headers: &'a HeaderMap,
+        extensions: &'a Extensions,
+    ) -> RequestParts<'a> {
+        RequestParts {
+            method,
+            uri,
+            headers,
+            extensions,
+            client: Resolved::Ip("192.0.2.1".parse().unwrap()),
+        }
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
-    use http::HeaderValue;
 
-    fn headers(name: &str, values: &[&[u8]]) -> HeaderMap {
+    #[test]
+    fn keys_separate_values_and_report_absence() {
+        let fp = Fingerprint::new();
+        let (m, u) = (Method::GET, Uri::from_static("/a"));
+        let e = Extensions::new();
         let mut h = HeaderMap::new();
-        for v in values {
-            h.append(
-                HeaderName::from_bytes(name.as_bytes()).unwrap(),
-                HeaderValue::from_bytes(v).unwrap(),
-            );
-        }
-        h
+        let k = Key::header("x-api-key");
+        assert_eq!(
+            k.extract(&RequestParts::sample(&m, &u, &h, &e), &fp),
+            Err(Absent::Value)
+        );
+        h.insert("x-api-key", "alpha".parse().unwrap());
+        let a = k
+            .extract(&RequestParts::sample(&m, &u, &h, &e), &fp)
+            .unwrap();
+        h.insert("x-api-key", "beta".parse().unwrap());
+        let b = k
+            .extract(&RequestParts::sample(&m, &u, &h, &e), &fp)
+            .unwrap();
+        assert_ne!(a, b);
+        h.append("x-api-key", "gamma".parse().unwrap());
+        let bg = k
+            .extract(&RequestParts::sample(&m, &u, &h, &e), &fp)
+            .unwrap();
+        assert_ne!(bg, b, "a second line changes the key");
+        assert!(Key::header("bad header").has_invalid_header());
+        let g = Key::global()
+            .extract(&RequestParts::sample(&m, &u, &h, &e), &fp)
+            .unwrap();
+        assert_eq!(g, 0);
+        let c = Key::composite([Key::client_ip(), Key::header("x-missing")]);
+        assert_eq!(
+            c.extract(&RequestParts::sample(&m, &u, &h, &e), &fp),
+            Err(Absent::Value)
+        );
     }
 
-    fn peer(ip: &str) -> Extensions {
+    #[cfg(feature = "redis")]
+    #[test]
+    fn byte_keys_are_the_same_in_every_process_and_unambiguous() {
+        #[derive(Clone, Hash)]
+        struct User(u64);
+        let (m, u) = (Method::GET, Uri::from_static("/items/7"));
         let mut e = Extensions::new();
-        e.insert(SocketAddr::new(ip.parse().unwrap(), 4000));
-        e
-    }
-
-    fn ip(s: &str) -> Resolved {
-        Resolved::Ip(s.parse().unwrap())
-    }
-
-    #[test]
-    fn nodes_parse_in_every_written_form() {
-        let ok = [
-            ("192.0.2.1", "192.0.2.1"),
-            ("192.0.2.1:8080", "192.0.2.1"),
-            ("2001:db8::1", "2001:db8::1"),
-            ("[2001:db8::1]", "2001:db8::1"),
-            ("[2001:db8::1]:443", "2001:db8::1"),
-            ("[2001:db8::1]:_obf", "2001:db8::1"),
-            ("fe80::1%eth0", "fe80::1"),
-            ("[fe80::1%25eth0]:80", "fe80::1"),
-            ("::ffff:192.0.2.9", "::ffff:192.0.2.9"),
+        let mut h = HeaderMap::new();
+        let bytes = |k: &Key, h: &HeaderMap, e: &Extensions, client: Resolved| {
+            let mut p = RequestParts::sample(&m, &u, h, e);
+            p.client = client;
+            let mut out = Vec::new();
+            k.extract_bytes(&p, &mut out)
+                .map(|()| String::from_utf8_lossy(&out).into_owned())
+        };
+        let ip = |s: &str| Resolved::Ip(s.parse().unwrap());
+        let v4 = ip("192.0.2.77");
+        let cases = [
+            (Key::client_ip(), v4, "192.0.2.77"),
+            (Key::client_ip_prefix(24, 48), v4, "192.0.2.0/24"),
+            (Key::client_ip(), ip("::ffff:192.0.2.77"), "192.0.2.77"),
+            (
+                Key::client_ip(),
+                ip("2001:db8:1:2:3:4:5:6"),
+                "2001:db8:1:2::/64",
+            ),
+            (
+                Key::client_ip_prefix(32, 128),
+                ip("2001:db8::9"),
+                "2001:db8::9",
+            ),
+            (Key::route(), v4, "r:/items/7"),
+            (Key::global(), v4, "*"),
         ];
-        for (input, want) in ok {
-            assert_eq!(
-                parse_node(input.as_bytes()),
-                Some(want.parse().unwrap()),
-                "{input}"
-            );
+        for (k, client, want) in cases {
+            assert_eq!(bytes(&k, &h, &e, client).unwrap(), want, "{k:?}");
         }
-        let bad: [&[u8]; 16] = [
-            b"",
-            b"unknown",
-            b"_hidden",
-            b"192.0.2.1:",
-            b"192.0.2.1:123456",
-            b"192.0.2.1:http",
-            b"[2001:db8::1",
-            b"[2001:db8::1]x",
-            b"[192.0.2.1]",
-            b"2001:db8::1%",
-            b"300.1.1.1",
-            b"\xff\xfe",
-            b"[]",
-            b"[]:80",
-            b"1.2.3.4.5",
-            &[b'1'; 200],
-        ];
-        for input in bad {
-            assert_eq!(
-                parse_node(input),
-                None,
-                "{:?}",
-                String::from_utf8_lossy(input)
-            );
-        }
-    }
-
-    #[test]
-    fn cidrs_parse_match_and_reject_bad_input() {
-        let net: Cidr = "10.0.0.0/8".parse().unwrap();
-        assert!(net.contains("10.255.0.1".parse().unwrap()));
-        assert!(net.contains("::ffff:10.0.0.1".parse().unwrap()));
-        assert!(!net.contains("11.0.0.1".parse().unwrap()));
-        assert_eq!(net.to_string(), "10.0.0.0/8");
-        let v6: Cidr = "2001:db8::/32".parse().unwrap();
-        assert!(v6.contains("2001:db8:ffff::1".parse().unwrap()));
-        assert!(!v6.contains("2001:db9::1".parse().unwrap()));
-        assert!(!v6.contains("10.0.0.1".parse().unwrap()));
-        let one: Cidr = "192.0.2.7".parse().unwrap();
-        assert!(one.contains("192.0.2.7".parse().unwrap()));
-        assert!(!one.contains("192.0.2.8".parse().unwrap()));
-        let mapped: Cidr = "::ffff:10.0.0.0/104".parse().unwrap();
-        assert_eq!(mapped, net);
-        let all: Cidr = "0.0.0.0/0".parse().unwrap();
-        assert!(all.contains("8.8.8.8".parse().unwrap()));
-        assert!(!all.contains("::1".parse().unwrap()));
-        for bad in [
-            "",
-            "10.0.0.0/33",
-            "::/129",
-            "10.0.0.0/",
-            "x",
-            "10.0.0.0/-1",
-            "::ffff:1.2.3.4/95",
-        ] {
-            assert!(bad.parse::<Cidr>().is_err(), "{bad}");
-        }
-    }
-
-    #[test]
-    fn peer_only_ignores_headers() {
-        let h = headers("x-forwarded-for", &[b"1.1.1.1"]);
         assert_eq!(
-            ClientIp::peer().resolve(&h, &peer("203.0.113.5")),
-            ip("203.0.113.5")
+            bytes(&Key::client_ip(), &h, &e, Resolved::NoPeer),
+            Err(Absent::NoPeer)
         );
-        assert_eq!(
-            ClientIp::peer().resolve(&h, &Extensions::new()),
-            Resolved::NoPeer
-        );
-        // IPv4-mapped peers are unmapped.
-        assert_eq!(
-            ClientIp::peer().resolve(&h, &peer("::ffff:203.0.113.5")),
-            ip("203.0.113.5")
-        );
-    }
-
-    #[test]
-    fn the_walk_goes_from_the_right_past_trusted_hops_only() {
-        let c = ClientIp::behind_proxies(["10.0.0.0/8".parse().unwrap()]);
-        // Spoofed left-most entry, one trusted proxy: the proxy's view wins.
-        let h = headers("x-forwarded-for", &[b"6.6.6.6, 198.51.100.7"]);
-        assert_eq!(c.resolve(&h, &peer("10.0.0.1")), ip("198.51.100.7"));
-        // Chains of 1..3 trusted proxies.
-        let h = headers(
-            "x-forwarded-for",
-            &[b"6.6.6.6, 198.51.100.7, 10.0.0.3, 10.0.0.2"],
-        );
-        assert_eq!(c.resolve(&h, &peer("10.0.0.1")), ip("198.51.100.7"));
-        // Split over several lines: still one list, right to left.
-        let h = headers("x-forwarded-for", &[b"6.6.6.6, 198.51.100.7", b"10.0.0.3"]);
-        assert_eq!(c.resolve(&h, &peer("10.0.0.1")), ip("198.51.100.7"));
-        // An untrusted peer is the client, whatever it says.
-        assert_eq!(c.resolve(&h, &peer("203.0.113.9")), ip("203.0.113.9"));
-        // All trusted: the left-most trusted hop; none sent: the peer.
-        let h = headers("x-forwarded-for", &[b"10.1.1.1, 10.0.0.2"]);
-        assert_eq!(c.resolve(&h, &peer("10.0.0.1")), ip("10.1.1.1"));
-        assert_eq!(
-            c.resolve(&HeaderMap::new(), &peer("10.0.0.1")),
-            ip("10.0.0.1")
-        );
-        // An unknown entry where the walk lands stops it.
-        let h = headers("x-forwarded-for", &[b"198.51.100.7, unknown, 10.0.0.2"]);
-        assert_eq!(c.resolve(&h, &peer("10.0.0.1")), Resolved::Unknown);
-        // Empty elements are skipped; mapped addresses are unmapped.
-        let h = headers("x-forwarded-for", &[b"::ffff:198.51.100.7,, 10.0.0.2 ,"]);
-        assert_eq!(c.resolve(&h, &peer("10.0.0.1")), ip("198.51.100.7"));
-    }
-
-    #[test]
-    fn hop_counts_take_the_nth_entry_from_the_right() {
-        let h = headers("x-forwarded-for", &[b"6.6.6.6, 198.51.100.7, 10.0.0.3"]);
-        let p = peer("10.0.0.1");
-        assert_eq!(ClientIp::behind_hops(0).resolve(&h, &p), ip("10.0.0.1"));
-        assert_eq!(ClientIp::behind_hops(1).resolve(&h, &p), ip("10.0.0.3"));
-        assert_eq!(ClientIp::behind_hops(2).resolve(&h, &p), ip("198.51.100.7"));
-        assert_eq!(ClientIp::behind_hops(3).resolve(&h, &p), ip("6.6.6.6"));
-        // Fewer entries than hops: the left-most; none: unknown.
-        assert_eq!(ClientIp::behind_hops(5).resolve(&h, &p), ip("6.6.6.6"));
-        assert_eq!(
-            ClientIp::behind_hops(1).resolve(&HeaderMap::new(), &p),
-            Resolved::Unknown
-        );
-    }
-
-    #[test]
-    fn forwarded_is_walked_with_quotes_and_obfuscation_stops_it() {
-        let c = ClientIp::behind_proxies(["10.0.0.0/8".parse().unwrap()])
-            .header(ProxyHeader::Forwarded);
-        let p = peer("10.0.0.1");
-        let h = headers(
-            "forwarded",
-            &[b"for=6.6.6.6, for=\"[2001:db8:cafe::17]:4711\";proto=https, For=10.0.0.2;by=10.0.0.1"],
-        );
-        assert_eq!(c.resolve(&h, &p), ip("2001:db8:cafe::17"));
-        let h = headers(
-            "forwarded",
-            &[b"for=198.51.100.7, for=_hidden, for=10.0.0.2"],
-        );
-        assert_eq!(c.resolve(&h, &p), Resolved::Unknown);
-        let h = headers("forwarded", &[b"for=198.51.100.7, for=unknown"]);
-        assert_eq!(c.resolve(&h, &p), Resolved::Unknown);
-        // A comma inside quotes does not split; a stray quote or escape is malformed.
-        let h = headers("forwarded", &[b"for=\"1.2.3.4,5\""]);
-        assert_eq!(c.resolve(&h, &p), Resolved::Unknown);
-        let h = headers("forwarded", &[b"for=\"198.51.100.7"]);
-        assert_eq!(c.resolve(&h, &p), Resolved::Unknown);
-        let h = headers("forwarded", &[b"for=\"a\\\"b\""]);
-        assert_eq!(c.resolve(&h, &p), Resolved::Unknown);
-        // An element without for= stops the walk too.
-        let h = headers("forwarded", &[b"for=198.51.100.7, proto=https"]);
-        assert_eq!(c.resolve(&h, &p), Resolved::Unknown);
-    }
-
-    #[test]
-    fn hostile_headers_never_panic_and_bound_the_walk() {
-        let c = ClientIp::behind_proxies(["0.0.0.0/0".parse().unwrap(), "::/0".parse().unwrap()]);
-        let p = peer("10.0.0.1");
-        let mut long = Vec::new();
-        for i in 0..10_000u32 {
-            long.extend_from_slice(format!("10.{}.{}.1, ", (i >> 8) & 255, i & 255).as_bytes());
-        }
-        for name in ["x-forwarded-for", "forwarded"] {
-            let header = if name == "forwarded" {
-                ProxyHeader::Forwarded
-            } else {
-                ProxyHeader::XForwardedFor
-            };
-            let c = c.clone().header(header);
-            let h = headers(name, &[&long]);
-            assert_eq!(c.resolve(&h, &p), Resolved::Unknown, "{name}: too long");
-            let inputs: [&[u8]; 10] = [
-                b"",
-                b",,,,",
-                b"\"",
-                b"[",
-                b"]",
-                b"[::1",
-                b"for=",
-                b";;;=;=",
-                b"\x80\x81",
-                b"[fe80::1%]:99999",
-            ];
-            for input in inputs {
-                let h = headers(name, &[input]);
-                let r = c.resolve(&h, &p);
-                assert!(
-                    matches!(r, Resolved::Unknown | Resolved::Ip(_)),
-                    "{name} {input:?}"
-                );
-            }
-        }
-        // Non-UTF-8 (obs-text) values are rejected entries, not panics.
-        let h = headers("x-forwarded-for", &[b"\xe9\xe9, 10.0.0.2"]);
-        let trusted = ClientIp::behind_proxies(["10.0.0.0/8".parse().unwrap()]);
-        assert_eq!(trusted.resolve(&h, &p), Resolved::Unknown);
-    }
-
-    #[test]
-    fn single_header_is_believed_only_from_its_networks() {
-        let c = ClientIp::single_header("cf-connecting-ip", ["173.245.48.0/20".parse().unwrap()]);
-        let h = headers("cf-connecting-ip", &[b"198.51.100.7"]);
-        assert_eq!(c.resolve(&h, &peer("173.245.48.1")), ip("198.51.100.7"));
-        assert_eq!(c.resolve(&h, &peer("203.0.113.1")), ip("203.0.113.1"));
-        let twice = headers("cf-connecting-ip", &[b"198.51.100.7", b"1.1.1.1"]);
-        assert_eq!(c.resolve(&twice, &peer("173.245.48.1")), Resolved::Unknown);
-        assert_eq!(
-            c.resolve(&HeaderMap::new(), &peer("173.245.48.1")),
-            Resolved::Unknown
-        );
+        let k = Key::header("x-api-key");
+        assert_eq!(bytes(&k, &h, &e, v4), Err(Absent::Value));
+        h.insert("x-api-key", "alpha".parse().unwrap());
+        assert_eq!(bytes(&k, &h, &e, v4).unwrap(), "h:alpha");
+        h.append("x-api-key", "beta".parse().unwrap());
+        assert_eq!(bytes(&k, &h, &e, v4).unwrap(), "h:alpha\0beta");
+        // Composites: each part with its length, so parts cannot run together.
+        let c = Key::composite([Key::client_ip(), Key::route()]);
+        assert_eq!(bytes(&c, &h, &e, v4).unwrap(), "10:192.0.2.7710:r:/items/7");
+        // Extensions: a SHA-1 of the `Hash`, the same whatever the seed.
+        let x = Key::extension::<User>();
+        assert_eq!(bytes(&x, &h, &e, v4), Err(Absent::Value));
+        e.insert(User(42));
+        let a = bytes(&x, &h, &e, v4).unwrap();
+        assert_eq!(a.len(), 2 + 32);
+        assert_eq!(a, bytes(&x, &h, &e, v4).unwrap());
+        e.insert(User(43));
+        assert_ne!(a, bytes(&x, &h, &e, v4).unwrap());
+        let mut fixed = Sha1Hasher(sha1_smol::Sha1::new());
+        42u64.hash(&mut fixed);
+        let digest = fixed.0.digest().bytes();
+        let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(a, format!("x:{hex}"));
     }
 
     #[test]

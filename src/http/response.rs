@@ -2,14 +2,20 @@
 //! body, or the layer's own), problem+json bodies, the gRPC status, and
 //! the custom responder's view of a rejection.
 
+use super::compiled::{Compiled, Entry, INLINE_RULES};
+use super::headers::{legacy, Buf, Headers, Items, RATELIMIT, RATELIMIT_POLICY, X_LIMIT};
+use super::rule::Visibility;
+use crate::clock::Clock;
 use crate::decision::Decision;
 use bytes::Bytes;
-use http::header::{HeaderValue, CONTENT_TYPE};
+use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
+use smallvec::SmallVec;
 use std::fmt;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 pin_project! {
@@ -123,9 +129,9 @@ where
 /// ```
 #[derive(Clone, Copy, Debug)]
 pub struct RuleDecision<'a> {
-    pub(crate) name: &'a str,
-    pub(crate) decision: Decision,
-    pub(crate) denied: bool,
+    pub(super) name: &'a str,
+    pub(super) decision: Decision,
+    pub(super) denied: bool,
 }
 
 impl<'a> RuleDecision<'a> {
@@ -176,8 +182,8 @@ impl<'a> RuleDecision<'a> {
 /// ```
 #[derive(Debug)]
 pub struct Rejection<'a> {
-    pub(crate) rules: &'a [RuleDecision<'a>],
-    pub(crate) retry_after_secs: u64,
+    pub(super) rules: &'a [RuleDecision<'a>],
+    pub(super) retry_after_secs: u64,
 }
 
 impl<'a> Rejection<'a> {
@@ -211,12 +217,12 @@ impl<'a> Rejection<'a> {
 
 /// The problem type of draft-ietf-httpapi-ratelimit-headers for a request
 /// over quota.
-pub(crate) const QUOTA_EXCEEDED: &str =
+pub(super) const QUOTA_EXCEEDED: &str =
     "https://iana.org/assignments/http-problem-types#quota-exceeded";
 
 /// The default body of a 429: `application/problem+json` with the
 /// `quota-exceeded` type and the `violated-policies` member.
-pub(crate) fn quota_exceeded(rejection: &Rejection<'_>) -> Response<Bytes> {
+pub(super) fn quota_exceeded(rejection: &Rejection<'_>) -> Response<Bytes> {
     let mut body = String::with_capacity(256);
     body.push_str("{\"type\":\"");
     body.push_str(QUOTA_EXCEEDED);
@@ -238,7 +244,7 @@ pub(crate) fn quota_exceeded(rejection: &Rejection<'_>) -> Response<Bytes> {
 }
 
 /// A request that costs more than a rule can ever admit.
-pub(crate) fn cost_too_high(rule: &str, requested: u64, capacity: u64) -> Response<Bytes> {
+pub(super) fn cost_too_high(rule: &str, requested: u64, capacity: u64) -> Response<Bytes> {
     let body = format!(
         "{{\"title\":\"Request costs more than the quota\",\"status\":413,\
          \"detail\":\"This request costs {requested} units; policy {rule} admits at most {capacity} at once, so retrying will not help.\",\
@@ -248,7 +254,7 @@ pub(crate) fn cost_too_high(rule: &str, requested: u64, capacity: u64) -> Respon
 }
 
 /// A request with no key for a rule that rejects such requests.
-pub(crate) fn missing_key(status: StatusCode, rule: &str, why: &str) -> Response<Bytes> {
+pub(super) fn missing_key(status: StatusCode, rule: &str, why: &str) -> Response<Bytes> {
     let body = format!(
         "{{\"title\":\"No rate-limit key\",\"status\":{},\"detail\":\"Rate-limit rule {rule}: {}.\"}}",
         status.as_u16(),
@@ -260,7 +266,7 @@ pub(crate) fn missing_key(status: StatusCode, rule: &str, why: &str) -> Response
 /// A 503 when the Redis rules could not be decided and their limiters
 /// fail closed.
 #[cfg(feature = "redis")]
-pub(crate) fn store_unavailable(rules: &[&str], retry_after: u64) -> Response<Bytes> {
+pub(super) fn store_unavailable(rules: &[&str], retry_after: u64) -> Response<Bytes> {
     let mut list = String::new();
     for (i, r) in rules.iter().enumerate() {
         if i > 0 {
@@ -292,24 +298,122 @@ fn problem(status: StatusCode, body: String) -> Response<Bytes> {
 }
 
 /// Whether the request is a gRPC call (`application/grpc`, `+proto`, ...).
-pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
+pub(super) fn is_grpc(headers: &HeaderMap) -> bool {
     headers
         .get(CONTENT_TYPE)
         .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
 }
 
 /// A gRPC trailers-only response with `RESOURCE_EXHAUSTED` (8).
-pub(crate) fn grpc_exhausted(message: &'static str) -> Response<Bytes> {
+pub(super) fn grpc_exhausted(message: &'static str) -> Response<Bytes> {
     grpc_status("8", message)
 }
 
 /// A gRPC trailers-only response with this status code.
-pub(crate) fn grpc_status(code: &'static str, message: &'static str) -> Response<Bytes> {
+pub(super) fn grpc_status(code: &'static str, message: &'static str) -> Response<Bytes> {
     let mut res = Response::new(Bytes::new());
     let h = res.headers_mut();
     h.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
     h.insert("grpc-status", HeaderValue::from_static(code));
     h.insert("grpc-message", HeaderValue::from_static(message));
+    res
+}
+
+/// A user's 429 builder ([`RateLimitBuilder::responder`](super::RateLimitBuilder::responder)).
+pub(super) type Responder = Arc<dyn Fn(&Rejection<'_>) -> Response<Bytes> + Send + Sync>;
+
+/// The 429 for a request the enforced rules denied.
+#[cold]
+#[inline(never)]
+pub(super) fn reject<C: Clock>(
+    rules_of: &[Compiled<C>],
+    which: Headers,
+    responder: Option<&Responder>,
+    grpc: bool,
+    entries: &[Entry],
+) -> Response<Bytes> {
+    let rules: SmallVec<[RuleDecision<'_>; INLINE_RULES]> = entries
+        .iter()
+        .filter(|e| !e.shadow)
+        .filter_map(|e| {
+            let d = e.decision?;
+            Some(RuleDecision {
+                name: &rules_of[usize::from(e.rule)].rule.name,
+                decision: d,
+                denied: !d.is_allowed(),
+            })
+        })
+        .collect();
+    let retry_after = rules
+        .iter()
+        .filter(|r| r.denied)
+        .map(|r| r.decision.ratelimit_t_secs())
+        .max()
+        .unwrap_or(1);
+    let rejection = Rejection {
+        rules: &rules,
+        retry_after_secs: retry_after,
+    };
+    #[cfg(feature = "tracing")]
+    tracing::debug!(
+        target: "ratewall::http",
+        denied = ?rejection.denied().map(|r| r.name()).collect::<Vec<_>>(),
+        retry_after,
+        "request over its rate limit"
+    );
+    let mut res = if grpc {
+        grpc_exhausted("rate limit exceeded")
+    } else if let Some(responder) = responder {
+        responder(&rejection)
+    } else {
+        quota_exceeded(&rejection)
+    };
+    let h = res.headers_mut();
+    if !h.contains_key(RETRY_AFTER) {
+        h.insert(RETRY_AFTER, HeaderValue::from(retry_after));
+    }
+    // Only the rules that denied, and only those whose numbers are shown:
+    // every `t` sent is at most `Retry-After`.
+    let denied_shown = || {
+        entries.iter().filter_map(|e| {
+            let r = &rules_of[usize::from(e.rule)];
+            match e.decision {
+                Some(d)
+                    if !e.shadow && !d.is_allowed() && r.rule.visibility == Visibility::Shown =>
+                {
+                    Some((r, d))
+                }
+                _ => None,
+            }
+        })
+    };
+    match which {
+        Headers::None => {}
+        Headers::Legacy => {
+            if let Some((_, d)) = denied_shown().next() {
+                if !h.contains_key(X_LIMIT) {
+                    legacy(h, [d.limit(), d.remaining(), retry_after]);
+                }
+            }
+        }
+        Headers::Draft(items) => {
+            let (mut policy, mut limit) = (Buf::new(), Buf::new());
+            let iter = denied_shown().take(match items {
+                Items::ClosestToExhaustion => 1,
+                _ => usize::MAX,
+            });
+            for (r, d) in iter {
+                policy.policy_item(&r.rule.name, &r.rule.policy);
+                limit.ratelimit_item(&r.rule.name, &d);
+            }
+            if !policy.is_empty() && !h.contains_key(RATELIMIT) {
+                if let (Some(p), Some(l)) = (policy.value(), limit.value()) {
+                    h.insert(RATELIMIT_POLICY, p);
+                    h.insert(RATELIMIT, l);
+                }
+            }
+        }
+    }
     res
 }
 

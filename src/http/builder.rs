@@ -1,0 +1,620 @@
+//! Building a layer: [`RateLimitLayer::builder`], the
+//! [`RateLimitBuilder`] it returns, and the [`HttpConfigError`]s its
+//! `build` reports. `build` validates every rule, makes its limit (a local
+//! table or its Redis limiter) and renders what can be rendered once.
+
+use super::client_ip::{Cidr, ClientIp};
+use super::compiled::{Compiled, RuleLimit};
+use super::engine::{warn_now, Shared, SkipFn};
+use super::headers::{Buf, Headers};
+use super::key::Fingerprint;
+use super::response::{Rejection, Responder};
+use super::rule::{self, Mode, Rule, Visibility};
+use super::service::RateLimitLayer;
+use super::stats::Counters;
+use crate::clock::Clock;
+use crate::error::ConfigError;
+use crate::limiter::DefaultClock;
+use crate::policy::KeyedPolicyLimiter;
+#[cfg(feature = "redis")]
+use crate::redis::RedisLimiter;
+use crate::sync::AtomicU64;
+use crate::text::ParseError;
+use bytes::Bytes;
+use crossbeam_utils::CachePadded;
+use http::Response;
+use std::fmt;
+use std::sync::{Arc, Once};
+
+/// A layer configuration that cannot be built, and what to change.
+///
+/// ```
+/// use ratewall::http::{HttpConfigError, RateLimitLayer, Rule};
+/// use ratewall::{Policy, Rate};
+///
+/// let err = RateLimitLayer::builder()
+///     .rule(Rule::per_ip("per ip", Policy::token_bucket(Rate::per_second(1))))
+///     .build()
+///     .unwrap_err();
+/// assert!(matches!(err, HttpConfigError::InvalidRuleName { .. }));
+/// println!("{err}");
+/// ```
+#[non_exhaustive]
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HttpConfigError {
+    /// A rule name that is not a structured-field token.
+    InvalidRuleName {
+        /// The name given.
+        name: String,
+    },
+    /// Two rules with one name.
+    DuplicateRuleName {
+        /// The name given twice.
+        name: String,
+    },
+    /// A header key whose header name is not valid.
+    InvalidHeaderName {
+        /// The rule.
+        rule: String,
+    },
+    /// A rule's policy or table settings are invalid.
+    Policy {
+        /// The rule.
+        rule: String,
+        /// What is wrong with it.
+        error: ConfigError,
+    },
+    /// A rule's constant cost exceeds what its policy can ever admit.
+    CostTooHigh {
+        /// The rule.
+        rule: String,
+        /// The cost.
+        cost: u64,
+        /// The policy's limit.
+        limit: u64,
+    },
+    /// More than 65,535 rules.
+    TooManyRules,
+    /// A value in a configuration (`LayerConfig`, `RuleConfig`; features
+    /// `tower` and `serde`) that cannot be used.
+    InvalidValue {
+        /// The rule's name, or `None` for a field of the layer.
+        rule: Option<String>,
+        /// The field, as written in the file (`methods`, `trusted_proxies`).
+        field: &'static str,
+        /// The value, as written.
+        value: String,
+        /// What the field takes.
+        expected: &'static str,
+    },
+    /// A rule's `policy` text that does not parse
+    /// (`docs/configuration.md` gives the grammar).
+    PolicyText {
+        /// The rule.
+        rule: String,
+        /// The token that is wrong and what was expected.
+        error: ParseError,
+    },
+    /// A rule with `store = "redis"` in a configuration built without a
+    /// Redis backend ([`LayerConfig::to_builder`](super::LayerConfig::to_builder) instead of
+    /// `LayerConfig::to_builder_with_redis`).
+    RedisBackendMissing {
+        /// The rule.
+        rule: String,
+    },
+    /// A rule with `store = "redis"` while ratewall was compiled without
+    /// its `redis` feature.
+    RedisFeatureMissing {
+        /// The rule.
+        rule: String,
+    },
+    /// A Redis rule's limiter could not be made (feature `redis`).
+    #[cfg(feature = "redis")]
+    Redis {
+        /// The rule.
+        rule: String,
+        /// What is wrong with it.
+        error: crate::redis::RedisError,
+    },
+}
+
+impl fmt::Display for HttpConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HttpConfigError::InvalidRuleName { name } => write!(
+                f,
+                "rule name {name:?} is not usable in RateLimit headers: use 1 to 64 characters, \
+                 a letter first, then letters, digits or !#$%&'*+-.^_`|~:/"
+            ),
+            HttpConfigError::DuplicateRuleName { name } => {
+                write!(f, "two rules are named {name:?}: give each rule its own name")
+            }
+            HttpConfigError::InvalidHeaderName { rule } => write!(
+                f,
+                "rule {rule:?} is keyed by a header whose name is not a valid HTTP header name"
+            ),
+            HttpConfigError::Policy { rule, error } => write!(f, "rule {rule:?}: {error}"),
+            HttpConfigError::CostTooHigh { rule, cost, limit } => write!(
+                f,
+                "rule {rule:?} charges {cost} units per request but its policy admits at most {limit}: \
+                 lower the cost or raise the limit"
+            ),
+            HttpConfigError::TooManyRules => {
+                f.write_str("a layer takes at most 65,535 rules: combine keys instead")
+            }
+            HttpConfigError::InvalidValue {
+                rule,
+                field,
+                value,
+                expected,
+            } => {
+                if let Some(rule) = rule {
+                    write!(f, "rule {rule:?}, ")?;
+                }
+                write!(
+                    f,
+                    "field `{field}`: {value:?} is not usable; expected {expected}"
+                )
+            }
+            HttpConfigError::PolicyText { rule, error } => {
+                write!(f, "rule {rule:?}, field `policy`: {error}")
+            }
+            HttpConfigError::RedisBackendMissing { rule } => write!(
+                f,
+                "rule {rule:?} keeps its state in Redis (`store = \"redis\"`), but the layer was \
+                 built without a Redis backend: build it with \
+                 `LayerConfig::to_builder_with_redis(&backend)`, or set `store = \"local\"`"
+            ),
+            HttpConfigError::RedisFeatureMissing { rule } => write!(
+                f,
+                "rule {rule:?} keeps its state in Redis (`store = \"redis\"`), but ratewall was \
+                 compiled without its `redis` feature: enable it \
+                 (`features = [\"tower\", \"serde\", \"redis\"]`), or set `store = \"local\"`"
+            ),
+            #[cfg(feature = "redis")]
+            HttpConfigError::Redis { rule, error } => write!(f, "rule {rule:?}: {error}"),
+        }
+    }
+}
+
+impl std::error::Error for HttpConfigError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            HttpConfigError::Policy { error, .. } => Some(error),
+            HttpConfigError::PolicyText { error, .. } => Some(error),
+            #[cfg(feature = "redis")]
+            HttpConfigError::Redis { error, .. } => Some(error),
+            _ => None,
+        }
+    }
+}
+
+/// Builds a [`RateLimitLayer`].
+///
+/// ```
+/// use ratewall::http::{Headers, Items, RateLimitLayer, Rule};
+/// use ratewall::{ManualClock, Policy, Rate};
+///
+/// let layer = RateLimitLayer::builder()
+///     .clock(ManualClock::new())
+///     .headers(Headers::Draft(Items::ClosestToExhaustion))
+///     .skip(|_, uri, _| uri.path() == "/health")
+///     .allow(["127.0.0.1".parse()?])
+///     .rule(Rule::per_ip("ip", Policy::token_bucket(Rate::per_second(10))))
+///     .build()?;
+/// # let _ = layer;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[must_use = "a builder does nothing until `build`"]
+pub struct RateLimitBuilder<C: Clock = DefaultClock> {
+    rules: Vec<Rule>,
+    client_ip: ClientIp,
+    headers: Headers,
+    skip: Option<SkipFn>,
+    allow: Vec<Cidr>,
+    responder: Option<Responder>,
+    decisions_extension: bool,
+    clock: C,
+}
+
+impl<C: Clock> fmt::Debug for RateLimitBuilder<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitBuilder")
+            .field("rules", &self.rules)
+            .field("client_ip", &self.client_ip)
+            .field("headers", &self.headers)
+            .field("skip", &self.skip.is_some())
+            .field("allow", &self.allow)
+            .field("responder", &self.responder.is_some())
+            .field("decisions_extension", &self.decisions_extension)
+            .field("clock", &self.clock)
+            .finish()
+    }
+}
+
+impl<C: Clock + Clone> RateLimitBuilder<C> {
+    /// Adds a rule. Rules are checked together; their order is the order of
+    /// the items in the `RateLimit` headers.
+    ///
+    /// ```
+    /// # use ratewall::http::{RateLimitLayer, Rule};
+    /// # use ratewall::{Policy, Rate};
+    /// let layer = RateLimitLayer::builder()
+    ///     .rule(Rule::global("all", Policy::token_bucket(Rate::per_second(1000))))
+    ///     .build()?;
+    /// # let _ = layer;
+    /// # Ok::<(), ratewall::http::HttpConfigError>(())
+    /// ```
+    pub fn rule(mut self, rule: Rule) -> Self {
+        self.rules.push(rule);
+        self
+    }
+
+    /// How the client's address is found (default: the TCP peer only).
+    ///
+    /// ```
+    /// # use ratewall::http::{ClientIp, RateLimitLayer};
+    /// let b = RateLimitLayer::builder().client_ip(ClientIp::behind_hops(1));
+    /// # let _ = b;
+    /// ```
+    pub fn client_ip(mut self, client_ip: ClientIp) -> Self {
+        self.client_ip = client_ip;
+        self
+    }
+
+    /// Which rate-limit headers to send (default: the draft's, every rule).
+    ///
+    /// ```
+    /// # use ratewall::http::{Headers, RateLimitLayer};
+    /// let b = RateLimitLayer::builder().headers(Headers::Legacy);
+    /// # let _ = b;
+    /// ```
+    pub fn headers(mut self, headers: Headers) -> Self {
+        self.headers = headers;
+        self
+    }
+
+    /// Requests for which `skip` returns true pass through unlimited (health
+    /// checks, metrics).
+    ///
+    /// ```
+    /// # use ratewall::http::RateLimitLayer;
+    /// let b = RateLimitLayer::builder().skip(|_, uri, _| uri.path().starts_with("/health"));
+    /// # let _ = b;
+    /// ```
+    pub fn skip(mut self, skip: SkipFn) -> Self {
+        self.skip = Some(skip);
+        self
+    }
+
+    /// Clients inside these networks pass through unlimited (internal
+    /// callers). The client is the address [`ClientIp`] finds.
+    ///
+    /// ```
+    /// # use ratewall::http::RateLimitLayer;
+    /// let b = RateLimitLayer::builder().allow(["10.0.0.0/8".parse()?]);
+    /// # let _ = b;
+    /// # Ok::<(), ratewall::http::CidrParseError>(())
+    /// ```
+    pub fn allow(mut self, networks: impl IntoIterator<Item = Cidr>) -> Self {
+        self.allow.extend(networks);
+        self
+    }
+
+    /// Builds the 429 response (body, status, headers of your own). The
+    /// layer then adds `Retry-After` and the rate-limit headers that the
+    /// response does not already have.
+    ///
+    /// ```
+    /// # use ratewall::http::RateLimitLayer;
+    /// let b = RateLimitLayer::builder().responder(|r| {
+    ///     http::Response::builder()
+    ///         .status(429)
+    ///         .body(bytes::Bytes::from(format!("retry in {} s", r.retry_after_secs())))
+    ///         .unwrap()
+    /// });
+    /// # let _ = b;
+    /// ```
+    pub fn responder(
+        mut self,
+        responder: impl Fn(&Rejection<'_>) -> Response<Bytes> + Send + Sync + 'static,
+    ) -> Self {
+        self.responder = Some(Arc::new(responder));
+        self
+    }
+
+    /// Puts the per-rule decisions into the request's extensions as
+    /// [`RateLimitInfo`](super::RateLimitInfo) for handlers (off by default: `http`'s
+    /// `Extensions` allocates on insert).
+    ///
+    /// ```
+    /// # use ratewall::http::RateLimitLayer;
+    /// let b = RateLimitLayer::builder().decisions_extension(true);
+    /// # let _ = b;
+    /// ```
+    pub fn decisions_extension(mut self, on: bool) -> Self {
+        self.decisions_extension = on;
+        self
+    }
+
+    /// The clock the rules' limiters read (tests use
+    /// [`ManualClock`](crate::ManualClock)).
+    ///
+    /// ```
+    /// # use ratewall::http::RateLimitLayer;
+    /// # use ratewall::ManualClock;
+    /// let b = RateLimitLayer::builder().clock(ManualClock::new());
+    /// # let _ = b;
+    /// ```
+    pub fn clock<C2: Clock + Clone>(self, clock: C2) -> RateLimitBuilder<C2> {
+        RateLimitBuilder {
+            rules: self.rules,
+            client_ip: self.client_ip,
+            headers: self.headers,
+            skip: self.skip,
+            allow: self.allow,
+            responder: self.responder,
+            decisions_extension: self.decisions_extension,
+            clock,
+        }
+    }
+
+    /// Validates every rule and builds its limiter.
+    ///
+    /// ```
+    /// # use ratewall::http::{HttpConfigError, RateLimitLayer, Rule};
+    /// # use ratewall::{Policy, Rate};
+    /// let err = RateLimitLayer::builder()
+    ///     .rule(Rule::per_ip("ip", Policy::token_bucket(Rate::per_second(1).burst(2))).cost(3))
+    ///     .build()
+    ///     .unwrap_err();
+    /// assert!(matches!(err, HttpConfigError::CostTooHigh { cost: 3, limit: 2, .. }));
+    /// ```
+    pub fn build(self) -> Result<RateLimitLayer<C>, HttpConfigError> {
+        if self.rules.len() > usize::from(u16::MAX) {
+            return Err(HttpConfigError::TooManyRules);
+        }
+        let mut rules = Vec::with_capacity(self.rules.len());
+        for (i, rule) in self.rules.into_iter().enumerate() {
+            let name = rule.name.clone();
+            if !rule::valid_name(&name) {
+                return Err(HttpConfigError::InvalidRuleName { name });
+            }
+            if rules
+                .iter()
+                .take(i)
+                .any(|r: &Compiled<C>| r.rule.name == name)
+            {
+                return Err(HttpConfigError::DuplicateRuleName { name });
+            }
+            if rule.key.has_invalid_header() {
+                return Err(HttpConfigError::InvalidHeaderName { rule: name });
+            }
+            let policy_error = |error| HttpConfigError::Policy {
+                rule: name.clone(),
+                error,
+            };
+            rule.policy.validate().map_err(policy_error)?;
+            if let rule::Cost::Units(cost) = rule.cost {
+                if cost > rule.policy.limit() {
+                    return Err(HttpConfigError::CostTooHigh {
+                        rule: name,
+                        cost,
+                        limit: rule.policy.limit(),
+                    });
+                }
+            }
+            let limit = match remote_of(&rule) {
+                #[cfg(feature = "redis")]
+                Some(l) => RuleLimit::Redis(l),
+                _ => {
+                    let mut b =
+                        KeyedPolicyLimiter::<u128>::builder(rule.policy).clock(self.clock.clone());
+                    if let Some(m) = rule.max_keys {
+                        b = b.max_keys(m);
+                    }
+                    if let Some(w) = rule.when_full {
+                        b = b.when_full(w);
+                    }
+                    RuleLimit::Local(b.build().map_err(policy_error)?)
+                }
+            };
+            let mut item = Buf::new();
+            item.policy_item(&rule.name, &rule.policy);
+            rules.push(Compiled {
+                limit,
+                policy_item: item.value(),
+                ratelimit_prefix: format!("\"{}\";r=", rule.name).into_bytes().into(),
+                counters: CachePadded::new(Counters::default()),
+                always: rule.mode != Mode::Off && rule.matcher.matches_all(),
+                rule,
+            });
+        }
+        let needs_ip = !self.allow.is_empty()
+            || rules
+                .iter()
+                .any(|r| r.rule.mode != Mode::Off && r.rule.key.needs_client_ip());
+        let names = rules
+            .iter()
+            .map(|r| Box::from(r.rule.name.as_str()))
+            .collect();
+        let any_refund = rules.iter().any(|r| r.rule.refund_on_success);
+        // Every rule's cost is a constant of at most one unit (a unit cost
+        // always fits: the all-or-nothing check skips its capacity check).
+        let unit_costs = rules
+            .iter()
+            .all(|r| matches!(r.rule.cost, rule::Cost::Units(0 | 1)));
+        let plain = rules
+            .iter()
+            .all(|r| r.rule.mode != Mode::Shadow && r.local().is_some());
+        // The `RateLimit-Policy` value when every shown rule matches (the
+        // common case: rules without matchers), rendered once.
+        let shown: Vec<usize> = (0..rules.len())
+            .filter(|&i| {
+                rules[i].rule.visibility == Visibility::Shown && rules[i].rule.mode != Mode::Off
+            })
+            .collect();
+        let all_policy = if shown.len() > 1 && rules.len() <= 64 {
+            let mut b = Buf::new();
+            for &i in &shown {
+                b.item(
+                    rules[i]
+                        .policy_item
+                        .as_ref()
+                        .map_or(&[][..], |v| v.as_bytes()),
+                );
+            }
+            b.value()
+                .map(|v| (shown.iter().fold(0u64, |m, &i| m | 1 << i), v))
+        } else {
+            None
+        };
+        if let Some((a, b)) = charged_twice(&rules) {
+            warn_now(&format!(
+                "rules {a:?} and {b:?} charge the same requests under the same key with the same \
+                 policy: each request is counted twice; remove one"
+            ));
+        }
+        Ok(RateLimitLayer {
+            shared: Arc::new(Shared {
+                rules,
+                names,
+                client_ip: self.client_ip,
+                needs_ip,
+                headers: self.headers,
+                skip: self.skip,
+                allow: self.allow,
+                responder: self.responder,
+                decisions_extension: self.decisions_extension,
+                any_refund,
+                plain,
+                unit_costs,
+                keep_decisions: self.headers != Headers::None
+                    || self.decisions_extension
+                    || any_refund
+                    || !plain,
+                all_policy,
+                fp: Fingerprint::new(),
+                warn_xff: Once::new(),
+                xff_checks: AtomicU64::new(0),
+                warn_no_peer: Once::new(),
+            }),
+        })
+    }
+}
+
+/// The Redis limiter of a remote rule.
+#[cfg(feature = "redis")]
+fn remote_of(rule: &Rule) -> Option<Arc<RedisLimiter>> {
+    rule.remote.clone()
+}
+
+#[cfg(not(feature = "redis"))]
+fn remote_of(_: &Rule) -> Option<std::convert::Infallible> {
+    None
+}
+
+/// Two enforced rules that count the same requests under the same key with
+/// the same policy: one limit charged twice for each request.
+fn charged_twice<C: Clock>(rules: &[Compiled<C>]) -> Option<(String, String)> {
+    let sig = |r: &Rule| {
+        (r.mode == Mode::Enforce).then(|| {
+            format!(
+                "{:?}|{:?}|{:?}|{:?}|{}",
+                r.key,
+                r.policy,
+                r.matcher,
+                match r.cost {
+                    rule::Cost::Units(n) => Some(n),
+                    rule::Cost::Fn(_) => None,
+                },
+                remote_id(r)
+            )
+        })
+    };
+    for (i, a) in rules.iter().enumerate() {
+        let Some(sa) = sig(&a.rule) else { continue };
+        for b in &rules[i + 1..] {
+            if sig(&b.rule).as_ref() == Some(&sa) {
+                return Some((a.rule.name.clone(), b.rule.name.clone()));
+            }
+        }
+    }
+    None
+}
+
+/// Which limit a rule charges: its own local table, or a Redis limiter
+/// (rules sharing one limiter share its keys).
+fn remote_id(r: &Rule) -> String {
+    #[cfg(feature = "redis")]
+    if let Some(l) = &r.remote {
+        return format!("{:p}", Arc::as_ptr(l));
+    }
+    let _ = r;
+    String::new()
+}
+
+impl RateLimitLayer<DefaultClock> {
+    /// A builder with no rules, the TCP peer as the client, the draft
+    /// headers and the default clock.
+    ///
+    /// ```
+    /// # use ratewall::http::RateLimitLayer;
+    /// let layer = RateLimitLayer::builder().build()?; // no rules: passes everything
+    /// # let _ = layer;
+    /// # Ok::<(), ratewall::http::HttpConfigError>(())
+    /// ```
+    pub fn builder() -> RateLimitBuilder<DefaultClock> {
+        RateLimitBuilder {
+            rules: Vec::new(),
+            client_ip: ClientIp::peer(),
+            headers: Headers::default(),
+            skip: None,
+            allow: Vec::new(),
+            responder: None,
+            decisions_extension: false,
+            clock: DefaultClock::default(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{ManualClock, Policy, Rate};
+
+    fn compiled(rules: Vec<Rule>) -> Vec<Compiled<ManualClock>> {
+        let mut b = RateLimitLayer::builder().clock(ManualClock::new());
+        for r in rules {
+            b = b.rule(r);
+        }
+        let layer = b.build().unwrap();
+        Arc::try_unwrap(layer.shared).ok().expect("one owner").rules
+    }
+
+    #[test]
+    fn one_limit_charged_twice_is_detected() {
+        let p = Policy::token_bucket(Rate::per_second(10));
+        let twice = compiled(vec![Rule::per_ip("a", p), Rule::per_ip("b", p)]);
+        assert_eq!(charged_twice(&twice), Some(("a".into(), "b".into())));
+        let distinct = [
+            vec![Rule::per_ip("a", p), Rule::per_ip("b", p).ipv6_prefix(56)],
+            vec![
+                Rule::per_ip("a", p),
+                Rule::per_ip("b", Policy::token_bucket(Rate::per_second(11))),
+            ],
+            vec![
+                Rule::per_ip("a", p),
+                Rule::per_ip("b", p).on_path_prefix("/x"),
+            ],
+            vec![
+                Rule::per_ip("a", p),
+                Rule::per_ip("b", p).mode(Mode::Shadow),
+            ],
+            vec![Rule::per_ip("a", p), Rule::global("b", p)],
+        ];
+        for rules in distinct {
+            assert_eq!(charged_twice(&compiled(rules)), None);
+        }
+    }
+}

@@ -1,0 +1,83 @@
+//! The layer's rules as built, and a request's matching rules: what the
+//! engine checks and what the headers and responses are made from.
+//!
+//! Each [`Compiled`] rule holds its limit (a local table or a Redis
+//! limiter), its `RateLimit-Policy` item and `RateLimit` prefix rendered
+//! once at build, and its counters. Each [`Entry`] is one rule that matched
+//! one request: its key, cost and decision.
+
+use super::rule::Rule;
+use super::stats::Counters;
+use crate::clock::Clock;
+use crate::decision::Decision;
+use crate::policy::KeyedPolicyLimiter;
+#[cfg(feature = "redis")]
+use crate::redis::RedisLimiter;
+use crossbeam_utils::CachePadded;
+use http::HeaderValue;
+use smallvec::SmallVec;
+#[cfg(feature = "redis")]
+use std::sync::Arc;
+
+/// How many matching rules fit on the stack; more spill to the heap.
+pub(super) const INLINE_RULES: usize = 4;
+
+/// Where a rule's state lives: a local table, checked synchronously, or
+/// (feature `redis`) Redis, checked on the asynchronous path (see the
+/// module docs).
+// One per rule, built once: boxing the local table would cost a pointer
+// chase on every local check.
+#[allow(clippy::large_enum_variant)]
+pub(super) enum RuleLimit<C: Clock> {
+    Local(KeyedPolicyLimiter<u128, C>),
+    #[cfg(feature = "redis")]
+    Redis(Arc<RedisLimiter>),
+}
+
+/// A rule as built.
+pub(super) struct Compiled<C: Clock> {
+    pub(super) rule: Rule,
+    pub(super) limit: RuleLimit<C>,
+    pub(super) policy_item: Option<HeaderValue>,
+    /// `"name";r=`: the start of the rule's `RateLimit` item.
+    pub(super) ratelimit_prefix: Box<[u8]>,
+    pub(super) counters: CachePadded<Counters>,
+    /// Applies to every request: on (not `Mode::Off`), with no matcher.
+    pub(super) always: bool,
+}
+
+impl<C: Clock> Compiled<C> {
+    #[inline]
+    pub(super) fn local(&self) -> Option<&KeyedPolicyLimiter<u128, C>> {
+        match &self.limit {
+            RuleLimit::Local(l) => Some(l),
+            #[cfg(feature = "redis")]
+            RuleLimit::Redis(_) => None,
+        }
+    }
+
+    #[cfg(feature = "redis")]
+    #[inline]
+    pub(super) fn remote(&self) -> Option<&RedisLimiter> {
+        match &self.limit {
+            RuleLimit::Redis(l) => Some(l),
+            RuleLimit::Local(_) => None,
+        }
+    }
+}
+
+/// One matching rule of one request.
+#[derive(Clone, Copy)]
+pub(super) struct Entry {
+    pub(super) rule: u16,
+    pub(super) key: u128,
+    pub(super) cost: u64,
+    pub(super) shadow: bool,
+    /// The table did not track the key (its decision's `Tracking`), for
+    /// the `untracked` counter: kept even when the decision is not.
+    pub(super) untracked: bool,
+    pub(super) decision: Option<Decision>,
+}
+
+/// A request's matching rules, on the stack up to [`INLINE_RULES`].
+pub(super) type Entries = SmallVec<[Entry; INLINE_RULES]>;

@@ -1,0 +1,803 @@
+//! The check: which rules a request matches, its key and cost under each,
+//! and the all-or-nothing decision over them, with the local rules checked
+//! synchronously and (features `tower` and `redis`) the Redis rules on an
+//! asynchronous path that the service polls.
+//!
+//! A request's path through the layer: `Shared::check` resolves the
+//! client address (`client_ip.rs`), keys each matching rule (`key.rs`),
+//! charges the local enforced rules through [`check_set`] (one clock read,
+//! all or nothing), then shadow rules, then renders the headers
+//! (`headers.rs`) or the 429 (`response.rs`). The Redis branch
+//! (`Shared::check_remote`) runs the Redis rules first, all or nothing
+//! among themselves, then the same local check; a local denial gives the
+//! Redis units back.
+
+use super::client_ip::{Cidr, ClientIp, Resolved};
+use super::compiled::{Compiled, Entries, Entry, INLINE_RULES};
+use super::headers::{Admitted, Headers};
+use super::info::RateLimitInfo;
+#[cfg(feature = "redis")]
+use super::key::RuleKey;
+use super::key::{Fingerprint, RequestParts};
+use super::response::{self, Responder};
+use super::rule::{Missing, Mode};
+use super::stats::bump;
+use crate::clock::Clock;
+use crate::decision::{Decision, Tracking};
+use crate::error::InsufficientCapacity;
+use crate::multi::{check_set, Limit, LimitSet};
+use crate::policy::KeyedPolicyRef;
+#[cfg(feature = "redis")]
+use crate::redis::{check_all, DecisionSource, RedisError, RedisLimiter};
+use crate::sync::{AtomicU64, Ordering};
+use bytes::Bytes;
+#[cfg(feature = "redis")]
+use futures_util::future::join_all;
+#[cfg(feature = "redis")]
+use http::header::RETRY_AFTER;
+use http::header::{HeaderName, HeaderValue};
+use http::{HeaderMap, Method, Response, Uri};
+use smallvec::SmallVec;
+#[cfg(feature = "redis")]
+use std::future::Future;
+#[cfg(feature = "redis")]
+use std::pin::Pin;
+use std::sync::{Arc, Once};
+
+/// How many requests are looked at for `X-Forwarded-For` when no proxy is
+/// trusted (the misconfiguration warning).
+const XFF_CHECKS: u64 = 4096;
+
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+
+/// What a request is checked against: a skip predicate over the request head.
+pub(super) type SkipFn = fn(&Method, &Uri, &HeaderMap) -> bool;
+
+/// Warns through `tracing` (feature `tracing`) or on standard error.
+pub(super) fn warn_now(message: &str) {
+    #[cfg(feature = "tracing")]
+    tracing::warn!(target: "ratewall::http", "{message}");
+    #[cfg(not(feature = "tracing"))]
+    eprintln!("ratewall::http warning: {message}");
+}
+
+/// The compiled layer that every clone of the layer and its services
+/// share: the rules, the settings, and the one-time warnings.
+pub(super) struct Shared<C: Clock> {
+    pub(super) rules: Vec<Compiled<C>>,
+    pub(super) names: Arc<[Box<str>]>,
+    pub(super) client_ip: ClientIp,
+    pub(super) needs_ip: bool,
+    pub(super) headers: Headers,
+    pub(super) skip: Option<SkipFn>,
+    pub(super) allow: Vec<Cidr>,
+    pub(super) responder: Option<Responder>,
+    pub(super) decisions_extension: bool,
+    pub(super) any_refund: bool,
+    /// No rule is in shadow mode and every rule is local: every entry of a
+    /// request takes part in the all-or-nothing check (known at build, so
+    /// no request scans its entries to find out).
+    pub(super) plain: bool,
+    /// Every rule costs a constant of at most one unit.
+    pub(super) unit_costs: bool,
+    /// An admitted request's decisions are read after the check (headers,
+    /// the decisions extension, refunds or shadow rules).
+    pub(super) keep_decisions: bool,
+    /// The mask of the shown rules and their joint `RateLimit-Policy` value.
+    pub(super) all_policy: Option<(u64, HeaderValue)>,
+    pub(super) fp: Fingerprint,
+    pub(super) warn_xff: Once,
+    pub(super) xff_checks: AtomicU64,
+    pub(super) warn_no_peer: Once,
+}
+
+/// The asynchronous check of a request that matched Redis rules: the
+/// verdict and the decisions extension.
+#[cfg(feature = "redis")]
+pub(super) type RemoteCheck =
+    Pin<Box<dyn Future<Output = (Verdict, Option<RateLimitInfo>)> + Send>>;
+
+/// What the check decided. `Pass` is the large variant and the common
+/// one; boxing it would allocate on every request.
+#[allow(clippy::large_enum_variant)]
+pub(super) enum Verdict {
+    Pass(Option<After>),
+    Reject(Response<Bytes>),
+    /// Redis rules matched: decided when this future completes.
+    #[cfg(feature = "redis")]
+    Remote(RemoteCheck),
+}
+
+/// What an admitted request's response gets: headers, and refunds.
+pub(super) struct After {
+    pub(super) headers: Admitted,
+    /// Boxed: only count-only-failures rules need it (one allocation per
+    /// request they match).
+    pub(super) refund: Option<Box<Refund>>,
+}
+
+/// The units of count-only-failures rules, given back when the response
+/// succeeds.
+pub(super) struct Refund {
+    pub(super) shared: Arc<dyn Refunds>,
+    pub(super) list: RefundList,
+    /// The Redis rules' units (given back in a task).
+    #[cfg(feature = "redis")]
+    pub(super) remote: RemoteRefunds,
+}
+
+/// (rule, key, cost) of each unit taken by a count-only-failures rule.
+pub(super) type RefundList = SmallVec<[(u16, u128, u64); 2]>;
+
+/// Gives units back to the layer's rules (the layer's clock type erased).
+pub(super) trait Refunds: Send + Sync {
+    fn refund(&self, rule: u16, key: u128, cost: u64);
+    #[cfg(feature = "redis")]
+    fn refund_remote(self: Arc<Self>, list: RemoteRefunds);
+}
+
+impl<C: Clock + 'static> Refunds for Shared<C> {
+    fn refund(&self, rule: u16, key: u128, cost: u64) {
+        if let Some(r) = self.rules.get(usize::from(rule)) {
+            if let Some(l) = r.local() {
+                l.refund_key(&key, cost);
+                bump(&r.counters.refunded);
+            }
+        }
+    }
+
+    #[cfg(feature = "redis")]
+    fn refund_remote(self: Arc<Self>, list: RemoteRefunds) {
+        self.refund_remote_now(list);
+    }
+}
+
+/// The local enforced entries of one request as the limits of one
+/// all-or-nothing check ([`check_set`]): each entry's rule table with the
+/// entry's key and cost, statically dispatched, and each decision written
+/// into its entry. `map` lists the entries that take part when not all do.
+struct LocalSet<'a, C: Clock> {
+    rules: &'a [Compiled<C>],
+    entries: &'a mut [Entry],
+    map: Option<&'a [u16]>,
+    /// Every cost is at most one unit.
+    unit_costs: bool,
+    /// Whether the decisions of an admitted request are kept in the
+    /// entries (headers, the extension, refunds and Redis rules read them).
+    keep: bool,
+}
+
+impl<C: Clock> LocalSet<'_, C> {
+    #[inline]
+    fn entry(&self, i: usize) -> &Entry {
+        match self.map {
+            None => &self.entries[i],
+            Some(m) => &self.entries[usize::from(m[i])],
+        }
+    }
+
+    /// Entry `i`'s table with its key. Every entry in the set is local
+    /// (`check_enforced` picks them).
+    #[inline]
+    fn limit(&self, i: usize) -> Option<KeyedPolicyRef<'_, u128, u128, C>> {
+        let e = self.entry(i);
+        Some(self.rules[usize::from(e.rule)].local()?.with_key(&e.key))
+    }
+}
+
+impl<C: Clock> LimitSet<C> for LocalSet<'_, C> {
+    #[inline]
+    fn len(&self) -> usize {
+        self.map.map_or(self.entries.len(), <[u16]>::len)
+    }
+    #[inline]
+    fn cost(&self, i: usize) -> u64 {
+        self.entry(i).cost
+    }
+    #[inline]
+    fn read_clock(&self) -> u64 {
+        self.limit(0).map_or(0, |l| l.read_clock())
+    }
+    #[inline]
+    fn take_at(&self, i: usize, now: u64, n: u64) -> Result<Decision, InsufficientCapacity> {
+        match self.limit(i) {
+            Some(l) => l.take_at(now, n),
+            None => Ok(Decision::allow(u64::MAX, u64::MAX, 0)),
+        }
+    }
+    fn peek_at(&self, i: usize, now: u64, n: u64) -> Result<Decision, InsufficientCapacity> {
+        match self.limit(i) {
+            Some(l) => l.peek_at(now, n),
+            None => Ok(Decision::allow(u64::MAX, u64::MAX, 0)),
+        }
+    }
+    fn give_back_at(&self, i: usize, now: u64, n: u64) {
+        if let Some(l) = self.limit(i) {
+            l.give_back_at(now, n);
+        }
+    }
+    fn capacity(&self, i: usize) -> u64 {
+        self.limit(i).map_or(u64::MAX, |l| l.capacity())
+    }
+    #[inline]
+    fn max_cost(&self) -> u64 {
+        if self.unit_costs {
+            1
+        } else {
+            u64::MAX
+        }
+    }
+    #[inline]
+    fn decide_taken(&mut self, i: usize, d: Decision) {
+        let at = match self.map {
+            None => i,
+            Some(m) => usize::from(m[i]),
+        };
+        let e = &mut self.entries[at];
+        e.untracked = d.tracking() == Tracking::Untracked;
+        if self.keep {
+            e.decision = Some(d);
+        }
+    }
+    #[inline]
+    fn decide(&mut self, i: usize, d: Option<Decision>) {
+        let at = match self.map {
+            None => i,
+            Some(m) => usize::from(m[i]),
+        };
+        self.entries[at].decision = d;
+    }
+}
+
+impl<C: Clock + 'static> Shared<C> {
+    fn warn(&self, once: &Once, message: &'static str) {
+        once.call_once(|| warn_now(message));
+    }
+
+    // Inlined into the service's `call` (another file, so another codegen
+    // unit): as a separate call it moves the verdict, and the layer's
+    // per-request cost grows measurably (`benches/http.sh`).
+    #[inline]
+    pub(super) fn check(
+        self: &Arc<Self>,
+        req: &RequestHead<'_>,
+        insert: &mut Option<RateLimitInfo>,
+    ) -> Verdict {
+        if let Some(skip) = self.skip {
+            if skip(req.method, req.uri, req.headers) {
+                return Verdict::Pass(None);
+            }
+        }
+        let client = if self.needs_ip {
+            let c = self.client_ip.resolve(req.headers, req.extensions);
+            if c == Resolved::NoPeer {
+                self.warn(
+                    &self.warn_no_peer,
+                    "a request reached the rate-limit layer without a peer address: with axum, enable \
+                     ratewall's `axum` feature and serve with `into_make_service_with_connect_info::<SocketAddr>()`; \
+                     with tonic, enable the `tonic` feature; otherwise insert a `SocketAddr` extension",
+                );
+            }
+            c
+        } else {
+            Resolved::NoPeer
+        };
+        // Looked for in the first requests only: a header lookup per request
+        // is a good part of the layer's cost, and one sighting is enough.
+        if !self.client_ip.trusts_proxies()
+            && self.needs_ip
+            // Relaxed: a sampling counter; it publishes nothing.
+            && self.xff_checks.load(Ordering::Relaxed) < XFF_CHECKS
+            && !self.warn_xff.is_completed()
+        {
+            // Relaxed: as above; an overshoot by concurrent requests is harmless.
+            self.xff_checks.fetch_add(1, Ordering::Relaxed);
+            if req.headers.contains_key(X_FORWARDED_FOR) {
+                self.warn(
+                    &self.warn_xff,
+                    "X-Forwarded-For seen while no proxy is trusted: the TCP peer is the client. \
+                     Behind a proxy, configure `ClientIp::behind_proxies` or `ClientIp::behind_hops`",
+                );
+            }
+        }
+        if let Resolved::Ip(ip) = client {
+            if self.allow.iter().any(|n| n.contains(ip)) {
+                return Verdict::Pass(None);
+            }
+        }
+        let parts = RequestParts {
+            method: req.method,
+            uri: req.uri,
+            headers: req.headers,
+            extensions: req.extensions,
+            client,
+        };
+        let mut entries = Entries::new();
+        #[cfg(feature = "redis")]
+        let mut remote_keys: Vec<(usize, Vec<u8>)> = Vec::new();
+        for (i, r) in self.rules.iter().enumerate() {
+            let rule = &r.rule;
+            if !r.always && (rule.mode == Mode::Off || !rule.matcher.matches(&parts)) {
+                continue;
+            }
+            let key = match rule.key.key_of(&parts, &self.fp, r.local().is_none()) {
+                Ok(k) => k,
+                Err(why) => {
+                    bump(&r.counters.missing_key);
+                    match rule.missing {
+                        Missing::Reject(status) if rule.mode == Mode::Enforce => {
+                            return Verdict::Reject(response::missing_key(
+                                status,
+                                &rule.name,
+                                why.describe(),
+                            ));
+                        }
+                        _ => continue,
+                    }
+                }
+            };
+            #[cfg(feature = "redis")]
+            let key = match key {
+                RuleKey::Local(k) => k,
+                RuleKey::Remote(bytes) => {
+                    remote_keys.push((entries.len(), bytes));
+                    0
+                }
+            };
+            #[cfg(not(feature = "redis"))]
+            let key = key.into_local();
+            entries.push(Entry {
+                // Fits: `build` caps the rule count at u16::MAX.
+                rule: i as u16,
+                key,
+                cost: rule.cost_of(&parts),
+                shadow: rule.mode == Mode::Shadow,
+                untracked: false,
+                decision: None,
+            });
+        }
+        if entries.is_empty() {
+            return Verdict::Pass(None);
+        }
+        #[cfg(feature = "redis")]
+        if !remote_keys.is_empty() {
+            let shared = self.clone();
+            let grpc = response::is_grpc(req.headers);
+            return Verdict::Remote(Box::pin(async move {
+                shared.check_remote(entries, remote_keys, grpc).await
+            }));
+        }
+        match self.check_enforced(&mut entries, self.keep_decisions) {
+            Ok(true) => {}
+            Ok(false) => {
+                return Verdict::Reject(self.reject(response::is_grpc(req.headers), &entries))
+            }
+            Err((rule, e)) => {
+                bump(&self.rules[usize::from(rule)].counters.errors);
+                return Verdict::Reject(response::cost_too_high(
+                    &self.rules[usize::from(rule)].rule.name,
+                    e.requested,
+                    e.capacity,
+                ));
+            }
+        }
+        if !self.plain && entries.iter().any(|e| e.shadow) {
+            self.check_shadow(&mut entries);
+        }
+        if self.decisions_extension {
+            *insert = Some(RateLimitInfo::of(&self.names, &entries));
+        }
+        Verdict::Pass(if self.headers == Headers::None && !self.any_refund {
+            None
+        } else {
+            self.after(&entries)
+        })
+    }
+
+    /// The all-or-nothing check of the local enforced entries. `Err` names the
+    /// rule whose cost can never pass.
+    ///
+    /// `keep`: whether an admitted request's decisions are kept in its
+    /// entries (a denied request's always are, for the 429).
+    // Inlined into `check` (and so into the service's `call`) as when they
+    // shared a file.
+    #[inline]
+    fn check_enforced(
+        &self,
+        entries: &mut [Entry],
+        keep: bool,
+    ) -> Result<bool, (u16, InsufficientCapacity)> {
+        let counted = |e: &Entry| !e.shadow && self.rules[usize::from(e.rule)].local().is_some();
+        // Usually every matching rule is a local enforced one: the set is
+        // the entries themselves. Otherwise it maps to the entries that are.
+        let map: Option<SmallVec<[u16; INLINE_RULES]>> =
+            if self.plain || entries.iter().all(counted) {
+                None
+            } else {
+                Some(
+                    (0..entries.len())
+                        .filter(|&i| counted(&entries[i]))
+                        // Fits: at most one entry per rule, and at most u16::MAX rules.
+                        .map(|i| i as u16)
+                        .collect(),
+                )
+            };
+        let mut set = LocalSet {
+            rules: &self.rules,
+            entries,
+            map: map.as_deref(),
+            unit_costs: self.unit_costs,
+            keep,
+        };
+        let allowed = match check_set(&mut set) {
+            Ok(allowed) => allowed,
+            Err(e) => {
+                let culprit = entries
+                    .iter()
+                    .filter(|e| counted(e))
+                    .find(|e2| e2.cost > self.rules[usize::from(e2.rule)].rule.policy.limit())
+                    .map_or(entries[0].rule, |e2| e2.rule);
+                return Err((culprit, e));
+            }
+        };
+        for e in entries.iter().filter(|e| self.plain || counted(e)) {
+            let c = &self.rules[usize::from(e.rule)].counters;
+            if allowed {
+                // Every entry took its cost and allowed.
+                bump(&c.allowed);
+                if e.untracked {
+                    bump(&c.untracked);
+                }
+            } else if e.decision.is_some_and(|d| !d.is_allowed()) {
+                bump(&c.denied);
+            }
+        }
+        Ok(allowed)
+    }
+
+    /// Shadow rules, each on its own, after the enforced ones admitted the
+    /// request: charged like an enforced rule, never rejecting.
+    #[inline(never)]
+    fn check_shadow(&self, entries: &mut [Entry]) {
+        for e in entries.iter_mut().filter(|e| e.shadow) {
+            let r = &self.rules[usize::from(e.rule)];
+            let Some(local) = r.local() else { continue };
+            match local.check_key_n(&e.key, e.cost) {
+                Ok(d) => {
+                    bump(if d.is_allowed() {
+                        &r.counters.allowed
+                    } else {
+                        &r.counters.shadow_denied
+                    });
+                    e.decision = Some(d);
+                }
+                Err(_) => bump(&r.counters.shadow_denied),
+            }
+        }
+    }
+
+    /// Headers and refunds for an admitted request.
+    // Not inlined (nor `reject`, `check_shadow`): the check that every
+    // request runs stays small, and its cost does not depend on the code
+    // of the header generations it does not use.
+    #[inline(never)]
+    fn after(self: &Arc<Self>, entries: &[Entry]) -> Option<After> {
+        let mut after = After {
+            headers: Admitted::of(self.headers, &self.rules, entries, self.all_policy.as_ref()),
+            refund: None,
+        };
+        if self.any_refund {
+            let list: RefundList = entries
+                .iter()
+                .filter(|e| {
+                    !e.shadow
+                        && e.cost > 0
+                        && self.rules[usize::from(e.rule)].rule.refund_on_success
+                        && self.rules[usize::from(e.rule)].local().is_some()
+                        && e.decision.is_some_and(|d| {
+                            matches!(d.tracking(), Tracking::Tracked | Tracking::EvictedOther)
+                        })
+                })
+                .map(|e| (e.rule, e.key, e.cost))
+                .collect();
+            if !list.is_empty() {
+                after.refund = Some(Box::new(Refund {
+                    shared: self.clone(),
+                    list,
+                    #[cfg(feature = "redis")]
+                    remote: Vec::new(),
+                }));
+            }
+        }
+        if after.headers.is_empty() && after.refund.is_none() {
+            None
+        } else {
+            Some(after)
+        }
+    }
+
+    /// The 429 for a request the enforced rules denied.
+    #[inline]
+    fn reject(&self, grpc: bool, entries: &[Entry]) -> Response<Bytes> {
+        response::reject(
+            &self.rules,
+            self.headers,
+            self.responder.as_ref(),
+            grpc,
+            entries,
+        )
+    }
+}
+
+/// The request head the check reads.
+pub(super) struct RequestHead<'a> {
+    pub(super) method: &'a Method,
+    pub(super) uri: &'a Uri,
+    pub(super) headers: &'a HeaderMap,
+    pub(super) extensions: &'a http::Extensions,
+}
+
+// The asynchronous path of a request that matches Redis rules (features
+// `tower` and `redis`): the Redis rules first, all or nothing among
+// themselves; then the local rules through the synchronous check; a local
+// denial gives the Redis units back.
+
+/// A Redis rule's units to give back when the response succeeds
+/// (count-only-failures): rule, key, cost, and where they were taken.
+#[cfg(feature = "redis")]
+pub(super) type RemoteRefunds = Vec<(u16, Vec<u8>, u64, DecisionSource)>;
+
+#[cfg(feature = "redis")]
+impl<C: Clock + 'static> Shared<C> {
+    /// Decides a request whose matching rules include Redis rules.
+    /// `keys` holds (entry index, key bytes) of each Redis entry.
+    async fn check_remote(
+        self: Arc<Self>,
+        mut entries: Entries,
+        keys: Vec<(usize, Vec<u8>)>,
+        grpc: bool,
+    ) -> (Verdict, Option<RateLimitInfo>) {
+        let rule_of = |e: &Entry| &self.rules[usize::from(e.rule)];
+        let mut sources: Vec<(usize, DecisionSource)> = Vec::with_capacity(keys.len());
+        // 1. The enforced Redis rules, all or nothing (one script on one server).
+        let mut idx = Vec::with_capacity(keys.len());
+        let mut triples: Vec<(&RedisLimiter, &[u8], u64)> = Vec::with_capacity(keys.len());
+        for (i, k) in &keys {
+            let e = &entries[*i];
+            if let (false, Some(l)) = (e.shadow, rule_of(e).remote()) {
+                idx.push(*i);
+                triples.push((l, &k[..], e.cost));
+            }
+        }
+        if !triples.is_empty() {
+            match check_all(&triples).await {
+                Ok((allowed, decisions)) => {
+                    for (&i, d) in idx.iter().zip(&decisions) {
+                        entries[i].decision = Some(d.decision());
+                        sources.push((i, d.source()));
+                        self.count_source(rule_of(&entries[i]), d.source());
+                    }
+                    if !allowed {
+                        for &i in &idx {
+                            if entries[i].decision.is_some_and(|d| !d.is_allowed()) {
+                                bump(&rule_of(&entries[i]).counters.denied);
+                            }
+                        }
+                        return (Verdict::Reject(self.reject(grpc, &entries)), None);
+                    }
+                }
+                Err(e) => {
+                    return (
+                        Verdict::Reject(self.remote_error(grpc, &entries, &idx, e)),
+                        None,
+                    )
+                }
+            }
+        }
+        // 2. The local enforced rules, synchronously; a denial gives the
+        // Redis units back (to where they were taken).
+        let local = self.check_enforced(&mut entries, true);
+        if !matches!(local, Ok(true)) {
+            let give_backs = idx.iter().zip(&triples).zip(&sources).filter_map(
+                |((&i, &(l, k, cost)), &(_, source))| {
+                    let taken = entries[i].decision.is_some_and(|d| d.is_allowed());
+                    (taken && cost > 0).then(|| l.give_back(k, cost, source))
+                },
+            );
+            // A give-back Redis cannot take follows the limiter's failure
+            // policy; the capacity then comes back as the limit refills.
+            let _ = join_all(give_backs).await;
+            let res = match local {
+                Err((rule, e)) => {
+                    bump(&self.rules[usize::from(rule)].counters.errors);
+                    response::cost_too_high(
+                        &self.rules[usize::from(rule)].rule.name,
+                        e.requested,
+                        e.capacity,
+                    )
+                }
+                _ => self.reject(grpc, &entries),
+            };
+            return (Verdict::Reject(res), None);
+        }
+        for &i in &idx {
+            let c = &rule_of(&entries[i]).counters;
+            bump(&c.allowed);
+            if entries[i].decision.map(|d| d.tracking()) == Some(Tracking::Untracked) {
+                bump(&c.untracked);
+            }
+        }
+        drop(triples);
+        // 3. Shadow rules, local then Redis, never rejecting.
+        self.check_shadow(&mut entries);
+        let shadow: Vec<(usize, &RedisLimiter, &[u8], u64)> = keys
+            .iter()
+            .filter_map(|(i, k)| {
+                let e = &entries[*i];
+                let l = rule_of(e).remote()?;
+                e.shadow.then_some((*i, l, &k[..], e.cost))
+            })
+            .collect();
+        if !shadow.is_empty() {
+            let results = join_all(shadow.iter().map(|&(_, l, k, cost)| l.check_n(k, cost))).await;
+            for (&(i, ..), r) in shadow.iter().zip(results) {
+                let c = &rule_of(&entries[i]).counters;
+                match r {
+                    Ok(d) => {
+                        bump(if d.is_allowed() {
+                            &c.allowed
+                        } else {
+                            &c.shadow_denied
+                        });
+                        self.count_source(rule_of(&entries[i]), d.source());
+                        entries[i].decision = Some(d.decision());
+                        sources.push((i, d.source()));
+                    }
+                    Err(_) => bump(&c.errors),
+                }
+            }
+        }
+        let info = self.decisions_extension.then(|| {
+            let mut info = RateLimitInfo::of(&self.names, &entries);
+            info.sources = sources.iter().map(|&(i, s)| (entries[i].rule, s)).collect();
+            info
+        });
+        // 4. Headers, and the refunds of count-only-failures rules.
+        let mut after = self.after(&entries);
+        let refunds: RemoteRefunds = keys
+            .iter()
+            .filter_map(|(i, k)| {
+                let e = &entries[*i];
+                let r = rule_of(e);
+                let (_, source) = *sources.iter().find(|(j, _)| j == i)?;
+                let d = e.decision?;
+                let taken = matches!(source, DecisionSource::Redis | DecisionSource::Fallback)
+                    && d.is_allowed();
+                (!e.shadow && e.cost > 0 && r.rule.refund_on_success && taken)
+                    .then(|| (e.rule, k.clone(), e.cost, source))
+            })
+            .collect();
+        if !refunds.is_empty() {
+            let a = after.get_or_insert_with(|| After {
+                headers: Admitted::NONE,
+                refund: None,
+            });
+            let shared: Arc<dyn Refunds> = self.clone();
+            a.refund
+                .get_or_insert_with(|| {
+                    Box::new(Refund {
+                        shared,
+                        list: RefundList::new(),
+                        remote: Vec::new(),
+                    })
+                })
+                .remote = refunds;
+        }
+        (Verdict::Pass(after), info)
+    }
+
+    /// Counts where a Redis rule's decision came from.
+    fn count_source(&self, r: &Compiled<C>, source: DecisionSource) {
+        match source {
+            DecisionSource::Fallback => bump(&r.counters.fallbacks),
+            DecisionSource::FailOpen => bump(&r.counters.errors),
+            _ => {}
+        }
+    }
+
+    /// The response when the Redis rules could not be decided.
+    fn remote_error(
+        &self,
+        grpc: bool,
+        entries: &Entries,
+        idx: &[usize],
+        e: RedisError,
+    ) -> Response<Bytes> {
+        let rule_of = |i: usize| &self.rules[usize::from(entries[i].rule)];
+        match e {
+            RedisError::InsufficientCapacity(c) => {
+                let culprit = idx
+                    .iter()
+                    .map(|&i| rule_of(i))
+                    .find(|r| c.requested > r.rule.policy.limit())
+                    .or_else(|| idx.first().map(|&i| rule_of(i)));
+                if let Some(r) = culprit {
+                    bump(&r.counters.errors);
+                }
+                let name = culprit.map_or("", |r| r.rule.name.as_str());
+                response::cost_too_high(name, c.requested, c.capacity)
+            }
+            e => {
+                // Only a fail-closed limiter returns `Unavailable`; any other
+                // error (a server error reply) is every rule's.
+                let closed: SmallVec<[&Compiled<C>; INLINE_RULES]> = idx
+                    .iter()
+                    .map(|&i| rule_of(i))
+                    .filter(|r| {
+                        r.remote().is_some_and(|l| {
+                            l.failure_policy() == crate::redis::FailurePolicy::Closed
+                        })
+                    })
+                    .collect();
+                let blamed: SmallVec<[&Compiled<C>; INLINE_RULES]> =
+                    if matches!(e, RedisError::Unavailable { .. }) && !closed.is_empty() {
+                        closed
+                    } else {
+                        idx.iter().map(|&i| rule_of(i)).collect()
+                    };
+                for r in &blamed {
+                    bump(&r.counters.errors);
+                }
+                let retry = match e {
+                    RedisError::Unavailable { retry_in, .. } => {
+                        retry_in.as_nanos().div_ceil(1_000_000_000).max(1) as u64
+                    }
+                    _ => 1,
+                };
+                let names: SmallVec<[&str; INLINE_RULES]> =
+                    blamed.iter().map(|r| r.rule.name.as_str()).collect();
+                #[cfg(feature = "tracing")]
+                tracing::warn!(target: "ratewall::http", rules = ?names, error = %e, "rate-limit store unavailable");
+                if grpc {
+                    // UNAVAILABLE: the client may retry.
+                    let mut res = response::grpc_status("14", "rate-limit store unavailable");
+                    res.headers_mut()
+                        .insert(RETRY_AFTER, HeaderValue::from(retry));
+                    res
+                } else {
+                    response::store_unavailable(&names, retry)
+                }
+            }
+        }
+    }
+
+    /// Gives the units of count-only-failures Redis rules back, in a task
+    /// on the current tokio runtime (the response is not held for it).
+    fn refund_remote_now(self: Arc<Self>, list: RemoteRefunds) {
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                handle.spawn(async move {
+                    for (rule, key, cost, source) in list {
+                        let Some(r) = self.rules.get(usize::from(rule)) else {
+                            continue;
+                        };
+                        if let Some(l) = r.remote() {
+                            match l.give_back(&key, cost, source).await {
+                                Ok(()) => bump(&r.counters.refunded),
+                                Err(_) => bump(&r.counters.errors),
+                            }
+                        }
+                    }
+                });
+            }
+            // No runtime to send the refund from: it is lost (counted).
+            Err(_) => {
+                for (rule, ..) in list {
+                    if let Some(r) = self.rules.get(usize::from(rule)) {
+                        bump(&r.counters.errors);
+                    }
+                }
+            }
+        }
+    }
+}
