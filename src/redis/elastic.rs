@@ -11,8 +11,9 @@
 
 use super::backend::RedisBackend;
 use super::key;
-use super::limiter::{parse_fields, share};
+use super::limiter::share;
 use super::script::{Program, ELASTIC};
+use super::wire::parse_elastic;
 use super::{DecisionSource, FailurePolicy, RedisDecision, RedisError};
 use crate::decision::{Decision, Tracking};
 use crate::elastic::{validate, ElasticLimiter};
@@ -20,7 +21,6 @@ use crate::error::{ConfigError, InsufficientCapacity};
 use crate::keyed::WhenFull;
 use crate::policy::{KeyedPolicyLimiter, Policy};
 use crate::sync::{lock, Mutex};
-use redis::Value;
 use std::fmt;
 
 /// An elastic limit shared through Redis: the same guarantee, ceiling and
@@ -401,24 +401,6 @@ impl RedisElasticLimiter {
     }
 }
 
-/// The elastic script's reply: five decision fields and the above-limit flag.
-fn parse_elastic(reply: &Value) -> Result<Decision, RedisError> {
-    let bad = || RedisError::Server {
-        message: format!("unexpected elastic script reply {reply:?}"),
-    };
-    let Value::Array(items) = reply else {
-        return Err(bad());
-    };
-    if items.len() != 6 {
-        return Err(bad());
-    }
-    let decision = parse_fields(&items[..5]).ok_or_else(bad)?;
-    match items[5] {
-        Value::Int(above @ (0 | 1)) => Ok(decision.with_above_limit(above == 1)),
-        _ => Err(bad()),
-    }
-}
-
 impl RedisElasticBuilder {
     /// The first part of every key name (default `ratewall`).
     ///
@@ -610,29 +592,5 @@ mod tests {
             name("5/s fixed-window", "6/s fixed-window"),
             name("5/s fixed-window", "7/s fixed-window")
         );
-    }
-
-    #[test]
-    fn replies_become_marked_decisions_and_bad_replies_errors() {
-        let reply = |v: [i64; 6]| Value::Array(v.iter().map(|&x| Value::Int(x)).collect());
-        let d = parse_elastic(&reply([1, 10, 0, 0, 300, 1])).unwrap();
-        assert!(d.is_allowed() && d.is_above_limit());
-        assert_eq!(
-            (d.limit(), d.remaining(), d.reset_after_ns),
-            (10, 0, 300_000)
-        );
-        let d = parse_elastic(&reply([0, 10, 0, 5, 9, 0])).unwrap();
-        assert!(!d.is_allowed() && !d.is_above_limit());
-        for bad in [
-            reply([1, 10, 0, 0, 300, 2]),
-            reply([1, 10, -1, 0, 300, 0]),
-            Value::Array(vec![Value::Int(1); 5]),
-            Value::Nil,
-        ] {
-            assert!(matches!(
-                parse_elastic(&bad),
-                Err(RedisError::Server { .. })
-            ));
-        }
     }
 }

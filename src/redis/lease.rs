@@ -30,6 +30,8 @@
 //! and halving otherwise.
 
 use super::limiter::RedisLimiter;
+use super::script::LEASE;
+use super::wire::parse_lease;
 use super::{DecisionSource, RedisDecision, RedisError};
 use crate::decision::Decision;
 use crate::policy::PolicyAlgorithm;
@@ -38,18 +40,8 @@ use crate::ConfigError;
 use redis::Value;
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
-
-/// The lease script: the prelude and `lua/lease.lua`.
-pub(crate) const LEASE_SOURCE: &str = concat!(
-    include_str!("lua/prelude.lua"),
-    include_str!("lua/lease.lua")
-);
-
-pub(crate) static LEASE: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(LEASE_SOURCE));
 
 /// Shards of the local lease table (fewer when `max_keys` is small).
 const SHARDS: usize = 16;
@@ -555,7 +547,7 @@ impl RedisLeaseLimiter {
         }
         match self.call(&rkey, "t", n, 0, 0, None, None).await {
             Ok(reply) => {
-                let r = parse_reply(&reply)?;
+                let r = parse_lease(&reply)?;
                 self.limiter.note(&rkey, n, &r.decision);
                 Ok(RedisDecision {
                     decision: r.decision,
@@ -774,7 +766,7 @@ impl RedisLeaseLimiter {
         let result = self
             .call(rkey, "t", 1, take.extra, take.id, take.prev, None)
             .await;
-        let parsed = result.and_then(|v| parse_reply(&v));
+        let parsed = result.and_then(|v| parse_lease(&v));
         let outcome = match &parsed {
             Ok(r) if r.decision.is_allowed() => Outcome::Granted,
             Ok(r) => Outcome::Denied(r.decision, sent),
@@ -938,51 +930,6 @@ impl Shard {
             None => false,
         }
     }
-}
-
-/// A lease script reply.
-#[derive(Debug)]
-struct Reply {
-    decision: Decision,
-    granted: u64,
-    now_us: u64,
-    end_us: u64,
-    window: u64,
-}
-
-/// `{allowed, limit, remaining, retry_after_us, reset_after_us, granted,
-/// now, end, window}`.
-fn parse_reply(reply: &Value) -> Result<Reply, RedisError> {
-    let bad = || RedisError::Server {
-        message: format!("unexpected lease script reply {reply:?}"),
-    };
-    let Value::Array(items) = reply else {
-        return Err(bad());
-    };
-    if items.len() != 9 {
-        return Err(bad());
-    }
-    let mut f = [0u64; 9];
-    for (slot, item) in f.iter_mut().zip(items) {
-        match item {
-            Value::Int(v) if *v >= 0 => *slot = *v as u64,
-            _ => return Err(bad()),
-        }
-    }
-    let [allowed, limit, remaining, retry_us, reset_us, granted, now_us, end_us, window] = f;
-    let reset = reset_us.saturating_mul(1000);
-    let decision = if allowed == 1 {
-        Decision::allow(limit, remaining, reset)
-    } else {
-        Decision::deny(limit, remaining, retry_us.saturating_mul(1000), reset)
-    };
-    Ok(Reply {
-        decision,
-        granted,
-        now_us,
-        end_us,
-        window,
-    })
 }
 
 impl fmt::Debug for RedisLeaseLimiter {

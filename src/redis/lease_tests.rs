@@ -52,12 +52,12 @@ async fn take(
     extra: u64,
     id: u64,
     prev: Option<(u64, u64)>,
-) -> Reply {
+) -> crate::redis::wire::LeaseReply {
     let v = l
         .call(&rkey(l), "t", n, extra, id, prev, Some(t))
         .await
         .unwrap();
-    parse_reply(&v).unwrap()
+    parse_lease(&v).unwrap()
 }
 
 /// One holder's action in a model run.
@@ -132,7 +132,7 @@ async fn gcra_steps(
                 let prev = leases[h].take().map(|m| (m.id, m.granted - m.units));
                 let id = next_id;
                 next_id += 1;
-                let r = parse_reply(&call("t", 1, extra, id, prev, t).await).unwrap();
+                let r = parse_lease(&call("t", 1, extra, id, prev, t).await).unwrap();
                 if r.now_us != t || r.granted > extra {
                     return Err(format!("step {step}: {r:?}"));
                 }
@@ -163,7 +163,7 @@ async fn gcra_steps(
             .filter(|m| t < m.end)
             .map(|m| m.units)
             .sum();
-        let d = parse_reply(&call("p", 1, 0, 0, None, t).await)
+        let d = parse_lease(&call("p", 1, 0, 0, None, t).await)
             .unwrap()
             .decision;
         let free = d.remaining() + u64::from(d.is_allowed());
@@ -439,7 +439,7 @@ async fn a_take_of_no_extra_units_is_the_plain_check() {
                     .call(&rkey(&l), "p", n, 0, 0, None, Some(t))
                     .await
                     .unwrap();
-                parse_reply(&v).unwrap().decision
+                parse_lease(&v).unwrap().decision
             };
             let want = plain.decide(b"k", n, consume, Some(t)).await.unwrap();
             assert_eq!(got, want.decision(), "{policy:?} step {step} n {n}");

@@ -1,17 +1,16 @@
 //! [`RedisLimiter`]: a [`Policy`] whose state lives in Redis.
 
 use super::backend::RedisBackend;
-use super::batch::{Call, Reply};
 use super::deny_cache::DenyCache;
 use super::key;
 use super::script::{Mode, Program};
+use super::wire::{Call, Reply};
 use super::{DecisionSource, RedisDecision, RedisError};
 use crate::decision::{Decision, Tracking};
 use crate::keyed::WhenFull;
 use crate::policy::{KeyedPolicyLimiter, Policy, PolicyAlgorithm};
 use crate::quota::{Rate, Window};
 use crate::soft::{Soft, Tolerance};
-use redis::Value;
 use std::fmt;
 
 /// What a [`RedisLimiter`] answers when Redis cannot (refused, lost, no
@@ -564,46 +563,6 @@ impl RedisLimiter {
     }
 }
 
-/// A script's reply `{allowed, limit, remaining, retry_after_us,
-/// reset_after_us}` as a decision.
-pub(crate) fn parse_decision(reply: &Value) -> Result<Decision, RedisError> {
-    let bad = || RedisError::Server {
-        message: format!("unexpected script reply {reply:?}"),
-    };
-    let Value::Array(items) = reply else {
-        return Err(bad());
-    };
-    parse_fields(items).ok_or_else(bad)
-}
-
-/// Five reply fields as a decision; `None` if they are not five
-/// non-negative integers.
-pub(crate) fn parse_fields(items: &[Value]) -> Option<Decision> {
-    let mut f = [0u64; 5];
-    if items.len() != 5 {
-        return None;
-    }
-    for (slot, item) in f.iter_mut().zip(items) {
-        match item {
-            Value::Int(v) if *v >= 0 => *slot = *v as u64,
-            _ => return None,
-        }
-    }
-    Some(fields_decision(f))
-}
-
-/// The five fields `{allowed, limit, remaining, retry_after_us,
-/// reset_after_us}` as a decision.
-pub(crate) fn fields_decision(f: [u64; 5]) -> Decision {
-    let [allowed, limit, remaining, retry_us, reset_us] = f;
-    let reset = reset_us.saturating_mul(1000);
-    if allowed == 1 {
-        Decision::allow(limit, remaining, reset)
-    } else {
-        Decision::deny(limit, remaining, retry_us.saturating_mul(1000), reset)
-    }
-}
-
 impl RedisLimiterBuilder {
     /// The first part of every key name (default `ratewall`).
     ///
@@ -830,42 +789,5 @@ mod tests {
             1,
         );
         assert_eq!((p.limit(), p.soft_limit()), (9, 13));
-    }
-
-    #[test]
-    fn replies_become_decisions_and_bad_replies_errors() {
-        let ok = Value::Array(vec![
-            Value::Int(1),
-            Value::Int(10),
-            Value::Int(7),
-            Value::Int(0),
-            Value::Int(300),
-        ]);
-        assert_eq!(
-            parse_decision(&ok).unwrap(),
-            Decision::allow(10, 7, 300_000)
-        );
-        let deny = Value::Array(vec![
-            Value::Int(0),
-            Value::Int(10),
-            Value::Int(0),
-            Value::Int(5),
-            Value::Int(9),
-        ]);
-        assert_eq!(
-            parse_decision(&deny).unwrap(),
-            Decision::deny(10, 0, 5_000, 9_000)
-        );
-        for bad in [
-            Value::Int(1),
-            Value::Array(vec![Value::Int(1)]),
-            Value::Array(vec![Value::Int(-1); 5]),
-            Value::Nil,
-        ] {
-            assert!(matches!(
-                parse_decision(&bad),
-                Err(RedisError::Server { .. })
-            ));
-        }
     }
 }

@@ -51,6 +51,7 @@
 mod backend;
 mod batch;
 mod breaker;
+mod connection;
 mod deny_cache;
 mod elastic;
 mod error;
@@ -61,6 +62,7 @@ mod multi;
 mod script;
 #[cfg(test)]
 mod tests;
+mod wire;
 
 pub use backend::{
     RedisBackend, RedisBackendBuilder, DEFAULT_BREAKER_FAILURES, DEFAULT_CONNECT_TIMEOUT,

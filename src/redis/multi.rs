@@ -32,8 +32,9 @@
 //! failure policy (with `FailurePolicy::Closed` it is lost, and the capacity
 //! comes back as the limit refills).
 
-use super::limiter::{parse_fields, RedisLimiter};
+use super::limiter::RedisLimiter;
 use super::script::MULTI;
+use super::wire::parse_fields;
 use super::{DecisionSource, RedisDecision, RedisError};
 use futures_util::future::join_all;
 use redis::cluster_routing::Slot;

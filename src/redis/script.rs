@@ -84,6 +84,15 @@ pub(crate) const ELASTIC_SOURCE: &str = concat!(
 pub(crate) static ELASTIC: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(ELASTIC_SOURCE));
 
+/// Leases (`RedisLeaseLimiter`): the prelude and `lua/lease.lua`.
+pub(crate) const LEASE_SOURCE: &str = concat!(
+    include_str!("lua/prelude.lua"),
+    include_str!("lua/lease.lua")
+);
+
+pub(crate) static LEASE: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(LEASE_SOURCE));
+
 static GCRA: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(GCRA_SOURCE));
 static FIXED: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(FIXED_SOURCE));
 static SLIDING: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(SLIDING_SOURCE));

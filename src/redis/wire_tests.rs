@@ -1,0 +1,62 @@
+use super::*;
+
+#[test]
+fn replies_become_decisions_and_bad_replies_errors() {
+    let ok = Value::Array(vec![
+        Value::Int(1),
+        Value::Int(10),
+        Value::Int(7),
+        Value::Int(0),
+        Value::Int(300),
+    ]);
+    assert_eq!(
+        parse_decision(&ok).unwrap(),
+        Decision::allow(10, 7, 300_000)
+    );
+    let deny = Value::Array(vec![
+        Value::Int(0),
+        Value::Int(10),
+        Value::Int(0),
+        Value::Int(5),
+        Value::Int(9),
+    ]);
+    assert_eq!(
+        parse_decision(&deny).unwrap(),
+        Decision::deny(10, 0, 5_000, 9_000)
+    );
+    for bad in [
+        Value::Int(1),
+        Value::Array(vec![Value::Int(1)]),
+        Value::Array(vec![Value::Int(-1); 5]),
+        Value::Nil,
+    ] {
+        assert!(matches!(
+            parse_decision(&bad),
+            Err(RedisError::Server { .. })
+        ));
+    }
+}
+
+#[test]
+fn replies_become_marked_decisions_and_bad_replies_errors() {
+    let reply = |v: [i64; 6]| Value::Array(v.iter().map(|&x| Value::Int(x)).collect());
+    let d = parse_elastic(&reply([1, 10, 0, 0, 300, 1])).unwrap();
+    assert!(d.is_allowed() && d.is_above_limit());
+    assert_eq!(
+        (d.limit(), d.remaining(), d.reset_after_ns),
+        (10, 0, 300_000)
+    );
+    let d = parse_elastic(&reply([0, 10, 0, 5, 9, 0])).unwrap();
+    assert!(!d.is_allowed() && !d.is_above_limit());
+    for bad in [
+        reply([1, 10, 0, 0, 300, 2]),
+        reply([1, 10, -1, 0, 300, 0]),
+        Value::Array(vec![Value::Int(1); 5]),
+        Value::Nil,
+    ] {
+        assert!(matches!(
+            parse_elastic(&bad),
+            Err(RedisError::Server { .. })
+        ));
+    }
+}
