@@ -2,97 +2,17 @@
 
 use super::backend::RedisBackend;
 use super::deny_cache::DenyCache;
+use super::failover::{option_methods, share, Failover, FailurePolicy, Options};
 use super::key;
 use super::script::{Mode, Program};
 use super::wire::{Call, Reply};
 use super::{DecisionSource, RedisDecision, RedisError};
 use crate::decision::{Decision, Tracking};
-use crate::keyed::WhenFull;
-use crate::policy::{KeyedPolicyLimiter, Policy, PolicyAlgorithm};
-use crate::quota::{Rate, Window};
-use crate::soft::{Soft, Tolerance};
+#[allow(unused_imports)] // doc links
+use crate::policy::KeyedPolicyLimiter;
+use crate::policy::Policy;
+use crate::soft::Soft;
 use std::fmt;
-
-/// What a [`RedisLimiter`] answers when Redis cannot (refused, lost, no
-/// reply within the timeout, or the circuit breaker is open).
-///
-/// # Example
-///
-/// ```
-/// use ratewall::redis::FailurePolicy;
-/// use ratewall::{Policy, Rate};
-///
-/// assert_eq!(FailurePolicy::default(), FailurePolicy::FallbackShare { instances: 1 });
-/// let strict = FailurePolicy::Closed;
-/// let own = FailurePolicy::Fallback(Policy::token_bucket(Rate::per_second(10)));
-/// # let _ = (strict, own);
-/// ```
-#[non_exhaustive]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FailurePolicy {
-    /// Allow every request (the decision's source is
-    /// [`DecisionSource::FailOpen`], its tracking `Untracked`). Refunds are
-    /// dropped.
-    Open,
-    /// Return [`RedisError::Unavailable`], which says when Redis is tried
-    /// again. The caller decides (a 503, say).
-    Closed,
-    /// Limit locally, in this process, with this instance's share of the
-    /// policy: the limit (or burst) divided by `instances`, at least 1, and
-    /// a bucket's rate divided by `instances`. A soft policy's share is
-    /// soft: a percentage tolerance stays, a tolerance in units is divided
-    /// by `instances` (rounded down). With N instances behind a
-    /// load balancer, the fleet then admits about what Redis would.
-    FallbackShare {
-        /// How many instances share the limit.
-        instances: u32,
-    },
-    /// Limit locally with this policy.
-    Fallback(Policy),
-}
-
-impl Default for FailurePolicy {
-    /// A local fallback with the whole limit (`instances: 1`); set the
-    /// number of instances with [`FailurePolicy::FallbackShare`].
-    fn default() -> Self {
-        FailurePolicy::FallbackShare { instances: 1 }
-    }
-}
-
-/// The per-instance share of `policy` among `instances`. A soft policy
-/// stays soft: a percentage tolerance is kept, a tolerance in units is
-/// divided like the limit (rounded down).
-pub(crate) fn share(policy: &Policy, instances: u32) -> Policy {
-    let k = u64::from(instances.max(1));
-    let hard = share_hard(policy, k, instances);
-    match policy.tolerance() {
-        Some(Tolerance::Units(u)) => hard.soft(Tolerance::Units(u / k)),
-        Some(t) => hard.soft(t),
-        None => hard,
-    }
-}
-
-fn share_hard(policy: &Policy, k: u64, instances: u32) -> Policy {
-    if let Some(r) = policy.rate() {
-        // count per (period x k): the same intervals, exactly k times longer.
-        let period = r
-            .period()
-            .checked_mul(instances.max(1))
-            .unwrap_or(r.period());
-        let rate = Rate::new(r.count(), period).burst((r.burst_size() / k).max(1));
-        return match policy.algorithm() {
-            PolicyAlgorithm::LeakyBucket => Policy::leaky_bucket(rate),
-            _ => Policy::token_bucket(rate),
-        };
-    }
-    let w = policy.window().unwrap_or(Window::per_second(1));
-    let window = Window::new((w.limit() / k).max(1), w.length());
-    match policy.algorithm() {
-        PolicyAlgorithm::FixedWindow => Policy::fixed_window(window),
-        PolicyAlgorithm::SlidingWindowCounter => Policy::sliding_window_counter(window),
-        _ => Policy::sliding_window_log(window),
-    }
-}
 
 /// A limit shared through Redis: the same [`Policy`] as a local
 /// [`KeyedPolicyLimiter`], with its state in Redis, so every instance
@@ -142,8 +62,7 @@ pub struct RedisLimiter {
     /// Whether the key part goes in a hash tag (`base{key}`).
     hash_tag_keys: bool,
     backend: RedisBackend,
-    failure: FailurePolicy,
-    fallback: Option<KeyedPolicyLimiter<Vec<u8>>>,
+    failover: Failover,
     deny_cache: Option<DenyCache>,
 }
 
@@ -171,10 +90,7 @@ pub struct RedisLimiter {
 pub struct RedisLimiterBuilder {
     policy: Policy,
     backend: RedisBackend,
-    prefix: String,
-    name: Option<String>,
-    failure: FailurePolicy,
-    fallback_max_keys: usize,
+    options: Options,
     deny_cache: Option<usize>,
     hash_tag_keys: bool,
 }
@@ -195,10 +111,7 @@ impl RedisLimiter {
         RedisLimiterBuilder {
             policy,
             backend: backend.clone(),
-            prefix: "ratewall".into(),
-            name: None,
-            failure: FailurePolicy::default(),
-            fallback_max_keys: 65_536,
+            options: Options::default(),
             deny_cache: None,
             hash_tag_keys: false,
         }
@@ -232,7 +145,7 @@ impl RedisLimiter {
     /// # Ok::<(), ratewall::redis::RedisError>(()) }).unwrap();
     /// ```
     pub fn failure_policy(&self) -> FailurePolicy {
-        self.failure
+        self.failover.policy()
     }
 
     /// The Redis key that holds `key`'s state: `prefix:name:key` for a
@@ -360,9 +273,7 @@ impl RedisLimiter {
         if let Some(c) = &self.deny_cache {
             c.clear(&rkey);
         }
-        if let Some(local) = &self.fallback {
-            local.reset_key(key);
-        }
+        self.failover.reset_local(key);
         self.backend.query(redis::cmd("DEL").arg(&rkey)).await?;
         Ok(())
     }
@@ -385,9 +296,7 @@ impl RedisLimiter {
 
     /// Gives `n` back to the local fallback only.
     pub(crate) fn refund_fallback(&self, key: &[u8], n: u64) {
-        if let Some(local) = &self.fallback {
-            local.refund_key(key, n);
-        }
+        self.failover.refund_local(key, n);
     }
 
     /// A check (`consume`) or peek of `n` for `key`; `now_us` replaces the
@@ -444,29 +353,12 @@ impl RedisLimiter {
         retry_in: std::time::Duration,
         cause: String,
     ) -> Result<RedisDecision, RedisError> {
-        match &self.fallback {
-            Some(local) => {
-                let decision = if consume {
-                    local.check_key_n(key, cost)?
-                } else {
-                    local.peek_key_n(key, cost)?
-                };
-                Ok(RedisDecision {
-                    decision,
-                    source: DecisionSource::Fallback,
-                })
-            }
-            None if self.failure == FailurePolicy::Open => {
-                let limit = self.program.limit;
-                let decision =
-                    Decision::allow(limit, limit - cost, 0).with_tracking(Tracking::Untracked);
-                Ok(RedisDecision {
-                    decision: self.nominal(decision),
-                    source: DecisionSource::FailOpen,
-                })
-            }
-            None => Err(RedisError::Unavailable { retry_in, cause }),
-        }
+        let open = || {
+            let limit = self.program.limit;
+            self.nominal(Decision::allow(limit, limit - cost, 0).with_tracking(Tracking::Untracked))
+        };
+        self.failover
+            .unavailable(key, cost, consume, open, retry_in, cause)
     }
 
     /// A decision of the script (run with the widened capacity of a soft
@@ -531,14 +423,9 @@ impl RedisLimiter {
         let n = n.min(self.program.limit);
         match self.call(rkey, Mode::Refund, n, now_us).await {
             Ok(_) => Ok(()),
-            Err(RedisError::Unavailable { .. }) if self.failure == FailurePolicy::Open => Ok(()),
-            Err(RedisError::Unavailable { retry_in, cause }) => match &self.fallback {
-                Some(local) => {
-                    local.refund_key(key, n);
-                    Ok(())
-                }
-                None => Err(RedisError::Unavailable { retry_in, cause }),
-            },
+            Err(RedisError::Unavailable { retry_in, cause }) => {
+                self.failover.refund_unavailable(key, n, retry_in, cause)
+            }
             Err(e) => Err(e),
         }
     }
@@ -564,74 +451,18 @@ impl RedisLimiter {
 }
 
 impl RedisLimiterBuilder {
-    /// The first part of every key name (default `ratewall`).
-    ///
-    /// ```
-    /// # use ratewall::redis::{RedisBackend, RedisLimiter};
-    /// # use ratewall::{Policy, Rate};
-    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-    /// # let redis = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
-    /// let l = RedisLimiter::builder(Policy::token_bucket(Rate::per_second(5)), &redis)
-    ///     .prefix("shop").name("api").build()?;
-    /// assert_eq!(l.redis_key(b"k")?, b"shop:api:k");
-    /// # Ok::<(), ratewall::redis::RedisError>(()) }).unwrap();
-    /// ```
-    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.prefix = prefix.into();
-        self
-    }
-
-    /// The policy's name in key names (default: the algorithm and its
-    /// parameters, such as `tb.10000.20`). Two limiters with the same
-    /// prefix and name share their state: give each policy its own name.
-    ///
-    /// ```
-    /// # use ratewall::redis::{RedisBackend, RedisLimiter};
-    /// # use ratewall::{Policy, Rate};
-    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-    /// # let redis = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
-    /// let l = RedisLimiter::builder(Policy::token_bucket(Rate::per_second(5)), &redis)
-    ///     .name("per-ip").build()?;
-    /// assert_eq!(l.redis_key(b"k")?, b"ratewall:per-ip:k");
-    /// # Ok::<(), ratewall::redis::RedisError>(()) }).unwrap();
-    /// ```
-    pub fn name(mut self, name: impl Into<String>) -> Self {
-        self.name = Some(name.into());
-        self
-    }
-
-    /// What to answer when Redis cannot (default
-    /// `FailurePolicy::FallbackShare { instances: 1 }`).
-    ///
-    /// ```
-    /// # use ratewall::redis::{FailurePolicy, RedisBackend, RedisLimiter};
-    /// # use ratewall::{Policy, Rate};
-    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-    /// # let redis = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
-    /// let l = RedisLimiter::builder(Policy::token_bucket(Rate::per_second(5)), &redis)
-    ///     .on_failure(FailurePolicy::Closed).build()?;
-    /// # Ok::<(), ratewall::redis::RedisError>(()) }).unwrap();
-    /// ```
-    pub fn on_failure(mut self, failure: FailurePolicy) -> Self {
-        self.failure = failure;
-        self
-    }
-
-    /// The most keys the local fallback tracks (default 65,536; the least
-    /// recently active key is evicted when full).
-    ///
-    /// ```
-    /// # use ratewall::redis::{RedisBackend, RedisLimiter};
-    /// # use ratewall::{Policy, Rate};
-    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-    /// # let redis = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
-    /// let l = RedisLimiter::builder(Policy::token_bucket(Rate::per_second(5)), &redis)
-    ///     .fallback_max_keys(1024).build()?;
-    /// # Ok::<(), ratewall::redis::RedisError>(()) }).unwrap();
-    /// ```
-    pub fn fallback_max_keys(mut self, max_keys: usize) -> Self {
-        self.fallback_max_keys = max_keys;
-        self
+    option_methods! {
+        name_doc: "The policy's name in key names (default: the algorithm and its
+parameters, such as `tb.10000.20`). Two limiters with the same prefix and
+name share their state: give each policy its own name.",
+        default_failure: "`FailurePolicy::FallbackShare { instances: 1 }`).",
+        setup: "# use ratewall::redis::{RedisBackend, RedisLimiter};
+# use ratewall::{Policy, Rate};
+# tokio::runtime::Runtime::new().unwrap().block_on(async {
+# let redis = RedisBackend::builder(\"redis://127.0.0.1:6379\").build()?;
+let b = || RedisLimiter::builder(Policy::token_bucket(Rate::per_second(5)), &redis);",
+        prefix_check: "assert_eq!(l.redis_key(b\"k\")?, b\"shop:e:k\");",
+        name_check: "assert_eq!(l.redis_key(b\"k\")?, b\"ratewall:per-ip:k\");",
     }
 
     /// A local deny cache of up to `max_keys` keys (off by default): after
@@ -709,35 +540,20 @@ impl RedisLimiterBuilder {
                 }));
             }
         }
-        let name = self.name.unwrap_or_else(|| program.default_name());
-        for part in [&self.prefix, &name] {
-            if !key::valid_name(part) {
-                return Err(RedisError::InvalidName { name: part.clone() });
-            }
-        }
-        let local = match self.failure {
-            FailurePolicy::Open | FailurePolicy::Closed => None,
-            FailurePolicy::FallbackShare { instances } => Some(share(&self.policy, instances)),
-            FailurePolicy::Fallback(p) => Some(p),
-        };
-        let fallback = match local {
-            Some(p) => Some(
-                KeyedPolicyLimiter::<Vec<u8>>::builder(p)
-                    .max_keys(self.fallback_max_keys)
-                    .when_full(WhenFull::EvictLeastRecent)
-                    .build()?,
-            ),
-            None => None,
-        };
+        let (prefix, name) = self.options.names(|| program.default_name())?;
+        let base = format!("{prefix}:{name}:").into_bytes();
+        let policy = self.policy;
+        let failover = self
+            .options
+            .failover(|instances| self.options.keyed(share(&policy, instances)))?;
         Ok(RedisLimiter {
             policy: self.policy,
             soft,
             program,
-            base: format!("{}:{}:", self.prefix, name).into_bytes(),
+            base,
             hash_tag_keys: self.hash_tag_keys,
             backend: self.backend,
-            failure: self.failure,
-            fallback,
+            failover,
             deny_cache: self.deny_cache.map(DenyCache::new),
         })
     }
@@ -748,46 +564,8 @@ impl fmt::Debug for RedisLimiter {
         f.debug_struct("RedisLimiter")
             .field("policy", &self.policy)
             .field("keys", &String::from_utf8_lossy(&self.base))
-            .field("failure", &self.failure)
+            .field("failure", &self.failover.policy())
             .field("backend", &self.backend)
             .finish()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::time::Duration;
-
-    #[test]
-    fn the_share_divides_the_limit_and_the_rate() {
-        let p = share(&Policy::token_bucket(Rate::per_second(30).burst(9)), 3);
-        let r = p.rate().unwrap();
-        assert_eq!(
-            (r.count(), r.period(), r.burst_size()),
-            (30, Duration::from_secs(3), 3)
-        );
-        assert_eq!(p.algorithm(), PolicyAlgorithm::TokenBucket);
-        let p = share(&Policy::sliding_window_log(Window::per_minute(10)), 4);
-        assert_eq!(p.window(), Some(Window::per_minute(2)));
-        assert_eq!(p.algorithm(), PolicyAlgorithm::SlidingWindowLog);
-        // Never below one.
-        let p = share(&Policy::fixed_window(Window::per_second(2)), 5);
-        assert_eq!(p.limit(), 1);
-        assert_eq!(
-            share(&Policy::leaky_bucket(Rate::per_second(4)), 0).limit(),
-            4
-        );
-        // A soft policy stays soft: a percentage as it is, units divided.
-        let soft = Policy::fixed_window(Window::per_second(10));
-        let p = share(&soft.soft(Tolerance::Percent(20)), 2);
-        assert_eq!((p.limit(), p.soft_limit()), (5, 6));
-        let p = share(&soft.soft(Tolerance::Units(6)), 3);
-        assert_eq!(p.tolerance(), Some(Tolerance::Units(2)));
-        let p = share(
-            &Policy::token_bucket(Rate::per_second(9)).soft(Tolerance::Units(4)),
-            1,
-        );
-        assert_eq!((p.limit(), p.soft_limit()), (9, 13));
     }
 }

@@ -55,6 +55,7 @@ mod connection;
 mod deny_cache;
 mod elastic;
 mod error;
+mod failover;
 mod key;
 mod lease;
 mod limiter;
@@ -70,8 +71,9 @@ pub use backend::{
 };
 pub use elastic::{RedisElasticBuilder, RedisElasticLimiter};
 pub use error::RedisError;
+pub use failover::FailurePolicy;
 pub use lease::{RedisLeaseLimiter, RedisLeaseOptions};
-pub use limiter::{FailurePolicy, RedisLimiter, RedisLimiterBuilder};
+pub use limiter::{RedisLimiter, RedisLimiterBuilder};
 pub use multi::check_all;
 
 use crate::decision::Decision;
