@@ -84,9 +84,11 @@ pub(crate) const ELASTIC_SOURCE: &str = concat!(
 pub(crate) static ELASTIC: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(ELASTIC_SOURCE));
 
-/// Leases (`RedisLeaseLimiter`): the prelude and `lua/lease.lua`.
+/// Leases (`RedisLeaseLimiter`): the prelude, the fixed window's step
+/// and `lua/lease.lua`.
 pub(crate) const LEASE_SOURCE: &str = concat!(
     include_str!("lua/prelude.lua"),
+    include_str!("lua/fixed_window.lua"),
     include_str!("lua/lease.lua")
 );
 

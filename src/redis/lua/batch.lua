@@ -135,9 +135,8 @@ end
 -- A fast-path call whose key's TAT is known: no step can fail.
 local function fast_one(i, key, mode, T, tau, n, tat)
   -- gcra_decide's test; the client derives the fields from `held`.
-  local held = math.max(tat - now, 0)
-  local used = held + n * T
-  if used <= tau and mode == 'c' then
+  local held, used, fits = gcra_fit(tat, now, n, T, tau)
+  if fits and mode == 'c' then
     tats[key] = now + used
     if not dirty[key] then
       dirty[key] = true

@@ -31,10 +31,18 @@ end
 
 -- A check of cost n against `tat` at `now`: the five decision fields and,
 -- on allow, the new TAT (nil on a denial).
-local function gcra_decide(tat, now, n, T, tau, burst)
+-- The one GCRA test (`gcra_decide` in src/algo/gcra.rs): what the bucket
+-- holds at `now`, what it would hold after a cost of n, and whether that
+-- fits. lua/batch.lua's fast path runs it too.
+local function gcra_fit(tat, now, n, T, tau)
   local held = math.max(tat - now, 0)
   local used = held + n * T
-  if used <= tau then
+  return held, used, used <= tau
+end
+
+local function gcra_decide(tat, now, n, T, tau, burst)
+  local held, used, fits = gcra_fit(tat, now, n, T, tau)
+  if fits then
     return 1, burst, idiv(tau - used, T), 0, used, now + used
   end
   return 0, burst, idiv(math.max(tau - held, 0), T), used - tau, held, nil

@@ -1,6 +1,9 @@
 -- Leases: one call takes the caller's units and up to `extra` more for the
 -- caller's process to admit locally (src/redis/lease.rs; the protocol and
--- the bound are in docs/distributed.md, "Leases"). Runs after prelude.lua.
+-- the bound are in docs/distributed.md, "Leases"). Runs after prelude.lua
+-- and fixed_window.lua (src/redis/script.rs). Mirrors no one local step:
+-- a take is `Gcra::step` / `FixedCounter::step` for the caller's units
+-- (the fixed window through fixed_window.lua's own step) plus the lease.
 --
 -- GCRA ('g'), the token and leaky bucket, with *reservations*:
 --   State: a hash. Field 't' = the TAT (us since 1970, as for gcra.lua);
@@ -183,33 +186,27 @@ if algo == 'g' then
   return {1, burst, free - n, 0, g_full(tat, live, T), m, now, finish, 0}
 end
 
--- Fixed window.
+-- Fixed window: fixed_window.lua's step, the lease counted with the
+-- caller's units.
 local W, L = a, b
-local s = parse(redis.call('GET', key), 2) or {0, 0}
-local nid = idiv(now, W)
-local id, used = s[1], s[2]
 if mode == 'r' then
+  local id, used = fixed_load(key, now, W)
   local wid = tonumber(ARGV[9])
   local back = math.max(extra - n, 0)
-  if id ~= wid or nid ~= wid or used == 0 or back == 0 then
+  if id ~= wid or idiv(now, W) ~= wid or used == 0 or back == 0 then
     return 0
   end
-  redis.call('SET', key, int(id) .. ':' .. int(math.max(used - back, 0)),
-    'PX', px((id + 1) * W - now, slack))
+  fixed_write(key, id, math.max(used - back, 0), (id + 1) * W - now, slack)
   return 1
 end
-if nid > id then
-  id, used = nid, 0
-end
-local left = (id + 1) * W - now
-local total = used + n
-if total > L then
-  return {0, L, math.max(L - used, 0), left, left, 0, now, 0, 0}
+local d, commit, id = fixed_step(key, now, n, W, L)
+if d[1] == 0 then
+  return {d[1], d[2], d[3], d[4], d[5], 0, now, 0, 0}
 end
 local m = 0
 if mode == 't' then
-  m = math.max(math.min(extra, L - total), 0)
-  redis.call('SET', key, int(id) .. ':' .. int(total + m), 'PX', px(left, slack))
+  m = math.max(math.min(extra, d[3]), 0)
+  commit(slack, m)
 end
 -- The lease's id for a release is the window id.
-return {1, L, L - total, 0, left, m, now, (id + 1) * W, id}
+return {d[1], d[2], d[3], d[4], d[5], m, now, (id + 1) * W, id}
