@@ -191,8 +191,18 @@ fn take(state: &mut State, max: usize) -> Vec<Queued> {
 }
 
 /// What calls must share to go in one script call: the hash slot on a
-/// Cluster, and the time (`None`: the server's).
+/// Cluster (and in the unit tests, the time they run at).
+#[cfg(not(test))]
+type Group = Option<Slot>;
+#[cfg(test)]
 type Group = (Option<Slot>, Option<u64>);
+
+fn group(cluster: bool, call: &Call) -> Group {
+    let slot = cluster.then(|| Slot::for_key(&call.key));
+    #[cfg(test)]
+    let slot = (slot, call.now_us);
+    slot
+}
 
 struct Runner {
     link: Arc<Link>,
@@ -230,13 +240,12 @@ impl Runner {
     }
 
     async fn send(&self, batch: Vec<Queued>) {
-        // One script call per (hash slot on a Cluster, time): a script's
-        // keys must share one slot, and a batch runs at one time (calls
-        // with a time of their own come from the test-only path).
+        // One script call per hash slot on a Cluster: a script's keys must
+        // share one slot (and in the unit tests, a batch runs at one time).
         let cluster = self.link.is_cluster();
         let mut groups: Vec<(Group, Vec<Queued>)> = Vec::new();
         for q in batch {
-            let group = (cluster.then(|| Slot::for_key(&q.call.key)), q.call.now_us);
+            let group = group(cluster, &q.call);
             match groups.iter_mut().find(|(g, _)| *g == group) {
                 Some((_, g)) => g.push(q),
                 None => groups.push((group, vec![q])),
@@ -249,8 +258,7 @@ impl Runner {
         futures_util::future::join_all(groups.into_iter().map(|(_, g)| self.send_one(g))).await;
     }
 
-    /// One script call for `batch` (keys on one server or one slot, one
-    /// time).
+    /// One script call for `batch` (keys on one server or one slot).
     async fn send_one(&self, mut batch: Vec<Queued>) {
         if batch.len() == 1 {
             let q = batch.pop().expect("one call");

@@ -313,17 +313,6 @@ impl RedisElasticLimiter {
     /// # Ok(()) }
     /// ```
     pub async fn check_n(&self, key: &[u8], n: u64) -> Result<RedisDecision, RedisError> {
-        self.decide(key, n, None).await
-    }
-
-    /// A check of `n` for `key`; `now_us` replaces the server's clock on
-    /// the test-only path.
-    pub(crate) async fn decide(
-        &self,
-        key: &[u8],
-        n: u64,
-        now_us: Option<u64>,
-    ) -> Result<RedisDecision, RedisError> {
         let pool = lock(&self.pool).1;
         let g_cap = self.g.limit;
         let extra = self.h.limit.min(pool.limit);
@@ -338,16 +327,15 @@ impl RedisElasticLimiter {
         qk.extend_from_slice(b":t");
         let mut invocation = ELASTIC.prepare_invoke();
         invocation.key(&gk).key(&hk).key(&pk).key(&qk);
-        invocation
-            .arg(now_us.map(|t| t.to_string()).unwrap_or_default())
-            .arg(n)
-            .arg(self.g.code());
+        invocation.arg(n).arg(self.g.code());
         let [a, b, c] = self.g.params;
         invocation.arg(a).arg(b).arg(c).arg(g_cap);
         let [a, b, c] = self.h.params;
         invocation.arg(a).arg(b).arg(c).arg(pool.code());
         let [a, b, c] = pool.params;
         invocation.arg(a).arg(b).arg(c).arg(extra);
+        #[cfg(test)]
+        invocation.arg(super::testing::arg(super::testing::now_us()));
         match self.backend.invoke(&invocation).await {
             Ok(reply) => Ok(RedisDecision {
                 decision: parse_elastic(&reply)?,

@@ -545,7 +545,7 @@ impl RedisLeaseLimiter {
                 source: DecisionSource::DenyCache,
             });
         }
-        match self.call(&rkey, "t", n, 0, 0, None, None).await {
+        match self.call(&rkey, "t", n, 0, 0, None).await {
             Ok(reply) => {
                 let r = parse_lease(&reply)?;
                 self.limiter.note(&rkey, n, &r.decision);
@@ -764,7 +764,7 @@ impl RedisLeaseLimiter {
         };
         let sent = Instant::now();
         let result = self
-            .call(rkey, "t", 1, take.extra, take.id, take.prev, None)
+            .call(rkey, "t", 1, take.extra, take.id, take.prev)
             .await;
         let parsed = result.and_then(|v| parse_lease(&v));
         let outcome = match &parsed {
@@ -823,7 +823,7 @@ impl RedisLeaseLimiter {
             Algo::Gcra => (used, h.granted, h.id),
             Algo::Fixed => (used, h.granted, h.window),
         };
-        let reply = self.call(rkey, "r", n, extra, id, None, None).await?;
+        let reply = self.call(rkey, "r", n, extra, id, None).await?;
         if reply == Value::Int(1) {
             self.limiter.clear_denial(rkey);
             Ok(h.units)
@@ -832,8 +832,7 @@ impl RedisLeaseLimiter {
         }
     }
 
-    /// One call of the lease script. `now_us` replaces the server's clock
-    /// on the test-only path.
+    /// One call of the lease script.
     #[allow(clippy::too_many_arguments)]
     async fn call(
         &self,
@@ -843,7 +842,6 @@ impl RedisLeaseLimiter {
         extra: u64,
         id: u64,
         prev: Option<(u64, u64)>,
-        now_us: Option<u64>,
     ) -> Result<Value, RedisError> {
         let [a, b, c] = self.limiter.program().params;
         let mut invocation = LEASE.prepare_invoke();
@@ -857,12 +855,13 @@ impl RedisLeaseLimiter {
             .arg(b)
             .arg(c)
             .arg(self.life_us)
-            .arg(self.lease_id(id))
-            .arg(now_us.map(|t| t.to_string()).unwrap_or_default());
+            .arg(self.lease_id(id));
         match prev {
             Some((pid, used)) => invocation.arg(self.lease_id(pid)).arg(used),
             None => invocation.arg("").arg(0),
         };
+        #[cfg(test)]
+        invocation.arg(super::testing::arg(super::testing::now_us()));
         // Relaxed: a statistics counter that publishes nothing.
         self.round_trips.fetch_add(1, Ordering::Relaxed);
         self.limiter.backend().invoke(&invocation).await

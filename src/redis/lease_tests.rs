@@ -7,6 +7,7 @@ use super::*;
 use crate::redis::{FailurePolicy, RedisBackend};
 use crate::{Policy, Rate, Window};
 // The server harness of the differential tests (tests/support/redis_server.rs).
+use crate::redis::testing::at;
 use crate::redis::tests::server::RedisServer;
 use crate::redis::tests::Rng;
 
@@ -53,8 +54,7 @@ async fn take(
     id: u64,
     prev: Option<(u64, u64)>,
 ) -> crate::redis::wire::LeaseReply {
-    let v = l
-        .call(&rkey(l), "t", n, extra, id, prev, Some(t))
+    let v = at(t, l.call(&rkey(l), "t", n, extra, id, prev))
         .await
         .unwrap();
     parse_lease(&v).unwrap()
@@ -91,7 +91,7 @@ async fn gcra_steps(
     let call = |mode: &'static str, n, extra, id, prev, t| {
         let rkey = rkey.clone();
         async move {
-            l.call(&rkey, mode, n, extra, id, prev, Some(t))
+            at(t, l.call(&rkey, mode, n, extra, id, prev))
                 .await
                 .unwrap()
         }
@@ -349,18 +349,19 @@ async fn a_fixed_window_lease_counts_in_its_window_and_ends_with_it() {
             }
             2 if leases[h].is_some() => {
                 let m = leases[h].take().unwrap();
-                let v = l
-                    .call(
+                let v = at(
+                    t,
+                    l.call(
                         &rkey(&l),
                         "r",
                         m.granted - m.units,
                         m.granted,
                         m.window,
                         None,
-                        Some(t),
-                    )
-                    .await
-                    .unwrap();
+                    ),
+                )
+                .await
+                .unwrap();
                 let live = t < m.end && m.units > 0;
                 assert_eq!(v == Value::Int(1), live, "step {step}");
                 if live {
@@ -435,13 +436,10 @@ async fn a_take_of_no_extra_units_is_the_plain_check() {
             let got = if consume {
                 take(&l, t, n, 0, 0, None).await.decision
             } else {
-                let v = l
-                    .call(&rkey(&l), "p", n, 0, 0, None, Some(t))
-                    .await
-                    .unwrap();
+                let v = at(t, l.call(&rkey(&l), "p", n, 0, 0, None)).await.unwrap();
                 parse_lease(&v).unwrap().decision
             };
-            let want = plain.decide(b"k", n, consume, Some(t)).await.unwrap();
+            let want = at(t, plain.decide(b"k", n, consume)).await.unwrap();
             assert_eq!(got, want.decision(), "{policy:?} step {step} n {n}");
         }
     }

@@ -203,7 +203,7 @@ impl RedisLimiter {
     /// # Ok(()) }
     /// ```
     pub async fn check_n(&self, key: &[u8], n: u64) -> Result<RedisDecision, RedisError> {
-        self.decide(key, n, n > 0, None).await
+        self.decide(key, n, n > 0).await
     }
 
     /// The decision one unit for `key` would get, taking nothing.
@@ -233,7 +233,7 @@ impl RedisLimiter {
     /// # Ok(()) }
     /// ```
     pub async fn peek_n(&self, key: &[u8], n: u64) -> Result<RedisDecision, RedisError> {
-        self.decide(key, n, false, None).await
+        self.decide(key, n, false).await
     }
 
     /// Gives back `n` units an earlier check of `key` took (a request that
@@ -252,7 +252,22 @@ impl RedisLimiter {
     /// # Ok(()) }
     /// ```
     pub async fn refund(&self, key: &[u8], n: u64) -> Result<(), RedisError> {
-        self.refund_at(key, n, None).await
+        let rkey = self.redis_key(key)?;
+        if n == 0 {
+            return Ok(());
+        }
+        if let Some(c) = &self.deny_cache {
+            c.clear(&rkey);
+        }
+        // Giving back more than the limit is giving back the limit.
+        let n = n.min(self.program.limit);
+        match self.call(rkey, Mode::Refund, n).await {
+            Ok(_) => Ok(()),
+            Err(RedisError::Unavailable { retry_in, cause }) => {
+                self.failover.refund_unavailable(key, n, retry_in, cause)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Forgets `key`'s state in Redis (and in the local fallback): its next
@@ -299,20 +314,20 @@ impl RedisLimiter {
         self.failover.refund_local(key, n);
     }
 
-    /// A check (`consume`) or peek of `n` for `key`; `now_us` replaces the
-    /// server's clock on the test-only path.
+    /// A check (`consume`) or peek of `n` for `key`.
     pub(crate) async fn decide(
         &self,
         key: &[u8],
         n: u64,
         consume: bool,
-        now_us: Option<u64>,
     ) -> Result<RedisDecision, RedisError> {
         self.validate(key, n)?;
         let cost = n.max(1);
         let rkey = self.redis_key(key)?;
-        // The test-only clock path never uses the cache (its time is not ours).
-        let cache = self.deny_cache.as_ref().filter(|_| now_us.is_none());
+        let cache = self.deny_cache.as_ref();
+        // A unit test's own time never uses the cache (its time is not ours).
+        #[cfg(test)]
+        let cache = cache.filter(|_| super::testing::now_us().is_none());
         if let Some(left) = cache.and_then(|c| c.denied_for(&rkey)) {
             return Ok(RedisDecision {
                 decision: Decision::deny(self.policy.limit(), 0, left, left),
@@ -325,7 +340,7 @@ impl RedisLimiter {
             Some(_) => (rkey.clone(), Some(rkey)),
             None => (rkey, None),
         };
-        match self.call(call_key, mode, cost, now_us).await {
+        match self.call(call_key, mode, cost).await {
             Ok(reply) => {
                 let raw = reply.decision()?;
                 if let Some(rkey) = &kept {
@@ -406,37 +421,7 @@ impl RedisLimiter {
         &self.program
     }
 
-    pub(crate) async fn refund_at(
-        &self,
-        key: &[u8],
-        n: u64,
-        now_us: Option<u64>,
-    ) -> Result<(), RedisError> {
-        let rkey = self.redis_key(key)?;
-        if n == 0 {
-            return Ok(());
-        }
-        if let Some(c) = &self.deny_cache {
-            c.clear(&rkey);
-        }
-        // Giving back more than the limit is giving back the limit.
-        let n = n.min(self.program.limit);
-        match self.call(rkey, Mode::Refund, n, now_us).await {
-            Ok(_) => Ok(()),
-            Err(RedisError::Unavailable { retry_in, cause }) => {
-                self.failover.refund_unavailable(key, n, retry_in, cause)
-            }
-            Err(e) => Err(e),
-        }
-    }
-
-    async fn call(
-        &self,
-        rkey: Vec<u8>,
-        mode: Mode,
-        n: u64,
-        now_us: Option<u64>,
-    ) -> Result<Reply, RedisError> {
+    async fn call(&self, rkey: Vec<u8>, mode: Mode, n: u64) -> Result<Reply, RedisError> {
         let call = Call {
             script: self.program.script(),
             code: self.program.code(),
@@ -444,7 +429,8 @@ impl RedisLimiter {
             mode,
             n,
             params: self.program.params,
-            now_us,
+            #[cfg(test)]
+            now_us: super::testing::now_us(),
         };
         self.backend.call(call).await
     }

@@ -62,6 +62,8 @@ mod limiter;
 mod multi;
 mod script;
 #[cfg(test)]
+mod testing;
+#[cfg(test)]
 mod tests;
 mod wire;
 

@@ -117,12 +117,13 @@ async fn one_script(
     for k in rkeys {
         invocation.key(k);
     }
-    invocation.arg("");
     for &(limit, _, cost) in limits {
         let p = limit.program();
         let [a, b, c] = p.params;
         invocation.arg(p.code()).arg(cost).arg(a).arg(b).arg(c);
     }
+    #[cfg(test)]
+    invocation.arg(super::testing::arg(super::testing::now_us()));
     match limits[0].0.backend().invoke(&invocation).await {
         Ok(reply) => {
             let bad = || RedisError::Server {

@@ -21,10 +21,31 @@ use std::sync::LazyLock;
 /// exact integers.
 pub(crate) const MAX_SPAN_US: u64 = 1 << 52;
 
+/// The prelude every script starts with (`lua/prelude.lua`: helpers and
+/// the server's clock). The crate's unit tests append `lua/test_clock.lua`,
+/// which takes the time from the call's last argument instead (see
+/// `testing.rs`); a production script never holds it.
+#[cfg(not(test))]
+macro_rules! prelude {
+    () => {
+        include_str!("lua/prelude.lua")
+    };
+}
+
+#[cfg(test)]
+macro_rules! prelude {
+    () => {
+        concat!(
+            include_str!("lua/prelude.lua"),
+            include_str!("lua/test_clock.lua")
+        )
+    };
+}
+
 macro_rules! script_source {
     ($algo:literal, $step:literal, $refund:literal) => {
         concat!(
-            include_str!("lua/prelude.lua"),
+            prelude!(),
             include_str!(concat!("lua/", $algo, ".lua")),
             "local step, refund = ",
             $step,
@@ -48,7 +69,7 @@ pub(crate) const LOG_SOURCE: &str = script_source!("sliding_log", "log_step", "l
 
 /// All or nothing across several keys on one server or slot.
 pub(crate) const MULTI_SOURCE: &str = concat!(
-    include_str!("lua/prelude.lua"),
+    prelude!(),
     include_str!("lua/gcra.lua"),
     include_str!("lua/fixed_window.lua"),
     include_str!("lua/sliding_window.lua"),
@@ -61,7 +82,7 @@ pub(crate) static MULTI: LazyLock<redis::Script> =
 
 /// Elastic limits: guarantee, headroom and pool in one script.
 pub(crate) const BATCH_SOURCE: &str = concat!(
-    include_str!("lua/prelude.lua"),
+    prelude!(),
     include_str!("lua/gcra.lua"),
     include_str!("lua/fixed_window.lua"),
     include_str!("lua/sliding_window.lua"),
@@ -73,7 +94,7 @@ pub(crate) static BATCH: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(BATCH_SOURCE));
 
 pub(crate) const ELASTIC_SOURCE: &str = concat!(
-    include_str!("lua/prelude.lua"),
+    prelude!(),
     include_str!("lua/gcra.lua"),
     include_str!("lua/fixed_window.lua"),
     include_str!("lua/sliding_window.lua"),
@@ -87,7 +108,7 @@ pub(crate) static ELASTIC: LazyLock<redis::Script> =
 /// Leases (`RedisLeaseLimiter`): the prelude, the fixed window's step
 /// and `lua/lease.lua`.
 pub(crate) const LEASE_SOURCE: &str = concat!(
-    include_str!("lua/prelude.lua"),
+    prelude!(),
     include_str!("lua/fixed_window.lua"),
     include_str!("lua/lease.lua")
 );

@@ -13,6 +13,7 @@
 #[allow(unreachable_pub)]
 pub(super) mod server;
 
+use super::testing::at;
 use super::{RedisBackend, RedisLimiter};
 use crate::{Decision, KeyedPolicyLimiter, ManualClock, Policy, Rate, Tolerance, Window};
 use server::RedisServer;
@@ -169,20 +170,20 @@ async fn differential(policies: &[Policy], prefix: &str) -> usize {
             match op {
                 Op::Check(n) => {
                     let want = local.check_key_n_at(&1, now, n).unwrap();
-                    let got = remote.decide(b"k", n, n > 0, Some(t)).await.unwrap();
+                    let got = at(t, remote.decide(b"k", n, n > 0)).await.unwrap();
                     assert_eq!(fields(got.decision()), fields(want), "{ctx}");
                     above += usize::from(want.is_above_limit());
                     compared += 1;
                 }
                 Op::Peek(n) => {
                     let want = local.peek_key_n(&1, n).unwrap();
-                    let got = remote.decide(b"k", n, false, Some(t)).await.unwrap();
+                    let got = at(t, remote.decide(b"k", n, false)).await.unwrap();
                     assert_eq!(fields(got.decision()), fields(want), "{ctx}");
                     compared += 1;
                 }
                 Op::Refund(n) => {
                     local.refund_key_at(&1, now, n);
-                    remote.refund_at(b"k", n, Some(t)).await.unwrap();
+                    at(t, remote.refund(b"k", n)).await.unwrap();
                 }
                 Op::Reset => {
                     local.reset_key(&1);
@@ -224,7 +225,7 @@ async fn edges_match_to_the_microsecond() {
         for round in 0..6 {
             for _ in 0..=limit {
                 let want = local.check_key_n_at(&1, t * 1000, 1).unwrap();
-                let got = remote.decide(b"e", 1, true, Some(t)).await.unwrap();
+                let got = at(t, remote.decide(b"e", 1, true)).await.unwrap();
                 assert_eq!(
                     fields(got.decision()),
                     fields(want),
@@ -238,7 +239,7 @@ async fn edges_match_to_the_microsecond() {
             assert!(retry >= 1);
             for probe in [t + retry - 1, t + retry] {
                 let want = local.check_key_n_at(&1, probe * 1000, 1).unwrap();
-                let got = remote.decide(b"e", 1, true, Some(probe)).await.unwrap();
+                let got = at(probe, remote.decide(b"e", 1, true)).await.unwrap();
                 assert_eq!(
                     fields(got.decision()),
                     fields(want),
@@ -276,11 +277,11 @@ async fn a_server_clock_step_back_never_admits_more() {
             .unwrap();
         let span = policy.span().as_micros() as u64;
         let t = (T0_US / span + 1) * span + span / 2;
-        let first = remote.decide(b"b", 1, true, Some(t)).await.unwrap();
+        let first = at(t, remote.decide(b"b", 1, true)).await.unwrap();
         let _ = frozen.check_key_n_at(&1, t * 1000, 1).unwrap();
         assert!(first.is_allowed());
         for back in [1, span / 3, span / 2 + 1] {
-            let got = remote.decide(b"b", 1, false, Some(t - back)).await.unwrap();
+            let got = at(t - back, remote.decide(b"b", 1, false)).await.unwrap();
             let want = frozen.peek_key_n(&1, 1).unwrap();
             assert!(
                 got.remaining() <= want.remaining() && (want.is_allowed() || !got.is_allowed()),
@@ -384,7 +385,7 @@ async fn the_elastic_script_matches_the_local_elastic_limiter() {
             history.push(format!("t0+{} key {key} n {n}", t - T0_US));
             let ctx = format!("set {si} step {step}; history {history:?}");
             let want = local.check_key_n_at(&key, now, n);
-            let got = remote.decide(&[b'k', key], n, Some(t)).await;
+            let got = at(t, remote.check_n(&[b'k', key], n)).await;
             match (want, got) {
                 (Ok(want), Ok(got)) => {
                     assert_eq!(got.source(), super::DecisionSource::Redis);
@@ -459,11 +460,12 @@ async fn batched_calls_match_the_local_step_in_arrival_order() {
     // after the reload, behind calls made after it (concurrent calls have
     // no order; this test compares against one).
     for remote in &remotes {
-        let d = remote.decide(b"warm", 1, false, Some(T0_US)).await.unwrap();
+        let d = at(T0_US, remote.decide(b"warm", 1, false)).await.unwrap();
         assert!(d.is_allowed());
     }
-    let warm = futures_util::future::join_all(
-        (0..4).map(|_| remotes[0].decide(b"warm", 1, false, Some(T0_US))),
+    let warm = at(
+        T0_US,
+        futures_util::future::join_all((0..4).map(|_| remotes[0].decide(b"warm", 1, false))),
     )
     .await;
     assert!(warm.iter().all(Result::is_ok));
@@ -502,10 +504,10 @@ async fn batched_calls_match_the_local_step_in_arrival_order() {
             async move {
                 let key = [b'k', b'0' + k];
                 match op {
-                    Op::Check(n) => Some(remote.decide(&key, n, true, Some(t)).await.unwrap()),
-                    Op::Peek(n) => Some(remote.decide(&key, n, false, Some(t)).await.unwrap()),
+                    Op::Check(n) => Some(at(t, remote.decide(&key, n, true)).await.unwrap()),
+                    Op::Peek(n) => Some(at(t, remote.decide(&key, n, false)).await.unwrap()),
                     Op::Refund(n) => {
-                        remote.refund_at(&key, n, Some(t)).await.unwrap();
+                        at(t, remote.refund(&key, n)).await.unwrap();
                         None
                     }
                     Op::Reset => unreachable!(),

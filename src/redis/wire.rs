@@ -17,7 +17,8 @@ pub(crate) struct Call {
     pub(crate) mode: Mode,
     pub(crate) n: u64,
     pub(crate) params: [u64; 3],
-    /// The test-only time; `None` reads the server's clock.
+    /// The unit tests' time for this call (see `testing.rs`).
+    #[cfg(test)]
     pub(crate) now_us: Option<u64>,
 }
 
@@ -25,14 +26,15 @@ impl Call {
     /// The call alone, as its algorithm's own script (`lua/check.lua`).
     pub(crate) fn command(&self) -> Cmd {
         let [a, b, c] = self.params;
-        let mut cmd = evalsha(self.script, 1, 7, self.key.len() + 80);
+        let mut cmd = evalsha(self.script, 1, 6, self.key.len() + 80);
         cmd.arg(&self.key)
             .arg(self.mode.arg())
             .arg(self.n)
             .arg(a)
             .arg(b)
-            .arg(c)
-            .arg(self.time_arg());
+            .arg(c);
+        #[cfg(test)]
+        cmd.arg(super::testing::arg(self.now_us));
         cmd
     }
 
@@ -44,10 +46,6 @@ impl Call {
         } else {
             5
         }
-    }
-
-    fn time_arg(&self) -> String {
-        self.now_us.map(|t| t.to_string()).unwrap_or_default()
     }
 }
 
@@ -78,7 +76,7 @@ pub(crate) fn evalsha(script: &redis::Script, keys: usize, args: usize, bytes: u
 }
 
 /// The `lua/batch.lua` call for the calls in `batch` (`call` gives each
-/// one's [`Call`]): the time, the distinct programs (algorithm and
+/// one's [`Call`]): the distinct programs (algorithm and
 /// parameters) once each, then the mode, program and cost that every call
 /// shares (the common case: calls of one limiter), or each call's.
 pub(crate) fn batch_command<Q>(batch: &[Q], call: impl Fn(&Q) -> &Call) -> Cmd {
@@ -97,12 +95,12 @@ pub(crate) fn batch_command<Q>(batch: &[Q], call: impl Fn(&Q) -> &Call) -> Cmd {
         index.push(i + 1);
     }
     let key_bytes: usize = batch.iter().map(|q| call(q).key.len()).sum();
-    let args = 4 * batch.len() + 3 + 4 * programs.len();
+    let args = 4 * batch.len() + 2 + 4 * programs.len();
     let mut cmd = evalsha(&BATCH, batch.len(), args, key_bytes + 8 * args);
     for q in batch {
         cmd.arg(&call(q).key);
     }
-    cmd.arg(call(&batch[0]).time_arg()).arg(programs.len());
+    cmd.arg(programs.len());
     for (code, [a, b, c]) in &programs {
         cmd.arg(*code).arg(*a).arg(*b).arg(*c);
     }
@@ -122,6 +120,9 @@ pub(crate) fn batch_command<Q>(batch: &[Q], call: impl Fn(&Q) -> &Call) -> Cmd {
             cmd.arg(call(q).mode.arg()).arg(i).arg(call(q).n);
         }
     }
+    // A batch's calls share one time (see `batch.rs`).
+    #[cfg(test)]
+    cmd.arg(super::testing::arg(call(&batch[0]).now_us));
     cmd
 }
 

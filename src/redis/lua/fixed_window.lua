@@ -24,11 +24,11 @@ local function fixed_load(key, now, W)
 end
 
 -- Writes `count` admitted in window `id`, which ends in `left` us.
-local function fixed_write(key, id, count, left, slack)
-  redis.call('SET', key, int(id) .. ':' .. int(count), 'PX', px(left, slack))
+local function fixed_write(key, id, count, left)
+  redis.call('SET', key, int(id) .. ':' .. int(count), 'PX', px(left))
 end
 
--- The decision and, on allow, its commit. `commit(slack, more)` also
+-- The decision and, on allow, its commit. `commit(more)` also
 -- counts `more` units (a lease, lua/lease.lua) in the window. The third
 -- value is the window id.
 local function fixed_step(key, now, n, W, L)
@@ -36,8 +36,8 @@ local function fixed_step(key, now, n, W, L)
   local left = (id + 1) * W - now
   local total = used + n
   if total <= L then
-    local commit = function(slack, more)
-      fixed_write(key, id, total + (more or 0), left, slack)
+    local commit = function(more)
+      fixed_write(key, id, total + (more or 0), left)
     end
     return {1, L, L - total, 0, left}, commit, id
   end
@@ -46,11 +46,11 @@ end
 
 -- Gives back n units, only into the window they were taken from, while it
 -- is the current one.
-local function fixed_refund(key, now, n, W, L, unused, slack)
+local function fixed_refund(key, now, n, W, L, unused)
   local s = parse(redis.call('GET', key), 2)
   if not s or idiv(now, W) ~= s[1] or s[2] == 0 then
     return
   end
-  fixed_write(key, s[1], math.max(s[2] - n, 0), (s[1] + 1) * W - now, slack)
+  fixed_write(key, s[1], math.max(s[2] - n, 0), (s[1] + 1) * W - now)
 end
 

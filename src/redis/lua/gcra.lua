@@ -55,8 +55,8 @@ local function gcra_step(key, now, n, T, tau, burst, tat)
     gcra_decide(tat or gcra_tat(key), now, n, T, tau, burst)
   local decision = {allowed, limit, remaining, retry, reset}
   if new then
-    return decision, function(slack)
-      redis.call('SET', key, int(new), 'PX', px(reset, slack))
+    return decision, function()
+      redis.call('SET', key, int(new), 'PX', px(reset))
     end
   end
   return decision, nil
@@ -64,12 +64,12 @@ end
 
 -- Gives back n units: TAT moves back by n*T (not below 0). A bucket that is
 -- already full stays as it is.
-local function gcra_refund(key, now, n, T, tau, burst, slack)
+local function gcra_refund(key, now, n, T, tau, burst)
   local tat = gcra_tat(key)
   if tat <= now then
     return
   end
   local back = math.max(tat - n * T, 0)
-  redis.call('SET', key, int(back), 'PX', px(back - now, slack))
+  redis.call('SET', key, int(back), 'PX', px(back - now))
 end
 

@@ -36,8 +36,7 @@
 -- ARGV[5..7]: the algorithm's parameters (T, tau, burst | W, L, 0).
 -- ARGV[8]: 't': the lease's life in us (GCRA; a window lease ends with it).
 -- ARGV[9]: the lease's id ('t', 'r'; fixed window 'r': the window id).
--- ARGV[10]: '' for the server's TIME; a time in us on the test-only path.
--- ARGV[11], ARGV[12]: 't', GCRA: the id of this holder's previous lease
+-- ARGV[10], ARGV[11]: 't', GCRA: the id of this holder's previous lease
 --          ('' for none) and the units it used, given back first.
 -- Reply for 't'/'p': {allowed, limit, remaining, retry_after_us,
 --   reset_after_us, granted (the lease's units m), now, end, window id}.
@@ -45,7 +44,7 @@
 --   call is written).
 -- Reply for 'r': 1 if units were given back, 0 if the lease had ended.
 
-local now, slack = clock(ARGV[10])
+local now = clock()
 local algo, mode = ARGV[1], ARGV[2]
 local n, extra = tonumber(ARGV[3]), tonumber(ARGV[4])
 local a, b, c = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
@@ -120,7 +119,7 @@ local function g_write(tat, dead, live, T, field, value)
   else
     redis.call('HSET', key, 't', int(tat))
   end
-  redis.call('PEXPIRE', key, px(g_full(tat, live, T), slack))
+  redis.call('PEXPIRE', key, px(g_full(tat, live, T)))
 end
 
 -- Gives back lease `id` (live at `now`) that used `used` of its units:
@@ -150,12 +149,12 @@ if algo == 'g' then
     end
     return 0
   end
-  -- A take may first give back this holder's previous lease (ARGV[11],
-  -- used ARGV[12]): one round trip for both.
+  -- A take may first give back this holder's previous lease (ARGV[10],
+  -- used ARGV[11]): one round trip for both.
   local changed = false
-  if mode == 't' and ARGV[11] and ARGV[11] ~= '' then
+  if mode == 't' and ARGV[10] and ARGV[10] ~= '' then
     local units
-    tat, units, changed = g_release(tat, live, dead, ARGV[11], tonumber(ARGV[12]), T)
+    tat, units, changed = g_release(tat, live, dead, ARGV[10], tonumber(ARGV[11]), T)
     out = out - units
   end
   local held = math.max(tat - now, 0)
@@ -196,7 +195,7 @@ if mode == 'r' then
   if id ~= wid or idiv(now, W) ~= wid or used == 0 or back == 0 then
     return 0
   end
-  fixed_write(key, id, math.max(used - back, 0), (id + 1) * W - now, slack)
+  fixed_write(key, id, math.max(used - back, 0), (id + 1) * W - now)
   return 1
 end
 local d, commit, id = fixed_step(key, now, n, W, L)
@@ -206,7 +205,7 @@ end
 local m = 0
 if mode == 't' then
   m = math.max(math.min(extra, d[3]), 0)
-  commit(slack, m)
+  commit(m)
 end
 -- The lease's id for a release is the window id.
 return {d[1], d[2], d[3], d[4], d[5], m, now, (id + 1) * W, id}
