@@ -67,40 +67,35 @@ pub(crate) const SLIDING_SOURCE: &str =
 /// The sliding window log script.
 pub(crate) const LOG_SOURCE: &str = script_source!("sliding_log", "log_step", "log_refund");
 
+/// A script that runs any algorithm's step: the prelude, every
+/// algorithm's file, then `lua/<$tail>.lua`.
+macro_rules! with_every_step {
+    ($tail:literal) => {
+        concat!(
+            prelude!(),
+            include_str!("lua/gcra.lua"),
+            include_str!("lua/fixed_window.lua"),
+            include_str!("lua/sliding_window.lua"),
+            include_str!("lua/sliding_log.lua"),
+            include_str!(concat!("lua/", $tail, ".lua")),
+        )
+    };
+}
+
 /// All or nothing across several keys on one server or slot.
-pub(crate) const MULTI_SOURCE: &str = concat!(
-    prelude!(),
-    include_str!("lua/gcra.lua"),
-    include_str!("lua/fixed_window.lua"),
-    include_str!("lua/sliding_window.lua"),
-    include_str!("lua/sliding_log.lua"),
-    include_str!("lua/multi.lua"),
-);
+pub(crate) const MULTI_SOURCE: &str = with_every_step!("multi");
 
 pub(crate) static MULTI: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(MULTI_SOURCE));
 
-/// Elastic limits: guarantee, headroom and pool in one script.
-pub(crate) const BATCH_SOURCE: &str = concat!(
-    prelude!(),
-    include_str!("lua/gcra.lua"),
-    include_str!("lua/fixed_window.lua"),
-    include_str!("lua/sliding_window.lua"),
-    include_str!("lua/sliding_log.lua"),
-    include_str!("lua/batch.lua"),
-);
+/// Single-key calls of any algorithm, batched (`batch.rs`).
+pub(crate) const BATCH_SOURCE: &str = with_every_step!("batch");
 
 pub(crate) static BATCH: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(BATCH_SOURCE));
 
-pub(crate) const ELASTIC_SOURCE: &str = concat!(
-    prelude!(),
-    include_str!("lua/gcra.lua"),
-    include_str!("lua/fixed_window.lua"),
-    include_str!("lua/sliding_window.lua"),
-    include_str!("lua/sliding_log.lua"),
-    include_str!("lua/elastic.lua"),
-);
+/// Elastic limits: guarantee, headroom and pool in one script.
+pub(crate) const ELASTIC_SOURCE: &str = with_every_step!("elastic");
 
 pub(crate) static ELASTIC: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(ELASTIC_SOURCE));

@@ -548,6 +548,27 @@ async fn batched_calls_match_the_local_step_in_arrival_order() {
     );
 }
 
+/// A limiter of `policy` named `name` on a backend of `server` with
+/// batches of up to `max_batch` calls and one batch in flight at a time,
+/// so the batches are the same on every run.
+fn one_batch_at_a_time(
+    server: &RedisServer,
+    max_batch: usize,
+    policy: Policy,
+    name: &str,
+) -> RedisLimiter {
+    let backend = RedisBackend::builder(server.url())
+        .timeout(Duration::from_secs(5))
+        .max_batch(max_batch)
+        .batches_in_flight(1)
+        .build()
+        .unwrap();
+    RedisLimiter::builder(policy, &backend)
+        .name(name)
+        .build()
+        .unwrap()
+}
+
 /// A call that fails inside a batch (its key holds another policy's state,
 /// or a value of another type) is an error for that call only; the other
 /// calls of the batch get their decisions, and the foreign keys are left
@@ -557,19 +578,12 @@ async fn batched_calls_match_the_local_step_in_arrival_order() {
 #[tokio::test(flavor = "current_thread")]
 async fn a_failing_call_in_a_batch_fails_alone() {
     let server = RedisServer::start();
-    let backend = RedisBackend::builder(server.url())
-        .timeout(Duration::from_secs(5))
-        // One batch at a time, so the batches are the same on every run.
-        .batches_in_flight(1)
-        .build()
-        .unwrap();
-    let l = RedisLimiter::builder(
+    let l = one_batch_at_a_time(
+        &server,
+        super::DEFAULT_MAX_BATCH,
         Policy::token_bucket(Rate::per_second(10).burst(5)),
-        &backend,
-    )
-    .name("iso")
-    .build()
-    .unwrap();
+        "iso",
+    );
     server.cmd(&["SET", "ratewall:iso:text", "not-a-number"]);
     server.cmd(&["ZADD", "ratewall:iso:zset", "1", "a"]);
     // Load both scripts (a call alone, then a batch) before counting.
@@ -653,19 +667,12 @@ fn outside_a_runtime_calls_are_a_typed_error() {
 #[tokio::test(flavor = "current_thread")]
 async fn batches_hold_at_most_max_batch_calls() {
     let server = RedisServer::start();
-    let backend = RedisBackend::builder(server.url())
-        .timeout(Duration::from_secs(5))
-        .max_batch(3)
-        .batches_in_flight(1)
-        .build()
-        .unwrap();
-    let l = RedisLimiter::builder(
+    let l = one_batch_at_a_time(
+        &server,
+        3,
         Policy::token_bucket(Rate::per_second(1000).burst(100)),
-        &backend,
-    )
-    .name("max")
-    .build()
-    .unwrap();
+        "max",
+    );
     // Both scripts loaded, so no call meets NOSCRIPT (a second call).
     assert!(l.check(b"warm").await.unwrap().is_allowed());
     assert!(server
