@@ -247,8 +247,8 @@ impl RedisBackendBuilder {
         self
     }
 
-    /// Batching (on by default): single-key calls (`check`, `peek`,
-    /// `refund`) made while earlier ones are on the wire are sent together,
+    /// Batching (on by default): single-key calls (`check_key`, `peek_key`,
+    /// `refund_key`) made while earlier ones are on the wire are sent together,
     /// up to `max_batch` of them in one script call, which runs them one
     /// after the other in arrival order at one server time. Each call gets
     /// the decision it would have got alone at that time; a denied call

@@ -35,6 +35,10 @@ use std::fmt;
 /// - A denial writes nothing to any of the three keys.
 /// - Decisions report the guarantee's limit and remaining.
 ///
+/// Its verbs are the local [`ElasticLimiter`]'s (`check_key`,
+/// `check_key_n`), `async` and returning `Result<RedisDecision, RedisError>`
+/// as [`RedisLimiter`](super::RedisLimiter)'s do; keys are bytes.
+///
 /// The pool's quota can follow a capacity signal at run time
 /// ([`set_pool`](Self::set_pool)). Every key is written with its time to
 /// idle as its TTL. Keys: `prefix:{name}:g:<key>`, `prefix:{name}:h:<key>`
@@ -67,7 +71,7 @@ use std::fmt;
 /// assert_eq!(g, b"ratewall:{api}:g:alice");
 /// assert_eq!(pool, b"ratewall:{api}:pool");
 /// // With a server running:
-/// // let d = per_user.check(b"alice").await?;
+/// // let d = per_user.check_key(b"alice").await?;
 /// // if d.is_above_limit() { /* passed on spare capacity: log or bill it */ }
 /// # Ok::<(), Box<dyn std::error::Error>>(()) }).unwrap();
 /// ```
@@ -288,14 +292,14 @@ impl RedisElasticLimiter {
     /// # async fn f() -> Result<(), Box<dyn std::error::Error>> {
     /// # let redis = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
     /// let l = RedisElasticLimiter::builder("1/h".parse()?, "2/h".parse()?, "1/h".parse()?, &redis).build()?;
-    /// let first = l.check(b"user:1").await?;
+    /// let first = l.check_key(b"user:1").await?;
     /// assert!(first.is_allowed() && !first.is_above_limit()); // guaranteed
-    /// let second = l.check(b"user:1").await?;
+    /// let second = l.check_key(b"user:1").await?;
     /// assert!(second.is_allowed() && second.is_above_limit()); // from the pool
     /// # Ok(()) }
     /// ```
-    pub async fn check(&self, key: &[u8]) -> Result<RedisDecision, RedisError> {
-        self.check_n(key, 1).await
+    pub async fn check_key(&self, key: &[u8]) -> Result<RedisDecision, RedisError> {
+        self.check_key_n(key, 1).await
     }
 
     /// Checks a request of cost `n` for `key`. A cost that neither the
@@ -308,11 +312,11 @@ impl RedisElasticLimiter {
     /// # async fn f() -> Result<(), Box<dyn std::error::Error>> {
     /// # let redis = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
     /// let l = RedisElasticLimiter::builder("5/h".parse()?, "10/h".parse()?, "100/h".parse()?, &redis).build()?;
-    /// assert!(l.check_n(b"user:1", 5).await?.is_allowed());
-    /// assert!(l.check_n(b"user:1", 6).await.is_err()); // more than 5 at once never fits
+    /// assert!(l.check_key_n(b"user:1", 5).await?.is_allowed());
+    /// assert!(l.check_key_n(b"user:1", 6).await.is_err()); // more than 5 at once never fits
     /// # Ok(()) }
     /// ```
-    pub async fn check_n(&self, key: &[u8], n: u64) -> Result<RedisDecision, RedisError> {
+    pub async fn check_key_n(&self, key: &[u8], n: u64) -> Result<RedisDecision, RedisError> {
         let pool = lock(&self.pool).1;
         let g_cap = self.g.limit;
         let extra = self.h.limit.min(pool.limit);

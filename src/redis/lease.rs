@@ -19,7 +19,7 @@
 //!   time at any later moment is at most `s0 + elapsed` (the script ran
 //!   after the send), so client/server clock skew can only shorten a lease;
 //!   the 1/1024 covers the two clocks' rates differing by up to ~1000 ppm.
-//! - **Release**: unused units go back by a call (`release`, or piggybacked
+//! - **Release**: unused units go back by a call (`release_key`, or piggybacked
 //!   on the next take of the key); the used ones are charged then. A GCRA
 //!   lease nobody released is charged in full at its end, by whatever call
 //!   comes next; a window lease simply ends with its window.
@@ -277,6 +277,11 @@ struct Take {
 /// key this instance checks less than once per `hot_gap` is checked one
 /// unit per round trip, as by the plain limiter.
 ///
+/// Its verbs are [`RedisLimiter`]'s (`check_key`, `check_key_n`,
+/// `reset_key`), plus `release_key` (give back one key's unused lease) and
+/// `release_all`; it has no peek or refund (a lease's units are admitted
+/// locally, so there is no one shared state to peek at or refund into).
+///
 /// The wrapped limiter's name, failure policy and deny cache apply. A
 /// bucket's key holds a hash here (the TAT and the live leases), so a plain
 /// [`RedisLimiter`] on the same key name gets a typed error
@@ -298,7 +303,7 @@ struct Take {
 /// let global = RedisLeaseLimiter::new(global, RedisLeaseOptions::new().max_lease(16))?;
 /// assert_eq!(global.options().get_max_lease(), 16);
 /// // With a server running:
-/// // let d = global.check(b"all").await?;   // DecisionSource::Lease when served locally
+/// // let d = global.check_key(b"all").await?;   // DecisionSource::Lease when served locally
 /// # Ok::<(), ratewall::redis::RedisError>(()) }).unwrap();
 /// ```
 pub struct RedisLeaseLimiter {
@@ -473,11 +478,11 @@ impl RedisLeaseLimiter {
     /// # async fn f() -> Result<(), ratewall::redis::RedisError> {
     /// # let redis = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
     /// let l = RedisLeaseLimiter::new(RedisLimiter::builder(Policy::token_bucket(Rate::per_second(5000)), &redis).name("hot").build()?, RedisLeaseOptions::new())?;
-    /// let d = l.check(b"all").await?;
+    /// let d = l.check_key(b"all").await?;
     /// if d.source() == DecisionSource::Lease { /* admitted locally */ }
     /// # Ok(()) }
     /// ```
-    pub async fn check(&self, key: &[u8]) -> Result<RedisDecision, RedisError> {
+    pub async fn check_key(&self, key: &[u8]) -> Result<RedisDecision, RedisError> {
         self.limiter.validate(key, 1)?;
         let rkey = self.limiter.redis_key(key)?;
         loop {
@@ -520,7 +525,7 @@ impl RedisLeaseLimiter {
         }
     }
 
-    /// Checks a request of cost `n` for `key`: `n <= 1` is [`check`](Self::check);
+    /// Checks a request of cost `n` for `key`: `n <= 1` is [`check_key`](Self::check_key);
     /// a larger cost is one script call that takes no lease (and does not
     /// use this instance's lease).
     ///
@@ -530,12 +535,12 @@ impl RedisLeaseLimiter {
     /// # async fn f() -> Result<(), ratewall::redis::RedisError> {
     /// # let redis = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
     /// let l = RedisLeaseLimiter::new(RedisLimiter::builder(Policy::token_bucket(Rate::per_second(50)), &redis).build()?, RedisLeaseOptions::new())?;
-    /// let d = l.check_n(b"user:1", 5).await?;
+    /// let d = l.check_key_n(b"user:1", 5).await?;
     /// # Ok(()) }
     /// ```
-    pub async fn check_n(&self, key: &[u8], n: u64) -> Result<RedisDecision, RedisError> {
+    pub async fn check_key_n(&self, key: &[u8], n: u64) -> Result<RedisDecision, RedisError> {
         if n <= 1 {
-            return self.check(key).await;
+            return self.check_key(key).await;
         }
         self.limiter.validate(key, n)?;
         let rkey = self.limiter.redis_key(key)?;
@@ -572,10 +577,10 @@ impl RedisLeaseLimiter {
     /// # async fn f() -> Result<(), ratewall::redis::RedisError> {
     /// # let redis = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
     /// let l = RedisLeaseLimiter::new(RedisLimiter::builder(Policy::token_bucket(Rate::per_second(50)), &redis).build()?, RedisLeaseOptions::new())?;
-    /// let back = l.release(b"user:1").await?;
+    /// let back = l.release_key(b"user:1").await?;
     /// # Ok(()) }
     /// ```
-    pub async fn release(&self, key: &[u8]) -> Result<u64, RedisError> {
+    pub async fn release_key(&self, key: &[u8]) -> Result<u64, RedisError> {
         let rkey = self.limiter.redis_key(key)?;
         let held = {
             let mut shard = lock(self.shard(&rkey));
@@ -642,15 +647,15 @@ impl RedisLeaseLimiter {
     /// # async fn f() -> Result<(), ratewall::redis::RedisError> {
     /// # let redis = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
     /// let l = RedisLeaseLimiter::new(RedisLimiter::builder(Policy::token_bucket(Rate::per_second(50)), &redis).build()?, RedisLeaseOptions::new())?;
-    /// l.reset(b"user:1").await?;
+    /// l.reset_key(b"user:1").await?;
     /// # Ok(()) }
     /// ```
-    pub async fn reset(&self, key: &[u8]) -> Result<(), RedisError> {
+    pub async fn reset_key(&self, key: &[u8]) -> Result<(), RedisError> {
         let rkey = self.limiter.redis_key(key)?;
         if let Some(e) = lock(self.shard(&rkey)).map.get_mut(&rkey) {
             e.lease = None;
         }
-        self.limiter.reset(key).await
+        self.limiter.reset_key(key).await
     }
 
     fn shard(&self, rkey: &[u8]) -> &Mutex<Shard> {

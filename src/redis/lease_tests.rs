@@ -475,9 +475,9 @@ fn bad_options_and_policies_are_typed_errors() {
         let l = RedisLeaseLimiter::new(tb(p), RedisLeaseOptions::new().max_lease(10)).unwrap();
         assert!(format!("{l:?}").contains("RedisLeaseLimiter"));
         assert_eq!(l.held(b"k"), 0);
-        assert!(matches!(l.check(b"").await, Err(RedisError::EmptyKey)));
+        assert!(matches!(l.check_key(b"").await, Err(RedisError::EmptyKey)));
         assert!(matches!(
-            l.check_n(b"k", 11).await,
+            l.check_key_n(b"k", 11).await,
             Err(RedisError::InsufficientCapacity(_))
         ));
     });
@@ -529,7 +529,7 @@ async fn the_lease_table_stays_bounded() {
         for i in 0..40u32 {
             let key = format!("key{i}");
             for _ in 0..2 {
-                let d = l.check(key.as_bytes()).await.unwrap();
+                let d = l.check_key(key.as_bytes()).await.unwrap();
                 assert!(d.is_allowed(), "round {round} {key}");
             }
             assert!(len(&l) <= 4, "{}", len(&l));

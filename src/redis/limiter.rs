@@ -32,6 +32,16 @@ use std::fmt;
 /// `L`). The local fallback keeps the softness (see
 /// [`FailurePolicy::FallbackShare`]).
 ///
+/// The verbs are the local keyed limiters' (`check_key`, `check_key_n`,
+/// `peek_key`, `peek_key_n`, `refund_key`, `reset_key`), with the
+/// differences a shared store brings: each is `async` and returns
+/// `Result<_, RedisError>` (what Redis could not answer is the failure
+/// policy's answer or a typed error); a decision is a [`RedisDecision`]
+/// (it says where it came from); keys are bytes, because they are part of
+/// the Redis key name; `reset_key` that cannot reach Redis is always an
+/// error; and there are no `_at` variants (the time is the server's). See
+/// `docs/distributed.md`, "Same verbs as the local limiters".
+///
 /// Keys are bytes: short printable keys are stored as they are
 /// (`ratewall:<name>:<key>`); long, binary or untrusted ones are hashed
 /// (see [`redis_key`](Self::redis_key)). An empty key is an error.
@@ -49,7 +59,7 @@ use std::fmt;
 ///     .build()?;
 /// assert_eq!(per_user.redis_key(b"user:42")?, b"ratewall:api:user:42");
 /// // With a server running:
-/// // let d = per_user.check(b"user:42").await?;
+/// // let d = per_user.check_key(b"user:42").await?;
 /// // if !d.is_allowed() { /* 429, Retry-After: d.retry_after_secs() */ }
 /// # Ok::<(), ratewall::redis::RedisError>(()) }).unwrap();
 /// ```
@@ -181,12 +191,12 @@ impl RedisLimiter {
     /// # async fn f() -> Result<(), ratewall::redis::RedisError> {
     /// # let redis = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
     /// let l = RedisLimiter::builder(Policy::token_bucket(Rate::per_second(5)), &redis).build()?;
-    /// let d = l.check(b"user:1").await?;
+    /// let d = l.check_key(b"user:1").await?;
     /// println!("{} from {:?}", d.is_allowed(), d.source());
     /// # Ok(()) }
     /// ```
-    pub async fn check(&self, key: &[u8]) -> Result<RedisDecision, RedisError> {
-        self.check_n(key, 1).await
+    pub async fn check_key(&self, key: &[u8]) -> Result<RedisDecision, RedisError> {
+        self.check_key_n(key, 1).await
     }
 
     /// Checks `n` units for `key`, taken if allowed. A cost of 0 is the
@@ -199,10 +209,10 @@ impl RedisLimiter {
     /// # async fn f() -> Result<(), ratewall::redis::RedisError> {
     /// # let redis = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
     /// let bytes = RedisLimiter::builder(Policy::token_bucket(Rate::per_second(1000)), &redis).build()?;
-    /// let d = bytes.check_n(b"tenant:9", 250).await?;
+    /// let d = bytes.check_key_n(b"tenant:9", 250).await?;
     /// # Ok(()) }
     /// ```
-    pub async fn check_n(&self, key: &[u8], n: u64) -> Result<RedisDecision, RedisError> {
+    pub async fn check_key_n(&self, key: &[u8], n: u64) -> Result<RedisDecision, RedisError> {
         self.decide(key, n, n > 0).await
     }
 
@@ -214,11 +224,11 @@ impl RedisLimiter {
     /// # async fn f() -> Result<(), ratewall::redis::RedisError> {
     /// # let redis = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
     /// # let l = RedisLimiter::builder(Policy::token_bucket(Rate::per_second(5)), &redis).build()?;
-    /// let left = l.peek(b"user:1").await?.remaining();
+    /// let left = l.peek_key(b"user:1").await?.remaining();
     /// # Ok(()) }
     /// ```
-    pub async fn peek(&self, key: &[u8]) -> Result<RedisDecision, RedisError> {
-        self.peek_n(key, 1).await
+    pub async fn peek_key(&self, key: &[u8]) -> Result<RedisDecision, RedisError> {
+        self.peek_key_n(key, 1).await
     }
 
     /// The decision `n` units for `key` would get, taking nothing.
@@ -229,10 +239,10 @@ impl RedisLimiter {
     /// # async fn f() -> Result<(), ratewall::redis::RedisError> {
     /// # let redis = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
     /// # let l = RedisLimiter::builder(Policy::token_bucket(Rate::per_second(5)), &redis).build()?;
-    /// let fits = l.peek_n(b"user:1", 3).await?.is_allowed();
+    /// let fits = l.peek_key_n(b"user:1", 3).await?.is_allowed();
     /// # Ok(()) }
     /// ```
-    pub async fn peek_n(&self, key: &[u8], n: u64) -> Result<RedisDecision, RedisError> {
+    pub async fn peek_key_n(&self, key: &[u8], n: u64) -> Result<RedisDecision, RedisError> {
         self.decide(key, n, false).await
     }
 
@@ -247,11 +257,11 @@ impl RedisLimiter {
     /// # async fn f() -> Result<(), ratewall::redis::RedisError> {
     /// # let redis = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
     /// # let l = RedisLimiter::builder(Policy::token_bucket(Rate::per_second(5)), &redis).build()?;
-    /// let d = l.check(b"user:1").await?;
-    /// l.refund(b"user:1", 1).await?;
+    /// let d = l.check_key(b"user:1").await?;
+    /// l.refund_key(b"user:1", 1).await?;
     /// # Ok(()) }
     /// ```
-    pub async fn refund(&self, key: &[u8], n: u64) -> Result<(), RedisError> {
+    pub async fn refund_key(&self, key: &[u8], n: u64) -> Result<(), RedisError> {
         let rkey = self.redis_key(key)?;
         if n == 0 {
             return Ok(());
@@ -280,10 +290,10 @@ impl RedisLimiter {
     /// # async fn f() -> Result<(), ratewall::redis::RedisError> {
     /// # let redis = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
     /// # let l = RedisLimiter::builder(Policy::token_bucket(Rate::per_second(5)), &redis).build()?;
-    /// l.reset(b"user:1").await?;
+    /// l.reset_key(b"user:1").await?;
     /// # Ok(()) }
     /// ```
-    pub async fn reset(&self, key: &[u8]) -> Result<(), RedisError> {
+    pub async fn reset_key(&self, key: &[u8]) -> Result<(), RedisError> {
         let rkey = self.redis_key(key)?;
         if let Some(c) = &self.deny_cache {
             c.clear(&rkey);
@@ -291,6 +301,14 @@ impl RedisLimiter {
         self.failover.reset_local(key);
         self.backend.query(redis::cmd("DEL").arg(&rkey)).await?;
         Ok(())
+    }
+
+    /// [`check_key_n`](Self::check_key_n) under its old name, for the one
+    /// crate-internal caller not yet renamed (`src/http/remote.rs`, owned
+    /// by the HTTP split; the integrator renames that call and removes
+    /// this).
+    pub(crate) async fn check_n(&self, key: &[u8], n: u64) -> Result<RedisDecision, RedisError> {
+        self.check_key_n(key, n).await
     }
 
     /// The errors a check of `n` for `key` gets before any call.

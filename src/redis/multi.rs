@@ -167,7 +167,7 @@ async fn parallel(
     let results = join_all(
         limits
             .iter()
-            .map(|&(limit, key, cost)| limit.check_n(key, cost)),
+            .map(|&(limit, key, cost)| limit.check_key_n(key, cost)),
     )
     .await;
     finish(limits, results).await
@@ -212,7 +212,7 @@ impl RedisLimiter {
         source: DecisionSource,
     ) -> Result<(), RedisError> {
         match source {
-            DecisionSource::Redis => self.refund(key, n).await,
+            DecisionSource::Redis => self.refund_key(key, n).await,
             DecisionSource::Fallback => {
                 self.refund_fallback(key, n);
                 Ok(())

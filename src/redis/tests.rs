@@ -183,11 +183,11 @@ async fn differential(policies: &[Policy], prefix: &str) -> usize {
                 }
                 Op::Refund(n) => {
                     local.refund_key_at(&1, now, n);
-                    at(t, remote.refund(b"k", n)).await.unwrap();
+                    at(t, remote.refund_key(b"k", n)).await.unwrap();
                 }
                 Op::Reset => {
                     local.reset_key(&1);
-                    remote.reset(b"k").await.unwrap();
+                    remote.reset_key(b"k").await.unwrap();
                 }
             }
         }
@@ -385,7 +385,7 @@ async fn the_elastic_script_matches_the_local_elastic_limiter() {
             history.push(format!("t0+{} key {key} n {n}", t - T0_US));
             let ctx = format!("set {si} step {step}; history {history:?}");
             let want = local.check_key_n_at(&key, now, n);
-            let got = at(t, remote.check_n(&[b'k', key], n)).await;
+            let got = at(t, remote.check_key_n(&[b'k', key], n)).await;
             match (want, got) {
                 (Ok(want), Ok(got)) => {
                     assert_eq!(got.source(), super::DecisionSource::Redis);
@@ -507,7 +507,7 @@ async fn batched_calls_match_the_local_step_in_arrival_order() {
                     Op::Check(n) => Some(at(t, remote.decide(&key, n, true)).await.unwrap()),
                     Op::Peek(n) => Some(at(t, remote.decide(&key, n, false)).await.unwrap()),
                     Op::Refund(n) => {
-                        at(t, remote.refund(&key, n)).await.unwrap();
+                        at(t, remote.refund_key(&key, n)).await.unwrap();
                         None
                     }
                     Op::Reset => unreachable!(),
@@ -588,12 +588,12 @@ async fn a_failing_call_in_a_batch_fails_alone() {
     server.cmd(&["ZADD", "ratewall:iso:zset", "1", "a"]);
     // Load both scripts (a call alone, then a batch) before counting.
     let warm = [&b"w1"[..], b"w2", b"w3"];
-    for r in futures_util::future::join_all(warm.iter().map(|k| l.check(k))).await {
+    for r in futures_util::future::join_all(warm.iter().map(|k| l.check_key(k))).await {
         assert!(r.unwrap().is_allowed());
     }
     let before = evalsha_calls(&server);
     let keys: Vec<&[u8]> = vec![b"a", b"text", b"b", b"zset", b"a", b"zset", b"c", b"a"];
-    let replies = futures_util::future::join_all(keys.iter().map(|k| l.check(k))).await;
+    let replies = futures_util::future::join_all(keys.iter().map(|k| l.check_key(k))).await;
     for (k, r) in keys.iter().zip(&replies) {
         match *k {
             // The script's own message for that call, not a parse error.
@@ -645,7 +645,7 @@ fn outside_a_runtime_calls_are_a_typed_error() {
             .on_failure(super::FailurePolicy::Closed)
             .build()
             .unwrap();
-        let mut call = std::pin::pin!(l.check(b"k"));
+        let mut call = std::pin::pin!(l.check_key(b"k"));
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
         match call.as_mut().poll(&mut cx) {
             std::task::Poll::Ready(r) => {
@@ -674,13 +674,14 @@ async fn batches_hold_at_most_max_batch_calls() {
         "max",
     );
     // Both scripts loaded, so no call meets NOSCRIPT (a second call).
-    assert!(l.check(b"warm").await.unwrap().is_allowed());
+    assert!(l.check_key(b"warm").await.unwrap().is_allowed());
     assert!(server
         .cmd(&["SCRIPT", "LOAD", super::script::BATCH_SOURCE])
         .starts_with('$'));
     let before = evalsha_calls(&server);
     let keys: Vec<String> = (0..11).map(|i| format!("k{i}")).collect();
-    let replies = futures_util::future::join_all(keys.iter().map(|k| l.check(k.as_bytes()))).await;
+    let replies =
+        futures_util::future::join_all(keys.iter().map(|k| l.check_key(k.as_bytes()))).await;
     assert!(replies
         .iter()
         .all(|r| r.as_ref().is_ok_and(|d| d.is_allowed())));
@@ -713,7 +714,7 @@ fn a_runtime_shut_down_mid_batch_leaves_no_slot_taken() {
             .on_failure(super::FailurePolicy::Closed)
             .build()
             .unwrap();
-        assert!(l.check(b"warm").await.unwrap().is_allowed());
+        assert!(l.check_key(b"warm").await.unwrap().is_allowed());
         (backend, l)
     });
     assert!(format!("{backend:?}").contains("max_batch: 128"));
@@ -723,7 +724,7 @@ fn a_runtime_shut_down_mid_batch_leaves_no_slot_taken() {
         // The first call goes inline and waits for the paused server; the
         // second queues behind it (one slot).
         let l = l.clone();
-        first.spawn(async move { l.check(b"k").await });
+        first.spawn(async move { l.check_key(b"k").await });
     }
     std::thread::sleep(Duration::from_millis(100));
     drop(first);
@@ -732,7 +733,7 @@ fn a_runtime_shut_down_mid_batch_leaves_no_slot_taken() {
         .build()
         .unwrap();
     let started = std::time::Instant::now();
-    let _ = second.block_on(l.check(b"k"));
+    let _ = second.block_on(l.check_key(b"k"));
     // Answered (or failed) when the pause ends or the connection is found
     // gone, not after the 3 s timeout of a call queued behind a lost slot.
     assert!(
