@@ -12,8 +12,8 @@
 use super::backend::RedisBackend;
 use super::failover::{option_methods, share, Failover, Options};
 use super::key;
-use super::script::{Program, ELASTIC};
-use super::wire::parse_elastic;
+use super::script::Program;
+use super::wire::{elastic_call, parse_elastic};
 use super::{DecisionSource, FailurePolicy, RedisDecision, RedisError};
 use crate::decision::{Decision, Tracking};
 use crate::elastic::validate;
@@ -329,17 +329,7 @@ impl RedisElasticLimiter {
         let [gk, hk, pk] = self.redis_keys(key)?;
         let mut qk = pk.clone();
         qk.extend_from_slice(b":t");
-        let mut invocation = ELASTIC.prepare_invoke();
-        invocation.key(&gk).key(&hk).key(&pk).key(&qk);
-        invocation.arg(n).arg(self.g.code());
-        let [a, b, c] = self.g.params;
-        invocation.arg(a).arg(b).arg(c).arg(g_cap);
-        let [a, b, c] = self.h.params;
-        invocation.arg(a).arg(b).arg(c).arg(pool.code());
-        let [a, b, c] = pool.params;
-        invocation.arg(a).arg(b).arg(c).arg(extra);
-        #[cfg(test)]
-        invocation.arg(super::testing::arg(super::testing::now_us()));
+        let invocation = elastic_call([&gk, &hk, &pk, &qk], n, &self.g, &self.h, &pool, extra);
         match self.backend.invoke(&invocation).await {
             Ok(reply) => Ok(RedisDecision {
                 decision: parse_elastic(&reply)?,

@@ -30,8 +30,7 @@
 //! and halving otherwise.
 
 use super::limiter::RedisLimiter;
-use super::script::LEASE;
-use super::wire::parse_lease;
+use super::wire::{parse_lease, LeaseCall};
 use super::{DecisionSource, RedisDecision, RedisError};
 use crate::decision::Decision;
 use crate::policy::PolicyAlgorithm;
@@ -842,31 +841,24 @@ impl RedisLeaseLimiter {
     async fn call(
         &self,
         rkey: &[u8],
-        mode: &str,
+        mode: &'static str,
         n: u64,
         extra: u64,
         id: u64,
         prev: Option<(u64, u64)>,
     ) -> Result<Value, RedisError> {
-        let [a, b, c] = self.limiter.program().params;
-        let mut invocation = LEASE.prepare_invoke();
-        invocation
-            .key(rkey)
-            .arg(self.algo.arg())
-            .arg(mode)
-            .arg(n)
-            .arg(extra)
-            .arg(a)
-            .arg(b)
-            .arg(c)
-            .arg(self.life_us)
-            .arg(self.lease_id(id));
-        match prev {
-            Some((pid, used)) => invocation.arg(self.lease_id(pid)).arg(used),
-            None => invocation.arg("").arg(0),
-        };
-        #[cfg(test)]
-        invocation.arg(super::testing::arg(super::testing::now_us()));
+        let invocation = LeaseCall {
+            key: rkey,
+            algo: self.algo.arg(),
+            mode,
+            n,
+            extra,
+            params: self.limiter.program().params,
+            life_us: self.life_us,
+            id: self.lease_id(id),
+            prev: prev.map(|(pid, used)| (self.lease_id(pid), used)),
+        }
+        .invocation();
         // Relaxed: a statistics counter that publishes nothing.
         self.round_trips.fetch_add(1, Ordering::Relaxed);
         self.limiter.backend().invoke(&invocation).await

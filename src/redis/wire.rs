@@ -2,11 +2,11 @@
 //! batch of them) and the parsing of every script's reply into decisions.
 //! Nothing here does I/O; `connection.rs` sends, the limiters decide.
 
-use super::script::{Mode, BATCH};
+use super::script::{Mode, Program, BATCH, ELASTIC, LEASE, MULTI};
 use super::RedisError;
 use crate::algo::gcra_decide;
 use crate::decision::Decision;
-use redis::{Cmd, Value};
+use redis::{Cmd, ScriptInvocation, Value};
 
 /// One single-key script call: a check, peek or refund.
 pub(crate) struct Call {
@@ -126,6 +126,98 @@ pub(crate) fn batch_command<Q>(batch: &[Q], call: impl Fn(&Q) -> &Call) -> Cmd {
     cmd
 }
 
+/// The `lua/multi.lua` call: the limits' keys, then each limit's program
+/// and cost.
+pub(crate) fn multi_call<'a>(
+    rkeys: &[Vec<u8>],
+    limits: impl Iterator<Item = (&'a Program, u64)>,
+) -> ScriptInvocation<'static> {
+    let mut invocation = MULTI.prepare_invoke();
+    for k in rkeys {
+        invocation.key(k);
+    }
+    for (p, cost) in limits {
+        let [a, b, c] = p.params;
+        invocation.arg(p.code()).arg(cost).arg(a).arg(b).arg(c);
+    }
+    test_time(&mut invocation);
+    invocation
+}
+
+/// The `lua/elastic.lua` call for a cost of `n`: the keys (guarantee,
+/// headroom, pool, the pool's interval), the guarantee's program and
+/// capacity, the headroom's program, the pool's, and `extra`.
+pub(crate) fn elastic_call(
+    keys: [&[u8]; 4],
+    n: u64,
+    g: &Program,
+    h: &Program,
+    pool: &Program,
+    extra: u64,
+) -> ScriptInvocation<'static> {
+    let mut invocation = ELASTIC.prepare_invoke();
+    for k in keys {
+        invocation.key(k);
+    }
+    invocation.arg(n).arg(g.code());
+    let [a, b, c] = g.params;
+    invocation.arg(a).arg(b).arg(c).arg(g.limit);
+    let [a, b, c] = h.params;
+    invocation.arg(a).arg(b).arg(c).arg(pool.code());
+    let [a, b, c] = pool.params;
+    invocation.arg(a).arg(b).arg(c).arg(extra);
+    test_time(&mut invocation);
+    invocation
+}
+
+/// One `lua/lease.lua` call (see its header for the arguments): `prev` is
+/// the previous lease's id and the units it used.
+pub(crate) struct LeaseCall<'a> {
+    pub(crate) key: &'a [u8],
+    /// `g` or `f`.
+    pub(crate) algo: &'static str,
+    /// `t` take, `p` peek, `r` release.
+    pub(crate) mode: &'static str,
+    pub(crate) n: u64,
+    pub(crate) extra: u64,
+    pub(crate) params: [u64; 3],
+    pub(crate) life_us: u64,
+    pub(crate) id: String,
+    pub(crate) prev: Option<(String, u64)>,
+}
+
+impl LeaseCall<'_> {
+    pub(crate) fn invocation(self) -> ScriptInvocation<'static> {
+        let [a, b, c] = self.params;
+        let mut invocation = LEASE.prepare_invoke();
+        invocation
+            .key(self.key)
+            .arg(self.algo)
+            .arg(self.mode)
+            .arg(self.n)
+            .arg(self.extra)
+            .arg(a)
+            .arg(b)
+            .arg(c)
+            .arg(self.life_us)
+            .arg(self.id);
+        match self.prev {
+            Some((pid, used)) => invocation.arg(pid).arg(used),
+            None => invocation.arg("").arg(0),
+        };
+        test_time(&mut invocation);
+        invocation
+    }
+}
+
+/// In the crate's unit tests, the time argument every call of a test build
+/// ends with (see `testing.rs`); nothing otherwise.
+#[allow(unused_variables)]
+fn test_time(invocation: &mut ScriptInvocation<'_>) {
+    #[cfg(test)]
+    invocation.arg(super::testing::arg(super::testing::now_us()));
+}
+
 /// One call's answer in a batch's reply: `items` yields the reply's
 /// values, and this call takes [`Call::reply_width`] of them.
 pub(crate) fn batch_entry(
@@ -227,6 +319,29 @@ pub(crate) fn fields_decision(f: [u64; 5]) -> Decision {
     } else {
         Decision::deny(limit, remaining, retry_us.saturating_mul(1000), reset)
     }
+}
+
+/// The multi-limit script's reply for `count` limits: whether all allowed,
+/// and each limit's decision (the script's own, before any soft view).
+pub(crate) fn parse_multi(
+    reply: &Value,
+    count: usize,
+) -> Result<(bool, Vec<Decision>), RedisError> {
+    let bad = || RedisError::Server {
+        message: format!("unexpected multi-limit reply {reply:?}"),
+    };
+    let Value::Array(items) = reply else {
+        return Err(bad());
+    };
+    if items.len() != 1 + 5 * count {
+        return Err(bad());
+    }
+    let all = matches!(items[0], Value::Int(1));
+    let decisions = items[1..]
+        .chunks(5)
+        .map(|f| parse_fields(f).ok_or_else(bad))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((all, decisions))
 }
 
 /// The elastic script's reply: five decision fields and the above-limit flag.

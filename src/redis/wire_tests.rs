@@ -60,3 +60,30 @@ fn replies_become_marked_decisions_and_bad_replies_errors() {
         ));
     }
 }
+
+#[test]
+fn multi_replies_become_decisions_and_bad_replies_errors() {
+    let reply = |v: &[i64]| Value::Array(v.iter().map(|&x| Value::Int(x)).collect());
+    let (all, d) = parse_multi(&reply(&[1, 1, 10, 7, 0, 300, 1, 5, 4, 0, 200]), 2).unwrap();
+    assert!(all);
+    assert_eq!(
+        d,
+        [
+            Decision::allow(10, 7, 300_000),
+            Decision::allow(5, 4, 200_000)
+        ]
+    );
+    let (all, d) = parse_multi(&reply(&[0, 0, 10, 0, 5, 9]), 1).unwrap();
+    assert!(!all);
+    assert_eq!(d, [Decision::deny(10, 0, 5_000, 9_000)]);
+    for bad in [
+        reply(&[1, 1, 10, 7, 0, 300]),
+        reply(&[1, 1, 10, -7, 0, 300, 1, 5, 4, 0, 200]),
+        Value::Nil,
+    ] {
+        assert!(matches!(
+            parse_multi(&bad, 2),
+            Err(RedisError::Server { .. })
+        ));
+    }
+}
