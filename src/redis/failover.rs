@@ -17,7 +17,7 @@ use crate::quota::{Rate, Window};
 use crate::soft::Tolerance;
 use std::time::Duration;
 
-/// What a [`RedisLimiter`] answers when Redis cannot (refused, lost, no
+/// What a [`RedisLimiter`](super::RedisLimiter) answers when Redis cannot (refused, lost, no
 /// reply within the timeout, or the circuit breaker is open).
 ///
 /// # Example
