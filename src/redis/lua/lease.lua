@@ -1,9 +1,12 @@
 -- Leases: one call takes the caller's units and up to `extra` more for the
 -- caller's process to admit locally (src/redis/lease.rs; the protocol and
 -- the bound are in docs/distributed.md, "Leases"). Runs after prelude.lua
--- and fixed_window.lua (src/redis/script.rs). Mirrors no one local step:
--- a take is `Gcra::step` / `FixedCounter::step` for the caller's units
--- (the fixed window through fixed_window.lua's own step) plus the lease.
+-- and fixed_window.lua (src/redis/script.rs). The local steps it mirrors:
+-- a take decides the caller's units as `Gcra::step` (src/algo/gcra.rs,
+-- with the live leases' units counted as taken) or `FixedCounter::step`
+-- (src/algo/fixed.rs; here fixed_window.lua's own step) does, then sets
+-- the lease aside. No local limiter keeps leases of a shared key, so the
+-- lease itself is tested against the bound (src/redis/lease_tests.rs).
 --
 -- GCRA ('g'), the token and leaky bucket, with *reservations*:
 --   State: a hash. Field 't' = the TAT (us since 1970, as for gcra.lua);
