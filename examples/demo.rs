@@ -327,7 +327,7 @@ fn distributed() {
         let probe = RedisBackend::builder(url.clone()).build().expect("valid URL");
         let ping = RedisLimiter::builder(policy, &probe).name("ping").on_failure(FailurePolicy::Closed).build().expect("valid");
         let start = Instant::now();
-        while ping.peek(b"x").await.is_err() && start.elapsed() < Duration::from_secs(5) {
+        while ping.peek_key(b"x").await.is_err() && start.elapsed() < Duration::from_secs(5) {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let locals: Vec<_> = (0..3)
@@ -347,7 +347,7 @@ fn distributed() {
         let (mut local_ok, mut shared_ok, mut from_redis) = (0, 0, 0);
         for i in 0..45 {
             local_ok += u32::from(locals[i % 3].check_key("alice").is_allowed());
-            let d = shared[i % 3].check(b"alice").await.expect("an answer");
+            let d = shared[i % 3].check_key(b"alice").await.expect("an answer");
             shared_ok += u32::from(d.is_allowed());
             from_redis += u32::from(d.source() == DecisionSource::Redis);
         }
@@ -357,7 +357,7 @@ fn distributed() {
         server.kill();
         let (mut ok, mut fallback) = (0, 0);
         for i in 0..45 {
-            let d = shared[i % 3].check(b"bob").await.expect("an answer");
+            let d = shared[i % 3].check_key(b"bob").await.expect("an answer");
             ok += u32::from(d.is_allowed());
             fallback += u32::from(d.source() == DecisionSource::Fallback);
         }

@@ -82,8 +82,8 @@ enum Inst {
 impl Inst {
     async fn check(&self, key: &[u8]) -> ratewall::redis::RedisDecision {
         match self {
-            Inst::Plain(l) => l.check(key).await.unwrap(),
-            Inst::Leased(l) => l.check(key).await.unwrap(),
+            Inst::Plain(l) => l.check_key(key).await.unwrap(),
+            Inst::Leased(l) => l.check_key(key).await.unwrap(),
         }
     }
 }

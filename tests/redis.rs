@@ -52,12 +52,12 @@ async fn decisions_use_the_server_clock_and_write_state_with_its_ttl() {
         FailurePolicy::Closed,
     );
     for i in 0..4 {
-        let d = l.check(b"k").await.unwrap();
+        let d = l.check_key(b"k").await.unwrap();
         assert!(d.is_allowed(), "check {i}");
         assert_eq!(d.source(), DecisionSource::Redis);
         assert_eq!((d.limit(), d.remaining()), (4, 3 - i));
     }
-    let denied = l.check(b"k").await.unwrap();
+    let denied = l.check_key(b"k").await.unwrap();
     assert!(!denied.is_allowed());
     assert!(denied.retry_after() > Duration::ZERO);
     assert!(denied.retry_after() <= Duration::from_millis(100));
@@ -67,11 +67,11 @@ async fn decisions_use_the_server_clock_and_write_state_with_its_ttl() {
     assert_eq!(keys.len(), 1);
     assert!(keys[0].1 > 0 && keys[0].1 <= 400, "{keys:?}");
     // peek, refund and reset reach the script.
-    assert_eq!(l.peek(b"k").await.unwrap().remaining(), 0);
-    l.refund(b"k", 2).await.unwrap();
-    assert_eq!(l.peek(b"k").await.unwrap().remaining(), 1);
-    l.reset(b"k").await.unwrap();
-    assert_eq!(l.peek(b"k").await.unwrap().remaining(), 3);
+    assert_eq!(l.peek_key(b"k").await.unwrap().remaining(), 0);
+    l.refund_key(b"k", 2).await.unwrap();
+    assert_eq!(l.peek_key(b"k").await.unwrap().remaining(), 1);
+    l.reset_key(b"k").await.unwrap();
+    assert_eq!(l.peek_key(b"k").await.unwrap().remaining(), 3);
     assert!(server.keys_with_pttl("it:clock:*").is_empty());
 }
 
@@ -84,13 +84,13 @@ async fn a_denial_writes_nothing() {
         .enumerate()
     {
         let l = limiter(policy, &b, &format!("deny{i}"), FailurePolicy::Closed);
-        let _ = l.check_n(b"k", 2).await.unwrap();
+        let _ = l.check_key_n(b"k", 2).await.unwrap();
         let key = String::from_utf8(l.redis_key(b"k").unwrap()).unwrap();
         let before = server.cmd(&["DUMP", &key]);
         let pttl = |k: &str| -> i64 { server.cmd(&["PTTL", k])[1..].trim().parse().unwrap() };
         let ttl_before = pttl(&key);
         for _ in 0..5 {
-            assert!(!l.check(b"k").await.unwrap().is_allowed(), "{policy:?}");
+            assert!(!l.check_key(b"k").await.unwrap().is_allowed(), "{policy:?}");
         }
         assert_eq!(server.cmd(&["DUMP", &key]), before, "{policy:?}");
         // A denial does not extend the TTL either.
@@ -111,16 +111,16 @@ async fn huge_binary_and_empty_keys() {
     let huge = vec![b'a'; 1 << 20];
     let binary = [0u8, 0xff, b'{', b'}', b'\n', 0x80];
     for key in [&huge[..], &binary[..]] {
-        assert!(l.check(key).await.unwrap().is_allowed());
-        assert_eq!(l.check(key).await.unwrap().remaining(), 0);
-        assert!(!l.check(key).await.unwrap().is_allowed());
+        assert!(l.check_key(key).await.unwrap().is_allowed());
+        assert_eq!(l.check_key(key).await.unwrap().remaining(), 0);
+        assert!(!l.check_key(key).await.unwrap().is_allowed());
     }
     let keys = server.keys_with_pttl("it:keys:*");
     assert_eq!(keys.len(), 2);
     for (k, _) in &keys {
         assert!(k.len() <= "it:keys:".len() + 33, "{k}");
     }
-    assert_eq!(l.check(b"").await.unwrap_err(), RedisError::EmptyKey);
+    assert_eq!(l.check_key(b"").await.unwrap_err(), RedisError::EmptyKey);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -151,14 +151,14 @@ async fn bad_input_gets_typed_errors() {
         FailurePolicy::Closed,
     );
     assert!(matches!(
-        l.check_n(b"k", 6).await,
+        l.check_key_n(b"k", 6).await,
         Err(RedisError::InsufficientCapacity(_))
     ));
     // A key that holds something else: an error reply, not a reset.
     server.cmd(&["SET", "it:bad:str", "hello"]);
     server.cmd(&["LPUSH", "it:bad:list", "1"]);
     for key in [&b"str"[..], b"list"] {
-        let e = l.check(key).await.unwrap_err();
+        let e = l.check_key(key).await.unwrap_err();
         assert!(matches!(e, RedisError::Server { .. }), "{e:?}");
     }
     assert_eq!(server.cmd(&["GET", "it:bad:str"]), "$5\r\nhello\r\n");
@@ -188,7 +188,7 @@ async fn a_server_that_is_not_redis_is_unavailable_within_the_timeout() {
         FailurePolicy::Closed,
     );
     let t = Instant::now();
-    let e = l.check(b"k").await.unwrap_err();
+    let e = l.check_key(b"k").await.unwrap_err();
     assert!(matches!(e, RedisError::Unavailable { .. }), "{e:?}");
     assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
 }
@@ -229,7 +229,7 @@ async fn concurrent_checks_of_one_key_admit_exactly_the_limit() {
             tasks.push(tokio::spawn(async move {
                 let mut admitted = 0u64;
                 for _ in 0..4 {
-                    let d = l.check(b"hot").await.unwrap();
+                    let d = l.check_key(b"hot").await.unwrap();
                     assert_eq!(d.source(), DecisionSource::Redis);
                     admitted += u64::from(d.is_allowed());
                 }
@@ -263,11 +263,11 @@ async fn every_key_has_a_ttl_and_all_expire() {
             for k in 0..20u64 {
                 let key = format!("user:{k}");
                 let _ = l
-                    .check_n(key.as_bytes(), 1 + (k + round) % 3)
+                    .check_key_n(key.as_bytes(), 1 + (k + round) % 3)
                     .await
                     .unwrap();
                 if k % 5 == 0 {
-                    l.refund(key.as_bytes(), 1).await.unwrap();
+                    l.refund_key(key.as_bytes(), 1).await.unwrap();
                 }
             }
         }
@@ -300,7 +300,7 @@ async fn script_flush_mid_run_recovers_transparently() {
             if j % 15 == 7 {
                 assert_eq!(server.cmd(&["SCRIPT", "FLUSH"]), "+OK\r\n");
             }
-            let d = l.check(b"k").await.unwrap();
+            let d = l.check_key(b"k").await.unwrap();
             assert_eq!(d.source(), DecisionSource::Redis);
             admitted += u64::from(d.is_allowed());
         }
@@ -319,7 +319,7 @@ async fn memory_per_key_is_small_and_the_log_is_bounded_by_its_limit() {
     {
         let l = limiter(policy, &b, &format!("mem{i}"), FailurePolicy::Closed);
         for _ in 0..150 {
-            let _ = l.check(b"user:1").await.unwrap();
+            let _ = l.check_key(b"user:1").await.unwrap();
         }
         let key = String::from_utf8(l.redis_key(b"user:1").unwrap()).unwrap();
         let usage: u64 = server.cmd(&["MEMORY", "USAGE", &key])[1..]
@@ -357,7 +357,10 @@ async fn kill_9_then_restart_each_failure_policy_does_what_it_says() {
         FailurePolicy::FallbackShare { instances: 3 },
     );
     for l in [&open, &closed, &share] {
-        assert_eq!(l.check(b"k").await.unwrap().source(), DecisionSource::Redis);
+        assert_eq!(
+            l.check_key(b"k").await.unwrap().source(),
+            DecisionSource::Redis
+        );
     }
     // Load: 16 tasks checking in a loop through the kill and the restart;
     // none may wait longer than the timeout (plus scheduling slack).
@@ -376,7 +379,7 @@ async fn kill_9_then_restart_each_failure_policy_does_what_it_says() {
             let mut worst = Duration::ZERO;
             while Instant::now() < stop {
                 let start = Instant::now();
-                let d = l.check(&t.to_le_bytes()).await.unwrap();
+                let d = l.check_key(&t.to_le_bytes()).await.unwrap();
                 assert!(d.is_allowed());
                 worst = worst.max(start.elapsed());
                 tokio::time::sleep(Duration::from_millis(2)).await;
@@ -389,14 +392,14 @@ async fn kill_9_then_restart_each_failure_policy_does_what_it_says() {
     let mut fallback_admitted = 0;
     for i in 0..12 {
         let t = Instant::now();
-        let d = open.check(b"k").await.unwrap();
+        let d = open.check_key(b"k").await.unwrap();
         assert!(
             d.is_allowed() && d.source() == DecisionSource::FailOpen,
             "{i}"
         );
-        let e = closed.check(b"k").await.unwrap_err();
+        let e = closed.check_key(b"k").await.unwrap_err();
         assert!(matches!(e, RedisError::Unavailable { .. }), "{e:?}");
-        let d = share.check(b"k").await.unwrap();
+        let d = share.check_key(b"k").await.unwrap();
         assert_eq!(d.source(), DecisionSource::Fallback);
         assert_eq!(d.limit(), 2, "a third of 6");
         fallback_admitted += u64::from(d.is_allowed());
@@ -406,7 +409,7 @@ async fn kill_9_then_restart_each_failure_policy_does_what_it_says() {
     // Repeated failures opened the circuit: calls no longer wait for Redis.
     assert!(!b.is_available());
     let t = Instant::now();
-    match closed.check(b"k").await {
+    match closed.check_key(b"k").await {
         Err(RedisError::Unavailable { retry_in, cause }) => {
             assert!(retry_in <= cool_down, "{retry_in:?}");
             assert!(cause.contains("circuit"), "{cause}");
@@ -418,7 +421,7 @@ async fn kill_9_then_restart_each_failure_policy_does_what_it_says() {
     server.restart();
     let restarted = Instant::now();
     loop {
-        if let Ok(d) = closed.check(b"k").await {
+        if let Ok(d) = closed.check_key(b"k").await {
             assert_eq!(d.source(), DecisionSource::Redis);
             break;
         }
@@ -431,7 +434,7 @@ async fn kill_9_then_restart_each_failure_policy_does_what_it_says() {
     }
     assert!(b.is_available());
     assert_eq!(
-        share.check(b"k").await.unwrap().source(),
+        share.check_key(b"k").await.unwrap().source(),
         DecisionSource::Redis
     );
     for l in loaders {
@@ -462,7 +465,7 @@ async fn a_stalled_server_costs_at_most_the_timeout_under_load() {
         "stall",
         FailurePolicy::FallbackShare { instances: 1 },
     ));
-    let _ = l.check(b"warm").await.unwrap();
+    let _ = l.check_key(b"warm").await.unwrap();
     assert_eq!(server.cmd(&["CLIENT", "PAUSE", "800", "ALL"]), "+OK\r\n");
     let paused = Instant::now();
     let stop = paused + Duration::from_millis(600);
@@ -473,7 +476,7 @@ async fn a_stalled_server_costs_at_most_the_timeout_under_load() {
             let (mut worst, mut fallback) = (Duration::ZERO, 0);
             while Instant::now() < stop {
                 let start = Instant::now();
-                let d = l.check(format!("k{t}").as_bytes()).await.unwrap();
+                let d = l.check_key(format!("k{t}").as_bytes()).await.unwrap();
                 worst = worst.max(start.elapsed());
                 fallback += u32::from(d.source() == DecisionSource::Fallback);
             }
@@ -494,7 +497,7 @@ async fn a_stalled_server_costs_at_most_the_timeout_under_load() {
     let woke = Instant::now();
     let mut source = DecisionSource::Fallback;
     while source != DecisionSource::Redis && woke.elapsed() < Duration::from_secs(5) {
-        source = l.check(b"after").await.unwrap().source();
+        source = l.check_key(b"after").await.unwrap().source();
         if source != DecisionSource::Redis {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
@@ -535,7 +538,7 @@ async fn multi_limit_is_all_or_nothing_and_leaks_no_capacity() {
     // A cost one limit can never admit: an error, nothing taken.
     let e = check_all(&[(&per_ip, b"ip1", 2), (&per_user, b"alice", 6)]).await;
     assert!(matches!(e, Err(RedisError::InsufficientCapacity(_))));
-    assert_eq!(per_ip.peek(b"ip1").await.unwrap().remaining(), 99);
+    assert_eq!(per_ip.peek_key(b"ip1").await.unwrap().remaining(), 99);
     // 64 concurrent callers, 4 attempts each: exactly 5 pass (the user's
     // limit), and every other attempt is given back to the IP and route.
     let mut tasks = Vec::new();
@@ -559,18 +562,21 @@ async fn multi_limit_is_all_or_nothing_and_leaks_no_capacity() {
         passed += t.await.unwrap();
     }
     assert_eq!(passed, 5);
-    assert_eq!(per_ip.peek(b"ip1").await.unwrap().remaining(), 100 - 5 - 1);
     assert_eq!(
-        route.peek(b"/login").await.unwrap().remaining(),
+        per_ip.peek_key(b"ip1").await.unwrap().remaining(),
+        100 - 5 - 1
+    );
+    assert_eq!(
+        route.peek_key(b"/login").await.unwrap().remaining(),
         1000 - 5 - 1
     );
-    assert!(!per_user.peek(b"alice").await.unwrap().is_allowed());
+    assert!(!per_user.peek_key(b"alice").await.unwrap().is_allowed());
     // The first limit denying: nothing is taken from the others either.
     let (ok, ds) = check_all(&[(&per_user, b"alice", 1), (&per_ip, b"ip2", 3)])
         .await
         .unwrap();
     assert!(!ok && !ds[0].is_allowed() && ds[1].is_allowed());
-    assert_eq!(per_ip.peek(b"ip2").await.unwrap().remaining(), 99);
+    assert_eq!(per_ip.peek_key(b"ip2").await.unwrap().remaining(), 99);
     assert_eq!(check_all(&[]).await.unwrap(), (true, vec![]));
 }
 
@@ -596,7 +602,7 @@ async fn the_deny_cache_spares_round_trips_for_a_denied_hot_key() {
         let (mut checks, mut admitted, mut denied_by_redis, mut from_cache) =
             (0u64, 0u64, 0u64, 0u64);
         while start.elapsed() < Duration::from_millis(550) {
-            let d = l.check(b"hot").await.unwrap();
+            let d = l.check_key(b"hot").await.unwrap();
             checks += 1;
             admitted += u64::from(d.is_allowed());
             match d.source() {
@@ -633,14 +639,17 @@ async fn the_deny_cache_spares_round_trips_for_a_denied_hot_key() {
         .deny_cache(10)
         .build()
         .unwrap();
-    assert!(l.check(b"k").await.unwrap().is_allowed());
-    assert_eq!(l.check(b"k").await.unwrap().source(), DecisionSource::Redis);
+    assert!(l.check_key(b"k").await.unwrap().is_allowed());
     assert_eq!(
-        l.check(b"k").await.unwrap().source(),
+        l.check_key(b"k").await.unwrap().source(),
+        DecisionSource::Redis
+    );
+    assert_eq!(
+        l.check_key(b"k").await.unwrap().source(),
         DecisionSource::DenyCache
     );
-    l.refund(b"k", 1).await.unwrap();
-    let d = l.check(b"k").await.unwrap();
+    l.refund_key(b"k", 1).await.unwrap();
+    let d = l.check_key(b"k").await.unwrap();
     assert!(d.is_allowed() && d.source() == DecisionSource::Redis);
     let bad = RedisLimiter::builder(policy, &b).deny_cache(0).build();
     assert!(matches!(bad, Err(RedisError::Config(_))));
@@ -709,7 +718,7 @@ async fn multi_limit_on_one_server_is_one_call_and_both_paths_leak_nothing() {
         }
         assert_eq!(passed, 7, "{tag}");
         assert_eq!(
-            per_ip.peek(b"ip").await.unwrap().remaining(),
+            per_ip.peek_key(b"ip").await.unwrap().remaining(),
             50 - 2 - 7 - 1,
             "{tag}"
         );
@@ -760,9 +769,9 @@ async fn multi_limit_with_redis_down_follows_each_policy_all_or_nothing() {
     assert_eq!(ds[0].source(), DecisionSource::Fallback);
     assert_eq!(ds[1].source(), DecisionSource::FailOpen);
     // The failed call gave its fallback unit back: one unit left of two.
-    let d = share.check(b"k").await.unwrap();
+    let d = share.check_key(b"k").await.unwrap();
     assert!(d.is_allowed() && d.remaining() == 0 && d.source() == DecisionSource::Fallback);
-    assert!(!share.check(b"k").await.unwrap().is_allowed());
+    assert!(!share.check_key(b"k").await.unwrap().is_allowed());
 }
 
 /// A promoted replica: the scripts' writes were replicated (as effects), so
@@ -790,7 +799,7 @@ async fn a_promoted_replica_keeps_the_counts_and_reloads_the_scripts() {
             FailurePolicy::Closed,
         );
         for _ in 0..3 {
-            assert!(on_master.check(b"k").await.unwrap().is_allowed());
+            assert!(on_master.check_key(b"k").await.unwrap().is_allowed());
         }
     }
     assert!(master.cmd(&["WAIT", "1", "2000"]).starts_with(":1"));
@@ -800,7 +809,7 @@ async fn a_promoted_replica_keeps_the_counts_and_reloads_the_scripts() {
         let l = limiter(policy, &promoted, &format!("rep{i}"), FailurePolicy::Closed);
         let mut admitted = 0;
         for _ in 0..5 {
-            let d = l.check(b"k").await.unwrap();
+            let d = l.check_key(b"k").await.unwrap();
             assert_eq!(d.source(), DecisionSource::Redis);
             admitted += u32::from(d.is_allowed());
         }
@@ -840,7 +849,7 @@ async fn soft_policies_admit_the_tolerance_and_report_the_nominal_limit() {
             .unwrap();
         let mut ds = Vec::new();
         for _ in 0..13 {
-            ds.push(l.check(b"k").await.unwrap());
+            ds.push(l.check_key(b"k").await.unwrap());
         }
         let ctx = format!("{policy:?}: {ds:?}");
         for (j, d) in ds.iter().enumerate() {
@@ -859,16 +868,16 @@ async fn soft_policies_admit_the_tolerance_and_report_the_nominal_limit() {
             .unwrap()
             .starts_with("\"api\";r=0;t="));
         // The denial is cached, and read in nominal terms too.
-        let cached = l.check(b"k").await.unwrap();
+        let cached = l.check_key(b"k").await.unwrap();
         assert_eq!(cached.source(), DecisionSource::DenyCache, "{ctx}");
         assert!(!cached.is_allowed() && !cached.is_above_limit());
         assert_eq!((cached.limit(), cached.remaining()), (10, 0));
         // A cost up to the widened capacity is valid; above it, an error.
         assert!(matches!(
-            l.check_n(b"k2", 13).await,
+            l.check_key_n(b"k2", 13).await,
             Err(RedisError::InsufficientCapacity(_))
         ));
-        let d = l.check_n(b"k3", 11).await.unwrap();
+        let d = l.check_key_n(b"k3", 11).await.unwrap();
         assert!(d.is_allowed() && d.is_above_limit(), "{ctx}: {d:?}");
         assert_eq!((d.limit(), d.remaining()), (10, 0));
     }
@@ -904,7 +913,7 @@ async fn soft_policies_admit_the_tolerance_and_report_the_nominal_limit() {
         ]
     );
     // The hard limit took exactly three: the denial took nothing.
-    assert_eq!(hard.peek(b"u").await.unwrap().remaining(), 1);
+    assert_eq!(hard.peek_key(b"u").await.unwrap().remaining(), 1);
 }
 
 /// With Redis down, the local fallback keeps the softness: the instance's
@@ -946,7 +955,7 @@ async fn the_fallback_of_a_soft_policy_is_soft() {
             "{ctx}"
         );
         let open = limiter(policy, &b, "down-open", FailurePolicy::Open);
-        let d = open.check(b"k").await.unwrap();
+        let d = open.check_key(b"k").await.unwrap();
         assert_eq!(d.source(), DecisionSource::FailOpen);
         assert!(d.is_allowed() && !d.is_above_limit());
         assert_eq!((d.limit(), d.remaining()), (10, 9));
@@ -957,7 +966,7 @@ async fn the_fallback_of_a_soft_policy_is_soft() {
 async fn checks(l: &RedisLimiter, n: usize) -> Vec<ratewall::redis::RedisDecision> {
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
-        out.push(l.check(b"k").await.unwrap());
+        out.push(l.check_key(b"k").await.unwrap());
     }
     out
 }
@@ -975,17 +984,17 @@ async fn calls_dropped_while_queued_are_never_sent() {
         "gone",
         FailurePolicy::Closed,
     ));
-    assert!(l.check(b"k").await.unwrap().is_allowed());
+    assert!(l.check_key(b"k").await.unwrap().is_allowed());
     assert_eq!(server.cmd(&["CLIENT", "PAUSE", "400", "ALL"]), "+OK\r\n");
     // One call goes out and waits for the paused server...
     let first = tokio::spawn({
         let l = l.clone();
-        async move { l.check(b"k").await }
+        async move { l.check_key(b"k").await }
     });
     tokio::time::sleep(Duration::from_millis(20)).await;
     // ...while 20 more queue behind it, and their callers give up.
     for _ in 0..20 {
-        let r = tokio::time::timeout(Duration::from_millis(5), l.check(b"k")).await;
+        let r = tokio::time::timeout(Duration::from_millis(5), l.check_key(b"k")).await;
         assert!(r.is_err(), "answered while the server was paused: {r:?}");
     }
     let d = first.await.unwrap().unwrap();
@@ -996,7 +1005,7 @@ async fn calls_dropped_while_queued_are_never_sent() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     let on_the_wire = ratewall::redis::DEFAULT_IN_FLIGHT as u64;
     assert_eq!(
-        l.peek(b"k").await.unwrap().remaining(),
+        l.peek_key(b"k").await.unwrap().remaining(),
         100 - 1 - on_the_wire - 1
     );
 }
@@ -1015,20 +1024,20 @@ async fn a_dropped_first_caller_hands_the_queue_on() {
         "handoff",
         FailurePolicy::Closed,
     ));
-    assert!(l.check(b"warm").await.unwrap().is_allowed());
+    assert!(l.check_key(b"warm").await.unwrap().is_allowed());
     assert_eq!(server.cmd(&["CLIENT", "PAUSE", "300", "ALL"]), "+OK\r\n");
     let paused = Instant::now();
     // The first call goes out at once; its caller gives up after 50 ms.
     let first = tokio::spawn({
         let l = l.clone();
-        async move { tokio::time::timeout(Duration::from_millis(50), l.check(b"k")).await }
+        async move { tokio::time::timeout(Duration::from_millis(50), l.check_key(b"k")).await }
     });
     tokio::time::sleep(Duration::from_millis(10)).await;
     // Ten more queue behind it, with the backend's 5 s timeout.
     let queued: Vec<_> = (0..10)
         .map(|_| {
             let l = l.clone();
-            tokio::spawn(async move { l.check(b"k").await })
+            tokio::spawn(async move { l.check_key(b"k").await })
         })
         .collect();
     assert!(first.await.unwrap().is_err(), "answered while paused");
@@ -1110,12 +1119,12 @@ async fn a_batch_reply_of_the_wrong_length_is_an_error_for_every_call() {
     );
     // One call alone: a reply of ten fields, not five, is an error too.
     assert!(matches!(
-        l.check(b"a").await,
+        l.check_key(b"a").await,
         Err(RedisError::Server { .. })
     ));
     // Four at once: the first alone, then a batch of three.
     let keys = [&b"a"[..], b"b", b"c", b"d"];
-    let replies = futures_util::future::join_all(keys.iter().map(|k| l.check(k))).await;
+    let replies = futures_util::future::join_all(keys.iter().map(|k| l.check_key(k))).await;
     for r in &replies {
         assert!(matches!(r, Err(RedisError::Server { .. })), "{r:?}");
     }

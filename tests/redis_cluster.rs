@@ -63,7 +63,7 @@ async fn a_three_master_cluster_limits_exactly_across_slots_and_follows_moved() 
             let mut admitted = vec![0u64; users.len()];
             for (i, u) in users.iter().enumerate() {
                 if (i + t) % 2 == 0 {
-                    let d = l.check(u.as_bytes()).await.unwrap();
+                    let d = l.check_key(u.as_bytes()).await.unwrap();
                     assert_eq!(d.source(), DecisionSource::Redis);
                     admitted[i] += u64::from(d.is_allowed());
                 }
@@ -94,7 +94,7 @@ async fn a_three_master_cluster_limits_exactly_across_slots_and_follows_moved() 
         .unwrap();
     assert!(!ok, "user0 is spent");
     assert_eq!(
-        per_ip.peek(b"192.0.2.1").await.unwrap().remaining(),
+        per_ip.peek_key(b"192.0.2.1").await.unwrap().remaining(),
         99,
         "given back"
     );
@@ -102,7 +102,7 @@ async fn a_three_master_cluster_limits_exactly_across_slots_and_follows_moved() 
         .await
         .unwrap();
     assert!(ok);
-    assert_eq!(per_ip.peek(b"192.0.2.1").await.unwrap().remaining(), 98);
+    assert_eq!(per_ip.peek_key(b"192.0.2.1").await.unwrap().remaining(), 98);
 
     // Move the slot of a fresh key to another master behind the client's
     // back: the client gets MOVED, follows it, and the check just works.
@@ -113,8 +113,8 @@ async fn a_three_master_cluster_limits_exactly_across_slots_and_follows_moved() 
         FailurePolicy::Closed,
     );
     let key = String::from_utf8(l.redis_key(b"m").unwrap()).unwrap();
-    assert!(l.check(b"m").await.unwrap().is_allowed()); // the client learns the owner
-    l.reset(b"m").await.unwrap(); // empty slot: it can move without migrating keys
+    assert!(l.check_key(b"m").await.unwrap().is_allowed()); // the client learns the owner
+    l.reset_key(b"m").await.unwrap(); // empty slot: it can move without migrating keys
     let from = cluster.owner(&key);
     let to = (from + 1) % 3;
     let slot = cluster.slot(&key).to_string();
@@ -127,11 +127,11 @@ async fn a_three_master_cluster_limits_exactly_across_slots_and_follows_moved() 
     }
     assert_eq!(cluster.owner(&key), to);
     for i in 0..3 {
-        let d = l.check(b"m").await.unwrap();
+        let d = l.check_key(b"m").await.unwrap();
         assert!(d.is_allowed(), "check {i} after the move: {d:?}");
         assert_eq!(d.remaining(), 2 - i);
     }
-    assert!(!l.check(b"m").await.unwrap().is_allowed());
+    assert!(!l.check_key(b"m").await.unwrap().is_allowed());
     assert_eq!(cluster.nodes[to].cmd(&["EXISTS", &key]), ":1\r\n");
 }
 
@@ -159,7 +159,7 @@ async fn a_killed_master_fails_its_keys_within_the_timeout() {
         .collect();
     for k in &keys {
         assert_eq!(
-            l.check(k.as_bytes()).await.unwrap().source(),
+            l.check_key(k.as_bytes()).await.unwrap().source(),
             DecisionSource::Redis
         );
     }
@@ -168,7 +168,7 @@ async fn a_killed_master_fails_its_keys_within_the_timeout() {
     let (mut on_dead, mut on_live) = (0, 0);
     for (k, &o) in keys.iter().zip(&owner) {
         let t = Instant::now();
-        let d = l.check(k.as_bytes()).await.unwrap();
+        let d = l.check_key(k.as_bytes()).await.unwrap();
         assert!(t.elapsed() < bound, "{k}: {:?}", t.elapsed());
         if o == 0 {
             assert_eq!(
@@ -193,7 +193,7 @@ async fn a_killed_master_fails_its_keys_within_the_timeout() {
     let k = keys.iter().zip(&owner).find(|(_, &o)| o == 0).unwrap().0;
     let t = Instant::now();
     assert!(matches!(
-        closed.check(k.as_bytes()).await,
+        closed.check_key(k.as_bytes()).await,
         Err(RedisError::Unavailable { .. })
     ));
     assert!(t.elapsed() < bound);
@@ -267,7 +267,7 @@ async fn hash_tagged_limits_on_one_key_are_one_script_on_a_cluster() {
     );
     // ...and took nothing from it (all or nothing): 3 of 5 used, so one
     // more unit would leave 1 (it would leave 0 had the 4th taken).
-    assert_eq!(day.peek(b"api-key-7").await.unwrap().remaining(), 1);
+    assert_eq!(day.peek_key(b"api-key-7").await.unwrap().remaining(), 1);
 
     // The same limits without the hash tag: different slots, parallel.
     let plain = |name: &str, policy: Policy| {

@@ -71,7 +71,7 @@ async fn a_key_gets_its_guarantee_while_others_drain_the_pool() {
         let (mut admitted, mut above) = (0, 0);
         for hog in [&b"hog1"[..], b"hog2", b"hog3"] {
             for _ in 0..40 {
-                let d = l.check(hog).await.unwrap();
+                let d = l.check_key(hog).await.unwrap();
                 assert_eq!(d.source(), DecisionSource::Redis);
                 assert_eq!(d.limit(), 5, "the guarantee's limit");
                 admitted += u64::from(d.is_allowed());
@@ -119,7 +119,7 @@ async fn concurrent_callers_never_over_draw_the_pool() {
             tasks.push(tokio::spawn(async move {
                 let (mut guaranteed, mut pooled) = (0u64, 0u64);
                 for _ in 0..12 {
-                    let d = l.check(&key).await.unwrap();
+                    let d = l.check_key(&key).await.unwrap();
                     assert_eq!(d.source(), DecisionSource::Redis);
                     match (d.is_allowed(), d.is_above_limit()) {
                         (true, false) => guaranteed += 1,
@@ -152,10 +152,10 @@ async fn a_denial_writes_nothing_and_every_key_has_a_ttl() {
         let l = elastic(parts(algorithm, 2, 4, 3), &b, &name, FailurePolicy::Closed);
         // a: 2 guaranteed + 2 from the pool (its ceiling); b: 2 + the last pool unit.
         for _ in 0..4 {
-            assert!(l.check(b"a").await.unwrap().is_allowed());
+            assert!(l.check_key(b"a").await.unwrap().is_allowed());
         }
         for _ in 0..3 {
-            assert!(l.check(b"b").await.unwrap().is_allowed());
+            assert!(l.check_key(b"b").await.unwrap().is_allowed());
         }
         let keys: Vec<String> = [&b"a"[..], b"b"]
             .iter()
@@ -174,8 +174,8 @@ async fn a_denial_writes_nothing_and_every_key_has_a_ttl() {
         // a: its ceiling is reached (the headroom denies); b: the pool is
         // empty (the pool denies after the headroom allowed).
         for _ in 0..3 {
-            assert!(!l.check(b"a").await.unwrap().is_allowed());
-            assert!(!l.check(b"b").await.unwrap().is_allowed());
+            assert!(!l.check_key(b"a").await.unwrap().is_allowed());
+            assert!(!l.check_key(b"b").await.unwrap().is_allowed());
         }
         let after = snapshot(&server);
         for (i, ((dump0, ttl0), (dump1, ttl1))) in before.iter().zip(&after).enumerate() {
@@ -266,7 +266,7 @@ async fn the_pool_follows_a_run_time_change() {
         );
         // Back at 6 (rescaled from a full 3): full, not 6 units free.
         l.set_pool(parts(algorithm, 1, 1, 6).2).unwrap();
-        assert!(!l.check(b"k").await.unwrap().is_allowed());
+        assert!(!l.check_key(b"k").await.unwrap().is_allowed());
     }
 }
 
@@ -282,12 +282,12 @@ async fn each_failure_policy_does_what_it_says() {
         .unwrap();
     let p = parts(2, 2, 4, 1);
     let open = elastic(p, &b, "open", FailurePolicy::Open);
-    let d = open.check(b"k").await.unwrap();
+    let d = open.check_key(b"k").await.unwrap();
     assert_eq!(d.source(), DecisionSource::FailOpen);
     assert!(d.is_allowed() && !d.is_above_limit());
     let closed = elastic(p, &b, "closed", FailurePolicy::Closed);
     assert!(matches!(
-        closed.check(b"k").await,
+        closed.check_key(b"k").await,
         Err(RedisError::Unavailable { .. })
     ));
     let share = elastic(
@@ -316,9 +316,12 @@ async fn each_failure_policy_does_what_it_says() {
     assert!(ds[0].is_allowed() && !ds[1].is_allowed());
     assert_eq!(ds[0].source(), DecisionSource::Fallback);
     // Bad input is a typed error before any call.
-    assert!(matches!(share.check(b"").await, Err(RedisError::EmptyKey)));
     assert!(matches!(
-        share.check_n(b"k", 3).await,
+        share.check_key(b"").await,
+        Err(RedisError::EmptyKey)
+    ));
+    assert!(matches!(
+        share.check_key_n(b"k", 3).await,
         Err(RedisError::InsufficientCapacity(_))
     ));
 }
@@ -346,7 +349,7 @@ async fn a_cluster_runs_the_elastic_script_in_one_slot() {
             let key = format!("user{}", t % 8).into_bytes();
             let mut out = (0u64, 0u64);
             for _ in 0..6 {
-                let d = l.check(&key).await.unwrap();
+                let d = l.check_key(&key).await.unwrap();
                 assert_eq!(d.source(), DecisionSource::Redis);
                 out.0 += u64::from(d.is_allowed() && !d.is_above_limit());
                 out.1 += u64::from(d.is_above_limit());
@@ -382,7 +385,7 @@ async fn futures(
 ) -> Vec<ratewall::redis::RedisDecision> {
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
-        out.push(l.check(key).await.unwrap());
+        out.push(l.check_key(key).await.unwrap());
     }
     out
 }
@@ -406,7 +409,7 @@ async fn memory_per_key_is_two_small_states_and_one_shared_pool() {
         // Guarantee full, and 100 more from the pool: both per-key states
         // at their fullest for a sliding log.
         for _ in 0..2 {
-            let d = l.check_n(b"user:1", 100).await.unwrap();
+            let d = l.check_key_n(b"user:1", 100).await.unwrap();
             assert!(d.is_allowed());
         }
         let usage = |k: &[u8]| -> u64 {
@@ -455,16 +458,16 @@ async fn bad_input_gets_typed_errors() {
         assert!(matches!(e, RedisError::InvalidName { .. }), "{name:?}");
     }
     let l = elastic(parts(2, 1, 2, 5), &b, "bad", FailurePolicy::Closed);
-    assert_eq!(l.check(b"").await.unwrap_err(), RedisError::EmptyKey);
+    assert_eq!(l.check_key(b"").await.unwrap_err(), RedisError::EmptyKey);
     let huge = vec![0xffu8; 1 << 20];
-    assert!(l.check(&huge).await.unwrap().is_allowed());
+    assert!(l.check_key(&huge).await.unwrap().is_allowed());
     for k in l.redis_keys(&huge).unwrap() {
         assert!(k.len() <= "el:{bad}:g:".len() + 33 && k.starts_with(b"el:{bad}:"));
     }
     // Another program's data in the pool key: an error reply, not a reset.
     server.cmd(&["SET", "el:{bad}:pool", "hello"]);
-    assert!(l.check(b"k").await.unwrap().is_allowed()); // the guarantee
-    let e = l.check(b"k").await.unwrap_err(); // the pool is read
+    assert!(l.check_key(b"k").await.unwrap().is_allowed()); // the guarantee
+    let e = l.check_key(b"k").await.unwrap_err(); // the pool is read
     assert!(matches!(e, RedisError::Server { .. }), "{e:?}");
     assert_eq!(server.cmd(&["GET", "el:{bad}:pool"]), "$5\r\nhello\r\n");
     assert!(b.is_available(), "Redis answered: the circuit stays closed");

@@ -85,7 +85,7 @@ async fn hammer(
                 let mut n = (i * 31 + j * 7) as u64;
                 while Instant::now() < stop {
                     n += 1;
-                    let d = l.check(b"hot").await.unwrap();
+                    let d = l.check_key(b"hot").await.unwrap();
                     if d.is_allowed() {
                         counts.admitted.fetch_add(1, Ordering::Relaxed);
                         if d.source() == DecisionSource::Lease {
@@ -95,7 +95,7 @@ async fn hammer(
                         counts.denied.fetch_add(1, Ordering::Relaxed);
                     }
                     if n % release_every == 0 {
-                        l.release(b"hot").await.unwrap();
+                        l.release_key(b"hot").await.unwrap();
                     }
                     if let Some(p) = pause.filter(|_| n % 97 == 0) {
                         tokio::time::sleep(p).await;
@@ -140,7 +140,7 @@ async fn four_instances_admit_exactly_the_burst_and_lose_nothing_they_release() 
     // A fresh instance now gets exactly what nobody used.
     let probe = instance(&server, policy, "exact", FailurePolicy::Closed, opts);
     let mut more = 0;
-    while probe.check(b"hot").await.unwrap().is_allowed() {
+    while probe.check_key(b"hot").await.unwrap().is_allowed() {
         more += 1;
         assert!(more <= 100);
     }
@@ -213,7 +213,7 @@ async fn leases_of_16_cut_round_trips_per_admitted_request_tenfold() {
             .collect();
         // Warm up (the first call loads the script), then count from zero.
         for l in &instances {
-            let _ = l.check(b"warm").await.unwrap();
+            let _ = l.check_key(b"warm").await.unwrap();
         }
         let before: u64 = instances.iter().map(|l| l.round_trips()).sum();
         server.cmd(&["CONFIG", "RESETSTAT"]);
@@ -227,7 +227,7 @@ async fn leases_of_16_cut_round_trips_per_admitted_request_tenfold() {
                     while Instant::now() < stop {
                         for _ in 0..20 {
                             checks += 1;
-                            admitted += u64::from(l.check(b"hot").await.unwrap().is_allowed());
+                            admitted += u64::from(l.check_key(b"hot").await.unwrap().is_allowed());
                         }
                         tokio::time::sleep(Duration::from_millis(1)).await;
                     }
@@ -281,7 +281,7 @@ async fn leases_outlive_a_killed_server_then_the_failure_policy_answers() {
         // Grow the lease to 16: takes of 1, 2, 4, 8, 16 units.
         let mut checks = 0;
         while l.held(b"k") < 15 {
-            assert!(l.check(b"k").await.unwrap().is_allowed());
+            assert!(l.check_key(b"k").await.unwrap().is_allowed());
             checks += 1;
             assert!(checks < 64);
         }
@@ -290,7 +290,7 @@ async fn leases_outlive_a_killed_server_then_the_failure_policy_answers() {
     for (l, name) in [(&closed, "closed"), (&fallback, "fallback")] {
         for i in 0..15 {
             let t = Instant::now();
-            let d = l.check(b"k").await.unwrap();
+            let d = l.check_key(b"k").await.unwrap();
             assert!(
                 d.is_allowed() && d.source() == DecisionSource::Lease,
                 "{name} {i}"
@@ -299,7 +299,7 @@ async fn leases_outlive_a_killed_server_then_the_failure_policy_answers() {
             assert!(t.elapsed() < Duration::from_millis(5));
         }
         let t = Instant::now();
-        let next = l.check(b"k").await;
+        let next = l.check_key(b"k").await;
         assert!(t.elapsed() < timeout + Duration::from_millis(400), "{name}");
         match name {
             "closed" => assert!(
@@ -341,21 +341,24 @@ async fn the_deny_cache_composes_with_leases() {
     );
     // This instance: takes of 1 and 2 units (3 admitted, 1 held).
     for _ in 0..2 {
-        assert!(l.check(b"k").await.unwrap().is_allowed());
+        assert!(l.check_key(b"k").await.unwrap().is_allowed());
     }
     assert_eq!(l.held(b"k"), 1);
     // Another instance takes the other 3; then it is denied.
     for _ in 0..3 {
-        assert!(other.check(b"k").await.unwrap().is_allowed());
+        assert!(other.check_key(b"k").await.unwrap().is_allowed());
     }
-    assert!(!other.check(b"k").await.unwrap().is_allowed());
+    assert!(!other.check_key(b"k").await.unwrap().is_allowed());
     // This one uses its last leased unit, then Redis denies, then the cache.
-    assert_eq!(l.check(b"k").await.unwrap().source(), DecisionSource::Lease);
-    let d = l.check(b"k").await.unwrap();
+    assert_eq!(
+        l.check_key(b"k").await.unwrap().source(),
+        DecisionSource::Lease
+    );
+    let d = l.check_key(b"k").await.unwrap();
     assert!(!d.is_allowed() && d.source() == DecisionSource::Redis);
     let calls = l.round_trips();
     for _ in 0..10 {
-        let d = l.check(b"k").await.unwrap();
+        let d = l.check_key(b"k").await.unwrap();
         assert!(!d.is_allowed());
         assert_eq!(d.source(), DecisionSource::DenyCache);
         assert_eq!(d.remaining(), 0);
@@ -385,7 +388,7 @@ async fn stranded_units_are_holders_times_lease_minus_one_and_come_back() {
         for l in &holders {
             // Until its newest lease is full: k - 1 units held, unused.
             while l.held(b"k") < k - 1 {
-                assert!(l.check(b"k").await.unwrap().is_allowed());
+                assert!(l.check_key(b"k").await.unwrap().is_allowed());
                 admitted += 1;
             }
         }
@@ -398,7 +401,7 @@ async fn stranded_units_are_holders_times_lease_minus_one_and_come_back() {
         );
         let mut got = 0;
         loop {
-            let d = probe.check(b"k").await.unwrap();
+            let d = probe.check_key(b"k").await.unwrap();
             if !d.is_allowed() {
                 assert_eq!(d.remaining(), 0);
                 break;
@@ -414,7 +417,7 @@ async fn stranded_units_are_holders_times_lease_minus_one_and_come_back() {
         }
         assert_eq!(back, stranded);
         let mut more = 0;
-        while probe.check(b"k").await.unwrap().is_allowed() {
+        while probe.check_key(b"k").await.unwrap().is_allowed() {
             more += 1;
         }
         assert_eq!(more, stranded, "every stranded unit came back");
@@ -427,7 +430,7 @@ async fn stranded_units_are_holders_times_lease_minus_one_and_come_back() {
     let l = instance(&server, policy, "ended", FailurePolicy::Closed, opts);
     let mut admitted = 0;
     while l.held(b"k") < 7 {
-        assert!(l.check(b"k").await.unwrap().is_allowed());
+        assert!(l.check_key(b"k").await.unwrap().is_allowed());
         admitted += 1;
     }
     tokio::time::sleep(Duration::from_millis(60)).await;
@@ -441,7 +444,7 @@ async fn stranded_units_are_holders_times_lease_minus_one_and_come_back() {
         RedisLeaseOptions::new().max_lease(1),
     );
     let mut got = 0;
-    while probe.check(b"k").await.unwrap().is_allowed() {
+    while probe.check_key(b"k").await.unwrap().is_allowed() {
         got += 1;
     }
     assert_eq!(admitted + got + 7, burst, "the 7 unused units were charged");
@@ -472,20 +475,20 @@ async fn a_dropped_or_timed_out_take_is_neither_stuck_nor_retried() {
     // Takes of 1 and 2 units, then the leased unit: the next take asks
     // for 4 (others would wait for it).
     for _ in 0..3 {
-        assert!(l.check(b"k").await.unwrap().is_allowed());
+        assert!(l.check_key(b"k").await.unwrap().is_allowed());
     }
     assert_eq!(l.held(b"k"), 0);
     server.cmd(&["CONFIG", "RESETSTAT"]);
     let before = l.round_trips();
     server.cmd(&["CLIENT", "PAUSE", "400", "ALL"]);
     assert!(
-        tokio::time::timeout(Duration::from_millis(10), l.check(b"k"))
+        tokio::time::timeout(Duration::from_millis(10), l.check_key(b"k"))
             .await
             .is_err(),
         "dropped mid-take"
     );
     let t = Instant::now();
-    let next = tokio::time::timeout(Duration::from_secs(2), l.check(b"k"))
+    let next = tokio::time::timeout(Duration::from_secs(2), l.check_key(b"k"))
         .await
         .expect("not stuck behind the dropped take");
     assert!(
@@ -496,7 +499,7 @@ async fn a_dropped_or_timed_out_take_is_neither_stuck_nor_retried() {
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert_eq!(l.round_trips() - before, 2);
     assert_eq!(script_calls(&server), 2, "each call ran once, none retried");
-    assert!(l.check(b"k").await.unwrap().is_allowed());
+    assert!(l.check_key(b"k").await.unwrap().is_allowed());
 }
 
 /// On a 3-master Redis Cluster: 3 instances x 4 tasks with leases of up to
@@ -542,7 +545,7 @@ async fn leases_on_a_cluster_are_exact_on_every_master() {
             handles.push(tokio::spawn(async move {
                 for round in 0..40usize {
                     let i = (round + t) % 6;
-                    if l.check(keys[i].as_bytes()).await.unwrap().is_allowed() {
+                    if l.check_key(keys[i].as_bytes()).await.unwrap().is_allowed() {
                         admitted[i].fetch_add(1, Ordering::Relaxed);
                     }
                 }
@@ -560,7 +563,7 @@ async fn leases_on_a_cluster_are_exact_on_every_master() {
         let first = admitted[i].load(Ordering::Relaxed);
         assert!(first <= 20, "{k}: {first}");
         let mut more = 0;
-        while probe.check(k.as_bytes()).await.unwrap().is_allowed() {
+        while probe.check_key(k.as_bytes()).await.unwrap().is_allowed() {
             more += 1;
             assert!(more <= 20);
         }

@@ -57,6 +57,26 @@ impl Params for Gcra {
     }
 }
 
+/// GCRA's decision arithmetic, in any time unit: a request whose cost is
+/// `cost = n*T`, against a bucket that holds `held = max(TAT - now, 0)`,
+/// with tolerance `tau`. Allowed iff `used = held + cost <= tau`; then the
+/// credit left is `tau - used` and the bucket is full again after `used`
+/// (the new TAT is `now + used`). Denied: the credit is `tau - held`, the
+/// retry `used - tau`, and the reset `held`.
+///
+/// Returns `(allowed, credit, retry, reset)`. The one source of this
+/// arithmetic: the local step below and the Redis batch decoding
+/// (`redis::wire`, which gets `held` from `lua/batch.lua`) both call it.
+#[inline]
+pub(crate) fn gcra_decide(held: u64, cost: u64, tau: u64) -> (bool, u64, u64, u64) {
+    let used = held.saturating_add(cost);
+    if used <= tau {
+        (true, tau - used, 0, used)
+    } else {
+        (false, tau.saturating_sub(held), used - tau, held)
+    }
+}
+
 impl WordStep for Gcra {
     #[inline]
     fn capacity(&self) -> u64 {
@@ -68,16 +88,15 @@ impl WordStep for Gcra {
         // No overflow: held <= tau_max <= 2^62 and n*T <= burst*T = tau <= 2^62,
         // and an admitted `now + used` is at most HORIZON + 2^62.
         let held = tat.saturating_sub(now);
-        let used = held.saturating_add(n * self.emission);
-        if used <= self.tolerance {
-            let credit = self.tolerance - used;
-            let d = Decision::allow_credit(self.burst, credit, self.emission, used);
-            (d, Some(now + used))
-        } else {
-            let credit = self.tolerance.saturating_sub(held);
-            let retry = used - self.tolerance;
-            let d = Decision::deny_credit(self.burst, credit, self.emission, retry, held);
-            (d, None)
+        match gcra_decide(held, n * self.emission, self.tolerance) {
+            (true, credit, _, used) => {
+                let d = Decision::allow_credit(self.burst, credit, self.emission, used);
+                (d, Some(now + used))
+            }
+            (false, credit, retry, held) => {
+                let d = Decision::deny_credit(self.burst, credit, self.emission, retry, held);
+                (d, None)
+            }
         }
     }
 

@@ -16,6 +16,8 @@ mod sliding;
 mod window;
 
 pub use fixed::FixedCounter;
+#[cfg(feature = "redis")]
+pub(crate) use gcra::gcra_decide;
 pub use gcra::{Gcra, LeakyGcra};
 pub(crate) use log::LogRing;
 pub use log::SlidingLog;

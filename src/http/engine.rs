@@ -639,7 +639,8 @@ impl<C: Clock + 'static> Shared<C> {
             })
             .collect();
         if !shadow.is_empty() {
-            let results = join_all(shadow.iter().map(|&(_, l, k, cost)| l.check_n(k, cost))).await;
+            let results =
+                join_all(shadow.iter().map(|&(_, l, k, cost)| l.check_key_n(k, cost))).await;
             for (&(i, ..), r) in shadow.iter().zip(results) {
                 let c = &rule_of(&entries[i]).counters;
                 match r {

@@ -1,17 +1,17 @@
-//! The connection to Redis: one multiplexed connection that pipelines
-//! concurrent callers and reconnects by itself, a per-call timeout, and the
-//! circuit breaker.
+//! [`RedisBackend`], the public handle on a Redis server or Cluster, and
+//! its builder: the connection and the guarded call ([`Link`], in
+//! `connection.rs`) with the batching front (`batch.rs`).
 
-use super::batch::{Batcher, Call, Reply};
-use super::breaker::{Breaker, Permit};
+use super::batch::Batcher;
+use super::connection::{Conn, Link};
+use super::wire::{Call, Reply};
 use super::RedisError;
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
-use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, ErrorKind, Pipeline, RedisFuture, ServerErrorKind, Value};
+use redis::Value;
 use std::fmt;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The default per-call timeout: a loopback or same-rack script call takes
 /// well under a millisecond, so 50 ms means Redis is in trouble.
@@ -55,14 +55,6 @@ struct Inner {
     url: String,
     /// `None` when batching is off (`max_batch(1)`).
     batcher: Option<Batcher>,
-}
-
-/// The connection, its per-call timeout and its breaker: what a call needs,
-/// shared with the batch runners (which must not keep the backend alive).
-pub(crate) struct Link {
-    conn: Conn,
-    timeout: Duration,
-    breaker: Breaker,
 }
 
 /// Configures a [`RedisBackend`]: timeouts and the circuit breaker.
@@ -153,7 +145,7 @@ impl RedisBackend {
     /// # Ok(()) }
     /// ```
     pub fn timeout(&self) -> Duration {
-        self.inner.link.timeout
+        self.inner.link.timeout()
     }
 
     /// Whether calls go to Redis now (the circuit is closed).
@@ -166,7 +158,7 @@ impl RedisBackend {
     /// # Ok(()) }
     /// ```
     pub fn is_available(&self) -> bool {
-        self.inner.link.breaker.is_closed()
+        self.inner.link.is_available()
     }
 
     /// Whether `other` is this backend (the same connection).
@@ -176,7 +168,7 @@ impl RedisBackend {
 
     /// Whether this is a Redis Cluster.
     pub(crate) fn is_cluster(&self) -> bool {
-        matches!(self.inner.link.conn, Conn::Cluster(_))
+        self.inner.link.is_cluster()
     }
 
     /// Runs one single-key call (a check, peek or refund): batched with
@@ -186,7 +178,7 @@ impl RedisBackend {
     pub(crate) async fn call(&self, call: Call) -> Result<Reply, RedisError> {
         match &self.inner.batcher {
             Some(b) => b.call(call).await,
-            None => call.send(&self.inner.link).await,
+            None => self.inner.link.send(&call).await,
         }
     }
 
@@ -203,118 +195,8 @@ impl RedisBackend {
 
     /// One plain command under the timeout and the breaker.
     pub(crate) async fn query(&self, cmd: &redis::Cmd) -> Result<Value, RedisError> {
-        self.inner
-            .link
-            .guarded(|mut conn| async move { cmd.query_async::<Value>(&mut conn).await })
-            .await
+        self.inner.link.query(cmd).await
     }
-}
-
-impl Link {
-    pub(crate) fn timeout(&self) -> Duration {
-        self.timeout
-    }
-
-    pub(crate) fn is_cluster(&self) -> bool {
-        matches!(self.conn, Conn::Cluster(_))
-    }
-
-    /// See [`RedisBackend::invoke`].
-    pub(crate) async fn invoke(
-        &self,
-        invocation: &redis::ScriptInvocation<'_>,
-    ) -> Result<Value, RedisError> {
-        // `invoke_async` sends EVALSHA, and on NOSCRIPT (the script did not
-        // run) loads the script and sends EVALSHA again.
-        self.guarded(|mut conn| async move { invocation.invoke_async::<Value>(&mut conn).await })
-            .await
-    }
-
-    /// One `EVALSHA` of `script`, built by the caller as `cmd` (see
-    /// [`evalsha`]), under the timeout and the breaker. On `NOSCRIPT` (the
-    /// script did not run) it loads the script and sends `cmd` again, as
-    /// `ScriptInvocation::invoke_async` does; building the command directly
-    /// writes every argument into one buffer instead of one vector each.
-    pub(crate) async fn evalsha(
-        &self,
-        script: &redis::Script,
-        cmd: &Cmd,
-    ) -> Result<Value, RedisError> {
-        self.guarded(|mut conn| async move {
-            match cmd.query_async::<Value>(&mut conn).await {
-                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                    script.load_async(&mut conn).await?;
-                    cmd.query_async::<Value>(&mut conn).await
-                }
-                other => other,
-            }
-        })
-        .await
-    }
-
-    async fn guarded<F, Fut>(&self, call: F) -> Result<Value, RedisError>
-    where
-        F: FnOnce(AnyConn) -> Fut,
-        Fut: std::future::Future<Output = redis::RedisResult<Value>>,
-    {
-        // The timeout below needs a tokio runtime with time enabled;
-        // without a runtime it would panic, so say so instead.
-        if tokio::runtime::Handle::try_current().is_err() {
-            return Err(RedisError::NoRuntime);
-        }
-        if let Permit::Rejected { retry_in } = self.breaker.acquire(Instant::now()) {
-            return Err(RedisError::Unavailable {
-                retry_in,
-                cause: "circuit open after repeated failures".into(),
-            });
-        }
-        let attempt = async {
-            let conn = self.conn.get().await?;
-            call(conn).await
-        };
-        match tokio::time::timeout(self.timeout, attempt).await {
-            Ok(Ok(value)) => {
-                self.breaker.success();
-                Ok(value)
-            }
-            Ok(Err(e)) if !is_outage(&e) => {
-                // Redis answered: it is up, and the error is this call's.
-                self.breaker.success();
-                Err(RedisError::Server {
-                    message: e.to_string(),
-                })
-            }
-            Ok(Err(e)) => Err(self.failed(e.to_string())),
-            Err(_) => Err(self.failed(format!("no reply within {} ms", self.timeout.as_millis()))),
-        }
-    }
-
-    fn failed(&self, cause: String) -> RedisError {
-        let now = Instant::now();
-        self.breaker.failure(now);
-        RedisError::Unavailable {
-            retry_in: self.breaker.retry_in(now),
-            cause,
-        }
-    }
-
-    /// The error of a call that waited its whole timeout for a batch: not
-    /// a failure of its own for the breaker (its batch counts once).
-    pub(crate) fn timed_out(&self) -> RedisError {
-        RedisError::Unavailable {
-            retry_in: self.breaker.retry_in(Instant::now()),
-            cause: format!("no reply within {} ms", self.timeout.as_millis()),
-        }
-    }
-}
-
-/// An `EVALSHA` of `script` with `keys` keys, its arguments (`keys`
-/// keys, then the script's arguments) to be added by the caller, in a
-/// command with room for `args` arguments and `bytes` bytes of them.
-pub(crate) fn evalsha(script: &redis::Script, keys: usize, args: usize, bytes: usize) -> Cmd {
-    let mut cmd = Cmd::with_capacity(3 + args, 64 + bytes);
-    cmd.arg("EVALSHA").arg(script.get_hash()).arg(keys);
-    cmd
 }
 
 /// The URL without its credentials (`redis://user:password@host` shows
@@ -324,35 +206,6 @@ fn redacted(url: &str) -> String {
         (Some(s), Some(at)) if at > s => format!("{}***{}", &url[..s + 3], &url[at..]),
         _ => url.to_string(),
     }
-}
-
-/// Whether an error means Redis cannot serve (as opposed to an error reply
-/// about this call).
-fn is_outage(e: &redis::RedisError) -> bool {
-    if e.is_io_error()
-        || e.is_timeout()
-        || e.is_connection_refusal()
-        || e.is_connection_dropped()
-        || e.is_unrecoverable_error()
-    {
-        return true;
-    }
-    if e.code() == Some("BUSY") {
-        return true; // a script ran past its time limit
-    }
-    matches!(
-        e.kind(),
-        ErrorKind::Parse
-            | ErrorKind::UnexpectedReturnType
-            | ErrorKind::ClusterConnectionNotFound
-            | ErrorKind::Server(
-                ServerErrorKind::BusyLoading
-                    | ServerErrorKind::TryAgain
-                    | ServerErrorKind::ClusterDown
-                    | ServerErrorKind::MasterDown
-                    | ServerErrorKind::ReadOnly
-            )
-    )
 }
 
 impl RedisBackendBuilder {
@@ -394,8 +247,8 @@ impl RedisBackendBuilder {
         self
     }
 
-    /// Batching (on by default): single-key calls (`check`, `peek`,
-    /// `refund`) made while earlier ones are on the wire are sent together,
+    /// Batching (on by default): single-key calls (`check_key`, `peek_key`,
+    /// `refund_key`) made while earlier ones are on the wire are sent together,
     /// up to `max_batch` of them in one script call, which runs them one
     /// after the other in arrival order at one server time. Each call gets
     /// the decision it would have got alone at that time; a denied call
@@ -453,10 +306,7 @@ impl RedisBackendBuilder {
                 .retries(2)
                 .build()
                 .map_err(invalid)?;
-            return Ok(self.finish(Conn::Cluster(Box::new(LazyCluster {
-                client,
-                conn: tokio::sync::OnceCell::new(),
-            }))));
+            return Ok(self.finish(Conn::cluster(client)));
         }
         let client =
             redis::Client::open(self.url.as_str()).map_err(|e| RedisError::InvalidUrl {
@@ -476,11 +326,7 @@ impl RedisBackendBuilder {
     }
 
     fn finish(self, conn: Conn) -> RedisBackend {
-        let link = Arc::new(Link {
-            conn,
-            timeout: self.timeout,
-            breaker: Breaker::new(self.failures, self.cool_down, self.timeout),
-        });
+        let link = Arc::new(Link::new(conn, self.timeout, self.failures, self.cool_down));
         let batcher = (self.max_batch > 1)
             .then(|| Batcher::new(link.clone(), self.max_batch, self.in_flight));
         RedisBackend {
@@ -493,75 +339,12 @@ impl RedisBackendBuilder {
     }
 }
 
-/// The server or cluster behind a backend.
-enum Conn {
-    Single(ConnectionManager),
-    /// Connected on first use (under the per-call timeout), so a cluster
-    /// that is down at start-up is a failure of the first calls.
-    Cluster(Box<LazyCluster>),
-}
-
-struct LazyCluster {
-    client: ClusterClient,
-    conn: tokio::sync::OnceCell<ClusterConnection>,
-}
-
-impl Conn {
-    async fn get(&self) -> redis::RedisResult<AnyConn> {
-        match self {
-            Conn::Single(c) => Ok(AnyConn::Single(c.clone())),
-            Conn::Cluster(lazy) => {
-                let c = lazy
-                    .conn
-                    .get_or_try_init(|| lazy.client.get_async_connection())
-                    .await?;
-                Ok(AnyConn::Cluster(c.clone()))
-            }
-        }
-    }
-}
-
-/// One call's handle on either kind of connection.
-#[derive(Clone)]
-pub(crate) enum AnyConn {
-    Single(ConnectionManager),
-    Cluster(ClusterConnection),
-}
-
-impl ConnectionLike for AnyConn {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        match self {
-            AnyConn::Single(c) => c.req_packed_command(cmd),
-            AnyConn::Cluster(c) => c.req_packed_command(cmd),
-        }
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        pipeline: &'a Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> RedisFuture<'a, Vec<Value>> {
-        match self {
-            AnyConn::Single(c) => c.req_packed_commands(pipeline, offset, count),
-            AnyConn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
-        }
-    }
-
-    fn get_db(&self) -> i64 {
-        match self {
-            AnyConn::Single(c) => c.get_db(),
-            AnyConn::Cluster(c) => c.get_db(),
-        }
-    }
-}
-
 impl fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisBackend")
             .field("url", &redacted(&self.inner.url))
-            .field("timeout", &self.inner.link.timeout)
-            .field("breaker", &self.inner.link.breaker)
+            .field("timeout", &self.inner.link.timeout())
+            .field("breaker", self.inner.link.breaker())
             .field("batching", &self.inner.batcher)
             .finish()
     }

@@ -28,9 +28,9 @@
 //! made, queueing included. A call whose caller gave up before its batch
 //! went out is not sent.
 
-use super::backend::{evalsha, Link};
-use super::limiter::{fields_decision, parse_decision};
-use super::script::{Mode, BATCH};
+use super::connection::Link;
+use super::script::BATCH;
+use super::wire::{batch_command, batch_entry, Call, Reply};
 use super::RedisError;
 use redis::cluster_routing::Slot;
 use redis::Value;
@@ -38,66 +38,6 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::oneshot;
-
-/// One single-key script call: a check, peek or refund.
-pub(crate) struct Call {
-    pub(crate) script: &'static redis::Script,
-    /// The algorithm's code in `lua/batch.lua` (`g`, `f`, `s`, `l`).
-    pub(crate) code: &'static str,
-    pub(crate) key: Vec<u8>,
-    pub(crate) mode: Mode,
-    pub(crate) n: u64,
-    pub(crate) params: [u64; 3],
-    /// The test-only time; `None` reads the server's clock.
-    pub(crate) now_us: Option<u64>,
-}
-
-impl Call {
-    /// Sends the call alone, as its algorithm's own script.
-    pub(crate) async fn send(&self, link: &Link) -> Result<Reply, RedisError> {
-        let [a, b, c] = self.params;
-        let mut cmd = evalsha(self.script, 1, 7, self.key.len() + 80);
-        cmd.arg(&self.key)
-            .arg(self.mode.arg())
-            .arg(self.n)
-            .arg(a)
-            .arg(b)
-            .arg(c)
-            .arg(self.time_arg());
-        link.evalsha(self.script, &cmd).await.map(Reply::Value)
-    }
-
-    /// How many values this call's answer takes in a batch's reply: one
-    /// for a GCRA check or peek (the fast path), five otherwise.
-    fn reply_width(&self) -> usize {
-        if self.code == "g" && self.mode != Mode::Refund {
-            1
-        } else {
-            5
-        }
-    }
-
-    fn time_arg(&self) -> String {
-        self.now_us.map(|t| t.to_string()).unwrap_or_default()
-    }
-}
-
-/// A single-key call's answer: the script's reply, or (a GCRA call in a
-/// batch) the decision's five fields, already derived.
-pub(crate) enum Reply {
-    Value(Value),
-    Fields([u64; 5]),
-}
-
-impl Reply {
-    /// The decision in the reply of a check or peek.
-    pub(crate) fn decision(&self) -> Result<crate::Decision, RedisError> {
-        match self {
-            Reply::Value(v) => parse_decision(v),
-            Reply::Fields(f) => Ok(fields_decision(*f)),
-        }
-    }
-}
 
 struct Queued {
     call: Call,
@@ -143,7 +83,7 @@ impl Batcher {
                 batcher: self,
                 runtime,
             };
-            let reply = call.send(&self.link).await;
+            let reply = self.link.send(&call).await;
             drop(slot);
             return reply;
         }
@@ -251,8 +191,18 @@ fn take(state: &mut State, max: usize) -> Vec<Queued> {
 }
 
 /// What calls must share to go in one script call: the hash slot on a
-/// Cluster, and the time (`None`: the server's).
+/// Cluster (and in the unit tests, the time they run at).
+#[cfg(not(test))]
+type Group = Option<Slot>;
+#[cfg(test)]
 type Group = (Option<Slot>, Option<u64>);
+
+fn group(cluster: bool, call: &Call) -> Group {
+    let slot = cluster.then(|| Slot::for_key(&call.key));
+    #[cfg(test)]
+    let slot = (slot, call.now_us);
+    slot
+}
 
 struct Runner {
     link: Arc<Link>,
@@ -290,13 +240,12 @@ impl Runner {
     }
 
     async fn send(&self, batch: Vec<Queued>) {
-        // One script call per (hash slot on a Cluster, time): a script's
-        // keys must share one slot, and a batch runs at one time (calls
-        // with a time of their own come from the test-only path).
+        // One script call per hash slot on a Cluster: a script's keys must
+        // share one slot (and in the unit tests, a batch runs at one time).
         let cluster = self.link.is_cluster();
         let mut groups: Vec<(Group, Vec<Queued>)> = Vec::new();
         for q in batch {
-            let group = (cluster.then(|| Slot::for_key(&q.call.key)), q.call.now_us);
+            let group = group(cluster, &q.call);
             match groups.iter_mut().find(|(g, _)| *g == group) {
                 Some((_, g)) => g.push(q),
                 None => groups.push((group, vec![q])),
@@ -309,28 +258,21 @@ impl Runner {
         futures_util::future::join_all(groups.into_iter().map(|(_, g)| self.send_one(g))).await;
     }
 
-    /// One script call for `batch` (keys on one server or one slot, one
-    /// time).
+    /// One script call for `batch` (keys on one server or one slot).
     async fn send_one(&self, mut batch: Vec<Queued>) {
         if batch.len() == 1 {
             let q = batch.pop().expect("one call");
-            let reply = q.call.send(&self.link).await;
+            let reply = self.link.send(&q.call).await;
             let _ = q.reply.send(reply);
             return;
         }
-        let cmd = batch_command(&batch);
+        let cmd = batch_command(&batch, |q| &q.call);
         let width: usize = batch.iter().map(|q| q.call.reply_width()).sum();
         match self.link.evalsha(&BATCH, &cmd).await {
             Ok(Value::Array(items)) if items.len() == width => {
                 let mut items = items.into_iter();
                 for q in batch {
-                    let reply = if q.call.reply_width() == 1 {
-                        // Checked above: one item per such call.
-                        let held = items.next().unwrap_or(Value::Nil);
-                        gcra_entry(&q.call, held)
-                    } else {
-                        entry(items.by_ref().take(5).collect())
-                    };
+                    let reply = batch_entry(&q.call, &mut items);
                     let _ = q.reply.send(reply);
                 }
             }
@@ -351,53 +293,6 @@ impl Runner {
     }
 }
 
-/// The `lua/batch.lua` call for `batch`: the time, the distinct programs
-/// (algorithm and parameters) once each, then the mode, program and cost
-/// that every call shares (the common case: calls of one limiter), or each
-/// call's.
-fn batch_command(batch: &[Queued]) -> redis::Cmd {
-    let mut programs: Vec<(&'static str, [u64; 3])> = Vec::new();
-    let mut index = Vec::with_capacity(batch.len());
-    for q in batch {
-        let p = (q.call.code, q.call.params);
-        let i = match programs.iter().position(|x| *x == p) {
-            Some(i) => i,
-            None => {
-                programs.push(p);
-                programs.len() - 1
-            }
-        };
-        index.push(i + 1);
-    }
-    let key_bytes: usize = batch.iter().map(|q| q.call.key.len()).sum();
-    let args = 4 * batch.len() + 3 + 4 * programs.len();
-    let mut cmd = evalsha(&BATCH, batch.len(), args, key_bytes + 8 * args);
-    for q in batch {
-        cmd.arg(&q.call.key);
-    }
-    cmd.arg(batch[0].call.time_arg()).arg(programs.len());
-    for (code, [a, b, c]) in &programs {
-        cmd.arg(*code).arg(*a).arg(*b).arg(*c);
-    }
-    let triple = |(q, i): (&Queued, usize)| (q.call.mode, i, q.call.n);
-    let first = triple((&batch[0], index[0]));
-    if batch
-        .iter()
-        .zip(index.iter().copied())
-        .all(|c| triple(c) == first)
-    {
-        // Calls of one limiter: one triple for all.
-        let (mode, i, n) = first;
-        cmd.arg("1").arg(mode.arg()).arg(i).arg(n);
-    } else {
-        cmd.arg("0");
-        for (q, i) in batch.iter().zip(index) {
-            cmd.arg(q.call.mode.arg()).arg(i).arg(q.call.n);
-        }
-    }
-    cmd
-}
-
 /// A runner's slot, given back on drop unless already given back.
 struct RunnerSlot {
     state: Arc<Mutex<State>>,
@@ -409,48 +304,6 @@ impl Drop for RunnerSlot {
         if self.held {
             lock(&self.state).running -= 1;
         }
-    }
-}
-
-/// A fast-path GCRA call's reply value (`held`, see `lua/batch.lua`) as the
-/// five decision fields its own script would have returned, computed as
-/// `gcra_decide` in `lua/gcra.lua` does, or its error message.
-fn gcra_entry(call: &Call, held: Value) -> Result<Reply, RedisError> {
-    let held = match held {
-        Value::Int(h) if h >= 0 => h as u64,
-        Value::BulkString(message) => {
-            return Err(RedisError::Server {
-                message: String::from_utf8_lossy(&message).into_owned(),
-            })
-        }
-        other => {
-            return Err(RedisError::Server {
-                message: format!("unexpected batch reply value {other:?}"),
-            })
-        }
-    };
-    let [t, tau, burst] = call.params;
-    // A program's interval is at least 1 us, and n x T <= tau <= 2^52
-    // (a larger cost is refused before the call): no overflow.
-    let t = t.max(1);
-    let used = held.saturating_add(call.n.saturating_mul(t));
-    let fields = if used <= tau {
-        [1, burst, (tau - used) / t, 0, used]
-    } else {
-        [0, burst, tau.saturating_sub(held) / t, used - tau, held]
-    };
-    Ok(Reply::Fields(fields))
-}
-
-/// One call's five reply fields: the decision's, or an error message in
-/// the first field (that call failed in the script; the others did not).
-/// A Lua string in a script's reply is always a bulk string.
-fn entry(fields: Vec<Value>) -> Result<Reply, RedisError> {
-    match fields.first() {
-        Some(Value::BulkString(message)) => Err(RedisError::Server {
-            message: String::from_utf8_lossy(message).into_owned(),
-        }),
-        _ => Ok(Reply::Value(Value::Array(fields))),
     }
 }
 

@@ -19,7 +19,7 @@
 //!   time at any later moment is at most `s0 + elapsed` (the script ran
 //!   after the send), so client/server clock skew can only shorten a lease;
 //!   the 1/1024 covers the two clocks' rates differing by up to ~1000 ppm.
-//! - **Release**: unused units go back by a call (`release`, or piggybacked
+//! - **Release**: unused units go back by a call (`release_key`, or piggybacked
 //!   on the next take of the key); the used ones are charged then. A GCRA
 //!   lease nobody released is charged in full at its end, by whatever call
 //!   comes next; a window lease simply ends with its window.
@@ -30,6 +30,7 @@
 //! and halving otherwise.
 
 use super::limiter::RedisLimiter;
+use super::wire::{parse_lease, LeaseCall};
 use super::{DecisionSource, RedisDecision, RedisError};
 use crate::decision::Decision;
 use crate::policy::PolicyAlgorithm;
@@ -38,18 +39,8 @@ use crate::ConfigError;
 use redis::Value;
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
-
-/// The lease script: the prelude and `lua/lease.lua`.
-pub(crate) const LEASE_SOURCE: &str = concat!(
-    include_str!("lua/prelude.lua"),
-    include_str!("lua/lease.lua")
-);
-
-pub(crate) static LEASE: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(LEASE_SOURCE));
 
 /// Shards of the local lease table (fewer when `max_keys` is small).
 const SHARDS: usize = 16;
@@ -285,6 +276,11 @@ struct Take {
 /// key this instance checks less than once per `hot_gap` is checked one
 /// unit per round trip, as by the plain limiter.
 ///
+/// Its verbs are [`RedisLimiter`]'s (`check_key`, `check_key_n`,
+/// `reset_key`), plus `release_key` (give back one key's unused lease) and
+/// `release_all`; it has no peek or refund (a lease's units are admitted
+/// locally, so there is no one shared state to peek at or refund into).
+///
 /// The wrapped limiter's name, failure policy and deny cache apply. A
 /// bucket's key holds a hash here (the TAT and the live leases), so a plain
 /// [`RedisLimiter`] on the same key name gets a typed error
@@ -306,7 +302,7 @@ struct Take {
 /// let global = RedisLeaseLimiter::new(global, RedisLeaseOptions::new().max_lease(16))?;
 /// assert_eq!(global.options().get_max_lease(), 16);
 /// // With a server running:
-/// // let d = global.check(b"all").await?;   // DecisionSource::Lease when served locally
+/// // let d = global.check_key(b"all").await?;   // DecisionSource::Lease when served locally
 /// # Ok::<(), ratewall::redis::RedisError>(()) }).unwrap();
 /// ```
 pub struct RedisLeaseLimiter {
@@ -481,11 +477,11 @@ impl RedisLeaseLimiter {
     /// # async fn f() -> Result<(), ratewall::redis::RedisError> {
     /// # let redis = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
     /// let l = RedisLeaseLimiter::new(RedisLimiter::builder(Policy::token_bucket(Rate::per_second(5000)), &redis).name("hot").build()?, RedisLeaseOptions::new())?;
-    /// let d = l.check(b"all").await?;
+    /// let d = l.check_key(b"all").await?;
     /// if d.source() == DecisionSource::Lease { /* admitted locally */ }
     /// # Ok(()) }
     /// ```
-    pub async fn check(&self, key: &[u8]) -> Result<RedisDecision, RedisError> {
+    pub async fn check_key(&self, key: &[u8]) -> Result<RedisDecision, RedisError> {
         self.limiter.validate(key, 1)?;
         let rkey = self.limiter.redis_key(key)?;
         loop {
@@ -528,7 +524,7 @@ impl RedisLeaseLimiter {
         }
     }
 
-    /// Checks a request of cost `n` for `key`: `n <= 1` is [`check`](Self::check);
+    /// Checks a request of cost `n` for `key`: `n <= 1` is [`check_key`](Self::check_key);
     /// a larger cost is one script call that takes no lease (and does not
     /// use this instance's lease).
     ///
@@ -538,12 +534,12 @@ impl RedisLeaseLimiter {
     /// # async fn f() -> Result<(), ratewall::redis::RedisError> {
     /// # let redis = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
     /// let l = RedisLeaseLimiter::new(RedisLimiter::builder(Policy::token_bucket(Rate::per_second(50)), &redis).build()?, RedisLeaseOptions::new())?;
-    /// let d = l.check_n(b"user:1", 5).await?;
+    /// let d = l.check_key_n(b"user:1", 5).await?;
     /// # Ok(()) }
     /// ```
-    pub async fn check_n(&self, key: &[u8], n: u64) -> Result<RedisDecision, RedisError> {
+    pub async fn check_key_n(&self, key: &[u8], n: u64) -> Result<RedisDecision, RedisError> {
         if n <= 1 {
-            return self.check(key).await;
+            return self.check_key(key).await;
         }
         self.limiter.validate(key, n)?;
         let rkey = self.limiter.redis_key(key)?;
@@ -553,9 +549,9 @@ impl RedisLeaseLimiter {
                 source: DecisionSource::DenyCache,
             });
         }
-        match self.call(&rkey, "t", n, 0, 0, None, None).await {
+        match self.call(&rkey, "t", n, 0, 0, None).await {
             Ok(reply) => {
-                let r = parse_reply(&reply)?;
+                let r = parse_lease(&reply)?;
                 self.limiter.note(&rkey, n, &r.decision);
                 Ok(RedisDecision {
                     decision: r.decision,
@@ -580,10 +576,10 @@ impl RedisLeaseLimiter {
     /// # async fn f() -> Result<(), ratewall::redis::RedisError> {
     /// # let redis = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
     /// let l = RedisLeaseLimiter::new(RedisLimiter::builder(Policy::token_bucket(Rate::per_second(50)), &redis).build()?, RedisLeaseOptions::new())?;
-    /// let back = l.release(b"user:1").await?;
+    /// let back = l.release_key(b"user:1").await?;
     /// # Ok(()) }
     /// ```
-    pub async fn release(&self, key: &[u8]) -> Result<u64, RedisError> {
+    pub async fn release_key(&self, key: &[u8]) -> Result<u64, RedisError> {
         let rkey = self.limiter.redis_key(key)?;
         let held = {
             let mut shard = lock(self.shard(&rkey));
@@ -650,15 +646,15 @@ impl RedisLeaseLimiter {
     /// # async fn f() -> Result<(), ratewall::redis::RedisError> {
     /// # let redis = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
     /// let l = RedisLeaseLimiter::new(RedisLimiter::builder(Policy::token_bucket(Rate::per_second(50)), &redis).build()?, RedisLeaseOptions::new())?;
-    /// l.reset(b"user:1").await?;
+    /// l.reset_key(b"user:1").await?;
     /// # Ok(()) }
     /// ```
-    pub async fn reset(&self, key: &[u8]) -> Result<(), RedisError> {
+    pub async fn reset_key(&self, key: &[u8]) -> Result<(), RedisError> {
         let rkey = self.limiter.redis_key(key)?;
         if let Some(e) = lock(self.shard(&rkey)).map.get_mut(&rkey) {
             e.lease = None;
         }
-        self.limiter.reset(key).await
+        self.limiter.reset_key(key).await
     }
 
     fn shard(&self, rkey: &[u8]) -> &Mutex<Shard> {
@@ -772,9 +768,9 @@ impl RedisLeaseLimiter {
         };
         let sent = Instant::now();
         let result = self
-            .call(rkey, "t", 1, take.extra, take.id, take.prev, None)
+            .call(rkey, "t", 1, take.extra, take.id, take.prev)
             .await;
-        let parsed = result.and_then(|v| parse_reply(&v));
+        let parsed = result.and_then(|v| parse_lease(&v));
         let outcome = match &parsed {
             Ok(r) if r.decision.is_allowed() => Outcome::Granted,
             Ok(r) => Outcome::Denied(r.decision, sent),
@@ -831,7 +827,7 @@ impl RedisLeaseLimiter {
             Algo::Gcra => (used, h.granted, h.id),
             Algo::Fixed => (used, h.granted, h.window),
         };
-        let reply = self.call(rkey, "r", n, extra, id, None, None).await?;
+        let reply = self.call(rkey, "r", n, extra, id, None).await?;
         if reply == Value::Int(1) {
             self.limiter.clear_denial(rkey);
             Ok(h.units)
@@ -840,37 +836,29 @@ impl RedisLeaseLimiter {
         }
     }
 
-    /// One call of the lease script. `now_us` replaces the server's clock
-    /// on the test-only path.
+    /// One call of the lease script.
     #[allow(clippy::too_many_arguments)]
     async fn call(
         &self,
         rkey: &[u8],
-        mode: &str,
+        mode: &'static str,
         n: u64,
         extra: u64,
         id: u64,
         prev: Option<(u64, u64)>,
-        now_us: Option<u64>,
     ) -> Result<Value, RedisError> {
-        let [a, b, c] = self.limiter.program().params;
-        let mut invocation = LEASE.prepare_invoke();
-        invocation
-            .key(rkey)
-            .arg(self.algo.arg())
-            .arg(mode)
-            .arg(n)
-            .arg(extra)
-            .arg(a)
-            .arg(b)
-            .arg(c)
-            .arg(self.life_us)
-            .arg(self.lease_id(id))
-            .arg(now_us.map(|t| t.to_string()).unwrap_or_default());
-        match prev {
-            Some((pid, used)) => invocation.arg(self.lease_id(pid)).arg(used),
-            None => invocation.arg("").arg(0),
-        };
+        let invocation = LeaseCall {
+            key: rkey,
+            algo: self.algo.arg(),
+            mode,
+            n,
+            extra,
+            params: self.limiter.program().params,
+            life_us: self.life_us,
+            id: self.lease_id(id),
+            prev: prev.map(|(pid, used)| (self.lease_id(pid), used)),
+        }
+        .invocation();
         // Relaxed: a statistics counter that publishes nothing.
         self.round_trips.fetch_add(1, Ordering::Relaxed);
         self.limiter.backend().invoke(&invocation).await
@@ -938,51 +926,6 @@ impl Shard {
             None => false,
         }
     }
-}
-
-/// A lease script reply.
-#[derive(Debug)]
-struct Reply {
-    decision: Decision,
-    granted: u64,
-    now_us: u64,
-    end_us: u64,
-    window: u64,
-}
-
-/// `{allowed, limit, remaining, retry_after_us, reset_after_us, granted,
-/// now, end, window}`.
-fn parse_reply(reply: &Value) -> Result<Reply, RedisError> {
-    let bad = || RedisError::Server {
-        message: format!("unexpected lease script reply {reply:?}"),
-    };
-    let Value::Array(items) = reply else {
-        return Err(bad());
-    };
-    if items.len() != 9 {
-        return Err(bad());
-    }
-    let mut f = [0u64; 9];
-    for (slot, item) in f.iter_mut().zip(items) {
-        match item {
-            Value::Int(v) if *v >= 0 => *slot = *v as u64,
-            _ => return Err(bad()),
-        }
-    }
-    let [allowed, limit, remaining, retry_us, reset_us, granted, now_us, end_us, window] = f;
-    let reset = reset_us.saturating_mul(1000);
-    let decision = if allowed == 1 {
-        Decision::allow(limit, remaining, reset)
-    } else {
-        Decision::deny(limit, remaining, retry_us.saturating_mul(1000), reset)
-    };
-    Ok(Reply {
-        decision,
-        granted,
-        now_us,
-        end_us,
-        window,
-    })
 }
 
 impl fmt::Debug for RedisLeaseLimiter {

@@ -7,6 +7,7 @@ use super::*;
 use crate::redis::{FailurePolicy, RedisBackend};
 use crate::{Policy, Rate, Window};
 // The server harness of the differential tests (tests/support/redis_server.rs).
+use crate::redis::testing::at;
 use crate::redis::tests::server::RedisServer;
 use crate::redis::tests::Rng;
 
@@ -52,12 +53,11 @@ async fn take(
     extra: u64,
     id: u64,
     prev: Option<(u64, u64)>,
-) -> Reply {
-    let v = l
-        .call(&rkey(l), "t", n, extra, id, prev, Some(t))
+) -> crate::redis::wire::LeaseReply {
+    let v = at(t, l.call(&rkey(l), "t", n, extra, id, prev))
         .await
         .unwrap();
-    parse_reply(&v).unwrap()
+    parse_lease(&v).unwrap()
 }
 
 /// One holder's action in a model run.
@@ -91,7 +91,7 @@ async fn gcra_steps(
     let call = |mode: &'static str, n, extra, id, prev, t| {
         let rkey = rkey.clone();
         async move {
-            l.call(&rkey, mode, n, extra, id, prev, Some(t))
+            at(t, l.call(&rkey, mode, n, extra, id, prev))
                 .await
                 .unwrap()
         }
@@ -132,7 +132,7 @@ async fn gcra_steps(
                 let prev = leases[h].take().map(|m| (m.id, m.granted - m.units));
                 let id = next_id;
                 next_id += 1;
-                let r = parse_reply(&call("t", 1, extra, id, prev, t).await).unwrap();
+                let r = parse_lease(&call("t", 1, extra, id, prev, t).await).unwrap();
                 if r.now_us != t || r.granted > extra {
                     return Err(format!("step {step}: {r:?}"));
                 }
@@ -163,7 +163,7 @@ async fn gcra_steps(
             .filter(|m| t < m.end)
             .map(|m| m.units)
             .sum();
-        let d = parse_reply(&call("p", 1, 0, 0, None, t).await)
+        let d = parse_lease(&call("p", 1, 0, 0, None, t).await)
             .unwrap()
             .decision;
         let free = d.remaining() + u64::from(d.is_allowed());
@@ -349,18 +349,19 @@ async fn a_fixed_window_lease_counts_in_its_window_and_ends_with_it() {
             }
             2 if leases[h].is_some() => {
                 let m = leases[h].take().unwrap();
-                let v = l
-                    .call(
+                let v = at(
+                    t,
+                    l.call(
                         &rkey(&l),
                         "r",
                         m.granted - m.units,
                         m.granted,
                         m.window,
                         None,
-                        Some(t),
-                    )
-                    .await
-                    .unwrap();
+                    ),
+                )
+                .await
+                .unwrap();
                 let live = t < m.end && m.units > 0;
                 assert_eq!(v == Value::Int(1), live, "step {step}");
                 if live {
@@ -435,13 +436,10 @@ async fn a_take_of_no_extra_units_is_the_plain_check() {
             let got = if consume {
                 take(&l, t, n, 0, 0, None).await.decision
             } else {
-                let v = l
-                    .call(&rkey(&l), "p", n, 0, 0, None, Some(t))
-                    .await
-                    .unwrap();
-                parse_reply(&v).unwrap().decision
+                let v = at(t, l.call(&rkey(&l), "p", n, 0, 0, None)).await.unwrap();
+                parse_lease(&v).unwrap().decision
             };
-            let want = plain.decide(b"k", n, consume, Some(t)).await.unwrap();
+            let want = at(t, plain.decide(b"k", n, consume)).await.unwrap();
             assert_eq!(got, want.decision(), "{policy:?} step {step} n {n}");
         }
     }
@@ -477,9 +475,9 @@ fn bad_options_and_policies_are_typed_errors() {
         let l = RedisLeaseLimiter::new(tb(p), RedisLeaseOptions::new().max_lease(10)).unwrap();
         assert!(format!("{l:?}").contains("RedisLeaseLimiter"));
         assert_eq!(l.held(b"k"), 0);
-        assert!(matches!(l.check(b"").await, Err(RedisError::EmptyKey)));
+        assert!(matches!(l.check_key(b"").await, Err(RedisError::EmptyKey)));
         assert!(matches!(
-            l.check_n(b"k", 11).await,
+            l.check_key_n(b"k", 11).await,
             Err(RedisError::InsufficientCapacity(_))
         ));
     });
@@ -531,7 +529,7 @@ async fn the_lease_table_stays_bounded() {
         for i in 0..40u32 {
             let key = format!("key{i}");
             for _ in 0..2 {
-                let d = l.check(key.as_bytes()).await.unwrap();
+                let d = l.check_key(key.as_bytes()).await.unwrap();
                 assert!(d.is_allowed(), "round {round} {key}");
             }
             assert!(len(&l) <= 4, "{}", len(&l));

@@ -1,99 +1,18 @@
 //! [`RedisLimiter`]: a [`Policy`] whose state lives in Redis.
 
 use super::backend::RedisBackend;
-use super::batch::{Call, Reply};
 use super::deny_cache::DenyCache;
+use super::failover::{option_methods, share, Failover, FailurePolicy, Options};
 use super::key;
 use super::script::{Mode, Program};
+use super::wire::{Call, Reply};
 use super::{DecisionSource, RedisDecision, RedisError};
 use crate::decision::{Decision, Tracking};
-use crate::keyed::WhenFull;
-use crate::policy::{KeyedPolicyLimiter, Policy, PolicyAlgorithm};
-use crate::quota::{Rate, Window};
-use crate::soft::{Soft, Tolerance};
-use redis::Value;
+#[allow(unused_imports)] // doc links
+use crate::policy::KeyedPolicyLimiter;
+use crate::policy::Policy;
+use crate::soft::Soft;
 use std::fmt;
-
-/// What a [`RedisLimiter`] answers when Redis cannot (refused, lost, no
-/// reply within the timeout, or the circuit breaker is open).
-///
-/// # Example
-///
-/// ```
-/// use ratewall::redis::FailurePolicy;
-/// use ratewall::{Policy, Rate};
-///
-/// assert_eq!(FailurePolicy::default(), FailurePolicy::FallbackShare { instances: 1 });
-/// let strict = FailurePolicy::Closed;
-/// let own = FailurePolicy::Fallback(Policy::token_bucket(Rate::per_second(10)));
-/// # let _ = (strict, own);
-/// ```
-#[non_exhaustive]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FailurePolicy {
-    /// Allow every request (the decision's source is
-    /// [`DecisionSource::FailOpen`], its tracking `Untracked`). Refunds are
-    /// dropped.
-    Open,
-    /// Return [`RedisError::Unavailable`], which says when Redis is tried
-    /// again. The caller decides (a 503, say).
-    Closed,
-    /// Limit locally, in this process, with this instance's share of the
-    /// policy: the limit (or burst) divided by `instances`, at least 1, and
-    /// a bucket's rate divided by `instances`. A soft policy's share is
-    /// soft: a percentage tolerance stays, a tolerance in units is divided
-    /// by `instances` (rounded down). With N instances behind a
-    /// load balancer, the fleet then admits about what Redis would.
-    FallbackShare {
-        /// How many instances share the limit.
-        instances: u32,
-    },
-    /// Limit locally with this policy.
-    Fallback(Policy),
-}
-
-impl Default for FailurePolicy {
-    /// A local fallback with the whole limit (`instances: 1`); set the
-    /// number of instances with [`FailurePolicy::FallbackShare`].
-    fn default() -> Self {
-        FailurePolicy::FallbackShare { instances: 1 }
-    }
-}
-
-/// The per-instance share of `policy` among `instances`. A soft policy
-/// stays soft: a percentage tolerance is kept, a tolerance in units is
-/// divided like the limit (rounded down).
-pub(crate) fn share(policy: &Policy, instances: u32) -> Policy {
-    let k = u64::from(instances.max(1));
-    let hard = share_hard(policy, k, instances);
-    match policy.tolerance() {
-        Some(Tolerance::Units(u)) => hard.soft(Tolerance::Units(u / k)),
-        Some(t) => hard.soft(t),
-        None => hard,
-    }
-}
-
-fn share_hard(policy: &Policy, k: u64, instances: u32) -> Policy {
-    if let Some(r) = policy.rate() {
-        // count per (period x k): the same intervals, exactly k times longer.
-        let period = r
-            .period()
-            .checked_mul(instances.max(1))
-            .unwrap_or(r.period());
-        let rate = Rate::new(r.count(), period).burst((r.burst_size() / k).max(1));
-        return match policy.algorithm() {
-            PolicyAlgorithm::LeakyBucket => Policy::leaky_bucket(rate),
-            _ => Policy::token_bucket(rate),
-        };
-    }
-    let w = policy.window().unwrap_or(Window::per_second(1));
-    let window = Window::new((w.limit() / k).max(1), w.length());
-    match policy.algorithm() {
-        PolicyAlgorithm::FixedWindow => Policy::fixed_window(window),
-        PolicyAlgorithm::SlidingWindowCounter => Policy::sliding_window_counter(window),
-        _ => Policy::sliding_window_log(window),
-    }
-}
 
 /// A limit shared through Redis: the same [`Policy`] as a local
 /// [`KeyedPolicyLimiter`], with its state in Redis, so every instance
@@ -113,6 +32,16 @@ fn share_hard(policy: &Policy, k: u64, instances: u32) -> Policy {
 /// `L`). The local fallback keeps the softness (see
 /// [`FailurePolicy::FallbackShare`]).
 ///
+/// The verbs are the local keyed limiters' (`check_key`, `check_key_n`,
+/// `peek_key`, `peek_key_n`, `refund_key`, `reset_key`), with the
+/// differences a shared store brings: each is `async` and returns
+/// `Result<_, RedisError>` (what Redis could not answer is the failure
+/// policy's answer or a typed error); a decision is a [`RedisDecision`]
+/// (it says where it came from); keys are bytes, because they are part of
+/// the Redis key name; `reset_key` that cannot reach Redis is always an
+/// error; and there are no `_at` variants (the time is the server's). See
+/// `docs/distributed.md`, "Same verbs as the local limiters".
+///
 /// Keys are bytes: short printable keys are stored as they are
 /// (`ratewall:<name>:<key>`); long, binary or untrusted ones are hashed
 /// (see [`redis_key`](Self::redis_key)). An empty key is an error.
@@ -130,7 +59,7 @@ fn share_hard(policy: &Policy, k: u64, instances: u32) -> Policy {
 ///     .build()?;
 /// assert_eq!(per_user.redis_key(b"user:42")?, b"ratewall:api:user:42");
 /// // With a server running:
-/// // let d = per_user.check(b"user:42").await?;
+/// // let d = per_user.check_key(b"user:42").await?;
 /// // if !d.is_allowed() { /* 429, Retry-After: d.retry_after_secs() */ }
 /// # Ok::<(), ratewall::redis::RedisError>(()) }).unwrap();
 /// ```
@@ -143,8 +72,7 @@ pub struct RedisLimiter {
     /// Whether the key part goes in a hash tag (`base{key}`).
     hash_tag_keys: bool,
     backend: RedisBackend,
-    failure: FailurePolicy,
-    fallback: Option<KeyedPolicyLimiter<Vec<u8>>>,
+    failover: Failover,
     deny_cache: Option<DenyCache>,
 }
 
@@ -172,10 +100,7 @@ pub struct RedisLimiter {
 pub struct RedisLimiterBuilder {
     policy: Policy,
     backend: RedisBackend,
-    prefix: String,
-    name: Option<String>,
-    failure: FailurePolicy,
-    fallback_max_keys: usize,
+    options: Options,
     deny_cache: Option<usize>,
     hash_tag_keys: bool,
 }
@@ -196,10 +121,7 @@ impl RedisLimiter {
         RedisLimiterBuilder {
             policy,
             backend: backend.clone(),
-            prefix: "ratewall".into(),
-            name: None,
-            failure: FailurePolicy::default(),
-            fallback_max_keys: 65_536,
+            options: Options::default(),
             deny_cache: None,
             hash_tag_keys: false,
         }
@@ -233,7 +155,7 @@ impl RedisLimiter {
     /// # Ok::<(), ratewall::redis::RedisError>(()) }).unwrap();
     /// ```
     pub fn failure_policy(&self) -> FailurePolicy {
-        self.failure
+        self.failover.policy()
     }
 
     /// The Redis key that holds `key`'s state: `prefix:name:key` for a
@@ -269,12 +191,12 @@ impl RedisLimiter {
     /// # async fn f() -> Result<(), ratewall::redis::RedisError> {
     /// # let redis = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
     /// let l = RedisLimiter::builder(Policy::token_bucket(Rate::per_second(5)), &redis).build()?;
-    /// let d = l.check(b"user:1").await?;
+    /// let d = l.check_key(b"user:1").await?;
     /// println!("{} from {:?}", d.is_allowed(), d.source());
     /// # Ok(()) }
     /// ```
-    pub async fn check(&self, key: &[u8]) -> Result<RedisDecision, RedisError> {
-        self.check_n(key, 1).await
+    pub async fn check_key(&self, key: &[u8]) -> Result<RedisDecision, RedisError> {
+        self.check_key_n(key, 1).await
     }
 
     /// Checks `n` units for `key`, taken if allowed. A cost of 0 is the
@@ -287,11 +209,11 @@ impl RedisLimiter {
     /// # async fn f() -> Result<(), ratewall::redis::RedisError> {
     /// # let redis = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
     /// let bytes = RedisLimiter::builder(Policy::token_bucket(Rate::per_second(1000)), &redis).build()?;
-    /// let d = bytes.check_n(b"tenant:9", 250).await?;
+    /// let d = bytes.check_key_n(b"tenant:9", 250).await?;
     /// # Ok(()) }
     /// ```
-    pub async fn check_n(&self, key: &[u8], n: u64) -> Result<RedisDecision, RedisError> {
-        self.decide(key, n, n > 0, None).await
+    pub async fn check_key_n(&self, key: &[u8], n: u64) -> Result<RedisDecision, RedisError> {
+        self.decide(key, n, n > 0).await
     }
 
     /// The decision one unit for `key` would get, taking nothing.
@@ -302,11 +224,11 @@ impl RedisLimiter {
     /// # async fn f() -> Result<(), ratewall::redis::RedisError> {
     /// # let redis = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
     /// # let l = RedisLimiter::builder(Policy::token_bucket(Rate::per_second(5)), &redis).build()?;
-    /// let left = l.peek(b"user:1").await?.remaining();
+    /// let left = l.peek_key(b"user:1").await?.remaining();
     /// # Ok(()) }
     /// ```
-    pub async fn peek(&self, key: &[u8]) -> Result<RedisDecision, RedisError> {
-        self.peek_n(key, 1).await
+    pub async fn peek_key(&self, key: &[u8]) -> Result<RedisDecision, RedisError> {
+        self.peek_key_n(key, 1).await
     }
 
     /// The decision `n` units for `key` would get, taking nothing.
@@ -317,11 +239,11 @@ impl RedisLimiter {
     /// # async fn f() -> Result<(), ratewall::redis::RedisError> {
     /// # let redis = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
     /// # let l = RedisLimiter::builder(Policy::token_bucket(Rate::per_second(5)), &redis).build()?;
-    /// let fits = l.peek_n(b"user:1", 3).await?.is_allowed();
+    /// let fits = l.peek_key_n(b"user:1", 3).await?.is_allowed();
     /// # Ok(()) }
     /// ```
-    pub async fn peek_n(&self, key: &[u8], n: u64) -> Result<RedisDecision, RedisError> {
-        self.decide(key, n, false, None).await
+    pub async fn peek_key_n(&self, key: &[u8], n: u64) -> Result<RedisDecision, RedisError> {
+        self.decide(key, n, false).await
     }
 
     /// Gives back `n` units an earlier check of `key` took (a request that
@@ -335,12 +257,27 @@ impl RedisLimiter {
     /// # async fn f() -> Result<(), ratewall::redis::RedisError> {
     /// # let redis = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
     /// # let l = RedisLimiter::builder(Policy::token_bucket(Rate::per_second(5)), &redis).build()?;
-    /// let d = l.check(b"user:1").await?;
-    /// l.refund(b"user:1", 1).await?;
+    /// let d = l.check_key(b"user:1").await?;
+    /// l.refund_key(b"user:1", 1).await?;
     /// # Ok(()) }
     /// ```
-    pub async fn refund(&self, key: &[u8], n: u64) -> Result<(), RedisError> {
-        self.refund_at(key, n, None).await
+    pub async fn refund_key(&self, key: &[u8], n: u64) -> Result<(), RedisError> {
+        let rkey = self.redis_key(key)?;
+        if n == 0 {
+            return Ok(());
+        }
+        if let Some(c) = &self.deny_cache {
+            c.clear(&rkey);
+        }
+        // Giving back more than the limit is giving back the limit.
+        let n = n.min(self.program.limit);
+        match self.call(rkey, Mode::Refund, n).await {
+            Ok(_) => Ok(()),
+            Err(RedisError::Unavailable { retry_in, cause }) => {
+                self.failover.refund_unavailable(key, n, retry_in, cause)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Forgets `key`'s state in Redis (and in the local fallback): its next
@@ -353,17 +290,15 @@ impl RedisLimiter {
     /// # async fn f() -> Result<(), ratewall::redis::RedisError> {
     /// # let redis = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
     /// # let l = RedisLimiter::builder(Policy::token_bucket(Rate::per_second(5)), &redis).build()?;
-    /// l.reset(b"user:1").await?;
+    /// l.reset_key(b"user:1").await?;
     /// # Ok(()) }
     /// ```
-    pub async fn reset(&self, key: &[u8]) -> Result<(), RedisError> {
+    pub async fn reset_key(&self, key: &[u8]) -> Result<(), RedisError> {
         let rkey = self.redis_key(key)?;
         if let Some(c) = &self.deny_cache {
             c.clear(&rkey);
         }
-        if let Some(local) = &self.fallback {
-            local.reset_key(key);
-        }
+        self.failover.reset_local(key);
         self.backend.query(redis::cmd("DEL").arg(&rkey)).await?;
         Ok(())
     }
@@ -386,25 +321,23 @@ impl RedisLimiter {
 
     /// Gives `n` back to the local fallback only.
     pub(crate) fn refund_fallback(&self, key: &[u8], n: u64) {
-        if let Some(local) = &self.fallback {
-            local.refund_key(key, n);
-        }
+        self.failover.refund_local(key, n);
     }
 
-    /// A check (`consume`) or peek of `n` for `key`; `now_us` replaces the
-    /// server's clock on the test-only path.
+    /// A check (`consume`) or peek of `n` for `key`.
     pub(crate) async fn decide(
         &self,
         key: &[u8],
         n: u64,
         consume: bool,
-        now_us: Option<u64>,
     ) -> Result<RedisDecision, RedisError> {
         self.validate(key, n)?;
         let cost = n.max(1);
         let rkey = self.redis_key(key)?;
-        // The test-only clock path never uses the cache (its time is not ours).
-        let cache = self.deny_cache.as_ref().filter(|_| now_us.is_none());
+        let cache = self.deny_cache.as_ref();
+        // A unit test's own time never uses the cache (its time is not ours).
+        #[cfg(test)]
+        let cache = cache.filter(|_| super::testing::now_us().is_none());
         if let Some(left) = cache.and_then(|c| c.denied_for(&rkey)) {
             return Ok(RedisDecision {
                 decision: Decision::deny(self.policy.limit(), 0, left, left),
@@ -417,7 +350,7 @@ impl RedisLimiter {
             Some(_) => (rkey.clone(), Some(rkey)),
             None => (rkey, None),
         };
-        match self.call(call_key, mode, cost, now_us).await {
+        match self.call(call_key, mode, cost).await {
             Ok(reply) => {
                 let raw = reply.decision()?;
                 if let Some(rkey) = &kept {
@@ -445,29 +378,12 @@ impl RedisLimiter {
         retry_in: std::time::Duration,
         cause: String,
     ) -> Result<RedisDecision, RedisError> {
-        match &self.fallback {
-            Some(local) => {
-                let decision = if consume {
-                    local.check_key_n(key, cost)?
-                } else {
-                    local.peek_key_n(key, cost)?
-                };
-                Ok(RedisDecision {
-                    decision,
-                    source: DecisionSource::Fallback,
-                })
-            }
-            None if self.failure == FailurePolicy::Open => {
-                let limit = self.program.limit;
-                let decision =
-                    Decision::allow(limit, limit - cost, 0).with_tracking(Tracking::Untracked);
-                Ok(RedisDecision {
-                    decision: self.nominal(decision),
-                    source: DecisionSource::FailOpen,
-                })
-            }
-            None => Err(RedisError::Unavailable { retry_in, cause }),
-        }
+        let open = || {
+            let limit = self.program.limit;
+            self.nominal(Decision::allow(limit, limit - cost, 0).with_tracking(Tracking::Untracked))
+        };
+        self.failover
+            .unavailable(key, cost, consume, open, retry_in, cause)
     }
 
     /// A decision of the script (run with the widened capacity of a soft
@@ -515,42 +431,7 @@ impl RedisLimiter {
         &self.program
     }
 
-    pub(crate) async fn refund_at(
-        &self,
-        key: &[u8],
-        n: u64,
-        now_us: Option<u64>,
-    ) -> Result<(), RedisError> {
-        let rkey = self.redis_key(key)?;
-        if n == 0 {
-            return Ok(());
-        }
-        if let Some(c) = &self.deny_cache {
-            c.clear(&rkey);
-        }
-        // Giving back more than the limit is giving back the limit.
-        let n = n.min(self.program.limit);
-        match self.call(rkey, Mode::Refund, n, now_us).await {
-            Ok(_) => Ok(()),
-            Err(RedisError::Unavailable { .. }) if self.failure == FailurePolicy::Open => Ok(()),
-            Err(RedisError::Unavailable { retry_in, cause }) => match &self.fallback {
-                Some(local) => {
-                    local.refund_key(key, n);
-                    Ok(())
-                }
-                None => Err(RedisError::Unavailable { retry_in, cause }),
-            },
-            Err(e) => Err(e),
-        }
-    }
-
-    async fn call(
-        &self,
-        rkey: Vec<u8>,
-        mode: Mode,
-        n: u64,
-        now_us: Option<u64>,
-    ) -> Result<Reply, RedisError> {
+    async fn call(&self, rkey: Vec<u8>, mode: Mode, n: u64) -> Result<Reply, RedisError> {
         let call = Call {
             script: self.program.script(),
             code: self.program.code(),
@@ -558,121 +439,26 @@ impl RedisLimiter {
             mode,
             n,
             params: self.program.params,
-            now_us,
+            #[cfg(test)]
+            now_us: super::testing::now_us(),
         };
         self.backend.call(call).await
     }
 }
 
-/// A script's reply `{allowed, limit, remaining, retry_after_us,
-/// reset_after_us}` as a decision.
-pub(crate) fn parse_decision(reply: &Value) -> Result<Decision, RedisError> {
-    let bad = || RedisError::Server {
-        message: format!("unexpected script reply {reply:?}"),
-    };
-    let Value::Array(items) = reply else {
-        return Err(bad());
-    };
-    parse_fields(items).ok_or_else(bad)
-}
-
-/// Five reply fields as a decision; `None` if they are not five
-/// non-negative integers.
-pub(crate) fn parse_fields(items: &[Value]) -> Option<Decision> {
-    let mut f = [0u64; 5];
-    if items.len() != 5 {
-        return None;
-    }
-    for (slot, item) in f.iter_mut().zip(items) {
-        match item {
-            Value::Int(v) if *v >= 0 => *slot = *v as u64,
-            _ => return None,
-        }
-    }
-    Some(fields_decision(f))
-}
-
-/// The five fields `{allowed, limit, remaining, retry_after_us,
-/// reset_after_us}` as a decision.
-pub(crate) fn fields_decision(f: [u64; 5]) -> Decision {
-    let [allowed, limit, remaining, retry_us, reset_us] = f;
-    let reset = reset_us.saturating_mul(1000);
-    if allowed == 1 {
-        Decision::allow(limit, remaining, reset)
-    } else {
-        Decision::deny(limit, remaining, retry_us.saturating_mul(1000), reset)
-    }
-}
-
 impl RedisLimiterBuilder {
-    /// The first part of every key name (default `ratewall`).
-    ///
-    /// ```
-    /// # use ratewall::redis::{RedisBackend, RedisLimiter};
-    /// # use ratewall::{Policy, Rate};
-    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-    /// # let redis = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
-    /// let l = RedisLimiter::builder(Policy::token_bucket(Rate::per_second(5)), &redis)
-    ///     .prefix("shop").name("api").build()?;
-    /// assert_eq!(l.redis_key(b"k")?, b"shop:api:k");
-    /// # Ok::<(), ratewall::redis::RedisError>(()) }).unwrap();
-    /// ```
-    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.prefix = prefix.into();
-        self
-    }
-
-    /// The policy's name in key names (default: the algorithm and its
-    /// parameters, such as `tb.10000.20`). Two limiters with the same
-    /// prefix and name share their state: give each policy its own name.
-    ///
-    /// ```
-    /// # use ratewall::redis::{RedisBackend, RedisLimiter};
-    /// # use ratewall::{Policy, Rate};
-    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-    /// # let redis = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
-    /// let l = RedisLimiter::builder(Policy::token_bucket(Rate::per_second(5)), &redis)
-    ///     .name("per-ip").build()?;
-    /// assert_eq!(l.redis_key(b"k")?, b"ratewall:per-ip:k");
-    /// # Ok::<(), ratewall::redis::RedisError>(()) }).unwrap();
-    /// ```
-    pub fn name(mut self, name: impl Into<String>) -> Self {
-        self.name = Some(name.into());
-        self
-    }
-
-    /// What to answer when Redis cannot (default
-    /// `FailurePolicy::FallbackShare { instances: 1 }`).
-    ///
-    /// ```
-    /// # use ratewall::redis::{FailurePolicy, RedisBackend, RedisLimiter};
-    /// # use ratewall::{Policy, Rate};
-    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-    /// # let redis = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
-    /// let l = RedisLimiter::builder(Policy::token_bucket(Rate::per_second(5)), &redis)
-    ///     .on_failure(FailurePolicy::Closed).build()?;
-    /// # Ok::<(), ratewall::redis::RedisError>(()) }).unwrap();
-    /// ```
-    pub fn on_failure(mut self, failure: FailurePolicy) -> Self {
-        self.failure = failure;
-        self
-    }
-
-    /// The most keys the local fallback tracks (default 65,536; the least
-    /// recently active key is evicted when full).
-    ///
-    /// ```
-    /// # use ratewall::redis::{RedisBackend, RedisLimiter};
-    /// # use ratewall::{Policy, Rate};
-    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-    /// # let redis = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
-    /// let l = RedisLimiter::builder(Policy::token_bucket(Rate::per_second(5)), &redis)
-    ///     .fallback_max_keys(1024).build()?;
-    /// # Ok::<(), ratewall::redis::RedisError>(()) }).unwrap();
-    /// ```
-    pub fn fallback_max_keys(mut self, max_keys: usize) -> Self {
-        self.fallback_max_keys = max_keys;
-        self
+    option_methods! {
+        name_doc: "The policy's name in key names (default: the algorithm and its
+parameters, such as `tb.10000.20`). Two limiters with the same prefix and
+name share their state: give each policy its own name.",
+        default_failure: "`FailurePolicy::FallbackShare { instances: 1 }`).",
+        setup: "# use ratewall::redis::{RedisBackend, RedisLimiter};
+# use ratewall::{Policy, Rate};
+# tokio::runtime::Runtime::new().unwrap().block_on(async {
+# let redis = RedisBackend::builder(\"redis://127.0.0.1:6379\").build()?;
+let b = || RedisLimiter::builder(Policy::token_bucket(Rate::per_second(5)), &redis);",
+        prefix_check: "assert_eq!(l.redis_key(b\"k\")?, b\"shop:e:k\");",
+        name_check: "assert_eq!(l.redis_key(b\"k\")?, b\"ratewall:per-ip:k\");",
     }
 
     /// A local deny cache of up to `max_keys` keys (off by default): after
@@ -750,35 +536,20 @@ impl RedisLimiterBuilder {
                 }));
             }
         }
-        let name = self.name.unwrap_or_else(|| program.default_name());
-        for part in [&self.prefix, &name] {
-            if !key::valid_name(part) {
-                return Err(RedisError::InvalidName { name: part.clone() });
-            }
-        }
-        let local = match self.failure {
-            FailurePolicy::Open | FailurePolicy::Closed => None,
-            FailurePolicy::FallbackShare { instances } => Some(share(&self.policy, instances)),
-            FailurePolicy::Fallback(p) => Some(p),
-        };
-        let fallback = match local {
-            Some(p) => Some(
-                KeyedPolicyLimiter::<Vec<u8>>::builder(p)
-                    .max_keys(self.fallback_max_keys)
-                    .when_full(WhenFull::EvictLeastRecent)
-                    .build()?,
-            ),
-            None => None,
-        };
+        let (prefix, name) = self.options.names(|| program.default_name())?;
+        let base = format!("{prefix}:{name}:").into_bytes();
+        let policy = self.policy;
+        let failover = self
+            .options
+            .failover(|instances| self.options.keyed(share(&policy, instances)))?;
         Ok(RedisLimiter {
             policy: self.policy,
             soft,
             program,
-            base: format!("{}:{}:", self.prefix, name).into_bytes(),
+            base,
             hash_tag_keys: self.hash_tag_keys,
             backend: self.backend,
-            failure: self.failure,
-            fallback,
+            failover,
             deny_cache: self.deny_cache.map(DenyCache::new),
         })
     }
@@ -789,83 +560,8 @@ impl fmt::Debug for RedisLimiter {
         f.debug_struct("RedisLimiter")
             .field("policy", &self.policy)
             .field("keys", &String::from_utf8_lossy(&self.base))
-            .field("failure", &self.failure)
+            .field("failure", &self.failover.policy())
             .field("backend", &self.backend)
             .finish()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::time::Duration;
-
-    #[test]
-    fn the_share_divides_the_limit_and_the_rate() {
-        let p = share(&Policy::token_bucket(Rate::per_second(30).burst(9)), 3);
-        let r = p.rate().unwrap();
-        assert_eq!(
-            (r.count(), r.period(), r.burst_size()),
-            (30, Duration::from_secs(3), 3)
-        );
-        assert_eq!(p.algorithm(), PolicyAlgorithm::TokenBucket);
-        let p = share(&Policy::sliding_window_log(Window::per_minute(10)), 4);
-        assert_eq!(p.window(), Some(Window::per_minute(2)));
-        assert_eq!(p.algorithm(), PolicyAlgorithm::SlidingWindowLog);
-        // Never below one.
-        let p = share(&Policy::fixed_window(Window::per_second(2)), 5);
-        assert_eq!(p.limit(), 1);
-        assert_eq!(
-            share(&Policy::leaky_bucket(Rate::per_second(4)), 0).limit(),
-            4
-        );
-        // A soft policy stays soft: a percentage as it is, units divided.
-        let soft = Policy::fixed_window(Window::per_second(10));
-        let p = share(&soft.soft(Tolerance::Percent(20)), 2);
-        assert_eq!((p.limit(), p.soft_limit()), (5, 6));
-        let p = share(&soft.soft(Tolerance::Units(6)), 3);
-        assert_eq!(p.tolerance(), Some(Tolerance::Units(2)));
-        let p = share(
-            &Policy::token_bucket(Rate::per_second(9)).soft(Tolerance::Units(4)),
-            1,
-        );
-        assert_eq!((p.limit(), p.soft_limit()), (9, 13));
-    }
-
-    #[test]
-    fn replies_become_decisions_and_bad_replies_errors() {
-        let ok = Value::Array(vec![
-            Value::Int(1),
-            Value::Int(10),
-            Value::Int(7),
-            Value::Int(0),
-            Value::Int(300),
-        ]);
-        assert_eq!(
-            parse_decision(&ok).unwrap(),
-            Decision::allow(10, 7, 300_000)
-        );
-        let deny = Value::Array(vec![
-            Value::Int(0),
-            Value::Int(10),
-            Value::Int(0),
-            Value::Int(5),
-            Value::Int(9),
-        ]);
-        assert_eq!(
-            parse_decision(&deny).unwrap(),
-            Decision::deny(10, 0, 5_000, 9_000)
-        );
-        for bad in [
-            Value::Int(1),
-            Value::Array(vec![Value::Int(1)]),
-            Value::Array(vec![Value::Int(-1); 5]),
-            Value::Nil,
-        ] {
-            assert!(matches!(
-                parse_decision(&bad),
-                Err(RedisError::Server { .. })
-            ));
-        }
     }
 }

@@ -4,8 +4,9 @@
 //!
 //! - [`RedisBackend`]: one connection (pipelined, reconnecting), a per-call
 //!   timeout and a circuit breaker.
-//! - [`RedisLimiter`]: one policy on that backend: `check`, `check_n`,
-//!   `peek`, `refund`, `reset`, each one round trip.
+//! - [`RedisLimiter`]: one policy on that backend: `check_key`,
+//!   `check_key_n`, `peek_key`, `peek_key_n`, `refund_key`, `reset_key`
+//!   (the verbs of the local keyed limiters), each one round trip.
 //! - [`RedisDecision`]: a [`Decision`] plus where it came from
 //!   ([`DecisionSource`]): Redis, the local fallback, or fail-open.
 //! - [`FailurePolicy`]: what to answer when Redis cannot.
@@ -38,7 +39,7 @@
 //!     .name("per-ip")
 //!     .on_failure(FailurePolicy::FallbackShare { instances: 3 })
 //!     .build()?;
-//! let d = per_ip.check(b"192.0.2.7").await?;
+//! let d = per_ip.check_key(b"192.0.2.7").await?;
 //! if !d.is_allowed() {
 //!     // 429 with Retry-After: d.retry_after_secs()
 //! }
@@ -51,16 +52,21 @@
 mod backend;
 mod batch;
 mod breaker;
+mod connection;
 mod deny_cache;
 mod elastic;
 mod error;
+mod failover;
 mod key;
 mod lease;
 mod limiter;
 mod multi;
 mod script;
 #[cfg(test)]
+mod testing;
+#[cfg(test)]
 mod tests;
+mod wire;
 
 pub use backend::{
     RedisBackend, RedisBackendBuilder, DEFAULT_BREAKER_FAILURES, DEFAULT_CONNECT_TIMEOUT,
@@ -68,8 +74,9 @@ pub use backend::{
 };
 pub use elastic::{RedisElasticBuilder, RedisElasticLimiter};
 pub use error::RedisError;
+pub use failover::FailurePolicy;
 pub use lease::{RedisLeaseLimiter, RedisLeaseOptions};
-pub use limiter::{FailurePolicy, RedisLimiter, RedisLimiterBuilder};
+pub use limiter::{RedisLimiter, RedisLimiterBuilder};
 pub use multi::check_all;
 
 use crate::decision::Decision;

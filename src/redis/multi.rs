@@ -32,12 +32,11 @@
 //! failure policy (with `FailurePolicy::Closed` it is lost, and the capacity
 //! comes back as the limit refills).
 
-use super::limiter::{parse_fields, RedisLimiter};
-use super::script::MULTI;
+use super::limiter::RedisLimiter;
+use super::wire::{multi_call, parse_multi};
 use super::{DecisionSource, RedisDecision, RedisError};
 use futures_util::future::join_all;
 use redis::cluster_routing::Slot;
-use redis::Value;
 
 /// Checks `(limit, key, cost)` triples all or nothing: each cost is taken
 /// from every limit, or from none. Returns whether the request may proceed
@@ -112,31 +111,17 @@ async fn one_script(
     limits: &[(&RedisLimiter, &[u8], u64)],
     rkeys: &[Vec<u8>],
 ) -> Result<(bool, Vec<RedisDecision>), RedisError> {
-    let mut invocation = MULTI.prepare_invoke();
-    for k in rkeys {
-        invocation.key(k);
-    }
-    invocation.arg("");
-    for &(limit, _, cost) in limits {
-        let p = limit.program();
-        let [a, b, c] = p.params;
-        invocation.arg(p.code()).arg(cost).arg(a).arg(b).arg(c);
-    }
+    let invocation = multi_call(
+        rkeys,
+        limits
+            .iter()
+            .map(|&(limit, _, cost)| (limit.program(), cost)),
+    );
     match limits[0].0.backend().invoke(&invocation).await {
         Ok(reply) => {
-            let bad = || RedisError::Server {
-                message: format!("unexpected multi-limit reply {reply:?}"),
-            };
-            let Value::Array(items) = &reply else {
-                return Err(bad());
-            };
-            if items.len() != 1 + 5 * limits.len() {
-                return Err(bad());
-            }
-            let all = matches!(items[0], Value::Int(1));
+            let (all, raw) = parse_multi(&reply, limits.len())?;
             let mut decisions = Vec::with_capacity(limits.len());
-            for (i, &(limit, _, cost)) in limits.iter().enumerate() {
-                let raw = parse_fields(&items[1 + 5 * i..6 + 5 * i]).ok_or_else(bad)?;
+            for (i, (&(limit, _, cost), raw)) in limits.iter().zip(raw).enumerate() {
                 limit.note(&rkeys[i], cost, &raw);
                 decisions.push(RedisDecision {
                     decision: limit.nominal(raw),
@@ -165,7 +150,7 @@ async fn parallel(
     let results = join_all(
         limits
             .iter()
-            .map(|&(limit, key, cost)| limit.check_n(key, cost)),
+            .map(|&(limit, key, cost)| limit.check_key_n(key, cost)),
     )
     .await;
     finish(limits, results).await
@@ -210,7 +195,7 @@ impl RedisLimiter {
         source: DecisionSource,
     ) -> Result<(), RedisError> {
         match source {
-            DecisionSource::Redis => self.refund(key, n).await,
+            DecisionSource::Redis => self.refund_key(key, n).await,
             DecisionSource::Fallback => {
                 self.refund_fallback(key, n);
                 Ok(())

@@ -21,10 +21,31 @@ use std::sync::LazyLock;
 /// exact integers.
 pub(crate) const MAX_SPAN_US: u64 = 1 << 52;
 
+/// The prelude every script starts with (`lua/prelude.lua`: helpers and
+/// the server's clock). The crate's unit tests append `lua/test_clock.lua`,
+/// which takes the time from the call's last argument instead (see
+/// `testing.rs`); a production script never holds it.
+#[cfg(not(test))]
+macro_rules! prelude {
+    () => {
+        include_str!("lua/prelude.lua")
+    };
+}
+
+#[cfg(test)]
+macro_rules! prelude {
+    () => {
+        concat!(
+            include_str!("lua/prelude.lua"),
+            include_str!("lua/test_clock.lua")
+        )
+    };
+}
+
 macro_rules! script_source {
     ($algo:literal, $step:literal, $refund:literal) => {
         concat!(
-            include_str!("lua/prelude.lua"),
+            prelude!(),
             include_str!(concat!("lua/", $algo, ".lua")),
             "local step, refund = ",
             $step,
@@ -46,43 +67,49 @@ pub(crate) const SLIDING_SOURCE: &str =
 /// The sliding window log script.
 pub(crate) const LOG_SOURCE: &str = script_source!("sliding_log", "log_step", "log_refund");
 
+/// A script that runs any algorithm's step: the prelude, every
+/// algorithm's file, then `lua/<$tail>.lua`.
+macro_rules! with_every_step {
+    ($tail:literal) => {
+        concat!(
+            prelude!(),
+            include_str!("lua/gcra.lua"),
+            include_str!("lua/fixed_window.lua"),
+            include_str!("lua/sliding_window.lua"),
+            include_str!("lua/sliding_log.lua"),
+            include_str!(concat!("lua/", $tail, ".lua")),
+        )
+    };
+}
+
 /// All or nothing across several keys on one server or slot.
-pub(crate) const MULTI_SOURCE: &str = concat!(
-    include_str!("lua/prelude.lua"),
-    include_str!("lua/gcra.lua"),
-    include_str!("lua/fixed_window.lua"),
-    include_str!("lua/sliding_window.lua"),
-    include_str!("lua/sliding_log.lua"),
-    include_str!("lua/multi.lua"),
-);
+pub(crate) const MULTI_SOURCE: &str = with_every_step!("multi");
 
 pub(crate) static MULTI: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(MULTI_SOURCE));
 
-/// Elastic limits: guarantee, headroom and pool in one script.
-pub(crate) const BATCH_SOURCE: &str = concat!(
-    include_str!("lua/prelude.lua"),
-    include_str!("lua/gcra.lua"),
-    include_str!("lua/fixed_window.lua"),
-    include_str!("lua/sliding_window.lua"),
-    include_str!("lua/sliding_log.lua"),
-    include_str!("lua/batch.lua"),
-);
+/// Single-key calls of any algorithm, batched (`batch.rs`).
+pub(crate) const BATCH_SOURCE: &str = with_every_step!("batch");
 
 pub(crate) static BATCH: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(BATCH_SOURCE));
 
-pub(crate) const ELASTIC_SOURCE: &str = concat!(
-    include_str!("lua/prelude.lua"),
-    include_str!("lua/gcra.lua"),
-    include_str!("lua/fixed_window.lua"),
-    include_str!("lua/sliding_window.lua"),
-    include_str!("lua/sliding_log.lua"),
-    include_str!("lua/elastic.lua"),
-);
+/// Elastic limits: guarantee, headroom and pool in one script.
+pub(crate) const ELASTIC_SOURCE: &str = with_every_step!("elastic");
 
 pub(crate) static ELASTIC: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(ELASTIC_SOURCE));
+
+/// Leases (`RedisLeaseLimiter`): the prelude, the fixed window's step
+/// and `lua/lease.lua`.
+pub(crate) const LEASE_SOURCE: &str = concat!(
+    prelude!(),
+    include_str!("lua/fixed_window.lua"),
+    include_str!("lua/lease.lua")
+);
+
+pub(crate) static LEASE: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(LEASE_SOURCE));
 
 static GCRA: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(GCRA_SOURCE));
 static FIXED: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(FIXED_SOURCE));

@@ -13,6 +13,7 @@
 #[allow(unreachable_pub)]
 pub(super) mod server;
 
+use super::testing::at;
 use super::{RedisBackend, RedisLimiter};
 use crate::{Decision, KeyedPolicyLimiter, ManualClock, Policy, Rate, Tolerance, Window};
 use server::RedisServer;
@@ -169,24 +170,24 @@ async fn differential(policies: &[Policy], prefix: &str) -> usize {
             match op {
                 Op::Check(n) => {
                     let want = local.check_key_n_at(&1, now, n).unwrap();
-                    let got = remote.decide(b"k", n, n > 0, Some(t)).await.unwrap();
+                    let got = at(t, remote.decide(b"k", n, n > 0)).await.unwrap();
                     assert_eq!(fields(got.decision()), fields(want), "{ctx}");
                     above += usize::from(want.is_above_limit());
                     compared += 1;
                 }
                 Op::Peek(n) => {
                     let want = local.peek_key_n(&1, n).unwrap();
-                    let got = remote.decide(b"k", n, false, Some(t)).await.unwrap();
+                    let got = at(t, remote.decide(b"k", n, false)).await.unwrap();
                     assert_eq!(fields(got.decision()), fields(want), "{ctx}");
                     compared += 1;
                 }
                 Op::Refund(n) => {
                     local.refund_key_at(&1, now, n);
-                    remote.refund_at(b"k", n, Some(t)).await.unwrap();
+                    at(t, remote.refund_key(b"k", n)).await.unwrap();
                 }
                 Op::Reset => {
                     local.reset_key(&1);
-                    remote.reset(b"k").await.unwrap();
+                    remote.reset_key(b"k").await.unwrap();
                 }
             }
         }
@@ -224,7 +225,7 @@ async fn edges_match_to_the_microsecond() {
         for round in 0..6 {
             for _ in 0..=limit {
                 let want = local.check_key_n_at(&1, t * 1000, 1).unwrap();
-                let got = remote.decide(b"e", 1, true, Some(t)).await.unwrap();
+                let got = at(t, remote.decide(b"e", 1, true)).await.unwrap();
                 assert_eq!(
                     fields(got.decision()),
                     fields(want),
@@ -238,7 +239,7 @@ async fn edges_match_to_the_microsecond() {
             assert!(retry >= 1);
             for probe in [t + retry - 1, t + retry] {
                 let want = local.check_key_n_at(&1, probe * 1000, 1).unwrap();
-                let got = remote.decide(b"e", 1, true, Some(probe)).await.unwrap();
+                let got = at(probe, remote.decide(b"e", 1, true)).await.unwrap();
                 assert_eq!(
                     fields(got.decision()),
                     fields(want),
@@ -276,11 +277,11 @@ async fn a_server_clock_step_back_never_admits_more() {
             .unwrap();
         let span = policy.span().as_micros() as u64;
         let t = (T0_US / span + 1) * span + span / 2;
-        let first = remote.decide(b"b", 1, true, Some(t)).await.unwrap();
+        let first = at(t, remote.decide(b"b", 1, true)).await.unwrap();
         let _ = frozen.check_key_n_at(&1, t * 1000, 1).unwrap();
         assert!(first.is_allowed());
         for back in [1, span / 3, span / 2 + 1] {
-            let got = remote.decide(b"b", 1, false, Some(t - back)).await.unwrap();
+            let got = at(t - back, remote.decide(b"b", 1, false)).await.unwrap();
             let want = frozen.peek_key_n(&1, 1).unwrap();
             assert!(
                 got.remaining() <= want.remaining() && (want.is_allowed() || !got.is_allowed()),
@@ -384,7 +385,7 @@ async fn the_elastic_script_matches_the_local_elastic_limiter() {
             history.push(format!("t0+{} key {key} n {n}", t - T0_US));
             let ctx = format!("set {si} step {step}; history {history:?}");
             let want = local.check_key_n_at(&key, now, n);
-            let got = remote.decide(&[b'k', key], n, Some(t)).await;
+            let got = at(t, remote.check_key_n(&[b'k', key], n)).await;
             match (want, got) {
                 (Ok(want), Ok(got)) => {
                     assert_eq!(got.source(), super::DecisionSource::Redis);
@@ -459,11 +460,12 @@ async fn batched_calls_match_the_local_step_in_arrival_order() {
     // after the reload, behind calls made after it (concurrent calls have
     // no order; this test compares against one).
     for remote in &remotes {
-        let d = remote.decide(b"warm", 1, false, Some(T0_US)).await.unwrap();
+        let d = at(T0_US, remote.decide(b"warm", 1, false)).await.unwrap();
         assert!(d.is_allowed());
     }
-    let warm = futures_util::future::join_all(
-        (0..4).map(|_| remotes[0].decide(b"warm", 1, false, Some(T0_US))),
+    let warm = at(
+        T0_US,
+        futures_util::future::join_all((0..4).map(|_| remotes[0].decide(b"warm", 1, false))),
     )
     .await;
     assert!(warm.iter().all(Result::is_ok));
@@ -502,10 +504,10 @@ async fn batched_calls_match_the_local_step_in_arrival_order() {
             async move {
                 let key = [b'k', b'0' + k];
                 match op {
-                    Op::Check(n) => Some(remote.decide(&key, n, true, Some(t)).await.unwrap()),
-                    Op::Peek(n) => Some(remote.decide(&key, n, false, Some(t)).await.unwrap()),
+                    Op::Check(n) => Some(at(t, remote.decide(&key, n, true)).await.unwrap()),
+                    Op::Peek(n) => Some(at(t, remote.decide(&key, n, false)).await.unwrap()),
                     Op::Refund(n) => {
-                        remote.refund_at(&key, n, Some(t)).await.unwrap();
+                        at(t, remote.refund_key(&key, n)).await.unwrap();
                         None
                     }
                     Op::Reset => unreachable!(),
@@ -546,6 +548,27 @@ async fn batched_calls_match_the_local_step_in_arrival_order() {
     );
 }
 
+/// A limiter of `policy` named `name` on a backend of `server` with
+/// batches of up to `max_batch` calls and one batch in flight at a time,
+/// so the batches are the same on every run.
+fn one_batch_at_a_time(
+    server: &RedisServer,
+    max_batch: usize,
+    policy: Policy,
+    name: &str,
+) -> RedisLimiter {
+    let backend = RedisBackend::builder(server.url())
+        .timeout(Duration::from_secs(5))
+        .max_batch(max_batch)
+        .batches_in_flight(1)
+        .build()
+        .unwrap();
+    RedisLimiter::builder(policy, &backend)
+        .name(name)
+        .build()
+        .unwrap()
+}
+
 /// A call that fails inside a batch (its key holds another policy's state,
 /// or a value of another type) is an error for that call only; the other
 /// calls of the batch get their decisions, and the foreign keys are left
@@ -555,29 +578,22 @@ async fn batched_calls_match_the_local_step_in_arrival_order() {
 #[tokio::test(flavor = "current_thread")]
 async fn a_failing_call_in_a_batch_fails_alone() {
     let server = RedisServer::start();
-    let backend = RedisBackend::builder(server.url())
-        .timeout(Duration::from_secs(5))
-        // One batch at a time, so the batches are the same on every run.
-        .batches_in_flight(1)
-        .build()
-        .unwrap();
-    let l = RedisLimiter::builder(
+    let l = one_batch_at_a_time(
+        &server,
+        super::DEFAULT_MAX_BATCH,
         Policy::token_bucket(Rate::per_second(10).burst(5)),
-        &backend,
-    )
-    .name("iso")
-    .build()
-    .unwrap();
+        "iso",
+    );
     server.cmd(&["SET", "ratewall:iso:text", "not-a-number"]);
     server.cmd(&["ZADD", "ratewall:iso:zset", "1", "a"]);
     // Load both scripts (a call alone, then a batch) before counting.
     let warm = [&b"w1"[..], b"w2", b"w3"];
-    for r in futures_util::future::join_all(warm.iter().map(|k| l.check(k))).await {
+    for r in futures_util::future::join_all(warm.iter().map(|k| l.check_key(k))).await {
         assert!(r.unwrap().is_allowed());
     }
     let before = evalsha_calls(&server);
     let keys: Vec<&[u8]> = vec![b"a", b"text", b"b", b"zset", b"a", b"zset", b"c", b"a"];
-    let replies = futures_util::future::join_all(keys.iter().map(|k| l.check(k))).await;
+    let replies = futures_util::future::join_all(keys.iter().map(|k| l.check_key(k))).await;
     for (k, r) in keys.iter().zip(&replies) {
         match *k {
             // The script's own message for that call, not a parse error.
@@ -629,7 +645,7 @@ fn outside_a_runtime_calls_are_a_typed_error() {
             .on_failure(super::FailurePolicy::Closed)
             .build()
             .unwrap();
-        let mut call = std::pin::pin!(l.check(b"k"));
+        let mut call = std::pin::pin!(l.check_key(b"k"));
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
         match call.as_mut().poll(&mut cx) {
             std::task::Poll::Ready(r) => {
@@ -651,27 +667,21 @@ fn outside_a_runtime_calls_are_a_typed_error() {
 #[tokio::test(flavor = "current_thread")]
 async fn batches_hold_at_most_max_batch_calls() {
     let server = RedisServer::start();
-    let backend = RedisBackend::builder(server.url())
-        .timeout(Duration::from_secs(5))
-        .max_batch(3)
-        .batches_in_flight(1)
-        .build()
-        .unwrap();
-    let l = RedisLimiter::builder(
+    let l = one_batch_at_a_time(
+        &server,
+        3,
         Policy::token_bucket(Rate::per_second(1000).burst(100)),
-        &backend,
-    )
-    .name("max")
-    .build()
-    .unwrap();
+        "max",
+    );
     // Both scripts loaded, so no call meets NOSCRIPT (a second call).
-    assert!(l.check(b"warm").await.unwrap().is_allowed());
+    assert!(l.check_key(b"warm").await.unwrap().is_allowed());
     assert!(server
         .cmd(&["SCRIPT", "LOAD", super::script::BATCH_SOURCE])
         .starts_with('$'));
     let before = evalsha_calls(&server);
     let keys: Vec<String> = (0..11).map(|i| format!("k{i}")).collect();
-    let replies = futures_util::future::join_all(keys.iter().map(|k| l.check(k.as_bytes()))).await;
+    let replies =
+        futures_util::future::join_all(keys.iter().map(|k| l.check_key(k.as_bytes()))).await;
     assert!(replies
         .iter()
         .all(|r| r.as_ref().is_ok_and(|d| d.is_allowed())));
@@ -704,7 +714,7 @@ fn a_runtime_shut_down_mid_batch_leaves_no_slot_taken() {
             .on_failure(super::FailurePolicy::Closed)
             .build()
             .unwrap();
-        assert!(l.check(b"warm").await.unwrap().is_allowed());
+        assert!(l.check_key(b"warm").await.unwrap().is_allowed());
         (backend, l)
     });
     assert!(format!("{backend:?}").contains("max_batch: 128"));
@@ -714,7 +724,7 @@ fn a_runtime_shut_down_mid_batch_leaves_no_slot_taken() {
         // The first call goes inline and waits for the paused server; the
         // second queues behind it (one slot).
         let l = l.clone();
-        first.spawn(async move { l.check(b"k").await });
+        first.spawn(async move { l.check_key(b"k").await });
     }
     std::thread::sleep(Duration::from_millis(100));
     drop(first);
@@ -723,7 +733,7 @@ fn a_runtime_shut_down_mid_batch_leaves_no_slot_taken() {
         .build()
         .unwrap();
     let started = std::time::Instant::now();
-    let _ = second.block_on(l.check(b"k"));
+    let _ = second.block_on(l.check_key(b"k"));
     // Answered (or failed) when the pause ends or the connection is found
     // gone, not after the 3 s timeout of a call queued behind a lost slot.
     assert!(

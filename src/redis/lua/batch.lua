@@ -18,8 +18,7 @@
 -- key as absent, so only a peek of it reports a full bucket instead of an
 -- error.
 --
--- ARGV[1]: '' for the server's TIME; a time in us on the test-only path.
--- ARGV[2]: P, the number of distinct programs; ARGV[3 .. 2 + 4P]: each
+-- ARGV[1]: P, the number of distinct programs; ARGV[2 .. 1 + 4P]: each
 --   program's algorithm ('g' GCRA, 'f' fixed window, 's' sliding window
 --   counter, 'l' sliding log) and its three parameters.
 -- Then '1' and three values that every call shares, or '0' and three values
@@ -39,13 +38,13 @@
 
 local steps = {g = gcra_step, f = fixed_step, s = sliding_step, l = log_step}
 local refunds = {g = gcra_refund, f = fixed_refund, s = sliding_refund, l = log_refund}
-local now, slack = clock(ARGV[1])
+local now = clock()
 local programs = {}
-for p = 1, tonumber(ARGV[2]) do
-  local o = 3 + 4 * (p - 1)
+for p = 1, tonumber(ARGV[1]) do
+  local o = 2 + 4 * (p - 1)
   programs[p] = {ARGV[o], tonumber(ARGV[o + 1]), tonumber(ARGV[o + 2]), tonumber(ARGV[o + 3])}
 end
-local base = 3 + 4 * #programs
+local base = 2 + 4 * #programs
 local reply = {}
 -- Each call's mode, program and cost; where its reply starts (`at`) and
 -- whether it takes the fast path (one reply value).
@@ -114,7 +113,7 @@ end
 local function flush(key)
   if dirty[key] then
     local tat = tats[key]
-    local ok, err = pcall(redis.call, 'SET', key, int(tat), 'PX', px(tat - now, slack), 'GET')
+    local ok, err = pcall(redis.call, 'SET', key, int(tat), 'PX', px(tat - now), 'GET')
     local g = gen[key] or 0
     if not ok then
       local message = type(err) == 'table' and err.err or tostring(err)
@@ -135,9 +134,8 @@ end
 -- A fast-path call whose key's TAT is known: no step can fail.
 local function fast_one(i, key, mode, T, tau, n, tat)
   -- gcra_decide's test; the client derives the fields from `held`.
-  local held = math.max(tat - now, 0)
-  local used = held + n * T
-  if used <= tau and mode == 'c' then
+  local held, used, fits = gcra_fit(tat, now, n, T, tau)
+  if fits and mode == 'c' then
     tats[key] = now + used
     if not dirty[key] then
       dirty[key] = true
@@ -166,13 +164,13 @@ local function one(i, key, mode, program, n)
   end
   flush(key)
   if mode == 'r' then
-    refunds[code](key, now, n, a, b, c, slack)
+    refunds[code](key, now, n, a, b, c)
     put(i, 1, 0, 0, 0, 0)
     return
   end
   local d, commit = steps[code](key, now, n, a, b, c)
   if mode == 'c' and commit then
-    commit(slack)
+    commit()
   end
   put(i, d[1], d[2], d[3], d[4], d[5])
 end

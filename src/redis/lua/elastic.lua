@@ -7,14 +7,13 @@
 -- KEYS[3]: the pool's state; KEYS[4]: a bucket pool's interval T (us) when
 -- its state was written, with the pool's TTL. All four share one hash
 -- tag, so Redis Cluster runs the script on one node.
--- ARGV[1]: '' for the server's TIME; a time in us on the test-only path.
--- ARGV[2]: cost n (0 <= n <= max(gcap, extra), checked by the caller). A
+-- ARGV[1]: cost n (0 <= n <= max(gcap, extra), checked by the caller). A
 --   cost of 0 is the decision for one unit, taking nothing (as locally).
--- ARGV[3]: the guarantee's and headroom's algorithm ('g', 'f', 's', 'l').
--- ARGV[4..6]: the guarantee's parameters; ARGV[7]: its capacity gcap.
--- ARGV[8..10]: the headroom's parameters.
--- ARGV[11]: the pool's algorithm; ARGV[12..14]: its parameters.
--- ARGV[15]: extra = min(headroom capacity, pool capacity).
+-- ARGV[2]: the guarantee's and headroom's algorithm ('g', 'f', 's', 'l').
+-- ARGV[3..5]: the guarantee's parameters; ARGV[6]: its capacity gcap.
+-- ARGV[7..9]: the headroom's parameters.
+-- ARGV[10]: the pool's algorithm; ARGV[11..13]: its parameters.
+-- ARGV[14]: extra = min(headroom capacity, pool capacity).
 -- Reply: {allowed, limit, remaining, retry_after_us, reset_after_us,
 --   above_limit}: the guarantee's limit and remaining, as locally.
 --
@@ -24,19 +23,19 @@
 --    nothing to any of the keys.
 
 local steps = {g = gcra_step, f = fixed_step, s = sliding_step, l = log_step}
-local now, slack = clock(ARGV[1])
-local n = tonumber(ARGV[2])
+local now = clock()
+local n = tonumber(ARGV[1])
 local take = n > 0
 if not take then
   n = 1
 end
-local kstep = steps[ARGV[3]]
-local g1, g2, g3 = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-local gcap = tonumber(ARGV[7])
-local h1, h2, h3 = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
-local pstep = steps[ARGV[11]]
-local p1, p2, p3 = tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14])
-local extra = tonumber(ARGV[15])
+local kstep = steps[ARGV[2]]
+local g1, g2, g3 = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local gcap = tonumber(ARGV[6])
+local h1, h2, h3 = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
+local pstep = steps[ARGV[10]]
+local p1, p2, p3 = tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
+local extra = tonumber(ARGV[14])
 
 local gd, gcommit
 local g_retry = -1 -- -1: the guarantee can never hold n
@@ -44,7 +43,7 @@ if n <= gcap then
   gd, gcommit = kstep(KEYS[1], now, n, g1, g2, g3)
   if gd[1] == 1 then
     if take then
-      gcommit(slack)
+      gcommit()
     end
     return {1, gd[2], gd[3], 0, gd[5], 0}
   end
@@ -71,7 +70,7 @@ end
 -- locally: used' = floor(held * T' / T), at most tau'. In memory only; it
 -- is written with the pool's next take.
 local pool_tat = nil
-if ARGV[11] == 'g' then
+if ARGV[10] == 'g' then
   local written = tonumber(redis.call('GET', KEYS[4]) or '')
   if written and written ~= p1 then
     local tat = gcra_tat(KEYS[3])
@@ -100,9 +99,9 @@ if pd[1] == 0 then
   return denied(pd[4], gd[5])
 end
 if take then
-  hcommit(slack)
-  pcommit(slack)
-  if ARGV[11] == 'g' then
+  hcommit()
+  pcommit()
+  if ARGV[10] == 'g' then
     -- The interval the pool's state now counts in, for as long as it lives.
     local ttl = redis.call('PTTL', KEYS[3])
     if ttl > 0 then

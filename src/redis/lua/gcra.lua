@@ -31,10 +31,18 @@ end
 
 -- A check of cost n against `tat` at `now`: the five decision fields and,
 -- on allow, the new TAT (nil on a denial).
-local function gcra_decide(tat, now, n, T, tau, burst)
+-- The one GCRA test (`gcra_decide` in src/algo/gcra.rs): what the bucket
+-- holds at `now`, what it would hold after a cost of n, and whether that
+-- fits. lua/batch.lua's fast path runs it too.
+local function gcra_fit(tat, now, n, T, tau)
   local held = math.max(tat - now, 0)
   local used = held + n * T
-  if used <= tau then
+  return held, used, used <= tau
+end
+
+local function gcra_decide(tat, now, n, T, tau, burst)
+  local held, used, fits = gcra_fit(tat, now, n, T, tau)
+  if fits then
     return 1, burst, idiv(tau - used, T), 0, used, now + used
   end
   return 0, burst, idiv(math.max(tau - held, 0), T), used - tau, held, nil
@@ -47,8 +55,8 @@ local function gcra_step(key, now, n, T, tau, burst, tat)
     gcra_decide(tat or gcra_tat(key), now, n, T, tau, burst)
   local decision = {allowed, limit, remaining, retry, reset}
   if new then
-    return decision, function(slack)
-      redis.call('SET', key, int(new), 'PX', px(reset, slack))
+    return decision, function()
+      redis.call('SET', key, int(new), 'PX', px(reset))
     end
   end
   return decision, nil
@@ -56,12 +64,12 @@ end
 
 -- Gives back n units: TAT moves back by n*T (not below 0). A bucket that is
 -- already full stays as it is.
-local function gcra_refund(key, now, n, T, tau, burst, slack)
+local function gcra_refund(key, now, n, T, tau, burst)
   local tat = gcra_tat(key)
   if tat <= now then
     return
   end
   local back = math.max(tat - n * T, 0)
-  redis.call('SET', key, int(back), 'PX', px(back - now, slack))
+  redis.call('SET', key, int(back), 'PX', px(back - now))
 end
 

@@ -1,6 +1,12 @@
 -- Leases: one call takes the caller's units and up to `extra` more for the
 -- caller's process to admit locally (src/redis/lease.rs; the protocol and
--- the bound are in docs/distributed.md, "Leases"). Runs after prelude.lua.
+-- the bound are in docs/distributed.md, "Leases"). Runs after prelude.lua
+-- and fixed_window.lua (src/redis/script.rs). The local steps it mirrors:
+-- a take decides the caller's units as `Gcra::step` (src/algo/gcra.rs,
+-- with the live leases' units counted as taken) or `FixedCounter::step`
+-- (src/algo/fixed.rs; here fixed_window.lua's own step) does, then sets
+-- the lease aside. No local limiter keeps leases of a shared key, so the
+-- lease itself is tested against the bound (src/redis/lease_tests.rs).
 --
 -- GCRA ('g'), the token and leaky bucket, with *reservations*:
 --   State: a hash. Field 't' = the TAT (us since 1970, as for gcra.lua);
@@ -33,8 +39,7 @@
 -- ARGV[5..7]: the algorithm's parameters (T, tau, burst | W, L, 0).
 -- ARGV[8]: 't': the lease's life in us (GCRA; a window lease ends with it).
 -- ARGV[9]: the lease's id ('t', 'r'; fixed window 'r': the window id).
--- ARGV[10]: '' for the server's TIME; a time in us on the test-only path.
--- ARGV[11], ARGV[12]: 't', GCRA: the id of this holder's previous lease
+-- ARGV[10], ARGV[11]: 't', GCRA: the id of this holder's previous lease
 --          ('' for none) and the units it used, given back first.
 -- Reply for 't'/'p': {allowed, limit, remaining, retry_after_us,
 --   reset_after_us, granted (the lease's units m), now, end, window id}.
@@ -42,7 +47,7 @@
 --   call is written).
 -- Reply for 'r': 1 if units were given back, 0 if the lease had ended.
 
-local now, slack = clock(ARGV[10])
+local now = clock()
 local algo, mode = ARGV[1], ARGV[2]
 local n, extra = tonumber(ARGV[3]), tonumber(ARGV[4])
 local a, b, c = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
@@ -117,7 +122,7 @@ local function g_write(tat, dead, live, T, field, value)
   else
     redis.call('HSET', key, 't', int(tat))
   end
-  redis.call('PEXPIRE', key, px(g_full(tat, live, T), slack))
+  redis.call('PEXPIRE', key, px(g_full(tat, live, T)))
 end
 
 -- Gives back lease `id` (live at `now`) that used `used` of its units:
@@ -147,12 +152,12 @@ if algo == 'g' then
     end
     return 0
   end
-  -- A take may first give back this holder's previous lease (ARGV[11],
-  -- used ARGV[12]): one round trip for both.
+  -- A take may first give back this holder's previous lease (ARGV[10],
+  -- used ARGV[11]): one round trip for both.
   local changed = false
-  if mode == 't' and ARGV[11] and ARGV[11] ~= '' then
+  if mode == 't' and ARGV[10] and ARGV[10] ~= '' then
     local units
-    tat, units, changed = g_release(tat, live, dead, ARGV[11], tonumber(ARGV[12]), T)
+    tat, units, changed = g_release(tat, live, dead, ARGV[10], tonumber(ARGV[11]), T)
     out = out - units
   end
   local held = math.max(tat - now, 0)
@@ -183,33 +188,27 @@ if algo == 'g' then
   return {1, burst, free - n, 0, g_full(tat, live, T), m, now, finish, 0}
 end
 
--- Fixed window.
+-- Fixed window: fixed_window.lua's step, the lease counted with the
+-- caller's units.
 local W, L = a, b
-local s = parse(redis.call('GET', key), 2) or {0, 0}
-local nid = idiv(now, W)
-local id, used = s[1], s[2]
 if mode == 'r' then
+  local id, used = fixed_load(key, now, W)
   local wid = tonumber(ARGV[9])
   local back = math.max(extra - n, 0)
-  if id ~= wid or nid ~= wid or used == 0 or back == 0 then
+  if id ~= wid or idiv(now, W) ~= wid or used == 0 or back == 0 then
     return 0
   end
-  redis.call('SET', key, int(id) .. ':' .. int(math.max(used - back, 0)),
-    'PX', px((id + 1) * W - now, slack))
+  fixed_write(key, id, math.max(used - back, 0), (id + 1) * W - now)
   return 1
 end
-if nid > id then
-  id, used = nid, 0
-end
-local left = (id + 1) * W - now
-local total = used + n
-if total > L then
-  return {0, L, math.max(L - used, 0), left, left, 0, now, 0, 0}
+local d, commit, id = fixed_step(key, now, n, W, L)
+if d[1] == 0 then
+  return {d[1], d[2], d[3], d[4], d[5], 0, now, 0, 0}
 end
 local m = 0
 if mode == 't' then
-  m = math.max(math.min(extra, L - total), 0)
-  redis.call('SET', key, int(id) .. ':' .. int(total + m), 'PX', px(left, slack))
+  m = math.max(math.min(extra, d[3]), 0)
+  commit(m)
 end
 -- The lease's id for a release is the window id.
-return {1, L, L - total, 0, left, m, now, (id + 1) * W, id}
+return {d[1], d[2], d[3], d[4], d[5], m, now, (id + 1) * W, id}

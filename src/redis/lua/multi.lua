@@ -5,19 +5,18 @@
 -- nothing is written at all.
 --
 -- KEYS[1..k]: the limits' states (distinct keys).
--- ARGV[1]: '' for the server's TIME; a time in us on the test-only path.
--- ARGV[2 + 5*(i-1) .. 6 + 5*(i-1)]: limit i's algorithm ('g' GCRA,
+-- ARGV[1 + 5*(i-1) .. 5 + 5*(i-1)]: limit i's algorithm ('g' GCRA,
 --   'f' fixed window, 's' sliding window counter, 'l' sliding log), cost n
 --   (>= 1), and its three parameters.
 -- Reply: {all_allowed (0|1), then for each limit its five decision fields
 --   allowed, limit, remaining, retry_after_us, reset_after_us}.
 
 local steps = {g = gcra_step, f = fixed_step, s = sliding_step, l = log_step}
-local now, slack = clock(ARGV[1])
+local now = clock()
 local reply = {1}
 local commits = {}
 for i = 1, #KEYS do
-  local o = 2 + 5 * (i - 1)
+  local o = 1 + 5 * (i - 1)
   local step = steps[ARGV[o]]
   local d, commit = step(KEYS[i], now, tonumber(ARGV[o + 1]), tonumber(ARGV[o + 2]),
     tonumber(ARGV[o + 3]), tonumber(ARGV[o + 4]))
@@ -31,7 +30,7 @@ for i = 1, #KEYS do
 end
 if reply[1] == 1 then
   for i = 1, #KEYS do
-    commits[i](slack)
+    commits[i]()
   end
 end
 return reply

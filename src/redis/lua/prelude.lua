@@ -25,23 +25,19 @@ local function int(x)
 end
 
 -- The time, in microseconds: the server's TIME, so that instances with
--- skewed clocks agree. A non-empty `arg` is a time passed in by the caller
--- (the test-only path that ties each script to the local step); a script
--- run that way gives every TTL 60 s of slack, because the key still expires
--- on the server's real clock while the test moves its own time.
-local function clock(arg)
-  if arg ~= nil and arg ~= '' then
-    return tonumber(arg), 60000
-  end
+-- skewed clocks agree. (The unit tests that tie each script to the local
+-- step build the scripts with lua/test_clock.lua appended, which passes a
+-- time of theirs instead; that file is never part of a production script.)
+local function clock()
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000000 + tonumber(t[2]), 0
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
 -- The PX argument for a key that carries information for `us` more
 -- microseconds: whole milliseconds rounded up (never shorter than needed),
 -- at least 1.
-local function px(us, slack)
-  return int(math.max(1, idiv(math.max(us, 0) + 999, 1000)) + slack)
+local function px(us)
+  return int(math.max(1, idiv(math.max(us, 0) + 999, 1000)))
 end
 
 -- Parses a state string of `count` integers joined by ':'; nil if absent.

@@ -50,7 +50,7 @@ local function log_step(key, now, n, W, L)
   end
   local in_window = count - expired
   if in_window + n <= L then
-    local commit = function(slack)
+    local commit = function()
       if len > 0 then
         redis.call('LPOP', key, expired + 1) -- the floor and the expired entries
       end
@@ -71,7 +71,7 @@ local function log_step(key, now, n, W, L)
         left = left - k
       end
       redis.call('LPUSH', key, ts)
-      redis.call('PEXPIRE', key, px(t + W - now, slack))
+      redis.call('PEXPIRE', key, px(t + W - now))
     end
     return {1, L, L - in_window - n, 0, t + W - now}, commit
   end
@@ -84,7 +84,7 @@ end
 -- Gives back the newest n entries that are still in the window. The floor
 -- stays: time does not move back with them. The TTL stays too (it already
 -- covers every remaining entry).
-local function log_refund(key, now, n, W, L, unused, slack)
+local function log_refund(key, now, n, W, L, unused)
   local len = redis.call('LLEN', key)
   if len < 2 then
     return

@@ -34,8 +34,8 @@ local function sliding_step(key, now, n, W, L)
   local finish = start + W
   if used + n <= L then
     local reset = finish + W - now
-    local commit = function(slack)
-      redis.call('SET', key, int(id) .. ':' .. int(pv) .. ':' .. int(c + n), 'PX', px(reset, slack))
+    local commit = function()
+      redis.call('SET', key, int(id) .. ':' .. int(pv) .. ':' .. int(c + n), 'PX', px(reset))
     end
     return {1, L, L - used - n, 0, reset}, commit
   end
@@ -61,7 +61,7 @@ end
 -- Gives back n units to the window they came from: the state's current
 -- count while it is the current or previous window, or its previous count
 -- when the clock is one window behind.
-local function sliding_refund(key, now, n, W, L, unused, slack)
+local function sliding_refund(key, now, n, W, L, unused)
   local s = parse(redis.call('GET', key), 3)
   if not s then
     return
@@ -76,6 +76,6 @@ local function sliding_refund(key, now, n, W, L, unused, slack)
     return
   end
   local idle = (sid + 2) * W - now
-  redis.call('SET', key, int(sid) .. ':' .. int(prev) .. ':' .. int(cur), 'PX', px(idle, slack))
+  redis.call('SET', key, int(sid) .. ':' .. int(prev) .. ':' .. int(cur), 'PX', px(idle))
 end
 

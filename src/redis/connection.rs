@@ -1,0 +1,266 @@
+//! The connection to Redis and the guarded call: one multiplexed
+//! connection (or a Cluster's) that pipelines concurrent callers and
+//! reconnects by itself, the per-call timeout and the circuit breaker.
+//! Every call to Redis goes through [`Link::guarded`].
+
+use super::breaker::{Breaker, Permit};
+use super::wire::{Call, Reply};
+use super::RedisError;
+use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, ErrorKind, Pipeline, RedisFuture, ServerErrorKind, Value};
+use std::fmt;
+use std::time::{Duration, Instant};
+
+/// The connection, its per-call timeout and its breaker: what a call needs,
+/// shared with the batch runners (which must not keep the backend alive).
+pub(crate) struct Link {
+    conn: Conn,
+    timeout: Duration,
+    breaker: Breaker,
+}
+
+impl Link {
+    pub(crate) fn new(conn: Conn, timeout: Duration, failures: u32, cool_down: Duration) -> Link {
+        Link {
+            conn,
+            timeout,
+            breaker: Breaker::new(failures, cool_down, timeout),
+        }
+    }
+
+    pub(crate) fn breaker(&self) -> &Breaker {
+        &self.breaker
+    }
+
+    /// Whether calls go to Redis now (the circuit is closed).
+    pub(crate) fn is_available(&self) -> bool {
+        self.breaker.is_closed()
+    }
+
+    /// Sends a single-key call alone, as its algorithm's own script.
+    pub(crate) async fn send(&self, call: &Call) -> Result<Reply, RedisError> {
+        self.evalsha(call.script, &call.command())
+            .await
+            .map(Reply::Value)
+    }
+
+    /// One plain command under the timeout and the breaker.
+    pub(crate) async fn query(&self, cmd: &redis::Cmd) -> Result<Value, RedisError> {
+        self.guarded(|mut conn| async move { cmd.query_async::<Value>(&mut conn).await })
+            .await
+    }
+}
+
+impl Link {
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    pub(crate) fn is_cluster(&self) -> bool {
+        matches!(self.conn, Conn::Cluster(_))
+    }
+
+    /// Runs one script call under the timeout and the breaker. Failures to
+    /// reach Redis are [`RedisError::Unavailable`]; error replies are
+    /// [`RedisError::Server`]. A call that timed out is never retried: it
+    /// may have run.
+    pub(crate) async fn invoke(
+        &self,
+        invocation: &redis::ScriptInvocation<'_>,
+    ) -> Result<Value, RedisError> {
+        // `invoke_async` sends EVALSHA, and on NOSCRIPT (the script did not
+        // run) loads the script and sends EVALSHA again.
+        self.guarded(|mut conn| async move { invocation.invoke_async::<Value>(&mut conn).await })
+            .await
+    }
+
+    /// One `EVALSHA` of `script`, built by the caller as `cmd` (see
+    /// [`evalsha`](super::wire::evalsha)), under the timeout and the breaker. On `NOSCRIPT` (the
+    /// script did not run) it loads the script and sends `cmd` again, as
+    /// `ScriptInvocation::invoke_async` does; building the command directly
+    /// writes every argument into one buffer instead of one vector each.
+    pub(crate) async fn evalsha(
+        &self,
+        script: &redis::Script,
+        cmd: &Cmd,
+    ) -> Result<Value, RedisError> {
+        self.guarded(|mut conn| async move {
+            match cmd.query_async::<Value>(&mut conn).await {
+                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                    script.load_async(&mut conn).await?;
+                    cmd.query_async::<Value>(&mut conn).await
+                }
+                other => other,
+            }
+        })
+        .await
+    }
+
+    async fn guarded<F, Fut>(&self, call: F) -> Result<Value, RedisError>
+    where
+        F: FnOnce(AnyConn) -> Fut,
+        Fut: std::future::Future<Output = redis::RedisResult<Value>>,
+    {
+        // The timeout below needs a tokio runtime with time enabled;
+        // without a runtime it would panic, so say so instead.
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(RedisError::NoRuntime);
+        }
+        if let Permit::Rejected { retry_in } = self.breaker.acquire(Instant::now()) {
+            return Err(RedisError::Unavailable {
+                retry_in,
+                cause: "circuit open after repeated failures".into(),
+            });
+        }
+        let attempt = async {
+            let conn = self.conn.get().await?;
+            call(conn).await
+        };
+        match tokio::time::timeout(self.timeout, attempt).await {
+            Ok(Ok(value)) => {
+                self.breaker.success();
+                Ok(value)
+            }
+            Ok(Err(e)) if !is_outage(&e) => {
+                // Redis answered: it is up, and the error is this call's.
+                self.breaker.success();
+                Err(RedisError::Server {
+                    message: e.to_string(),
+                })
+            }
+            Ok(Err(e)) => Err(self.failed(e.to_string())),
+            Err(_) => Err(self.failed(format!("no reply within {} ms", self.timeout.as_millis()))),
+        }
+    }
+
+    fn failed(&self, cause: String) -> RedisError {
+        let now = Instant::now();
+        self.breaker.failure(now);
+        RedisError::Unavailable {
+            retry_in: self.breaker.retry_in(now),
+            cause,
+        }
+    }
+
+    /// The error of a call that waited its whole timeout for a batch: not
+    /// a failure of its own for the breaker (its batch counts once).
+    pub(crate) fn timed_out(&self) -> RedisError {
+        RedisError::Unavailable {
+            retry_in: self.breaker.retry_in(Instant::now()),
+            cause: format!("no reply within {} ms", self.timeout.as_millis()),
+        }
+    }
+}
+
+impl fmt::Debug for Link {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Link")
+            .field("timeout", &self.timeout)
+            .field("breaker", &self.breaker)
+            .finish()
+    }
+}
+
+/// Whether an error means Redis cannot serve (as opposed to an error reply
+/// about this call).
+fn is_outage(e: &redis::RedisError) -> bool {
+    if e.is_io_error()
+        || e.is_timeout()
+        || e.is_connection_refusal()
+        || e.is_connection_dropped()
+        || e.is_unrecoverable_error()
+    {
+        return true;
+    }
+    if e.code() == Some("BUSY") {
+        return true; // a script ran past its time limit
+    }
+    matches!(
+        e.kind(),
+        ErrorKind::Parse
+            | ErrorKind::UnexpectedReturnType
+            | ErrorKind::ClusterConnectionNotFound
+            | ErrorKind::Server(
+                ServerErrorKind::BusyLoading
+                    | ServerErrorKind::TryAgain
+                    | ServerErrorKind::ClusterDown
+                    | ServerErrorKind::MasterDown
+                    | ServerErrorKind::ReadOnly
+            )
+    )
+}
+
+/// The server or cluster behind a backend.
+pub(crate) enum Conn {
+    Single(ConnectionManager),
+    /// Connected on first use (under the per-call timeout), so a cluster
+    /// that is down at start-up is a failure of the first calls.
+    Cluster(Box<LazyCluster>),
+}
+
+pub(crate) struct LazyCluster {
+    client: ClusterClient,
+    conn: tokio::sync::OnceCell<ClusterConnection>,
+}
+
+impl Conn {
+    async fn get(&self) -> redis::RedisResult<AnyConn> {
+        match self {
+            Conn::Single(c) => Ok(AnyConn::Single(c.clone())),
+            Conn::Cluster(lazy) => {
+                let c = lazy
+                    .conn
+                    .get_or_try_init(|| lazy.client.get_async_connection())
+                    .await?;
+                Ok(AnyConn::Cluster(c.clone()))
+            }
+        }
+    }
+}
+
+/// One call's handle on either kind of connection.
+#[derive(Clone)]
+pub(crate) enum AnyConn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for AnyConn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            AnyConn::Single(c) => c.req_packed_command(cmd),
+            AnyConn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            AnyConn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            AnyConn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            AnyConn::Single(c) => c.get_db(),
+            AnyConn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+impl Conn {
+    /// A Cluster reached through `client`, connected on first use.
+    pub(crate) fn cluster(client: ClusterClient) -> Conn {
+        Conn::Cluster(Box::new(LazyCluster {
+            client,
+            conn: tokio::sync::OnceCell::new(),
+        }))
+    }
+}
