@@ -438,13 +438,7 @@ pub(crate) fn check_set<C: Clock, S: LimitSet<C>>(
         if n <= MIN_CAPACITY {
             continue;
         }
-        let capacity = set.capacity(i);
-        if n > capacity {
-            return Err(InsufficientCapacity {
-                requested: n,
-                capacity,
-            });
-        }
+        InsufficientCapacity::check(n, set.capacity(i))?;
     }
     let now = set.read_clock();
     let mut took: u64 = 0;

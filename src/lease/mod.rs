@@ -310,12 +310,7 @@ impl<C: Clock> StripedLimiter<C> {
     pub fn check_n_at(&self, now: u64, n: u64) -> Result<Decision, InsufficientCapacity> {
         let now = self.clamp(now);
         let p = self.leases.params;
-        if n > p.burst {
-            return Err(InsufficientCapacity {
-                requested: n,
-                capacity: p.burst,
-            });
-        }
+        InsufficientCapacity::check(n, p.burst)?;
         Ok(self.word.update(|tat| {
             let (d, next) = p.step(tat, now, n.max(1));
             (d, if n > 0 { next } else { None })
