@@ -5,11 +5,6 @@ use crate::clock::duration_nanos;
 use crate::error::ConfigError;
 use std::time::Duration;
 
-/// Time is clamped to this many nanoseconds after the clock epoch (2^63 ns,
-/// about 292 years): past it, time stands still, so nothing overflows and
-/// nothing extra is admitted.
-pub(crate) const HORIZON: u64 = 1 << 63;
-
 /// The largest GCRA tolerance (`burst x interval`) and the longest period:
 /// 2^62 ns, about 146 years. `HORIZON + MAX_TOLERANCE` fits in a `u64`.
 pub(crate) const MAX_TOLERANCE: u64 = 1 << 62;

@@ -259,7 +259,7 @@ mod tests {
         let p = Rate::new(1, std::time::Duration::from_nanos(1 << 62))
             .to_gcra()
             .unwrap();
-        let now = crate::quota::HORIZON;
+        let now = crate::clock::HORIZON;
         let (d, next) = p.step(0, now, 1);
         assert!(d.is_allowed());
         let (d2, _) = p.step(next.unwrap(), now, 1);

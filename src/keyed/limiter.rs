@@ -14,7 +14,6 @@ use crate::clock::{Clock, Timebase};
 use crate::decision::Decision;
 use crate::error::InsufficientCapacity;
 use crate::limiter::DefaultClock;
-use crate::quota::HORIZON;
 use crate::sync::{lock, thread_index, Mutex};
 use crate::word::ParamCell;
 use crossbeam_utils::CachePadded;
@@ -75,7 +74,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
 
     #[inline]
     pub(super) fn clamp(&self, now: u64) -> u64 {
-        self.time.clamp(now).min(HORIZON)
+        self.time.clamp(now)
     }
 
     /// The core of every check: `consume` takes `n` if allowed.

@@ -37,7 +37,7 @@ use crate::clock::{Clock, Timebase};
 use crate::decision::Decision;
 use crate::error::{ConfigError, InsufficientCapacity};
 use crate::limiter::DefaultClock;
-use crate::quota::{Rate, HORIZON};
+use crate::quota::Rate;
 use crate::sync::thread_index;
 use crate::word::AtomicWord;
 use crossbeam_utils::CachePadded;
@@ -275,7 +275,7 @@ impl<C: Clock> StripedLimiter<C> {
     /// # Ok::<(), ratewall::ConfigError>(())
     /// ```
     pub fn check_at_stripe(&self, stripe: usize, now: u64) -> Decision {
-        let now = self.clamp(now);
+        let now = self.time.clamp(now);
         let home = stripe % self.stripes.len();
         if let Some(left) = self.use_lease(&self.stripes[home], now) {
             return self.lease_decision(left, now);
@@ -308,7 +308,7 @@ impl<C: Clock> StripedLimiter<C> {
     /// # Ok::<(), ratewall::ConfigError>(())
     /// ```
     pub fn check_n_at(&self, now: u64, n: u64) -> Result<Decision, InsufficientCapacity> {
-        let now = self.clamp(now);
+        let now = self.time.clamp(now);
         let p = self.leases.params;
         InsufficientCapacity::check(n, p.burst)?;
         Ok(self.word.update(|tat| {
@@ -381,7 +381,7 @@ impl<C: Clock> StripedLimiter<C> {
     /// # Ok::<(), ratewall::ConfigError>(())
     /// ```
     pub fn release_at(&self, now: u64) -> u64 {
-        let now = self.clamp(now);
+        let now = self.time.clamp(now);
         self.stripes
             .iter()
             .map(|stripe| {
@@ -422,7 +422,7 @@ impl<C: Clock> StripedLimiter<C> {
     /// # Ok::<(), ratewall::ConfigError>(())
     /// ```
     pub fn available_at(&self, now: u64) -> u64 {
-        let now = self.clamp(now);
+        let now = self.time.clamp(now);
         let p = self.leases.params;
         let held = self.word.load().saturating_sub(now);
         let free = p.tolerance.saturating_sub(held) / p.emission;
@@ -505,11 +505,6 @@ impl<C: Clock> StripedLimiter<C> {
     /// ```
     pub fn clock(&self) -> &C {
         self.time.clock()
-    }
-
-    #[inline]
-    fn clamp(&self, now: u64) -> u64 {
-        self.time.clamp(now).min(HORIZON)
     }
 }
 
