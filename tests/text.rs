@@ -103,7 +103,10 @@ fn separators_stand_between_two_digits_in_every_numeric_position() {
     // (good text, bad texts, the token each bad text is refused at)
     let cases: [(&str, [(&str, &str); 3]); 5] = [
         // a count
-        ("1_0/s", [("1__0/s", "1__0"), ("_10/s", "_10"), ("10_/s", "10_")]),
+        (
+            "1_0/s",
+            [("1__0/s", "1__0"), ("_10/s", "_10"), ("10_/s", "10_")],
+        ),
         // a burst
         (
             "10/s burst 2_0",
@@ -114,7 +117,14 @@ fn separators_stand_between_two_digits_in_every_numeric_position() {
             ],
         ),
         // a duration (the count of a period)
-        ("10/1_0s", [("10/1__0s", "1__0s"), ("10/_10s", "_10s"), ("10/10_s", "10_s")]),
+        (
+            "10/1_0s",
+            [
+                ("10/1__0s", "1__0s"),
+                ("10/_10s", "_10s"),
+                ("10/10_s", "10_s"),
+            ],
+        ),
         // a percentage
         (
             "10/s soft 1_0%",
@@ -139,7 +149,11 @@ fn separators_stand_between_two_digits_in_every_numeric_position() {
         for (text, token) in bad {
             match text.parse::<Policy>() {
                 Err(ParseError::Unexpected { token: t, at, .. }) => {
-                    assert_eq!((t.as_str(), &text[at..at + t.len()]), (token, token), "{text}");
+                    assert_eq!(
+                        (t.as_str(), &text[at..at + t.len()]),
+                        (token, token),
+                        "{text}"
+                    );
                 }
                 other => panic!("{text}: {other:?}"),
             }

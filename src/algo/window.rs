@@ -1,8 +1,8 @@
 //! Shared pieces of the two window counters: their validated parameters and
 //! a division by the window length that costs one multiply.
 
-use crate::error::ConfigError;
 use crate::clock::HORIZON;
+use crate::error::ConfigError;
 use crate::quota::Window;
 
 /// The latest time the window counters see: `HORIZON - 1`, so that every

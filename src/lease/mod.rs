@@ -32,7 +32,7 @@
 //! of length `d` at most `burst + floor(d / T)` units are admitted, exactly as
 //! for the plain token bucket. See `docs/design.md`, "Leases".
 
-use crate::algo::WordStep;
+use crate::algo::{Gcra, WordStep};
 use crate::clock::{Clock, Timebase};
 use crate::decision::Decision;
 use crate::error::{ConfigError, InsufficientCapacity};
@@ -218,7 +218,7 @@ impl<C: Clock> StripedLimiter<C> {
     /// assert!(bad.is_err());
     /// ```
     pub fn with_options(rate: Rate, clock: C, options: LeaseOptions) -> Result<Self, ConfigError> {
-        let (leases, stripes) = Leases::new(rate.to_gcra()?, &options)?;
+        let (leases, stripes) = Leases::new(Gcra::from_rate(rate)?, &options)?;
         let stripes = (0..stripes)
             .map(|_| CachePadded::new(Stripe::new()))
             .collect();
