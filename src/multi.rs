@@ -342,11 +342,11 @@ pub fn check_each<C: Clock>(
     check_set(&mut DynLimits { limits, decisions })
 }
 
-/// The limits of one [`check_each`]-style check, by index: what
-/// [`check_set`] runs the all-or-nothing protocol over. A caller with its
-/// own list (the HTTP layer's matching rules) implements it to skip
-/// building a `&dyn Limit` list and a decisions array per check, and to
-/// dispatch statically.
+/// The limits of one all-or-nothing check, by index: what [`check_set`]
+/// runs the protocol over. [`check_all_n`] and [`check_each`] are sets
+/// over a `&dyn Limit` list; a caller with its own list (the HTTP layer's
+/// matching rules) implements it to skip building that list and a
+/// decisions array per check, and to dispatch statically.
 pub(crate) trait LimitSet<C: Clock> {
     /// How many limits.
     fn len(&self) -> usize;
@@ -415,7 +415,11 @@ impl<C: Clock> LimitSet<C> for DynLimits<'_, '_, C> {
     }
 }
 
-/// The protocol of [`check_each`] over any [`LimitSet`].
+/// The all-or-nothing protocol (see the module docs), over any
+/// [`LimitSet`]: the one engine under [`check_all`], [`check_all_n`],
+/// [`check_each`] and the HTTP layer. `Ok(true)` if every limit allowed;
+/// `Ok(false)` after a denial and its rollback, with the denial reported
+/// first through [`LimitSet::decide`], then each other limit's peek.
 #[inline]
 pub(crate) fn check_set<C: Clock, S: LimitSet<C>>(
     set: &mut S,
