@@ -462,8 +462,10 @@ pub(crate) fn check_set<C: Clock, S: LimitSet<C>>(
             set.decide(i, Some(d));
             for j in 0..len {
                 if j != i {
-                    let dj = set.peek_at(j, now, set.cost(j)).ok();
-                    set.decide(j, dj);
+                    match set.peek_at(j, now, set.cost(j)) {
+                        Ok(p) => set.decide(j, Some(p)),
+                        Err(_) => set.decide(j, None),
+                    }
                 }
             }
             return Ok(false);
