@@ -475,10 +475,11 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
             + self.hot.as_deref().map_or(0, Hot::memory_bytes)
     }
 
-    /// Loom-only test hook (compiled only with `--cfg ratewall_loom`, so not
-    /// part of the API): the shard and the first slot of the key's probe
-    /// window. Loom models use it to make two keys compete for one slot.
-    #[cfg(ratewall_loom)]
+    /// Loom-only test hook (compiled only with `--cfg ratewall_loom` and the
+    /// `testing` feature, so not part of the API): the shard and the first
+    /// slot of the key's probe window. Loom models use it to make two keys
+    /// compete for one slot.
+    #[cfg(all(ratewall_loom, feature = "testing"))]
     #[doc(hidden)]
     pub fn __home_slot<Q>(&self, key: &Q) -> (usize, usize)
     where
