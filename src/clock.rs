@@ -473,6 +473,11 @@ impl TimeFloor {
     }
 }
 
+/// Time is clamped to this many nanoseconds after the clock epoch (2^63 ns,
+/// about 292 years): past it, time stands still, so nothing overflows and
+/// nothing extra is admitted.
+pub(crate) const HORIZON: u64 = 1 << 63;
+
 /// A clock plus, for clocks that are not monotonic, the guard above.
 pub(crate) struct Timebase<C> {
     clock: C,
@@ -500,14 +505,24 @@ impl<C: Clock> Timebase<C> {
         }
     }
 
-    /// Applies the guard to a reading the caller took (`check_at`).
+    /// A reading the caller took (`check_at`) as the state words see it:
+    /// guarded like [`now`](Self::now), and clamped at [`HORIZON`] (past
+    /// it, time stands still). The one horizon clamp of the crate.
     #[inline]
     pub(crate) fn clamp(&self, t: u64) -> u64 {
-        if self.monotonic {
+        let t = if self.monotonic {
             t
         } else {
             self.floor.observe(t)
-        }
+        };
+        t.min(HORIZON)
+    }
+
+    /// One reading for the state words: [`now`](Self::now), clamped at
+    /// [`HORIZON`].
+    #[inline]
+    pub(crate) fn clamped_now(&self) -> u64 {
+        self.now().min(HORIZON)
     }
 
     pub(crate) fn clock(&self) -> &C {

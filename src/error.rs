@@ -172,6 +172,22 @@ pub struct InsufficientCapacity {
     pub capacity: u64,
 }
 
+impl InsufficientCapacity {
+    /// The one check every limiter makes before a cost is tried: `Ok` if
+    /// `requested` fits in `capacity`, else this error naming both.
+    #[inline]
+    pub(crate) fn check(requested: u64, capacity: u64) -> Result<(), Self> {
+        if requested > capacity {
+            Err(Self {
+                requested,
+                capacity,
+            })
+        } else {
+            Ok(())
+        }
+    }
+}
+
 impl fmt::Display for InsufficientCapacity {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(

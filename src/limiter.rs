@@ -4,7 +4,6 @@ use crate::algo::{Algorithm, FixedCounter, Gcra, LeakyGcra, SlidingCounter, Slid
 use crate::clock::{Clock, Timebase};
 use crate::decision::Decision;
 use crate::error::{ConfigError, InsufficientCapacity};
-use crate::quota::HORIZON;
 use crate::sync::{lock, Mutex};
 use crate::word::ParamCell;
 use crossbeam_utils::CachePadded;
@@ -232,7 +231,7 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
     /// ```
     #[inline(always)]
     pub fn check_at(&self, now: u64) -> Decision {
-        match A::check(&self.state, &self.params, self.clamp(now), 1, true) {
+        match A::check(&self.state, &self.params, self.time.clamp(now), 1, true) {
             Ok(d) => d,
             // Every algorithm's capacity is at least 1 (validated at construction).
             Err(_) => unreachable_capacity(),
@@ -248,7 +247,7 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
     /// ```
     #[inline]
     pub fn check_n_at(&self, now: u64, n: u64) -> Result<Decision, InsufficientCapacity> {
-        A::check(&self.state, &self.params, self.clamp(now), n, true)
+        A::check(&self.state, &self.params, self.time.clamp(now), n, true)
     }
 
     /// The decision a unit request would get now, without taking anything.
@@ -279,13 +278,13 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
     /// ```
     #[inline]
     pub fn peek_n(&self, n: u64) -> Result<Decision, InsufficientCapacity> {
-        A::check(&self.state, &self.params, self.clamped_now(), n, false)
+        A::check(&self.state, &self.params, self.time.clamped_now(), n, false)
     }
 
     /// [`peek_n`](Self::peek_n) at a time the caller read (multi-limit checks).
     #[inline]
     pub(crate) fn peek_n_at(&self, now: u64, n: u64) -> Result<Decision, InsufficientCapacity> {
-        A::check(&self.state, &self.params, self.clamp(now), n, false)
+        A::check(&self.state, &self.params, self.time.clamp(now), n, false)
     }
 
     /// Gives back `n` units that an allowed check took (a cancelled
@@ -317,7 +316,7 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
     /// assert!(bucket.check_at(t).is_allowed());
     /// ```
     pub fn refund_at(&self, now: u64, n: u64) {
-        A::refund(&self.state, &self.params, self.clamp(now), n);
+        A::refund(&self.state, &self.params, self.time.clamp(now), n);
     }
 
     /// Forgets all history: the limiter is as if just built.
@@ -353,7 +352,7 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
         let new = A::from_config(&config)?;
         let mut current = lock(&self.config);
         let old: A = self.params.read();
-        let now = self.clamped_now();
+        let now = self.time.clamped_now();
         self.params.begin();
         A::rescale(&self.state, &old, &new, now);
         self.params.publish(new);
@@ -393,7 +392,7 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
     /// ```
     pub fn is_idle(&self) -> bool {
         let params: A = self.params.read();
-        A::is_idle(&self.state, &params, self.clamped_now())
+        A::is_idle(&self.state, &params, self.time.clamped_now())
     }
 
     /// One reading of this limiter's clock, in nanoseconds since its epoch,
@@ -422,18 +421,6 @@ impl<A: Algorithm, C: Clock> Limiter<A, C> {
     /// ```
     pub fn clock(&self) -> &C {
         self.time.clock()
-    }
-
-    #[inline]
-    fn clamp(&self, now: u64) -> u64 {
-        self.time.clamp(now).min(HORIZON)
-    }
-
-    /// A reading for the engine: guarded, and clamped at the horizon like
-    /// every time the state words see (past it, time stands still).
-    #[inline]
-    fn clamped_now(&self) -> u64 {
-        self.now().min(HORIZON)
     }
 }
 

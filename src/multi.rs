@@ -211,60 +211,81 @@ pub fn check_all_n<C: Clock>(
     limits: &[&dyn Limit<C>],
     n: u64,
 ) -> Result<Decision, InsufficientCapacity> {
-    let Some(first) = limits.first() else {
-        return Ok(Decision::allow(u64::MAX, u64::MAX, 0));
+    let mut set = AllLimits {
+        limits,
+        n,
+        allowed: None,
+        denied: None,
     };
-    // A cost some limit can never admit is an error, whatever the others
-    // say, and nothing is taken: check every capacity first (a parameter
-    // read each, no state touched). A quota change racing this call can
-    // still make `take_at` fail below; that path rolls back too.
-    if n > MIN_CAPACITY {
-        for limit in limits {
-            let capacity = limit.capacity();
-            if n > capacity {
-                return Err(InsufficientCapacity {
-                    requested: n,
-                    capacity,
-                });
-            }
-        }
+    let unlimited = Decision::allow(u64::MAX, u64::MAX, 0);
+    Ok(if check_set(&mut set)? {
+        set.allowed.unwrap_or(unlimited)
+    } else {
+        set.denied.unwrap_or(unlimited)
+    })
+}
+
+/// [`check_all_n`]'s list as a [`LimitSet`]: one cost for every limit, and
+/// one decision, the most restrictive of those [`check_set`] reports.
+struct AllLimits<'a, C: Clock> {
+    limits: &'a [&'a dyn Limit<C>],
+    n: u64,
+    /// The limits that allowed, so far.
+    allowed: Option<Decision>,
+    /// On a denial: the denying limit's decision (reported first), then
+    /// each other's after the rollback (a peek that fails is left out).
+    denied: Option<Decision>,
+}
+
+impl<C: Clock> LimitSet<C> for AllLimits<'_, C> {
+    #[inline]
+    fn len(&self) -> usize {
+        self.limits.len()
     }
-    let now = first.read_clock();
-    let mut took: u64 = 0;
-    let mut combined: Option<Decision> = None;
-    for (i, limit) in limits.iter().enumerate() {
-        let d = match limit.take_at(now, n) {
-            Ok(d) => d,
-            Err(e) => {
-                roll_back(limits[..i].iter().map(|l| (*l, n)), took, now);
-                return Err(e);
-            }
-        };
-        if !d.is_allowed() {
-            roll_back(limits[..i].iter().map(|l| (*l, n)), took, now);
-            // Report the most restrictive limit, as seen after the rollback.
-            let mut worst = d;
-            for (j, other) in limits.iter().enumerate() {
-                if j != i {
-                    if let Ok(p) = other.peek_at(now, n) {
-                        worst = worst.most_restrictive(p);
-                    }
-                }
-            }
-            return Ok(worst);
-        }
-        // Limits past the 64th are not in the mask: `roll_back` gives their
-        // units back whenever they were charged (a no-op for an untracked
-        // key, exact for everything else).
-        if i < 64 && n > 0 && matches!(d.tracking(), Tracking::Tracked | Tracking::EvictedOther) {
-            took |= 1 << i;
-        }
-        combined = Some(match combined {
+    #[inline]
+    fn cost(&self, _: usize) -> u64 {
+        self.n
+    }
+    #[inline]
+    fn read_clock(&self) -> u64 {
+        self.limits[0].read_clock()
+    }
+    #[inline]
+    fn take_at(&self, i: usize, now: u64, n: u64) -> Result<Decision, InsufficientCapacity> {
+        self.limits[i].take_at(now, n)
+    }
+    fn peek_at(&self, i: usize, now: u64, n: u64) -> Result<Decision, InsufficientCapacity> {
+        self.limits[i].peek_at(now, n)
+    }
+    fn give_back_at(&self, i: usize, now: u64, n: u64) {
+        self.limits[i].give_back_at(now, n);
+    }
+    fn capacity(&self, i: usize) -> u64 {
+        self.limits[i].capacity()
+    }
+    #[inline]
+    fn decide(&mut self, _: usize, d: Option<Decision>) {
+        fold(&mut self.denied, d);
+    }
+    #[inline]
+    fn decide_taken(&mut self, _: usize, d: Decision) {
+        fold(&mut self.allowed, Some(d));
+    }
+    #[inline]
+    fn max_cost(&self) -> u64 {
+        self.n
+    }
+}
+
+/// Folds `d` into `into`, the most restrictive first seen on a tie.
+#[inline]
+fn fold(into: &mut Option<Decision>, d: Option<Decision>) {
+    if let Some(d) = d {
+        *into = Some(match *into {
             Some(c) => c.most_restrictive(d),
             None => d,
         });
     }
-    Ok(combined.unwrap_or(Decision::allow(u64::MAX, u64::MAX, 0)))
 }
 
 /// Every valid limit admits at least one unit at once (a burst, window
@@ -274,23 +295,6 @@ pub fn check_all_n<C: Clock>(
 /// (Were a capacity ever below it, `take_at` would report the error and
 /// the check would roll back as for any other error.)
 const MIN_CAPACITY: u64 = 1;
-
-/// Gives back what the limits before the denial took, latest first, each
-/// its own cost: the first 64 if their bit in `took` is set, the rest
-/// whenever they were charged (their units are not in the mask).
-#[cold]
-fn roll_back<'a, C: Clock + 'a>(
-    limits: impl DoubleEndedIterator<Item = (&'a dyn Limit<C>, u64)> + ExactSizeIterator,
-    took: u64,
-    now: u64,
-) {
-    for (i, (limit, n)) in limits.enumerate().rev() {
-        let taken = if i < 64 { took & (1 << i) != 0 } else { n > 0 };
-        if taken {
-            limit.give_back_at(now, n);
-        }
-    }
-}
 
 /// All-or-nothing like [`check_all_n`], with a cost per limit and a
 /// decision per limit: what an HTTP layer needs to charge a route 5 units
@@ -338,11 +342,11 @@ pub fn check_each<C: Clock>(
     check_set(&mut DynLimits { limits, decisions })
 }
 
-/// The limits of one [`check_each`]-style check, by index: what
-/// [`check_set`] runs the all-or-nothing protocol over. A caller with its
-/// own list (the HTTP layer's matching rules) implements it to skip
-/// building a `&dyn Limit` list and a decisions array per check, and to
-/// dispatch statically.
+/// The limits of one all-or-nothing check, by index: what [`check_set`]
+/// runs the protocol over. [`check_all_n`] and [`check_each`] are sets
+/// over a `&dyn Limit` list; a caller with its own list (the HTTP layer's
+/// matching rules) implements it to skip building that list and a
+/// decisions array per check, and to dispatch statically.
 pub(crate) trait LimitSet<C: Clock> {
     /// How many limits.
     fn len(&self) -> usize;
@@ -411,7 +415,11 @@ impl<C: Clock> LimitSet<C> for DynLimits<'_, '_, C> {
     }
 }
 
-/// The protocol of [`check_each`] over any [`LimitSet`].
+/// The all-or-nothing protocol (see the module docs), over any
+/// [`LimitSet`]: the one engine under [`check_all`], [`check_all_n`],
+/// [`check_each`] and the HTTP layer. `Ok(true)` if every limit allowed;
+/// `Ok(false)` after a denial and its rollback, with the denial reported
+/// first through [`LimitSet::decide`], then each other limit's peek.
 #[inline]
 pub(crate) fn check_set<C: Clock, S: LimitSet<C>>(
     set: &mut S,
@@ -420,8 +428,11 @@ pub(crate) fn check_set<C: Clock, S: LimitSet<C>>(
     if len == 0 {
         return Ok(true);
     }
-    // As in `check_all_n`: an impossible cost is an error before anything
-    // is taken (a unit cost always fits).
+    // A cost some limit can never admit is an error, whatever the others
+    // say, and nothing is taken: check every capacity first (a parameter
+    // read each, no state touched; a unit cost always fits). A quota change
+    // racing this call can still make `take_at` fail below; that path rolls
+    // back too.
     for i in 0..if set.max_cost() <= MIN_CAPACITY {
         0
     } else {
@@ -431,13 +442,7 @@ pub(crate) fn check_set<C: Clock, S: LimitSet<C>>(
         if n <= MIN_CAPACITY {
             continue;
         }
-        let capacity = set.capacity(i);
-        if n > capacity {
-            return Err(InsufficientCapacity {
-                requested: n,
-                capacity,
-            });
-        }
+        InsufficientCapacity::check(n, set.capacity(i))?;
     }
     let now = set.read_clock();
     let mut took: u64 = 0;
@@ -452,13 +457,16 @@ pub(crate) fn check_set<C: Clock, S: LimitSet<C>>(
         };
         if !d.is_allowed() {
             roll_back_set(set, i, took, now);
+            // Report the denial first, then every other limit as seen
+            // after the rollback (the most restrictive of them wins).
+            set.decide(i, Some(d));
             for j in 0..len {
-                let dj = if j == i {
-                    Some(d)
-                } else {
-                    set.peek_at(j, now, set.cost(j)).ok()
-                };
-                set.decide(j, dj);
+                if j != i {
+                    match set.peek_at(j, now, set.cost(j)) {
+                        Ok(p) => set.decide(j, Some(p)),
+                        Err(_) => set.decide(j, None),
+                    }
+                }
             }
             return Ok(false);
         }
@@ -470,7 +478,10 @@ pub(crate) fn check_set<C: Clock, S: LimitSet<C>>(
     Ok(true)
 }
 
-/// [`roll_back`] for the first `end` limits of a [`LimitSet`].
+/// Gives back what the first `end` limits took, latest first, each its own
+/// cost: the first 64 if their bit in `took` is set, the rest whenever they
+/// were charged (their units are not in the mask; a no-op for an untracked
+/// key, exact for everything else).
 #[cold]
 fn roll_back_set<C: Clock, S: LimitSet<C>>(set: &S, end: usize, took: u64, now: u64) {
     for i in (0..end).rev() {

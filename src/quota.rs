@@ -1,14 +1,8 @@
 //! Rates for the bucket algorithms (GCRA) and windows for the window algorithms.
 
-use crate::algo::Gcra;
 use crate::clock::duration_nanos;
 use crate::error::ConfigError;
 use std::time::Duration;
-
-/// Time is clamped to this many nanoseconds after the clock epoch (2^63 ns,
-/// about 292 years): past it, time stands still, so nothing overflows and
-/// nothing extra is admitted.
-pub(crate) const HORIZON: u64 = 1 << 63;
 
 /// The largest GCRA tolerance (`burst x interval`) and the longest period:
 /// 2^62 ns, about 146 years. `HORIZON + MAX_TOLERANCE` fits in a `u64`.
@@ -167,54 +161,21 @@ impl Rate {
     pub(crate) const fn burst_setting(&self) -> Option<u64> {
         self.burst
     }
+}
 
-    /// Validates the rate into GCRA parameters.
-    pub(crate) fn to_gcra(self) -> Result<Gcra, ConfigError> {
-        if self.count == 0 {
-            return Err(ConfigError::ZeroRate);
-        }
-        let period_ns = duration_nanos(self.period);
-        if period_ns == 0 {
-            return Err(ConfigError::ZeroPeriod);
-        }
-        if period_ns > MAX_TOLERANCE {
-            return Err(ConfigError::PeriodTooLong {
-                max: Duration::from_nanos(MAX_TOLERANCE),
-            });
-        }
-        let burst = self.burst_size();
-        if burst == 0 {
-            return Err(ConfigError::ZeroBurst);
-        }
-        if period_ns < self.count {
-            return Err(ConfigError::RateTooHigh {
-                count: self.count,
-                period_ns,
-            });
-        }
-        let emission = period_ns.div_ceil(self.count);
-        // Rounding error (emission*count - period) relative to the period, in
-        // u128 so the products cannot overflow.
-        let excess = u128::from(emission) * u128::from(self.count) - u128::from(period_ns);
-        if excess * 1000 > u128::from(period_ns) {
-            return Err(ConfigError::RateImprecise {
-                count: self.count,
-                period_ns,
-            });
-        }
-        let max_burst = MAX_TOLERANCE / emission;
-        if burst > max_burst {
-            return Err(ConfigError::BurstTooLarge {
-                burst,
-                max: max_burst,
-            });
-        }
-        Ok(Gcra {
-            emission,
-            tolerance: burst * emission,
-            burst,
-        })
+/// A period or window length as whole nanoseconds, validated: not zero,
+/// at most [`MAX_TOLERANCE`]. The one check every rate and window makes.
+pub(crate) fn period_ns(period: Duration) -> Result<u64, ConfigError> {
+    let ns = duration_nanos(period);
+    if ns == 0 {
+        return Err(ConfigError::ZeroPeriod);
     }
+    if ns > MAX_TOLERANCE {
+        return Err(ConfigError::PeriodTooLong {
+            max: Duration::from_nanos(MAX_TOLERANCE),
+        });
+    }
+    Ok(ns)
 }
 
 /// A window quota for the window algorithms: at most `limit` cost units per
@@ -318,15 +279,7 @@ impl Window {
         if self.limit == 0 {
             return Err(ConfigError::ZeroLimit);
         }
-        let length = duration_nanos(self.length);
-        if length == 0 {
-            return Err(ConfigError::ZeroPeriod);
-        }
-        if length > MAX_TOLERANCE {
-            return Err(ConfigError::PeriodTooLong {
-                max: Duration::from_nanos(MAX_TOLERANCE),
-            });
-        }
+        let length = period_ns(self.length)?;
         if length < min_ns {
             return Err(ConfigError::WindowTooShort {
                 min: Duration::from_nanos(min_ns),
@@ -372,66 +325,5 @@ mod tests {
             Window::new(11, Duration::from_secs(1)).validate(10, 1),
             Err(ConfigError::LimitTooLarge { limit: 11, max: 10 })
         );
-    }
-
-    #[test]
-    fn validation_names_each_bad_input() {
-        assert_eq!(Rate::per_second(0).to_gcra(), Err(ConfigError::ZeroRate));
-        assert_eq!(
-            Rate::new(1, Duration::ZERO).to_gcra(),
-            Err(ConfigError::ZeroPeriod)
-        );
-        assert_eq!(
-            Rate::per_second(1).burst(0).to_gcra(),
-            Err(ConfigError::ZeroBurst)
-        );
-        assert!(matches!(
-            Rate::new(1, Duration::MAX).to_gcra(),
-            Err(ConfigError::PeriodTooLong { .. })
-        ));
-        assert!(matches!(
-            Rate::per_second(2_000_000_000).to_gcra(),
-            Err(ConfigError::RateTooHigh { .. })
-        ));
-        assert!(matches!(
-            Rate::per_second(999_999_937).to_gcra(),
-            Err(ConfigError::RateImprecise { .. })
-        ));
-        assert_eq!(
-            Rate::per_second(1).burst(u64::MAX).to_gcra(),
-            Err(ConfigError::BurstTooLarge {
-                burst: u64::MAX,
-                max: MAX_TOLERANCE / 1_000_000_000
-            })
-        );
-    }
-
-    #[test]
-    fn intervals_are_exact_or_rounded_up_within_a_thousandth() {
-        let g = Rate::per_second(1_000_000_000).to_gcra().unwrap();
-        assert_eq!(g.emission, 1, "1e9/s is exact at ns resolution");
-        let g = Rate::per_second(3).to_gcra().unwrap();
-        assert_eq!(g.emission, 333_333_334, "rounded up: never more permissive");
-        let g = Rate::per_second(1_000_000).to_gcra().unwrap();
-        assert_eq!(g.emission, 1000);
-        let g = Rate::per_second(999_999).to_gcra().unwrap();
-        assert_eq!(g.emission, 1001);
-        let g = Rate::per_minute(60).burst(10).to_gcra().unwrap();
-        assert_eq!(
-            (g.emission, g.tolerance, g.burst),
-            (1_000_000_000, 10_000_000_000, 10)
-        );
-    }
-
-    #[test]
-    fn errors_say_what_to_change() {
-        for e in [
-            Rate::per_second(0).to_gcra().unwrap_err(),
-            Rate::per_second(1).burst(u64::MAX).to_gcra().unwrap_err(),
-            Rate::per_second(5_000_000_000).to_gcra().unwrap_err(),
-        ] {
-            let msg = e.to_string();
-            assert!(msg.contains("use") || msg.contains("count in"), "{msg}");
-        }
     }
 }

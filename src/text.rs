@@ -161,10 +161,11 @@ const PERIOD: &str = "a period such as `s`, `10s`, `250ms`, `min`, `h` or `d`";
 const CLAUSE: &str = "an algorithm, `burst`, `queue` or `soft`";
 const TOLERANCE: &str = "a tolerance such as `10%` or `5` (units)";
 
-/// Digits with `_` between them, as a `u128` (`None` if not a number or too
+/// Digits with single `_`s between them (`digit { digit | "_" digit }`), as
+/// a `u128` (`None` if not a number, a `_` not between two digits, or too
 /// large).
 fn digits(s: &str) -> Option<u128> {
-    if s.is_empty() || s.starts_with('_') || s.ends_with('_') {
+    if s.is_empty() || s.starts_with('_') || s.ends_with('_') || s.contains("__") {
         return None;
     }
     let mut v: u128 = 0;

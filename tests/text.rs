@@ -94,6 +94,78 @@ proptest! {
     }
 }
 
+/// The grammar's `count = digit { digit | "_" digit }`: a `_` stands between
+/// two digits, never doubled, leading or trailing, in every numeric
+/// position (issue 23, item 2). Each bad text names the token holding the
+/// bad number; the good one beside it parses.
+#[test]
+fn separators_stand_between_two_digits_in_every_numeric_position() {
+    // (good text, bad texts, the token each bad text is refused at)
+    let cases: [(&str, [(&str, &str); 3]); 5] = [
+        // a count
+        (
+            "1_0/s",
+            [("1__0/s", "1__0"), ("_10/s", "_10"), ("10_/s", "10_")],
+        ),
+        // a burst
+        (
+            "10/s burst 2_0",
+            [
+                ("10/s burst 2__0", "2__0"),
+                ("10/s burst _20", "_20"),
+                ("10/s burst 20_", "20_"),
+            ],
+        ),
+        // a duration (the count of a period)
+        (
+            "10/1_0s",
+            [
+                ("10/1__0s", "1__0s"),
+                ("10/_10s", "_10s"),
+                ("10/10_s", "10_s"),
+            ],
+        ),
+        // a percentage
+        (
+            "10/s soft 1_0%",
+            [
+                ("10/s soft 1__0%", "1__0"),
+                ("10/s soft _10%", "_10"),
+                ("10/s soft 10_%", "10_"),
+            ],
+        ),
+        // a tolerance in units
+        (
+            "10/s soft 1_0",
+            [
+                ("10/s soft 1__0", "1__0"),
+                ("10/s soft _10", "_10"),
+                ("10/s soft 10_", "10_"),
+            ],
+        ),
+    ];
+    for (good, bad) in cases {
+        assert!(good.parse::<Policy>().is_ok(), "{good}");
+        for (text, token) in bad {
+            match text.parse::<Policy>() {
+                Err(ParseError::Unexpected { token: t, at, .. }) => {
+                    assert_eq!(
+                        (t.as_str(), &text[at..at + t.len()]),
+                        (token, token),
+                        "{text}"
+                    );
+                }
+                other => panic!("{text}: {other:?}"),
+            }
+        }
+    }
+    // The same rule in `Rate` and `Window`, which share the parser.
+    for text in ["1__0/s", "10/1__0s"] {
+        assert!(text.parse::<Rate>().is_err(), "{text}");
+        assert!(text.parse::<Window>().is_err(), "{text}");
+    }
+}
+
 #[cfg(feature = "serde")]
 mod serde_forms {
     use super::*;

@@ -27,7 +27,7 @@ use std::time::Duration;
 /// Operations per input, so one input stays fast.
 pub const MAX_STEPS: usize = 400;
 
-/// Time stands still after 2^63 ns (quota.rs: `HORIZON`).
+/// Time stands still after 2^63 ns (clock.rs: `HORIZON`).
 pub const HORIZON: u128 = 1 << 63;
 
 /// The fields every decision exposes, as the model computes them.

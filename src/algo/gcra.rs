@@ -18,7 +18,8 @@
 
 use super::{word_algorithm, WordStep};
 use crate::decision::Decision;
-use crate::quota::Rate;
+use crate::error::ConfigError;
+use crate::quota::{period_ns, Rate, MAX_TOLERANCE};
 use crate::word::Params;
 
 /// The token bucket, as GCRA: the parameter type of [`TokenBucket`](crate::TokenBucket).
@@ -133,7 +134,46 @@ impl WordStep for Gcra {
     }
 }
 
-word_algorithm!(Gcra, Rate, "token bucket", |r| r.to_gcra());
+impl Gcra {
+    /// Validates a rate into GCRA parameters: `T = period / count` rounded
+    /// up to whole nanoseconds (never more permissive, and refused if that
+    /// rounds by more than a thousandth) and `tau = burst * T`.
+    pub(crate) fn from_rate(rate: Rate) -> Result<Gcra, ConfigError> {
+        let count = rate.count();
+        if count == 0 {
+            return Err(ConfigError::ZeroRate);
+        }
+        let period_ns = period_ns(rate.period())?;
+        let burst = rate.burst_size();
+        if burst == 0 {
+            return Err(ConfigError::ZeroBurst);
+        }
+        if period_ns < count {
+            return Err(ConfigError::RateTooHigh { count, period_ns });
+        }
+        let emission = period_ns.div_ceil(count);
+        // Rounding error (emission*count - period) relative to the period, in
+        // u128 so the products cannot overflow.
+        let excess = u128::from(emission) * u128::from(count) - u128::from(period_ns);
+        if excess * 1000 > u128::from(period_ns) {
+            return Err(ConfigError::RateImprecise { count, period_ns });
+        }
+        let max_burst = MAX_TOLERANCE / emission;
+        if burst > max_burst {
+            return Err(ConfigError::BurstTooLarge {
+                burst,
+                max: max_burst,
+            });
+        }
+        Ok(Gcra {
+            emission,
+            tolerance: burst * emission,
+            burst,
+        })
+    }
+}
+
+word_algorithm!(Gcra, Rate, "token bucket", |r| Gcra::from_rate(*r));
 
 /// The leaky bucket, as GCRA: the parameter type of [`LeakyBucket`](crate::LeakyBucket).
 ///
@@ -193,18 +233,18 @@ impl WordStep for LeakyGcra {
     }
 }
 
-word_algorithm!(LeakyGcra, Rate, "leaky bucket", |r| r
-    .to_gcra()
+word_algorithm!(LeakyGcra, Rate, "leaky bucket", |r| Gcra::from_rate(*r)
     .map(LeakyGcra));
 
 #[cfg(all(test, not(ratewall_loom)))]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     const MS: u64 = 1_000_000;
 
     fn g(count: u64, burst: u64) -> Gcra {
-        Rate::per_second(count).burst(burst).to_gcra().unwrap()
+        Gcra::from_rate(Rate::per_second(count).burst(burst)).unwrap()
     }
 
     /// (tat, now, n) -> (allowed, remaining, retry_ms, reset_ms, next tat), by hand:
@@ -275,10 +315,8 @@ mod tests {
 
     #[test]
     fn horizon_values_do_not_overflow() {
-        let p = Rate::new(1, std::time::Duration::from_nanos(1 << 62))
-            .to_gcra()
-            .unwrap();
-        let now = crate::quota::HORIZON;
+        let p = Gcra::from_rate(Rate::new(1, std::time::Duration::from_nanos(1 << 62))).unwrap();
+        let now = crate::clock::HORIZON;
         let (d, next) = p.step(0, now, 1);
         assert!(d.is_allowed());
         let (d2, _) = p.step(next.unwrap(), now, 1);
@@ -298,5 +336,69 @@ mod tests {
         assert_eq!(leaky.time_to_idle(305 * MS, 5 * MS), 300 * MS);
         assert!(!leaky.is_idle(305 * MS, 5 * MS));
         assert!(leaky.is_idle(305 * MS, 305 * MS));
+    }
+
+    #[test]
+    fn validation_names_each_bad_input() {
+        assert_eq!(
+            Gcra::from_rate(Rate::per_second(0)),
+            Err(ConfigError::ZeroRate)
+        );
+        assert_eq!(
+            Gcra::from_rate(Rate::new(1, Duration::ZERO)),
+            Err(ConfigError::ZeroPeriod)
+        );
+        assert_eq!(
+            Gcra::from_rate(Rate::per_second(1).burst(0)),
+            Err(ConfigError::ZeroBurst)
+        );
+        assert!(matches!(
+            Gcra::from_rate(Rate::new(1, Duration::MAX)),
+            Err(ConfigError::PeriodTooLong { .. })
+        ));
+        assert!(matches!(
+            Gcra::from_rate(Rate::per_second(2_000_000_000)),
+            Err(ConfigError::RateTooHigh { .. })
+        ));
+        assert!(matches!(
+            Gcra::from_rate(Rate::per_second(999_999_937)),
+            Err(ConfigError::RateImprecise { .. })
+        ));
+        assert_eq!(
+            Gcra::from_rate(Rate::per_second(1).burst(u64::MAX)),
+            Err(ConfigError::BurstTooLarge {
+                burst: u64::MAX,
+                max: MAX_TOLERANCE / 1_000_000_000
+            })
+        );
+    }
+
+    #[test]
+    fn intervals_are_exact_or_rounded_up_within_a_thousandth() {
+        let g = Gcra::from_rate(Rate::per_second(1_000_000_000)).unwrap();
+        assert_eq!(g.emission, 1, "1e9/s is exact at ns resolution");
+        let g = Gcra::from_rate(Rate::per_second(3)).unwrap();
+        assert_eq!(g.emission, 333_333_334, "rounded up: never more permissive");
+        let g = Gcra::from_rate(Rate::per_second(1_000_000)).unwrap();
+        assert_eq!(g.emission, 1000);
+        let g = Gcra::from_rate(Rate::per_second(999_999)).unwrap();
+        assert_eq!(g.emission, 1001);
+        let g = Gcra::from_rate(Rate::per_minute(60).burst(10)).unwrap();
+        assert_eq!(
+            (g.emission, g.tolerance, g.burst),
+            (1_000_000_000, 10_000_000_000, 10)
+        );
+    }
+
+    #[test]
+    fn errors_say_what_to_change() {
+        for e in [
+            Gcra::from_rate(Rate::per_second(0)).unwrap_err(),
+            Gcra::from_rate(Rate::per_second(1).burst(u64::MAX)).unwrap_err(),
+            Gcra::from_rate(Rate::per_second(5_000_000_000)).unwrap_err(),
+        ] {
+            let msg = e.to_string();
+            assert!(msg.contains("use") || msg.contains("count in"), "{msg}");
+        }
     }
 }

@@ -225,12 +225,7 @@ impl Core for SlidingLog {
         consume: bool,
     ) -> Result<Decision, InsufficientCapacity> {
         let (mut ring, p) = cell.lock_with(params);
-        if n > p.limit {
-            return Err(InsufficientCapacity {
-                requested: n,
-                capacity: p.limit,
-            });
-        }
+        InsufficientCapacity::check(n, p.limit)?;
         Ok(p.step(&mut ring, now, n.max(1), consume && n > 0))
     }
 

@@ -128,13 +128,7 @@ pub(crate) fn word_check<A: WordStep>(
         };
         (a, next)
     });
-    let capacity = a.capacity();
-    if n > capacity {
-        return Err(InsufficientCapacity {
-            requested: n,
-            capacity,
-        });
-    }
+    InsufficientCapacity::check(n, a.capacity())?;
     // A cost of 0 asks for the decision of a unit request, without taking it.
     Ok(a.step(state, now, n.max(1)).0)
 }

@@ -1,8 +1,9 @@
 //! Shared pieces of the two window counters: their validated parameters and
 //! a division by the window length that costs one multiply.
 
+use crate::clock::HORIZON;
 use crate::error::ConfigError;
-use crate::quota::{Window, HORIZON};
+use crate::quota::Window;
 
 /// The latest time the window counters see: `HORIZON - 1`, so that every
 /// time is below 2^63 (what [`FastDiv`] needs). Time stands still there.

@@ -431,10 +431,12 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
     /// let _ = l.check_key(&1);
     /// assert!(l.promote_key(&1));
     /// for _ in 0..4 {
-    ///     assert!(l.check_key_at_stripe(&1, 0, 0).is_allowed()); // leases of 1, 2, then 4
+    ///     assert!(l.check_key(&1).is_allowed()); // leases of 1, 2, then 4 (one stripe)
     /// }
+    /// # #[cfg(feature = "testing")]
     /// assert_eq!(l.available_key_at(&1, 0), 5); // 2 in the table, 3 leased
     /// assert_eq!(l.demote_key(&1), 3);
+    /// # #[cfg(feature = "testing")]
     /// assert_eq!(l.available_key_at(&1, 0), 5); // all 5 in the table
     /// assert!(!l.is_hot_key(&1));
     /// # Ok::<(), ratewall::ConfigError>(())
@@ -482,9 +484,10 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
     }
 
     /// [`check_key_at`](Self::check_key_at) on stripe `stripe % stripes` of
-    /// the key's hot slot (if it is hot), for callers that number their own
-    /// workers. Without hot keys, or for a key that is not hot, the same as
-    /// `check_key_at`.
+    /// the key's hot slot (if it is hot). A test hook (the `testing`
+    /// feature; not part of the API, may change any time): tests pick the
+    /// stripe that `check_key` takes from the calling thread. Without hot
+    /// keys, or for a key that is not hot, the same as `check_key_at`.
     ///
     /// A hot key's decision counts in `remaining` the units of its entry in
     /// the table plus those left in the lease that served the check; units
@@ -503,6 +506,8 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
     /// assert_eq!(l.check_key_at_stripe(&1, 1, 0).remaining(), 2);
     /// # Ok::<(), ratewall::ConfigError>(())
     /// ```
+    #[cfg(feature = "testing")]
+    #[doc(hidden)]
     pub fn check_key_at_stripe<Q>(&self, key: &Q, stripe: usize, now: u64) -> Decision
     where
         K: Borrow<Q>,
@@ -520,7 +525,8 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
     /// with the same `stripe` would return at `now`, without taking anything
     /// (for a key that is not hot, or a table without hot keys, the plain
     /// unit peek at `now`). [`peek_key`](Self::peek_key) is this with the
-    /// calling thread's stripe and the clock's time.
+    /// calling thread's stripe and the clock's time. A test hook (the
+    /// `testing` feature).
     ///
     /// ```
     /// # use ratewall::{HotKeys, KeyedTokenBucket, LeaseOptions, ManualClock, Rate};
@@ -534,6 +540,8 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
     /// assert_eq!(l.check_key_at_stripe(&1, 1, 0), peek);
     /// # Ok::<(), ratewall::ConfigError>(())
     /// ```
+    #[cfg(feature = "testing")]
+    #[doc(hidden)]
     pub fn peek_key_at_stripe<Q>(&self, key: &Q, stripe: usize, now: u64) -> Decision
     where
         K: Borrow<Q>,
@@ -559,7 +567,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
     /// plus every lease of it in every hot slot. Reads every stripe (for
     /// monitoring and tests, not the hot path); under concurrent checks it
     /// is a snapshot of moving parts. Without hot keys, the entry's free
-    /// units.
+    /// units. A test hook (the `testing` feature).
     ///
     /// ```
     /// # use ratewall::{HotKeys, KeyedTokenBucket, ManualClock, Rate};
@@ -572,6 +580,8 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
     /// assert_eq!(l.available_key_at(&1, 0), 4);
     /// # Ok::<(), ratewall::ConfigError>(())
     /// ```
+    #[cfg(feature = "testing")]
+    #[doc(hidden)]
     pub fn available_key_at<Q>(&self, key: &Q, now: u64) -> u64
     where
         K: Borrow<Q>,

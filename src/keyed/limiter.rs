@@ -14,7 +14,6 @@ use crate::clock::{Clock, Timebase};
 use crate::decision::Decision;
 use crate::error::InsufficientCapacity;
 use crate::limiter::DefaultClock;
-use crate::quota::HORIZON;
 use crate::sync::{lock, thread_index, Mutex};
 use crate::word::ParamCell;
 use crossbeam_utils::CachePadded;
@@ -75,7 +74,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
 
     #[inline]
     pub(super) fn clamp(&self, now: u64) -> u64 {
-        self.time.clamp(now).min(HORIZON)
+        self.time.clamp(now)
     }
 
     /// The core of every check: `consume` takes `n` if allowed.
@@ -476,10 +475,11 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
             + self.hot.as_deref().map_or(0, Hot::memory_bytes)
     }
 
-    /// Loom-only test hook (compiled only with `--cfg ratewall_loom`, so not
-    /// part of the API): the shard and the first slot of the key's probe
-    /// window. Loom models use it to make two keys compete for one slot.
-    #[cfg(ratewall_loom)]
+    /// Loom-only test hook (compiled only with `--cfg ratewall_loom` and the
+    /// `testing` feature, so not part of the API): the shard and the first
+    /// slot of the key's probe window. Loom models use it to make two keys
+    /// compete for one slot.
+    #[cfg(all(ratewall_loom, feature = "testing"))]
     #[doc(hidden)]
     pub fn __home_slot<Q>(&self, key: &Q) -> (usize, usize)
     where

@@ -39,7 +39,7 @@ use crate::clock::{Clock, Timebase};
 use crate::decision::{Decision, Tracking};
 use crate::error::{ConfigError, InsufficientCapacity};
 use crate::limiter::DefaultClock;
-use crate::quota::{Window, HORIZON};
+use crate::quota::Window;
 use crate::sync::{lock, Mutex};
 use crate::word::ParamCell;
 use crossbeam_utils::CachePadded;
@@ -564,7 +564,7 @@ impl<K, C: Clock> KeyedSlidingWindowLog<K, C> {
     }
 
     fn clamp(&self, now: u64) -> u64 {
-        self.time.clamp(now).min(HORIZON)
+        self.time.clamp(now)
     }
 
     fn fingerprint<Q: Hash + ?Sized>(&self, key: &Q) -> u64 {

@@ -32,12 +32,12 @@
 //! of length `d` at most `burst + floor(d / T)` units are admitted, exactly as
 //! for the plain token bucket. See `docs/design.md`, "Leases".
 
-use crate::algo::WordStep;
+use crate::algo::{Gcra, WordStep};
 use crate::clock::{Clock, Timebase};
 use crate::decision::Decision;
 use crate::error::{ConfigError, InsufficientCapacity};
 use crate::limiter::DefaultClock;
-use crate::quota::{Rate, HORIZON};
+use crate::quota::Rate;
 use crate::sync::thread_index;
 use crate::word::AtomicWord;
 use crossbeam_utils::CachePadded;
@@ -218,7 +218,7 @@ impl<C: Clock> StripedLimiter<C> {
     /// assert!(bad.is_err());
     /// ```
     pub fn with_options(rate: Rate, clock: C, options: LeaseOptions) -> Result<Self, ConfigError> {
-        let (leases, stripes) = Leases::new(rate.to_gcra()?, &options)?;
+        let (leases, stripes) = Leases::new(Gcra::from_rate(rate)?, &options)?;
         let stripes = (0..stripes)
             .map(|_| CachePadded::new(Stripe::new()))
             .collect();
@@ -241,7 +241,7 @@ impl<C: Clock> StripedLimiter<C> {
     /// ```
     #[inline]
     pub fn check(&self) -> Decision {
-        self.check_at_stripe(thread_index(), self.now())
+        self.check_stripe(thread_index(), self.now())
     }
 
     /// [`check`](Self::check) at a time the caller read.
@@ -256,11 +256,13 @@ impl<C: Clock> StripedLimiter<C> {
     /// ```
     #[inline]
     pub fn check_at(&self, now: u64) -> Decision {
-        self.check_at_stripe(thread_index(), now)
+        self.check_stripe(thread_index(), now)
     }
 
-    /// [`check_at`](Self::check_at) on stripe `stripe % stripes()`, for
-    /// callers that number their own workers (a thread pool's worker index).
+    /// [`check_at`](Self::check_at) on stripe `stripe % stripes()`. A test
+    /// hook (the `testing` feature; not part of the API, may change any
+    /// time): tests pick the stripe that [`check`](Self::check) takes from
+    /// the calling thread.
     ///
     /// The decision's `remaining` counts the units the shared word could
     /// still admit plus the units left in the lease that served this check;
@@ -274,8 +276,16 @@ impl<C: Clock> StripedLimiter<C> {
     /// assert_eq!(l.check_at_stripe(1, 0).remaining(), 2);
     /// # Ok::<(), ratewall::ConfigError>(())
     /// ```
+    #[cfg(feature = "testing")]
+    #[doc(hidden)]
+    #[inline]
     pub fn check_at_stripe(&self, stripe: usize, now: u64) -> Decision {
-        let now = self.clamp(now);
+        self.check_stripe(stripe, now)
+    }
+
+    /// [`check_at`](Self::check_at) on stripe `stripe % stripes()`.
+    fn check_stripe(&self, stripe: usize, now: u64) -> Decision {
+        let now = self.time.clamp(now);
         let home = stripe % self.stripes.len();
         if let Some(left) = self.use_lease(&self.stripes[home], now) {
             return self.lease_decision(left, now);
@@ -308,14 +318,9 @@ impl<C: Clock> StripedLimiter<C> {
     /// # Ok::<(), ratewall::ConfigError>(())
     /// ```
     pub fn check_n_at(&self, now: u64, n: u64) -> Result<Decision, InsufficientCapacity> {
-        let now = self.clamp(now);
+        let now = self.time.clamp(now);
         let p = self.leases.params;
-        if n > p.burst {
-            return Err(InsufficientCapacity {
-                requested: n,
-                capacity: p.burst,
-            });
-        }
+        InsufficientCapacity::check(n, p.burst)?;
         Ok(self.word.update(|tat| {
             let (d, next) = p.step(tat, now, n.max(1));
             (d, if n > 0 { next } else { None })
@@ -386,7 +391,7 @@ impl<C: Clock> StripedLimiter<C> {
     /// # Ok::<(), ratewall::ConfigError>(())
     /// ```
     pub fn release_at(&self, now: u64) -> u64 {
-        let now = self.clamp(now);
+        let now = self.time.clamp(now);
         self.stripes
             .iter()
             .map(|stripe| {
@@ -427,7 +432,7 @@ impl<C: Clock> StripedLimiter<C> {
     /// # Ok::<(), ratewall::ConfigError>(())
     /// ```
     pub fn available_at(&self, now: u64) -> u64 {
-        let now = self.clamp(now);
+        let now = self.time.clamp(now);
         let p = self.leases.params;
         let held = self.word.load().saturating_sub(now);
         let free = p.tolerance.saturating_sub(held) / p.emission;
@@ -511,11 +516,6 @@ impl<C: Clock> StripedLimiter<C> {
     pub fn clock(&self) -> &C {
         self.time.clock()
     }
-
-    #[inline]
-    fn clamp(&self, now: u64) -> u64 {
-        self.time.clamp(now).min(HORIZON)
-    }
 }
 
 impl<C: Clock> fmt::Debug for StripedLimiter<C> {
@@ -550,7 +550,7 @@ mod tests {
         // Sizes 2, 4, 8, 8: the first take (cold) is 1.
         let mut admitted = 0;
         for i in 0..20 {
-            let d = l.check_at_stripe(0, 0);
+            let d = l.check_stripe(0, 0);
             assert!(d.is_allowed(), "check {i}");
             admitted += 1;
             assert_eq!(l.available_at(0) + admitted, 20, "after check {i}");
@@ -560,7 +560,7 @@ mod tests {
                 "one stripe: remaining is exact"
             );
         }
-        assert!(!l.check_at_stripe(0, 0).is_allowed());
+        assert!(!l.check_stripe(0, 0).is_allowed());
     }
 
     #[test]
@@ -568,10 +568,10 @@ mod tests {
         // T = 100 ms, tau = 1000 ms.
         let l = striped(10, 2, 4);
         let ms = 1_000_000;
-        let _ = l.check_at_stripe(0, 0); // a lease of 1, used: TAT 100 ms
-        let _ = l.check_at_stripe(0, 0); // a lease of 2: 1 held, TAT 300 ms
-        let _ = l.check_at_stripe(0, 0); // uses the held one
-        let _ = l.check_at_stripe(0, 0); // a lease of 4: 3 held, slots [300, 700) ms
+        let _ = l.check_stripe(0, 0); // a lease of 1, used: TAT 100 ms
+        let _ = l.check_stripe(0, 0); // a lease of 2: 1 held, TAT 300 ms
+        let _ = l.check_stripe(0, 0); // uses the held one
+        let _ = l.check_stripe(0, 0); // a lease of 4: 3 held, slots [300, 700) ms
         assert_eq!(l.available_at(0), 3 + 3);
         // At 350 ms: 3.5 units in use in the word (6 free), 3 held slots
         // still wholly ahead ([400, 700)).
@@ -579,14 +579,14 @@ mod tests {
         // At 450 ms: 7 free in the word, and the slot [400, 500) has begun
         // to pass: 2 held units left usable.
         assert_eq!(l.available_at(450 * ms), 7 + 2);
-        let mut d = l.check_at_stripe(0, 450 * ms);
+        let mut d = l.check_stripe(0, 450 * ms);
         assert!(d.is_allowed());
         for _ in 0..8 {
-            d = l.check_at_stripe(0, 450 * ms);
+            d = l.check_stripe(0, 450 * ms);
             assert!(d.is_allowed());
         }
         assert!(
-            !l.check_at_stripe(1, 450 * ms).is_allowed(),
+            !l.check_stripe(1, 450 * ms).is_allowed(),
             "9 were available at 450 ms"
         );
     }
@@ -595,15 +595,15 @@ mod tests {
     fn a_denial_uses_units_held_by_another_stripe_first() {
         // T = 100 ms, tau = 400 ms.
         let l = striped(4, 2, 4);
-        assert!(l.check_at_stripe(0, 0).is_allowed()); // a lease of 1
-        assert!(l.check_at_stripe(0, 0).is_allowed()); // a lease of 2: 1 held
+        assert!(l.check_stripe(0, 0).is_allowed()); // a lease of 1
+        assert!(l.check_stripe(0, 0).is_allowed()); // a lease of 2: 1 held
         assert_eq!(l.available_at(0), 2);
-        assert!(l.check_at_stripe(1, 0).is_allowed()); // the word's last unit
+        assert!(l.check_stripe(1, 0).is_allowed()); // the word's last unit
         assert_eq!(l.available_at(0), 1);
         // Stripe 1 finds the word empty and uses stripe 0's held unit.
-        assert!(l.check_at_stripe(1, 0).is_allowed());
+        assert!(l.check_stripe(1, 0).is_allowed());
         assert_eq!(l.available_at(0), 0);
-        let d = l.check_at_stripe(1, 0);
+        let d = l.check_stripe(1, 0);
         assert!(!d.is_allowed());
         assert_eq!(d.remaining(), 0);
         assert_eq!(d.retry_after(), Duration::from_millis(100));

@@ -432,7 +432,7 @@ mod tests {
 
     #[test]
     fn a_keyed_stripe_serves_only_the_key_its_lease_came_from() {
-        let p = crate::Rate::per_second(10).burst(10).to_gcra().unwrap();
+        let p = crate::algo::Gcra::from_rate(crate::Rate::per_second(10).burst(10)).unwrap();
         let (l, _) = Leases::new(p, &LeaseOptions::new().stripes(1).max_lease(4)).unwrap();
         let s = Stripe::new();
         let given = std::cell::Cell::new(Vec::new());

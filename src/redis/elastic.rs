@@ -320,12 +320,7 @@ impl RedisElasticLimiter {
         let pool = lock(&self.pool).1;
         let g_cap = self.g.limit;
         let extra = self.h.limit.min(pool.limit);
-        if n > g_cap.max(extra) {
-            return Err(RedisError::InsufficientCapacity(InsufficientCapacity {
-                requested: n,
-                capacity: g_cap.max(extra),
-            }));
-        }
+        InsufficientCapacity::check(n, g_cap.max(extra))?;
         let [gk, hk, pk] = self.redis_keys(key)?;
         let mut qk = pk.clone();
         qk.extend_from_slice(b":t");

@@ -305,14 +305,8 @@ impl RedisLimiter {
 
     /// The errors a check of `n` for `key` gets before any call.
     pub(crate) fn validate(&self, key: &[u8], n: u64) -> Result<(), RedisError> {
-        if n.max(1) > self.program.limit {
-            return Err(RedisError::InsufficientCapacity(
-                crate::InsufficientCapacity {
-                    requested: n,
-                    capacity: self.program.limit,
-                },
-            ));
-        }
+        // A limit is at least 1, so a cost of 0 always fits.
+        crate::InsufficientCapacity::check(n, self.program.limit)?;
         if key.is_empty() {
             return Err(RedisError::EmptyKey);
         }

@@ -153,7 +153,7 @@ impl Program {
         let limit = policy.limit();
         let params = match (policy.rate(), policy.window()) {
             (Some(rate), _) => {
-                let g = rate.to_gcra().map_err(RedisError::Config)?;
+                let g = crate::algo::Gcra::from_rate(rate).map_err(RedisError::Config)?;
                 let t = to_micros(g.emission, "interval")?;
                 let tau = t.checked_mul(g.burst).filter(|&s| s <= MAX_SPAN_US).ok_or(
                     RedisError::Unsupported {
