@@ -236,7 +236,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedBuilder<K, A, C> {
         let shards = self.validated_shards()?;
         let hasher = self.key_hasher();
         // `hot_keys` exists only on token-bucket builders.
-        let hot = match (self.hot, params.k_gcra()) {
+        let hot = match (self.hot, params.as_gcra()) {
             (Some(options), Some(gcra)) => Some(Box::new(Hot::new(gcra, options)?)),
             _ => None,
         };

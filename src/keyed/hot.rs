@@ -289,14 +289,14 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         let Some((a, state)) = self.table.apply(h, &mut |state| {
             attempts += 1;
             let a = self.params_for(h);
-            (a, a.k_step(state, now, 1).1)
+            (a, a.step(state, now, 1).1)
         }) else {
             return self.check_untracked(h, now);
         };
         if attempts > 1 {
             self.promote(hot, h, now);
         }
-        a.k_step(state, now, 1).0
+        a.step(state, now, 1).0
     }
 
     /// The key's state in the table (0, a fresh key's, if not tracked): a

@@ -6,6 +6,7 @@
 use super::limiter::KeyedLimiter;
 use super::table::{Full, Inserted, Room, StateView};
 use super::KeyedAlgorithm;
+use crate::algo::WordStep;
 use crate::clock::Clock;
 use crate::decision::{Decision, Tracking};
 use crate::error::InsufficientCapacity;
@@ -79,10 +80,10 @@ impl<A: KeyedAlgorithm> StateView for View<A> {
     fn is_idle(&self, state: u64) -> bool {
         // Idleness is "equals a fresh state": the same under any quota for
         // the GCRA buckets; the window counters compare window ids.
-        self.params.k_is_idle(state, self.now)
+        self.params.is_idle(state, self.now)
     }
     fn time_to_idle(&self, state: u64) -> u64 {
-        self.params.k_time_to_idle(state, self.now)
+        self.params.time_to_idle(state, self.now)
     }
 }
 
@@ -98,7 +99,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         take: bool,
     ) -> (Result<Decision, InsufficientCapacity>, Option<u64>) {
         let a = self.params_for(h);
-        let capacity = a.k_capacity();
+        let capacity = WordStep::capacity(&a);
         if n > capacity {
             return (
                 Err(InsufficientCapacity {
@@ -109,7 +110,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
             );
         }
         // A cost of 0 asks for a unit request's decision, without taking it.
-        let (d, next) = a.k_step(state, now, n.max(1));
+        let (d, next) = a.step(state, now, n.max(1));
         (Ok(d), if take { next } else { None })
     }
 

@@ -9,7 +9,7 @@ use super::insert::WhenFull;
 use super::overrides::Overrides;
 use super::table::Table;
 use super::KeyedAlgorithm;
-use crate::algo::Algorithm;
+use crate::algo::{Algorithm, WordStep};
 use crate::clock::{Clock, Timebase};
 use crate::decision::Decision;
 use crate::error::InsufficientCapacity;
@@ -125,14 +125,14 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         // decision in place (-22 instructions per check, docs/benchmarks.md).
         if let Some((a, state)) = self.table.apply(h, &mut |state| {
             let a = self.params_for(h);
-            let next = if take && n <= a.k_capacity() {
-                a.k_step(state, now, n).1
+            let next = if take && n <= WordStep::capacity(&a) {
+                a.step(state, now, n).1
             } else {
                 None
             };
             (a, next)
         }) {
-            let capacity = a.k_capacity();
+            let capacity = WordStep::capacity(&a);
             if n > capacity {
                 return Some(Err(InsufficientCapacity {
                     requested: n,
@@ -140,7 +140,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
                 }));
             }
             // A cost of 0 asks for a unit request's decision, without taking it.
-            return Some(Ok(a.k_step(state, now, n.max(1)).0));
+            return Some(Ok(a.step(state, now, n.max(1)).0));
         }
         None
     }
@@ -362,7 +362,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         let now = self.clamp(now);
         let _ = self.table.update(h, &mut |state| {
             let a = self.params_for(h);
-            ((), a.k_refund(state, now, n))
+            ((), a.refund(state, now, n))
         });
     }
 

@@ -6,6 +6,7 @@
 use super::limiter::KeyedLimiter;
 use super::table;
 use super::KeyedAlgorithm;
+use crate::algo::WordStep;
 use crate::clock::Clock;
 use crate::error::ConfigError;
 use crate::sync::{lock, AtomicU64, Mutex, Ordering};
@@ -82,7 +83,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
     /// The largest cost `key` can ever be admitted at once (its own quota's
     /// if it has one): what a multi-limit check validates before taking.
     pub(crate) fn capacity_for<Q: Hash + ?Sized>(&self, key: &Q) -> u64 {
-        self.params_for(self.hash(key)).k_capacity()
+        WordStep::capacity(&self.params_for(self.hash(key)))
     }
 
     /// Quota changes need a table without hot keys: a lease's units are
@@ -141,7 +142,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
             || self.params.begin(),
             |fp, s| match &overrides {
                 Some(map) if map.contains_key(&fp) => s,
-                _ => new.k_rescale(&old, s, now),
+                _ => new.rescale(&old, s, now),
             },
         );
         self.params.publish(new);
@@ -177,7 +178,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         self.overrides.insert(h, new);
         let _ = self
             .table
-            .update(h, &mut |s| ((), Some(new.k_rescale(&old, s, now))));
+            .update(h, &mut |s| ((), Some(new.rescale(&old, s, now))));
         Ok(())
     }
 
@@ -203,7 +204,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         if let Some(own) = self.overrides.remove(h) {
             let _ = self
                 .table
-                .update(h, &mut |s| ((), Some(global.k_rescale(&own, s, now))));
+                .update(h, &mut |s| ((), Some(global.rescale(&own, s, now))));
         }
     }
 
