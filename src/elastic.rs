@@ -40,7 +40,7 @@ use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::error::{ConfigError, InsufficientCapacity};
 use crate::limiter::DefaultClock;
-use crate::multi::{Limit, Sealed};
+use crate::multi::{LimitCalls, LimitCore, Token};
 use crate::policy::{KeyedPolicyLimiter, Policy};
 use crate::quota::{Rate, Window};
 use std::borrow::Borrow;
@@ -644,18 +644,16 @@ impl<K, Q: ?Sized + fmt::Debug, C: Clock> fmt::Debug for ElasticRef<'_, K, Q, C>
     }
 }
 
-impl<K, Q: ?Sized, C: Clock> Sealed for ElasticRef<'_, K, Q, C> {}
-
-impl<K, Q, C> Limit<C> for ElasticRef<'_, K, Q, C>
+impl<K, Q, C> LimitCore<C> for ElasticRef<'_, K, Q, C>
 where
     K: Borrow<Q>,
     Q: Hash + ?Sized,
     C: Clock,
 {
-    fn read_clock(&self) -> u64 {
+    fn core_read_clock(&self, _: Token) -> u64 {
         self.limiter.now()
     }
-    fn take_at(&self, now: u64, n: u64) -> Result<Decision, InsufficientCapacity> {
+    fn core_take(&self, _: Token, now: u64, n: u64) -> Result<Decision, InsufficientCapacity> {
         let d = self.limiter.check_key_n_at(self.key, now, n)?;
         self.took.set(match (d.is_allowed(), d.is_above_limit()) {
             (true, false) => Took::Guarantee,
@@ -664,7 +662,7 @@ where
         });
         Ok(d)
     }
-    fn peek_at(&self, now: u64, n: u64) -> Result<Decision, InsufficientCapacity> {
+    fn core_peek(&self, _: Token, now: u64, n: u64) -> Result<Decision, InsufficientCapacity> {
         let l = self.limiter;
         let g = l.guarantee.with_key(self.key);
         if n <= g.capacity() {
@@ -699,7 +697,7 @@ where
             }
         })
     }
-    fn give_back_at(&self, now: u64, n: u64) {
+    fn core_give_back(&self, _: Token, now: u64, n: u64) {
         let l = self.limiter;
         match self.took.replace(Took::Nothing) {
             Took::Guarantee => l.guarantee.refund_key_at(self.key, now, n),
@@ -710,7 +708,7 @@ where
             Took::Nothing => {}
         }
     }
-    fn capacity(&self) -> u64 {
+    fn core_capacity(&self, _: Token) -> u64 {
         let l = self.limiter;
         let extra = l
             .headroom

@@ -10,7 +10,7 @@ use crate::decision::Decision;
 use crate::error::{ConfigError, InsufficientCapacity};
 use crate::keyed::{KeyedBuilder, KeyedLimiter, KeyedSlidingWindowLog, WhenFull};
 use crate::limiter::DefaultClock;
-use crate::multi::{Limit, Sealed};
+use crate::multi::{LimitCalls, LimitCore, Token};
 use crate::quota::{Rate, Window};
 use crate::soft::{widened_error, Soft, Tolerance};
 use std::borrow::Borrow;
@@ -1033,31 +1033,29 @@ impl<K, Q: ?Sized + fmt::Debug, C: Clock> fmt::Debug for KeyedPolicyRef<'_, K, Q
     }
 }
 
-impl<K, Q: ?Sized, C: Clock> Sealed for KeyedPolicyRef<'_, K, Q, C> {}
-
-impl<K, Q, C> Limit<C> for KeyedPolicyRef<'_, K, Q, C>
+impl<K, Q, C> LimitCore<C> for KeyedPolicyRef<'_, K, Q, C>
 where
     K: Borrow<Q>,
     Q: Hash + ?Sized,
     C: Clock,
 {
     #[inline]
-    fn read_clock(&self) -> u64 {
+    fn core_read_clock(&self, _: Token) -> u64 {
         self.limiter.now()
     }
     #[inline]
-    fn take_at(&self, now: u64, n: u64) -> Result<Decision, InsufficientCapacity> {
+    fn core_take(&self, _: Token, now: u64, n: u64) -> Result<Decision, InsufficientCapacity> {
         dispatch!(&self.limiter.inner, l => l.with_key(self.key).take_at(now, n))
             .map(|d| self.limiter.soft.view(d))
     }
-    fn peek_at(&self, now: u64, n: u64) -> Result<Decision, InsufficientCapacity> {
+    fn core_peek(&self, _: Token, now: u64, n: u64) -> Result<Decision, InsufficientCapacity> {
         dispatch!(&self.limiter.inner, l => l.with_key(self.key).peek_at(now, n))
             .map(|d| self.limiter.soft.view(d))
     }
-    fn give_back_at(&self, now: u64, n: u64) {
+    fn core_give_back(&self, _: Token, now: u64, n: u64) {
         dispatch!(&self.limiter.inner, l => l.with_key(self.key).give_back_at(now, n))
     }
-    fn capacity(&self) -> u64 {
+    fn core_capacity(&self, _: Token) -> u64 {
         dispatch!(&self.limiter.inner, l => l.with_key(self.key).capacity())
     }
 }

@@ -78,7 +78,7 @@ use crate::clock::Clock;
 use crate::decision::{Decision, Tracking};
 use crate::error::{ConfigError, InsufficientCapacity};
 use crate::limiter::DefaultClock;
-use crate::multi::{check_set, Limit, LimitSet};
+use crate::multi::{check_set, LimitCalls, LimitSet};
 use crate::policy::{KeyedPolicyLimiter, KeyedPolicyRef};
 #[cfg(feature = "redis")]
 use crate::redis::{check_all, DecisionSource, RedisError, RedisLimiter};

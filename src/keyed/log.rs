@@ -39,6 +39,7 @@ use crate::clock::{Clock, Timebase};
 use crate::decision::{Decision, Tracking};
 use crate::error::{ConfigError, InsufficientCapacity};
 use crate::limiter::DefaultClock;
+use crate::multi::{LimitCore, Token};
 use crate::quota::{Window, HORIZON};
 use crate::sync::{lock, Mutex};
 use crate::word::ParamCell;
@@ -753,28 +754,26 @@ impl<K, Q: ?Sized + fmt::Debug, C: Clock> fmt::Debug for KeyedLogRef<'_, K, Q, C
     }
 }
 
-impl<K, Q: ?Sized, C: Clock> crate::multi::Sealed for KeyedLogRef<'_, K, Q, C> {}
-
-impl<K, Q, C> crate::multi::Limit<C> for KeyedLogRef<'_, K, Q, C>
+impl<K, Q, C> LimitCore<C> for KeyedLogRef<'_, K, Q, C>
 where
     K: Borrow<Q>,
     Q: Hash + ?Sized,
     C: Clock,
 {
-    fn read_clock(&self) -> u64 {
+    fn core_read_clock(&self, _: Token) -> u64 {
         self.log.now()
     }
-    fn take_at(&self, now: u64, n: u64) -> Result<Decision, InsufficientCapacity> {
+    fn core_take(&self, _: Token, now: u64, n: u64) -> Result<Decision, InsufficientCapacity> {
         self.log.check_key_n_at(self.key, now, n)
     }
-    fn peek_at(&self, now: u64, n: u64) -> Result<Decision, InsufficientCapacity> {
+    fn core_peek(&self, _: Token, now: u64, n: u64) -> Result<Decision, InsufficientCapacity> {
         let now = self.log.clamp(now);
         self.log.run(self.key, now, n, false)
     }
-    fn give_back_at(&self, now: u64, n: u64) {
+    fn core_give_back(&self, _: Token, now: u64, n: u64) {
         self.log.refund_key_at(self.key, now, n);
     }
-    fn capacity(&self) -> u64 {
+    fn core_capacity(&self, _: Token) -> u64 {
         self.log.params.read::<SlidingLog>().capacity()
     }
 }
