@@ -22,14 +22,10 @@ use crate::algo::Algorithm;
 use crate::clock::Clock;
 use crate::decision::{Decision, Tracking};
 use crate::error::InsufficientCapacity;
-use crate::keyed::{KeyedAlgorithm, KeyedLimiter};
 use crate::limiter::Limiter;
-use std::borrow::Borrow;
-use std::fmt;
-use std::hash::Hash;
 
-/// One limit of a multi-limit check: a [`Limiter`], or a [`KeyedLimiter`]
-/// with a key ([`KeyedLimiter::with_key`]). All limits of one check share
+/// One limit of a multi-limit check: a [`Limiter`], or a keyed limiter
+/// with a key ([`KeyedRef`](crate::KeyedRef), from `with_key`). All limits of one check share
 /// one clock type. Sealed; its methods are internal.
 ///
 /// # Example
@@ -141,79 +137,6 @@ impl<A: Algorithm, C: Clock> LimitCore<C> for Limiter<A, C> {
     }
     fn core_capacity(&self, _: Token) -> u64 {
         Limiter::capacity(self)
-    }
-}
-
-/// A [`KeyedLimiter`] with one key: a [`Limit`] for [`check_all`].
-///
-/// # Example
-///
-/// ```
-/// use ratewall::{KeyedTokenBucket, Rate};
-///
-/// let per_ip = KeyedTokenBucket::<[u8; 4]>::builder(Rate::per_second(5)).build()?;
-/// let one = per_ip.with_key(&[192, 0, 2, 1]);
-/// println!("{one:?}");
-/// # Ok::<(), ratewall::ConfigError>(())
-/// ```
-pub struct KeyedRef<'a, K, Q: ?Sized, A: Algorithm, C: Clock> {
-    limiter: &'a KeyedLimiter<K, A, C>,
-    key: &'a Q,
-}
-
-impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
-    /// This limiter with one key, for a multi-limit [`check_all`].
-    ///
-    /// ```
-    /// # use ratewall::{check_all, KeyedTokenBucket, Limit, Rate};
-    /// let per_route = KeyedTokenBucket::<&str>::builder(Rate::per_hour(100)).build().unwrap();
-    /// let per_user = KeyedTokenBucket::<u32>::builder(Rate::per_second(1).burst(1)).build().unwrap();
-    /// let check = || check_all::<_>(&[&per_user.with_key(&7), &per_route.with_key(&"/search")]);
-    /// assert!(check().is_allowed());
-    /// assert!(!check().is_allowed()); // per-user denies: nothing taken from per-route
-    /// assert_eq!(per_route.peek_key("/search").remaining(), 98);
-    /// ```
-    pub fn with_key<'a, Q>(&'a self, key: &'a Q) -> KeyedRef<'a, K, Q, A, C>
-    where
-        K: Borrow<Q>,
-        Q: Hash + ?Sized,
-    {
-        KeyedRef { limiter: self, key }
-    }
-}
-
-impl<K, Q, A, C> LimitCore<C> for KeyedRef<'_, K, Q, A, C>
-where
-    K: Borrow<Q>,
-    Q: Hash + ?Sized,
-    A: KeyedAlgorithm,
-    C: Clock,
-{
-    #[inline]
-    fn core_read_clock(&self, _: Token) -> u64 {
-        self.limiter.now()
-    }
-    #[inline]
-    fn core_take(&self, _: Token, now: u64, n: u64) -> Result<Decision, InsufficientCapacity> {
-        self.limiter.check_key_n_at(self.key, now, n)
-    }
-    fn core_peek(&self, _: Token, now: u64, n: u64) -> Result<Decision, InsufficientCapacity> {
-        self.limiter.peek_key_n_at(self.key, now, n)
-    }
-    fn core_give_back(&self, _: Token, now: u64, n: u64) {
-        self.limiter.refund_key_at(self.key, now, n);
-    }
-    fn core_capacity(&self, _: Token) -> u64 {
-        self.limiter.capacity_for(self.key)
-    }
-}
-
-impl<K, Q: ?Sized + fmt::Debug, A: Algorithm, C: Clock> fmt::Debug for KeyedRef<'_, K, Q, A, C> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("KeyedRef")
-            .field("limiter", self.limiter)
-            .field("key", &self.key)
-            .finish()
     }
 }
 

@@ -77,9 +77,9 @@ pub use rule::{Key, Missing, Mode, Rule};
 use crate::clock::Clock;
 use crate::decision::{Decision, Tracking};
 use crate::error::{ConfigError, InsufficientCapacity};
+use crate::keyed::{KeyedPolicyLimiter, KeyedRef};
 use crate::limiter::DefaultClock;
 use crate::multi::{check_set, LimitCalls, LimitSet};
-use crate::policy::{KeyedPolicyLimiter, KeyedPolicyRef};
 #[cfg(feature = "redis")]
 use crate::redis::{check_all, DecisionSource, RedisError, RedisLimiter};
 use crate::sync::{AtomicU64, Ordering};
@@ -1060,7 +1060,7 @@ impl<C: Clock> LocalSet<'_, C> {
     /// Entry `i`'s table with its key. Every entry in the set is local
     /// (`check_enforced` picks them).
     #[inline]
-    fn limit(&self, i: usize) -> Option<KeyedPolicyRef<'_, u128, u128, C>> {
+    fn limit(&self, i: usize) -> Option<KeyedRef<'_, KeyedPolicyLimiter<u128, C>, u128>> {
         let e = self.entry(i);
         Some(self.rules[usize::from(e.rule)].local()?.with_key(&e.key))
     }

@@ -4,8 +4,9 @@
 //! (insert and [`WhenFull`]) in `insert.rs`, quotas and per-key overrides in
 //! `overrides.rs`.
 
+use super::builder::WhenFull;
+use super::family::{keyed_methods, table_methods, KeyedCore, KeyedTable};
 use super::hot::Hot;
-use super::insert::WhenFull;
 use super::overrides::Overrides;
 use super::table::Table;
 use super::KeyedAlgorithm;
@@ -157,28 +158,6 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         }
     }
 
-    /// Checks one request of cost 1 for `key`, and takes it if allowed.
-    ///
-    /// ```
-    /// # use ratewall::{KeyedTokenBucket, Rate};
-    /// let l = KeyedTokenBucket::<String>::builder(Rate::per_hour(2)).build().unwrap();
-    /// assert!(l.check_key("bob").is_allowed());
-    /// assert!(l.check_key("bob").is_allowed());
-    /// assert!(!l.check_key("bob").is_allowed());
-    /// ```
-    #[inline]
-    pub fn check_key<Q>(&self, key: &Q) -> Decision
-    where
-        K: Borrow<Q>,
-        Q: Hash + ?Sized,
-    {
-        // The slot's load starts before the clock read: the two overlap
-        // (docs/benchmarks.md, "prefetch the slot before the clock read").
-        let h = self.hash(key);
-        self.table.touch(h);
-        self.check_hashed(h, self.clamp(self.now()))
-    }
-
     /// A unit check of the key with hash `h` at `now` (clamped).
     #[inline]
     fn check_hashed(&self, h: u64, now: u64) -> Decision {
@@ -192,117 +171,8 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         }
     }
 
-    /// [`check_key`](Self::check_key) at a time the caller read (one clock
-    /// read shared by several limiters).
-    ///
-    /// ```
-    /// # use ratewall::{KeyedTokenBucket, ManualClock, Rate};
-    /// let l = KeyedTokenBucket::<u64, _>::builder(Rate::per_second(1).burst(1))
-    ///     .clock(ManualClock::new()).build().unwrap();
-    /// assert!(l.check_key_at(&1, 0).is_allowed());
-    /// assert!(l.check_key_at(&1, 1_000_000_000).is_allowed());
-    /// ```
-    #[inline]
-    pub fn check_key_at<Q>(&self, key: &Q, now: u64) -> Decision
-    where
-        K: Borrow<Q>,
-        Q: Hash + ?Sized,
-    {
-        self.check_hashed(self.hash(key), self.clamp(now))
-    }
-
-    /// Checks a request of cost `n` for `key` and takes all of it if
-    /// allowed. A cost above the capacity is an error.
-    ///
-    /// ```
-    /// # use ratewall::{KeyedTokenBucket, Rate};
-    /// let l = KeyedTokenBucket::<u64>::builder(Rate::per_hour(10).burst(10)).build().unwrap();
-    /// assert!(l.check_key_n(&1, 8).unwrap().is_allowed());
-    /// assert!(!l.check_key_n(&1, 8).unwrap().is_allowed());
-    /// assert!(l.check_key_n(&1, 11).is_err());
-    /// ```
-    #[inline]
-    pub fn check_key_n<Q>(&self, key: &Q, n: u64) -> Result<Decision, InsufficientCapacity>
-    where
-        K: Borrow<Q>,
-        Q: Hash + ?Sized,
-    {
-        // As in `check_key`: the slot's load, then the clock read.
-        let h = self.hash(key);
-        self.table.touch(h);
-        self.run(h, self.clamp(self.now()), n, true)
-    }
-
-    /// [`check_key_n`](Self::check_key_n) at a time the caller read.
-    ///
-    /// ```
-    /// # use ratewall::{KeyedTokenBucket, ManualClock, Rate};
-    /// let l = KeyedTokenBucket::<u64, _>::builder(Rate::per_second(10))
-    ///     .clock(ManualClock::new()).build().unwrap();
-    /// assert_eq!(l.check_key_n_at(&1, 0, 4).unwrap().remaining(), 6);
-    /// ```
-    #[inline]
-    pub fn check_key_n_at<Q>(
-        &self,
-        key: &Q,
-        now: u64,
-        n: u64,
-    ) -> Result<Decision, InsufficientCapacity>
-    where
-        K: Borrow<Q>,
-        Q: Hash + ?Sized,
-    {
-        self.run(self.hash(key), self.clamp(now), n, true)
-    }
-
-    /// The decision a unit request for `key` would get, without taking it
-    /// (and without tracking an unknown key): what [`check_key`](Self::check_key)
-    /// would return now, if nothing else happened in between. For a key the
-    /// table does not hold, that includes the full-table policy: its
-    /// [`tracking`](Decision::tracking) says whether the check would track
-    /// the key, evict another one for it, admit it untracked, or reject it
-    /// (with the same `retry_after`).
-    ///
-    /// ```
-    /// # use ratewall::{KeyedTokenBucket, Rate};
-    /// let l = KeyedTokenBucket::<u64>::builder(Rate::per_hour(1)).build().unwrap();
-    /// assert!(l.peek_key(&1).is_allowed());
-    /// assert_eq!(l.len(), 0);
-    /// let _ = l.check_key(&1);
-    /// assert!(!l.peek_key(&1).is_allowed());
-    /// ```
-    #[inline]
-    pub fn peek_key<Q>(&self, key: &Q) -> Decision
-    where
-        K: Borrow<Q>,
-        Q: Hash + ?Sized,
-    {
-        match self.peek_key_n(key, 1) {
-            Ok(d) => d,
-            Err(_) => unreachable_capacity(),
-        }
-    }
-
-    /// The decision a request of cost `n` for `key` would get, without taking
-    /// it: what [`check_key_n`](Self::check_key_n) would return now, full-table
-    /// policy included (see [`peek_key`](Self::peek_key)).
-    ///
-    /// ```
-    /// # use ratewall::{KeyedTokenBucket, Rate};
-    /// let l = KeyedTokenBucket::<u64>::builder(Rate::per_second(10).burst(5)).build().unwrap();
-    /// assert!(l.peek_key_n(&1, 5).unwrap().is_allowed());
-    /// assert!(l.peek_key_n(&1, 6).is_err());
-    /// ```
-    #[inline]
-    pub fn peek_key_n<Q>(&self, key: &Q, n: u64) -> Result<Decision, InsufficientCapacity>
-    where
-        K: Borrow<Q>,
-        Q: Hash + ?Sized,
-    {
-        self.run(self.hash(key), self.clamp(self.now()), n, false)
-    }
-
-    /// [`peek_key_n`](Self::peek_key_n) at a time the caller read.
+    /// [`peek_key_n`](Self::peek_key_n) at a time the caller read (the hot
+    /// keys' test hooks).
     #[inline]
     pub(crate) fn peek_key_n_at<Q>(
         &self,
@@ -314,110 +184,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         K: Borrow<Q>,
         Q: Hash + ?Sized,
     {
-        self.run(self.hash(key), self.clamp(now), n, false)
-    }
-
-    /// Gives back `n` units an allowed check of `key` took. Nothing happens
-    /// if the key is no longer tracked (it went idle and was reclaimed, or
-    /// was admitted untracked), or if the table has hot keys
-    /// ([`KeyedBuilder::hot_keys`](super::KeyedBuilder::hot_keys)): a refund
-    /// below a lease would let the lease's units count twice, so there the
-    /// units stay taken until their time passes (more denials, never more
-    /// admissions).
-    ///
-    /// ```
-    /// # use ratewall::{KeyedTokenBucket, Rate};
-    /// let l = KeyedTokenBucket::<u64>::builder(Rate::per_hour(1)).build().unwrap();
-    /// let _ = l.check_key(&1);
-    /// l.refund_key(&1, 1);
-    /// assert!(l.check_key(&1).is_allowed());
-    /// ```
-    pub fn refund_key<Q>(&self, key: &Q, n: u64)
-    where
-        K: Borrow<Q>,
-        Q: Hash + ?Sized,
-    {
-        self.refund_key_at(key, self.now(), n);
-    }
-
-    /// [`refund_key`](Self::refund_key) at the time the refunded check used.
-    ///
-    /// ```
-    /// # use ratewall::{KeyedTokenBucket, Rate};
-    /// let l = KeyedTokenBucket::<u64>::builder(Rate::per_hour(1)).build().unwrap();
-    /// let t = l.now();
-    /// let _ = l.check_key_at(&1, t);
-    /// l.refund_key_at(&1, t, 1);
-    /// assert!(l.check_key_at(&1, t).is_allowed());
-    /// ```
-    pub fn refund_key_at<Q>(&self, key: &Q, now: u64, n: u64)
-    where
-        K: Borrow<Q>,
-        Q: Hash + ?Sized,
-    {
-        if n == 0 || self.hot.is_some() {
-            return;
-        }
-        let h = self.hash(key);
-        let now = self.clamp(now);
-        let _ = self.table.update(h, &mut |state| {
-            let a = self.params_for(h);
-            ((), a.refund(state, now, n))
-        });
-    }
-
-    /// Forgets `key`'s history: its next check is a fresh key's.
-    ///
-    /// ```
-    /// # use ratewall::{KeyedTokenBucket, Rate};
-    /// let l = KeyedTokenBucket::<u64>::builder(Rate::per_hour(1)).build().unwrap();
-    /// let _ = l.check_key(&1);
-    /// l.reset_key(&1);
-    /// assert!(l.check_key(&1).is_allowed());
-    /// ```
-    pub fn reset_key<Q>(&self, key: &Q)
-    where
-        K: Borrow<Q>,
-        Q: Hash + ?Sized,
-    {
-        // All-zero is every algorithm's fresh state; the slot stays the key's
-        // until an insert reclaims it.
-        let _ = self.table.update(self.hash(key), &mut |_| ((), Some(0)));
-    }
-
-    /// Keys tracked now, idle ones not yet reclaimed included. Never above
-    /// [`max_keys`](Self::max_keys).
-    ///
-    /// ```
-    /// # use ratewall::{KeyedTokenBucket, Rate};
-    /// let l = KeyedTokenBucket::<u64>::builder(Rate::per_second(3)).build().unwrap();
-    /// let _ = (l.check_key(&1), l.check_key(&2), l.check_key(&1));
-    /// assert_eq!(l.len(), 2);
-    /// ```
-    pub fn len(&self) -> usize {
-        self.table.len()
-    }
-
-    /// Whether no key is tracked.
-    ///
-    /// ```
-    /// # use ratewall::{KeyedTokenBucket, Rate};
-    /// let l = KeyedTokenBucket::<u64>::builder(Rate::per_second(3)).build().unwrap();
-    /// assert!(l.is_empty());
-    /// ```
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// The most keys tracked at once.
-    ///
-    /// ```
-    /// # use ratewall::{KeyedTokenBucket, Rate};
-    /// let l = KeyedTokenBucket::<u64>::builder(Rate::per_second(3)).max_keys(500).build().unwrap();
-    /// assert_eq!(l.max_keys(), 500);
-    /// ```
-    pub fn max_keys(&self) -> usize {
-        self.table.capacity()
+        self.key_run(key, Some(now), n, false)
     }
 
     /// The shard count in use.
@@ -429,35 +196,6 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
     /// ```
     pub fn shards(&self) -> usize {
         self.table.shard_count()
-    }
-
-    /// The policy when the table is full.
-    ///
-    /// ```
-    /// # use ratewall::{KeyedTokenBucket, Rate, WhenFull};
-    /// let l = KeyedTokenBucket::<u64>::builder(Rate::per_second(3)).build().unwrap();
-    /// assert_eq!(l.when_full(), WhenFull::RejectNew);
-    /// ```
-    pub fn when_full(&self) -> WhenFull {
-        self.policy
-    }
-
-    /// Removes every idle key (state equal to a fresh key's), one shard at a
-    /// time; returns how many. Never required (inserts reclaim idle keys as
-    /// they go) but it makes [`len`](Self::len) exact.
-    ///
-    /// ```
-    /// # use ratewall::{KeyedTokenBucket, ManualClock, Rate};
-    /// # use std::time::Duration;
-    /// let clock = ManualClock::new();
-    /// let l = KeyedTokenBucket::<u64, _>::builder(Rate::per_second(1)).clock(clock.clone()).build().unwrap();
-    /// let _ = (l.check_key(&1), l.check_key(&2));
-    /// clock.advance(Duration::from_secs(1));
-    /// assert_eq!(l.retain_active(), 2);
-    /// assert!(l.is_empty());
-    /// ```
-    pub fn retain_active(&self) -> usize {
-        self.table.retain_active(&self.view(self.clamp(self.now())))
     }
 
     /// Bytes the table owns (allocated up front, constant): at most 24 per
@@ -488,28 +226,106 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
     {
         self.table.home(self.hash(key))
     }
+}
 
-    /// One reading of this limiter's clock (guarded against backward steps).
-    ///
-    /// ```
-    /// # use ratewall::{KeyedTokenBucket, ManualClock, Rate};
-    /// let l = KeyedTokenBucket::<u64, _>::builder(Rate::per_second(3)).clock(ManualClock::new()).build().unwrap();
-    /// assert_eq!(l.now(), 0);
-    /// ```
+keyed_methods!([K, A: KeyedAlgorithm, C: Clock] KeyedLimiter<K, A, C>, K);
+table_methods!([K, A: KeyedAlgorithm, C: Clock] KeyedLimiter<K, A, C>, K);
+
+impl<K, A: KeyedAlgorithm, C: Clock> KeyedCore for KeyedLimiter<K, A, C> {
+    type Key = K;
+    type Clock = C;
+    type Memo = ();
+
     #[inline]
-    pub fn now(&self) -> u64 {
+    fn key_now(&self) -> u64 {
         self.time.now()
     }
 
-    /// The clock.
-    ///
-    /// ```
-    /// # use ratewall::{Clock, KeyedTokenBucket, ManualClock, Rate};
-    /// let l = KeyedTokenBucket::<u64, _>::builder(Rate::per_second(3)).clock(ManualClock::new()).build().unwrap();
-    /// assert_eq!(l.clock().now(), 0);
-    /// ```
-    pub fn clock(&self) -> &C {
+    fn key_clock(&self) -> &C {
         self.time.clock()
+    }
+
+    #[inline]
+    fn key_run<Q: Hash + ?Sized>(
+        &self,
+        key: &Q,
+        now: Option<u64>,
+        n: u64,
+        consume: bool,
+    ) -> Result<Decision, InsufficientCapacity> {
+        let h = self.hash(key);
+        let now = match now {
+            Some(now) => now,
+            None => {
+                // A check starts the slot's load before the clock read: the
+                // two overlap (docs/benchmarks.md, "prefetch the slot before
+                // the clock read").
+                if consume {
+                    self.table.touch(h);
+                }
+                self.time.now()
+            }
+        };
+        self.run(h, self.clamp(now), n, consume)
+    }
+
+    #[inline]
+    fn key_check<Q: Hash + ?Sized>(&self, key: &Q, now: Option<u64>) -> Decision {
+        let h = self.hash(key);
+        let now = match now {
+            Some(now) => now,
+            None => {
+                // As in `key_run`: the slot's load, then the clock read.
+                self.table.touch(h);
+                self.time.now()
+            }
+        };
+        self.check_hashed(h, self.clamp(now))
+    }
+
+    fn key_capacity<Q: Hash + ?Sized>(&self, key: &Q) -> u64 {
+        self.capacity_for(key)
+    }
+
+    fn key_give_back<Q: Hash + ?Sized>(&self, key: &Q, now: u64, n: u64, _: &()) {
+        self.key_refund(key, now, n);
+    }
+}
+
+impl<K, A: KeyedAlgorithm, C: Clock> KeyedTable for KeyedLimiter<K, A, C> {
+    fn key_refund<Q: Hash + ?Sized>(&self, key: &Q, now: u64, n: u64) {
+        if n == 0 || self.hot.is_some() {
+            return;
+        }
+        let h = self.hash(key);
+        let now = self.clamp(now);
+        let _ = self.table.update(h, &mut |state| {
+            let a = self.params_for(h);
+            ((), a.refund(state, now, n))
+        });
+    }
+
+    fn key_reset<Q: Hash + ?Sized>(&self, key: &Q) {
+        // All-zero is every algorithm's fresh state; the slot stays the key's
+        // until an insert reclaims it.
+        let _ = self.table.update(self.hash(key), &mut |_| ((), Some(0)));
+    }
+
+    fn table_len(&self) -> usize {
+        self.table.len()
+    }
+
+    fn table_max_keys(&self) -> usize {
+        self.table.capacity()
+    }
+
+    fn table_when_full(&self) -> WhenFull {
+        self.policy
+    }
+
+    fn table_retain_active(&self) -> usize {
+        self.table
+            .retain_active(&self.view(self.clamp(self.time.now())))
     }
 }
 

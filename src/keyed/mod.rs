@@ -13,19 +13,22 @@
 //! changes and per-key quotas; `builder.rs`, [`KeyedBuilder`] and its
 //! bounds; `log.rs`, the keyed sliding log (its own table).
 
-mod builder;
+pub(crate) mod builder;
+pub(crate) mod family;
 mod hot;
 mod insert;
 mod limiter;
 mod log;
 mod overrides;
+mod policy;
 pub(crate) mod table;
 
-pub use builder::{KeyedBuilder, MAX_KEYS};
+pub use builder::{KeyedBuilder, TableOptions, WhenFull, MAX_KEYS};
+pub use family::KeyedRef;
 pub use hot::HotKeys;
-pub use insert::WhenFull;
 pub use limiter::KeyedLimiter;
-pub use log::{KeyedLogRef, KeyedSlidingWindowLog};
+pub use log::KeyedSlidingWindowLog;
+pub use policy::{KeyedPolicyBuilder, KeyedPolicyLimiter};
 
 use crate::algo::{Algorithm, FixedCounter, Gcra, LeakyGcra, SlidingCounter, WordStep};
 use crate::limiter::DefaultClock;
