@@ -40,7 +40,7 @@ use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::error::{ConfigError, InsufficientCapacity};
 use crate::keyed::builder::{table_setters, TableOptions};
-use crate::keyed::family::{keyed_methods, KeyedCore, KeyedTable};
+use crate::keyed::family::{keyed_methods, Checked, KeyedCore, KeyedTable};
 use crate::keyed::KeyedPolicyLimiter;
 use crate::keyed::KeyedRef;
 use crate::limiter::DefaultClock;
@@ -437,12 +437,7 @@ pub enum Took {
 
 impl<K, C: Clock> ElasticLimiter<K, C> {
     /// The protocol's check (see the module docs) of cost `n` at `now`.
-    fn check_at<Q: Hash + ?Sized>(
-        &self,
-        key: &Q,
-        now: u64,
-        n: u64,
-    ) -> Result<Decision, InsufficientCapacity> {
+    fn check_at<Q: Hash + ?Sized>(&self, key: &Q, now: u64, n: u64) -> Checked {
         let g = KeyedRef::new(&self.guarantee, key);
         let h = KeyedRef::new(&self.headroom, key);
         let p = KeyedRef::new(&self.pool, &());
@@ -516,12 +511,7 @@ impl<K, C: Clock> ElasticLimiter<K, C> {
     }
 
     /// The decision [`check_at`](Self::check_at) would return, taking nothing.
-    fn peek_at<Q: Hash + ?Sized>(
-        &self,
-        key: &Q,
-        now: u64,
-        n: u64,
-    ) -> Result<Decision, InsufficientCapacity> {
+    fn peek_at<Q: Hash + ?Sized>(&self, key: &Q, now: u64, n: u64) -> Checked {
         let g = KeyedRef::new(&self.guarantee, key);
         if n <= g.capacity() {
             let d = g.peek_at(now, n)?;
@@ -570,15 +560,9 @@ impl<K, C: Clock> KeyedCore for ElasticLimiter<K, C> {
         self.guarantee.clock()
     }
 
-    fn key_run<Q: Hash + ?Sized>(
-        &self,
-        key: &Q,
-        now: Option<u64>,
-        n: u64,
-        consume: bool,
-    ) -> Result<Decision, InsufficientCapacity> {
+    fn key_run<Q: Hash + ?Sized>(&self, key: &Q, now: Option<u64>, n: u64, take: bool) -> Checked {
         let now = now.unwrap_or_else(|| self.guarantee.now());
-        if consume {
+        if take {
             self.check_at(key, now, n)
         } else {
             self.peek_at(key, now, n)
@@ -593,13 +577,7 @@ impl<K, C: Clock> KeyedCore for ElasticLimiter<K, C> {
         self.guarantee.key_capacity(key).max(extra)
     }
 
-    fn key_take<Q: Hash + ?Sized>(
-        &self,
-        key: &Q,
-        now: u64,
-        n: u64,
-        took: &Cell<Took>,
-    ) -> Result<Decision, InsufficientCapacity> {
+    fn key_take<Q: Hash + ?Sized>(&self, key: &Q, now: u64, n: u64, took: &Cell<Took>) -> Checked {
         let d = self.check_at(key, now, n)?;
         took.set(match (d.is_allowed(), d.is_above_limit()) {
             (true, false) => Took::Guarantee,

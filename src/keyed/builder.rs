@@ -2,18 +2,11 @@
 //! ([`MAX_KEYS`], the shard count) and their validation. Shared by
 //! [`KeyedLimiter`] and the keyed sliding log (`log.rs`).
 
-use super::hot::{Hot, HotKeys};
-use super::limiter::KeyedLimiter;
-use super::overrides::Overrides;
-use super::table::Table;
-use super::KeyedAlgorithm;
+use super::hot_slots::HotKeys;
 use crate::algo::{Algorithm, Gcra};
-use crate::clock::{Clock, Timebase};
+use crate::clock::Clock;
 use crate::error::ConfigError;
 use crate::limiter::DefaultClock;
-use crate::sync::Mutex;
-use crate::word::ParamCell;
-use crossbeam_utils::CachePadded;
 use std::fmt;
 use std::marker::PhantomData;
 
@@ -353,24 +346,9 @@ pub(crate) use table_setters;
 pub struct KeyedBuilder<K, A: Algorithm, C: Clock = DefaultClock> {
     pub(super) config: A::Config,
     pub(super) table: TableOptions,
-    hot: Option<HotKeys>,
+    pub(super) hot: Option<HotKeys>,
     pub(super) clock: C,
     _key: PhantomData<fn(&K)>,
-}
-
-impl<K, A: KeyedAlgorithm> KeyedLimiter<K, A, DefaultClock> {
-    /// A builder for the quota `config`, with defaults: 65,536 keys, up to 64
-    /// shards, [`WhenFull::RejectNew`], a random seed, the default clock.
-    ///
-    /// ```
-    /// use ratewall::{KeyedTokenBucket, Rate};
-    /// let limiter = KeyedTokenBucket::<u64>::builder(Rate::per_second(5)).build()?;
-    /// assert!(limiter.check_key(&1).is_allowed());
-    /// # Ok::<(), ratewall::ConfigError>(())
-    /// ```
-    pub fn builder(config: A::Config) -> KeyedBuilder<K, A, DefaultClock> {
-        KeyedBuilder::new(config)
-    }
 }
 
 table_setters!([K, A: Algorithm, C: Clock] KeyedBuilder<K, A, C>);
@@ -428,37 +406,6 @@ impl<K, A: Algorithm> KeyedBuilder<K, A, DefaultClock> {
             clock: DefaultClock::default(),
             _key: PhantomData,
         }
-    }
-}
-
-impl<K, A: KeyedAlgorithm, C: Clock> KeyedBuilder<K, A, C> {
-    /// Validates the configuration and allocates the table.
-    ///
-    /// ```
-    /// # use ratewall::{ConfigError, KeyedTokenBucket, Rate};
-    /// let err = KeyedTokenBucket::<u64>::builder(Rate::per_second(5)).max_keys(0).build();
-    /// assert!(matches!(err, Err(ConfigError::InvalidCapacity { .. })));
-    /// ```
-    pub fn build(self) -> Result<KeyedLimiter<K, A, C>, ConfigError> {
-        let params = A::from_config(&self.config)?;
-        let shards = self.table.validated_shards()?;
-        let hasher = self.table.key_hasher();
-        // `hot_keys` exists only on token-bucket builders.
-        let hot = match (self.hot, params.as_gcra()) {
-            (Some(options), Some(gcra)) => Some(Box::new(Hot::new(gcra, options)?)),
-            _ => None,
-        };
-        Ok(KeyedLimiter {
-            table: Table::new(self.table.max_keys, shards),
-            params: CachePadded::new(ParamCell::new(params)),
-            hasher,
-            time: Timebase::new(self.clock),
-            policy: self.table.when_full,
-            config: Mutex::new(self.config),
-            overrides: Overrides::new(),
-            hot,
-            _key: PhantomData,
-        })
     }
 }
 

@@ -40,14 +40,8 @@ pub trait KeyedCore {
     fn key_clock(&self) -> &Self::Clock;
     /// The decision for a request of cost `n` for `key` at `now` (`None`:
     /// read the clock, after starting the key's load if that helps), taken
-    /// if `consume` and allowed.
-    fn key_run<Q: Hash + ?Sized>(
-        &self,
-        key: &Q,
-        now: Option<u64>,
-        n: u64,
-        consume: bool,
-    ) -> Result<Decision, InsufficientCapacity>;
+    /// if `take` and allowed.
+    fn key_run<Q: Hash + ?Sized>(&self, key: &Q, now: Option<u64>, n: u64, take: bool) -> Checked;
     /// A unit check of `key` (`now` as in [`key_run`](Self::key_run)).
     #[inline]
     fn key_check<Q: Hash + ?Sized>(&self, key: &Q, now: Option<u64>) -> Decision {
@@ -58,13 +52,7 @@ pub trait KeyedCore {
     /// A multi-limit check's take: [`key_run`](Self::key_run) at `now`,
     /// noting in `memo` what its give-back needs.
     #[inline]
-    fn key_take<Q: Hash + ?Sized>(
-        &self,
-        key: &Q,
-        now: u64,
-        n: u64,
-        memo: &Self::Memo,
-    ) -> Result<Decision, InsufficientCapacity> {
+    fn key_take<Q: Hash + ?Sized>(&self, key: &Q, now: u64, n: u64, memo: &Self::Memo) -> Checked {
         let _ = memo;
         self.key_run(key, Some(now), n, true)
     }
@@ -90,10 +78,14 @@ pub(crate) trait KeyedTable: KeyedCore {
     fn table_retain_active(&self) -> usize;
 }
 
+/// A check's result: its decision, or the error of a cost that can never
+/// pass.
+pub(crate) type Checked = Result<Decision, InsufficientCapacity>;
+
 /// A unit request's decision: a cost of 1 always fits (every limit's
 /// capacity is validated to be at least 1), so the error arm never runs.
 #[inline]
-pub(crate) fn unit(result: Result<Decision, InsufficientCapacity>) -> Decision {
+pub(crate) fn unit(result: Checked) -> Decision {
     match result {
         Ok(d) => d,
         Err(e) => unit_never_fits(e),
@@ -157,10 +149,10 @@ impl<L: KeyedCore, Q: Hash + ?Sized> KeyedRef<'_, L, Q> {
     // A multi-limit check's calls, without the `Borrow` bound of the public
     // `Limit`: also what a limit built on other keyed limiters (elastic) uses.
     #[inline]
-    pub(crate) fn take_at(&self, now: u64, n: u64) -> Result<Decision, InsufficientCapacity> {
+    pub(crate) fn take_at(&self, now: u64, n: u64) -> Checked {
         self.limiter.key_take(self.key, now, n, &self.memo)
     }
-    pub(crate) fn peek_at(&self, now: u64, n: u64) -> Result<Decision, InsufficientCapacity> {
+    pub(crate) fn peek_at(&self, now: u64, n: u64) -> Checked {
         self.limiter.key_run(self.key, Some(now), n, false)
     }
     pub(crate) fn give_back_at(&self, now: u64, n: u64) {
@@ -182,10 +174,10 @@ where
         self.limiter.key_now()
     }
     #[inline]
-    fn core_take(&self, _: Token, now: u64, n: u64) -> Result<Decision, InsufficientCapacity> {
+    fn core_take(&self, _: Token, now: u64, n: u64) -> Checked {
         self.take_at(now, n)
     }
-    fn core_peek(&self, _: Token, now: u64, n: u64) -> Result<Decision, InsufficientCapacity> {
+    fn core_peek(&self, _: Token, now: u64, n: u64) -> Checked {
         self.peek_at(now, n)
     }
     fn core_give_back(&self, _: Token, now: u64, n: u64) {
@@ -211,10 +203,8 @@ macro_rules! keyed_methods {
             /// assert!(!l.check_key("bob").is_allowed());
             /// ```
             #[inline]
-            pub fn check_key<Q>(&self, key: &Q) -> $crate::Decision
-            where
-                $k: ::std::borrow::Borrow<Q>,
-                Q: ::std::hash::Hash + ?Sized,
+            pub fn check_key<Q: ::std::hash::Hash + ?Sized>(&self, key: &Q) -> $crate::Decision
+                where $k: ::std::borrow::Borrow<Q>
             {
                 $crate::keyed::family::KeyedCore::key_check(self, key, None)
             }
@@ -232,10 +222,8 @@ macro_rules! keyed_methods {
             /// assert!(l.check_key_at(&1, 1_000_000_000).is_allowed());
             /// ```
             #[inline]
-            pub fn check_key_at<Q>(&self, key: &Q, now: u64) -> $crate::Decision
-            where
-                $k: ::std::borrow::Borrow<Q>,
-                Q: ::std::hash::Hash + ?Sized,
+            pub fn check_key_at<Q: ::std::hash::Hash + ?Sized>(&self, key: &Q, now: u64) -> $crate::Decision
+                where $k: ::std::borrow::Borrow<Q>
             {
                 $crate::keyed::family::KeyedCore::key_check(self, key, Some(now))
             }
@@ -252,14 +240,8 @@ macro_rules! keyed_methods {
             /// assert!(l.check_key_n(&1, 11).is_err());
             /// ```
             #[inline]
-            pub fn check_key_n<Q>(
-                &self,
-                key: &Q,
-                n: u64,
-            ) -> ::std::result::Result<$crate::Decision, $crate::InsufficientCapacity>
-            where
-                $k: ::std::borrow::Borrow<Q>,
-                Q: ::std::hash::Hash + ?Sized,
+            pub fn check_key_n<Q: ::std::hash::Hash + ?Sized>(&self, key: &Q, n: u64)
+                -> ::std::result::Result<$crate::Decision, $crate::InsufficientCapacity> where $k: ::std::borrow::Borrow<Q>
             {
                 $crate::keyed::family::KeyedCore::key_run(self, key, None, n, true)
             }
@@ -273,15 +255,8 @@ macro_rules! keyed_methods {
             /// assert_eq!(l.check_key_n_at(&1, 0, 4).unwrap().remaining(), 6);
             /// ```
             #[inline]
-            pub fn check_key_n_at<Q>(
-                &self,
-                key: &Q,
-                now: u64,
-                n: u64,
-            ) -> ::std::result::Result<$crate::Decision, $crate::InsufficientCapacity>
-            where
-                $k: ::std::borrow::Borrow<Q>,
-                Q: ::std::hash::Hash + ?Sized,
+            pub fn check_key_n_at<Q: ::std::hash::Hash + ?Sized>(&self, key: &Q, now: u64, n: u64)
+                -> ::std::result::Result<$crate::Decision, $crate::InsufficientCapacity> where $k: ::std::borrow::Borrow<Q>
             {
                 $crate::keyed::family::KeyedCore::key_run(self, key, Some(now), n, true)
             }
@@ -304,10 +279,8 @@ macro_rules! keyed_methods {
             /// assert!(!l.peek_key(&1).is_allowed());
             /// ```
             #[inline]
-            pub fn peek_key<Q>(&self, key: &Q) -> $crate::Decision
-            where
-                $k: ::std::borrow::Borrow<Q>,
-                Q: ::std::hash::Hash + ?Sized,
+            pub fn peek_key<Q: ::std::hash::Hash + ?Sized>(&self, key: &Q) -> $crate::Decision
+                where $k: ::std::borrow::Borrow<Q>
             {
                 $crate::keyed::family::unit(self.peek_key_n(key, 1))
             }
@@ -323,14 +296,8 @@ macro_rules! keyed_methods {
             /// assert!(l.peek_key_n(&1, 6).is_err());
             /// ```
             #[inline]
-            pub fn peek_key_n<Q>(
-                &self,
-                key: &Q,
-                n: u64,
-            ) -> ::std::result::Result<$crate::Decision, $crate::InsufficientCapacity>
-            where
-                $k: ::std::borrow::Borrow<Q>,
-                Q: ::std::hash::Hash + ?Sized,
+            pub fn peek_key_n<Q: ::std::hash::Hash + ?Sized>(&self, key: &Q, n: u64)
+                -> ::std::result::Result<$crate::Decision, $crate::InsufficientCapacity> where $k: ::std::borrow::Borrow<Q>
             {
                 $crate::keyed::family::KeyedCore::key_run(self, key, None, n, false)
             }
@@ -350,10 +317,8 @@ macro_rules! keyed_methods {
             /// assert_eq!(per_route.peek_key("/search").remaining(), 98);
             /// ```
             #[inline]
-            pub fn with_key<'a, Q>(&'a self, key: &'a Q) -> $crate::KeyedRef<'a, Self, Q>
-            where
-                $k: ::std::borrow::Borrow<Q>,
-                Q: ::std::hash::Hash + ?Sized,
+            pub fn with_key<'a, Q: ::std::hash::Hash + ?Sized>(&'a self, key: &'a Q) -> $crate::KeyedRef<'a, Self, Q>
+                where $k: ::std::borrow::Borrow<Q>
             {
                 $crate::KeyedRef::new(self, key)
             }
@@ -407,10 +372,8 @@ macro_rules! table_methods {
             /// l.refund_key(&1, 1);
             /// assert!(l.check_key(&1).is_allowed());
             /// ```
-            pub fn refund_key<Q>(&self, key: &Q, n: u64)
-            where
-                $k: ::std::borrow::Borrow<Q>,
-                Q: ::std::hash::Hash + ?Sized,
+            pub fn refund_key<Q: ::std::hash::Hash + ?Sized>(&self, key: &Q, n: u64)
+                where $k: ::std::borrow::Borrow<Q>
             {
                 self.refund_key_at(key, self.now(), n);
             }
@@ -425,10 +388,8 @@ macro_rules! table_methods {
             /// l.refund_key_at(&1, t, 1);
             /// assert!(l.check_key_at(&1, t).is_allowed());
             /// ```
-            pub fn refund_key_at<Q>(&self, key: &Q, now: u64, n: u64)
-            where
-                $k: ::std::borrow::Borrow<Q>,
-                Q: ::std::hash::Hash + ?Sized,
+            pub fn refund_key_at<Q: ::std::hash::Hash + ?Sized>(&self, key: &Q, now: u64, n: u64)
+                where $k: ::std::borrow::Borrow<Q>
             {
                 $crate::keyed::family::KeyedTable::key_refund(self, key, now, n);
             }
@@ -442,10 +403,8 @@ macro_rules! table_methods {
             /// l.reset_key(&1);
             /// assert!(l.check_key(&1).is_allowed());
             /// ```
-            pub fn reset_key<Q>(&self, key: &Q)
-            where
-                $k: ::std::borrow::Borrow<Q>,
-                Q: ::std::hash::Hash + ?Sized,
+            pub fn reset_key<Q: ::std::hash::Hash + ?Sized>(&self, key: &Q)
+                where $k: ::std::borrow::Borrow<Q>
             {
                 $crate::keyed::family::KeyedTable::key_reset(self, key);
             }

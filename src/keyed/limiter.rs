@@ -4,16 +4,16 @@
 //! (insert and [`WhenFull`]) in `insert.rs`, quotas and per-key overrides in
 //! `overrides.rs`.
 
-use super::builder::WhenFull;
-use super::family::{keyed_methods, table_methods, KeyedCore, KeyedTable};
-use super::hot::Hot;
+use super::builder::{KeyedBuilder, WhenFull};
+use super::family::{keyed_methods, table_methods, Checked, KeyedCore, KeyedTable};
+use super::hot_slots::Hot;
 use super::overrides::Overrides;
 use super::table::Table;
 use super::KeyedAlgorithm;
 use crate::algo::{Algorithm, WordStep};
 use crate::clock::{Clock, Timebase};
 use crate::decision::Decision;
-use crate::error::InsufficientCapacity;
+use crate::error::{ConfigError, InsufficientCapacity};
 use crate::limiter::DefaultClock;
 use crate::quota::HORIZON;
 use crate::sync::{lock, thread_index, Mutex};
@@ -66,6 +66,52 @@ pub struct KeyedLimiter<K, A: Algorithm, C: Clock = DefaultClock> {
     /// Hot keys' striped leases (`hot.rs`), if configured.
     pub(super) hot: Option<Box<Hot>>,
     pub(super) _key: PhantomData<fn(&K)>,
+}
+
+impl<K, A: KeyedAlgorithm> KeyedLimiter<K, A, DefaultClock> {
+    /// A builder for the quota `config`, with defaults: 65,536 keys, up to 64
+    /// shards, [`WhenFull::RejectNew`], a random seed, the default clock.
+    ///
+    /// ```
+    /// use ratewall::{KeyedTokenBucket, Rate};
+    /// let limiter = KeyedTokenBucket::<u64>::builder(Rate::per_second(5)).build()?;
+    /// assert!(limiter.check_key(&1).is_allowed());
+    /// # Ok::<(), ratewall::ConfigError>(())
+    /// ```
+    pub fn builder(config: A::Config) -> KeyedBuilder<K, A, DefaultClock> {
+        KeyedBuilder::new(config)
+    }
+}
+
+impl<K, A: KeyedAlgorithm, C: Clock> KeyedBuilder<K, A, C> {
+    /// Validates the configuration and allocates the table.
+    ///
+    /// ```
+    /// # use ratewall::{ConfigError, KeyedTokenBucket, Rate};
+    /// let err = KeyedTokenBucket::<u64>::builder(Rate::per_second(5)).max_keys(0).build();
+    /// assert!(matches!(err, Err(ConfigError::InvalidCapacity { .. })));
+    /// ```
+    pub fn build(self) -> Result<KeyedLimiter<K, A, C>, ConfigError> {
+        let params = A::from_config(&self.config)?;
+        let shards = self.table.validated_shards()?;
+        let hasher = self.table.key_hasher();
+        // `hot_keys` exists only on token-bucket builders.
+        let hot = match (self.hot, params.as_gcra()) {
+            (Some(options), Some(gcra)) => Some(Box::new(Hot::new(gcra, options)?)),
+            _ => None,
+        };
+        Ok(KeyedLimiter {
+            table: Table::new(self.table.max_keys, shards),
+            params: CachePadded::new(ParamCell::new(params)),
+            hasher,
+            time: Timebase::new(self.clock),
+            policy: self.table.when_full,
+            config: Mutex::new(self.config),
+            overrides: Overrides::new(),
+            hot,
+            _key: PhantomData,
+        })
+    }
 }
 
 impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
@@ -246,13 +292,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedCore for KeyedLimiter<K, A, C> {
     }
 
     #[inline]
-    fn key_run<Q: Hash + ?Sized>(
-        &self,
-        key: &Q,
-        now: Option<u64>,
-        n: u64,
-        consume: bool,
-    ) -> Result<Decision, InsufficientCapacity> {
+    fn key_run<Q: Hash + ?Sized>(&self, key: &Q, now: Option<u64>, n: u64, take: bool) -> Checked {
         let h = self.hash(key);
         let now = match now {
             Some(now) => now,
@@ -260,13 +300,13 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedCore for KeyedLimiter<K, A, C> {
                 // A check starts the slot's load before the clock read: the
                 // two overlap (docs/benchmarks.md, "prefetch the slot before
                 // the clock read").
-                if consume {
+                if take {
                     self.table.touch(h);
                 }
                 self.time.now()
             }
         };
-        self.run(h, self.clamp(now), n, consume)
+        self.run(h, self.clamp(now), n, take)
     }
 
     #[inline]

@@ -33,7 +33,7 @@
 //!   shard lock while the version is odd, so none can wait on it.
 
 use super::builder::{KeyedBuilder, WhenFull};
-use super::family::{keyed_methods, table_methods, KeyedCore, KeyedTable};
+use super::family::{keyed_methods, table_methods, Checked, KeyedCore, KeyedTable};
 use crate::algo::sealed::Core;
 use crate::algo::{LogRing, SlidingLog};
 use crate::clock::{Clock, Timebase};
@@ -431,15 +431,9 @@ impl<K, C: Clock> KeyedCore for KeyedSlidingWindowLog<K, C> {
         self.time.clock()
     }
 
-    fn key_run<Q: Hash + ?Sized>(
-        &self,
-        key: &Q,
-        now: Option<u64>,
-        n: u64,
-        consume: bool,
-    ) -> Result<Decision, InsufficientCapacity> {
+    fn key_run<Q: Hash + ?Sized>(&self, key: &Q, now: Option<u64>, n: u64, take: bool) -> Checked {
         let now = now.unwrap_or_else(|| self.time.now());
-        self.run(key, self.clamp(now), n, consume)
+        self.run(key, self.clamp(now), n, take)
     }
 
     fn key_capacity<Q: Hash + ?Sized>(&self, _: &Q) -> u64 {

@@ -16,16 +16,18 @@
 pub(crate) mod builder;
 pub(crate) mod family;
 mod hot;
+mod hot_slots;
 mod insert;
 mod limiter;
 mod log;
 mod overrides;
 mod policy;
+mod quotas;
 pub(crate) mod table;
 
 pub use builder::{KeyedBuilder, TableOptions, WhenFull, MAX_KEYS};
 pub use family::KeyedRef;
-pub use hot::HotKeys;
+pub use hot_slots::HotKeys;
 pub use limiter::KeyedLimiter;
 pub use log::KeyedSlidingWindowLog;
 pub use policy::{KeyedPolicyBuilder, KeyedPolicyLimiter};

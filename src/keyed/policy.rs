@@ -4,13 +4,13 @@
 //! `log.rs`); the method family comes from `family.rs`.
 
 use super::builder::{table_setters, KeyedBuilder, TableOptions, WhenFull};
-use super::family::{keyed_methods, table_methods, KeyedCore, KeyedTable};
+use super::family::{keyed_methods, table_methods, Checked, KeyedCore, KeyedTable};
 use super::limiter::KeyedLimiter;
 use super::log::KeyedSlidingWindowLog;
 use crate::algo::{FixedCounter, Gcra, LeakyGcra, SlidingCounter};
 use crate::clock::Clock;
 use crate::decision::Decision;
-use crate::error::{ConfigError, InsufficientCapacity};
+use crate::error::ConfigError;
 use crate::limiter::DefaultClock;
 use crate::policy::{Policy, PolicyAlgorithm, Quota};
 use crate::soft::Soft;
@@ -308,14 +308,8 @@ impl<K, C: Clock> KeyedCore for KeyedPolicyLimiter<K, C> {
     }
 
     #[inline]
-    fn key_run<Q: Hash + ?Sized>(
-        &self,
-        key: &Q,
-        now: Option<u64>,
-        n: u64,
-        consume: bool,
-    ) -> Result<Decision, InsufficientCapacity> {
-        dispatch!(&self.inner, l => l.key_run(key, now, n, consume)).map(|d| self.soft.view(d))
+    fn key_run<Q: Hash + ?Sized>(&self, key: &Q, now: Option<u64>, n: u64, take: bool) -> Checked {
+        dispatch!(&self.inner, l => l.key_run(key, now, n, take)).map(|d| self.soft.view(d))
     }
 
     #[inline]
