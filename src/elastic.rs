@@ -44,7 +44,7 @@ use crate::keyed::family::{keyed_methods, Checked, KeyedCore, KeyedTable};
 use crate::keyed::KeyedPolicyLimiter;
 use crate::keyed::KeyedRef;
 use crate::limiter::DefaultClock;
-use crate::policy::Policy;
+use crate::policy::{Policy, PolicyAlgorithm};
 use crate::quota::{Rate, Window};
 use std::cell::Cell;
 use std::fmt;
@@ -226,7 +226,7 @@ pub(crate) fn headroom(guarantee: &Policy, ceiling: &Policy) -> Result<Policy, C
             let h =
                 Rate::new(c.count() - g.count(), g.period()).burst(c.burst_size() - g.burst_size());
             Ok(match guarantee.algorithm() {
-                crate::PolicyAlgorithm::LeakyBucket => Policy::leaky_bucket(h),
+                PolicyAlgorithm::LeakyBucket => Policy::leaky_bucket(h),
                 _ => Policy::token_bucket(h),
             })
         }
@@ -239,8 +239,8 @@ pub(crate) fn headroom(guarantee: &Policy, ceiling: &Policy) -> Result<Policy, C
             }
             let h = Window::new(c.limit() - g.limit(), g.length());
             Ok(match guarantee.algorithm() {
-                crate::PolicyAlgorithm::FixedWindow => Policy::fixed_window(h),
-                crate::PolicyAlgorithm::SlidingWindowCounter => Policy::sliding_window_counter(h),
+                PolicyAlgorithm::FixedWindow => Policy::fixed_window(h),
+                PolicyAlgorithm::SlidingWindowCounter => Policy::sliding_window_counter(h),
                 _ => Policy::sliding_window_log(h),
             })
         }

@@ -286,7 +286,7 @@ macro_rules! table_setters {
             /// assert_eq!(l.when_full(), WhenFull::AdmitUntracked);
             /// # Ok::<(), ratewall::ConfigError>(())
             /// ```
-            pub fn when_full(mut self, policy: $crate::WhenFull) -> Self {
+            pub fn when_full(mut self, policy: $crate::keyed::builder::WhenFull) -> Self {
                 self.table = self.table.when_full(policy);
                 self
             }
@@ -315,7 +315,7 @@ macro_rules! table_setters {
             /// assert_eq!(l.max_keys(), 100);
             /// # Ok::<(), ratewall::ConfigError>(())
             /// ```
-            pub fn table(mut self, options: $crate::TableOptions) -> Self {
+            pub fn table(mut self, options: $crate::keyed::builder::TableOptions) -> Self {
                 self.table = options;
                 self
             }

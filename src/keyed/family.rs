@@ -44,7 +44,7 @@ pub trait KeyedCore {
     fn key_run<Q: Hash + ?Sized>(&self, key: &Q, now: Option<u64>, n: u64, take: bool) -> Checked;
     /// A unit check of `key` (`now` as in [`key_run`](Self::key_run)).
     #[inline]
-    fn key_check<Q: Hash + ?Sized>(&self, key: &Q, now: Option<u64>) -> Decision {
+    fn check_key_with<Q: Hash + ?Sized>(&self, key: &Q, now: Option<u64>) -> Decision {
         unit(self.key_run(key, now, 1, true))
     }
     /// The largest cost `key` can ever pass at once.
@@ -203,10 +203,10 @@ macro_rules! keyed_methods {
             /// assert!(!l.check_key("bob").is_allowed());
             /// ```
             #[inline]
-            pub fn check_key<Q: ::std::hash::Hash + ?Sized>(&self, key: &Q) -> $crate::Decision
+            pub fn check_key<Q: ::std::hash::Hash + ?Sized>(&self, key: &Q) -> $crate::decision::Decision
                 where $k: ::std::borrow::Borrow<Q>
             {
-                $crate::keyed::family::KeyedCore::key_check(self, key, None)
+                $crate::keyed::family::KeyedCore::check_key_with(self, key, None)
             }
 
             /// [`check_key`](Self::check_key) at a time the caller read (a
@@ -222,10 +222,10 @@ macro_rules! keyed_methods {
             /// assert!(l.check_key_at(&1, 1_000_000_000).is_allowed());
             /// ```
             #[inline]
-            pub fn check_key_at<Q: ::std::hash::Hash + ?Sized>(&self, key: &Q, now: u64) -> $crate::Decision
+            pub fn check_key_at<Q: ::std::hash::Hash + ?Sized>(&self, key: &Q, now: u64) -> $crate::decision::Decision
                 where $k: ::std::borrow::Borrow<Q>
             {
-                $crate::keyed::family::KeyedCore::key_check(self, key, Some(now))
+                $crate::keyed::family::KeyedCore::check_key_with(self, key, Some(now))
             }
 
             /// Checks a request of cost `n` for `key` and takes all of it if
@@ -241,7 +241,7 @@ macro_rules! keyed_methods {
             /// ```
             #[inline]
             pub fn check_key_n<Q: ::std::hash::Hash + ?Sized>(&self, key: &Q, n: u64)
-                -> ::std::result::Result<$crate::Decision, $crate::InsufficientCapacity> where $k: ::std::borrow::Borrow<Q>
+                -> ::std::result::Result<$crate::decision::Decision, $crate::error::InsufficientCapacity> where $k: ::std::borrow::Borrow<Q>
             {
                 $crate::keyed::family::KeyedCore::key_run(self, key, None, n, true)
             }
@@ -256,7 +256,7 @@ macro_rules! keyed_methods {
             /// ```
             #[inline]
             pub fn check_key_n_at<Q: ::std::hash::Hash + ?Sized>(&self, key: &Q, now: u64, n: u64)
-                -> ::std::result::Result<$crate::Decision, $crate::InsufficientCapacity> where $k: ::std::borrow::Borrow<Q>
+                -> ::std::result::Result<$crate::decision::Decision, $crate::error::InsufficientCapacity> where $k: ::std::borrow::Borrow<Q>
             {
                 $crate::keyed::family::KeyedCore::key_run(self, key, Some(now), n, true)
             }
@@ -279,7 +279,7 @@ macro_rules! keyed_methods {
             /// assert!(!l.peek_key(&1).is_allowed());
             /// ```
             #[inline]
-            pub fn peek_key<Q: ::std::hash::Hash + ?Sized>(&self, key: &Q) -> $crate::Decision
+            pub fn peek_key<Q: ::std::hash::Hash + ?Sized>(&self, key: &Q) -> $crate::decision::Decision
                 where $k: ::std::borrow::Borrow<Q>
             {
                 $crate::keyed::family::unit(self.peek_key_n(key, 1))
@@ -297,7 +297,7 @@ macro_rules! keyed_methods {
             /// ```
             #[inline]
             pub fn peek_key_n<Q: ::std::hash::Hash + ?Sized>(&self, key: &Q, n: u64)
-                -> ::std::result::Result<$crate::Decision, $crate::InsufficientCapacity> where $k: ::std::borrow::Borrow<Q>
+                -> ::std::result::Result<$crate::decision::Decision, $crate::error::InsufficientCapacity> where $k: ::std::borrow::Borrow<Q>
             {
                 $crate::keyed::family::KeyedCore::key_run(self, key, None, n, false)
             }
@@ -317,10 +317,10 @@ macro_rules! keyed_methods {
             /// assert_eq!(per_route.peek_key("/search").remaining(), 98);
             /// ```
             #[inline]
-            pub fn with_key<'a, Q: ::std::hash::Hash + ?Sized>(&'a self, key: &'a Q) -> $crate::KeyedRef<'a, Self, Q>
+            pub fn with_key<'a, Q: ::std::hash::Hash + ?Sized>(&'a self, key: &'a Q) -> $crate::keyed::family::KeyedRef<'a, Self, Q>
                 where $k: ::std::borrow::Borrow<Q>
             {
-                $crate::KeyedRef::new(self, key)
+                $crate::keyed::family::KeyedRef::new(self, key)
             }
 
             /// One reading of this limiter's clock, in nanoseconds (guarded
@@ -451,7 +451,7 @@ macro_rules! table_methods {
             /// let l = KeyedTokenBucket::<u64>::builder(Rate::per_second(3)).build().unwrap();
             /// assert_eq!(l.when_full(), WhenFull::RejectNew);
             /// ```
-            pub fn when_full(&self) -> $crate::WhenFull {
+            pub fn when_full(&self) -> $crate::keyed::builder::WhenFull {
                 $crate::keyed::family::KeyedTable::table_when_full(self)
             }
 

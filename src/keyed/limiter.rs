@@ -310,7 +310,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedCore for KeyedLimiter<K, A, C> {
     }
 
     #[inline]
-    fn key_check<Q: Hash + ?Sized>(&self, key: &Q, now: Option<u64>) -> Decision {
+    fn check_key_with<Q: Hash + ?Sized>(&self, key: &Q, now: Option<u64>) -> Decision {
         let h = self.hash(key);
         let now = match now {
             Some(now) => now,

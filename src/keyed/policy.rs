@@ -313,9 +313,9 @@ impl<K, C: Clock> KeyedCore for KeyedPolicyLimiter<K, C> {
     }
 
     #[inline]
-    fn key_check<Q: Hash + ?Sized>(&self, key: &Q, now: Option<u64>) -> Decision {
+    fn check_key_with<Q: Hash + ?Sized>(&self, key: &Q, now: Option<u64>) -> Decision {
         self.soft
-            .view(dispatch!(&self.inner, l => l.key_check(key, now)))
+            .view(dispatch!(&self.inner, l => l.check_key_with(key, now)))
     }
 
     fn key_capacity<Q: Hash + ?Sized>(&self, key: &Q) -> u64 {
