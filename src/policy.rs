@@ -172,7 +172,7 @@ impl Policy {
 
     /// This policy as a **soft** limit: it admits up to `tolerance` above
     /// its nominal limit, and marks what it admits there
-    /// ([`Decision::is_above_limit`]). Decisions report the nominal
+    /// ([`Decision::is_above_limit`](crate::Decision::is_above_limit)). Decisions report the nominal
     /// [`limit`](Self::limit), and `remaining` below it.
     ///
     /// Every algorithm runs unchanged with its capacity widened to
@@ -296,7 +296,7 @@ impl Policy {
     }
 
     /// The most cost units admitted at once: the burst of a bucket, the
-    /// limit of a window. This is a decision's [`limit`](Decision::limit).
+    /// limit of a window. This is a decision's [`limit`](crate::Decision::limit).
     ///
     /// ```
     /// # use ratewall::{Policy, Rate};

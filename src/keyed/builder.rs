@@ -1,6 +1,6 @@
 //! [`KeyedBuilder`]: the keyed limiters' configuration, its bounds
 //! ([`MAX_KEYS`], the shard count) and their validation. Shared by
-//! [`KeyedLimiter`] and the keyed sliding log (`log.rs`).
+//! [`KeyedLimiter`](crate::KeyedLimiter) and the keyed sliding log (`log.rs`).
 
 use super::hot_slots::HotKeys;
 use crate::algo::{Algorithm, Gcra};
@@ -324,7 +324,7 @@ macro_rules! table_setters {
 }
 pub(crate) use table_setters;
 
-/// Configures a [`KeyedLimiter`]: quota, `max_keys`, shards, policy when
+/// Configures a [`KeyedLimiter`](crate::KeyedLimiter): quota, `max_keys`, shards, policy when
 /// full, hash seed and clock.
 ///
 /// # Example
@@ -378,9 +378,9 @@ impl<K, C: Clock> KeyedBuilder<K, Gcra, C> {
     /// `hot.slots` keys that several threads check at once admit from
     /// per-thread leases taken from their entry in batches, with the bound
     /// kept exact; see [`HotKeys`]. Then the table's quota cannot change at
-    /// run time ([`set_quota`](KeyedLimiter::set_quota) and
-    /// [`set_key_quota`](KeyedLimiter::set_key_quota) return an error), and
-    /// [`refund_key`](KeyedLimiter::refund_key) does nothing.
+    /// run time ([`set_quota`](crate::KeyedLimiter::set_quota) and
+    /// [`set_key_quota`](crate::KeyedLimiter::set_key_quota) return an error), and
+    /// [`refund_key`](crate::KeyedLimiter::refund_key) does nothing.
     ///
     /// ```
     /// # use ratewall::{HotKeys, KeyedTokenBucket, LeaseOptions, Rate};

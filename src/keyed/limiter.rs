@@ -1,8 +1,8 @@
-//! The façade: [`KeyedLimiter`] and its per-key operations (check, peek,
-//! refund, reset) over the slot table, plus the table's accessors. The
-//! builder is in `builder.rs`, the path of a key the table does not hold
-//! (insert and [`WhenFull`]) in `insert.rs`, quotas and per-key overrides in
-//! `overrides.rs`.
+//! [`KeyedLimiter`]: its struct, its build, its check paths over the slot
+//! table (the hot path), and its [`KeyedCore`]/[`KeyedTable`] core, from
+//! which `family.rs` makes the method family. The path of a key the table
+//! does not hold is in `insert.rs`, quota changes in `quotas.rs`, hot keys in
+//! `hot.rs`.
 
 use super::builder::{KeyedBuilder, WhenFull};
 use super::family::{keyed_methods, table_methods, Checked, KeyedCore, KeyedTable};

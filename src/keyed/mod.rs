@@ -7,11 +7,17 @@
 //! writes nothing at all). A new key takes its shard's mutex to claim a slot,
 //! and reclaims idle keys on its way. See `docs/design.md`, "Keyed table".
 //!
-//! Files: `limiter.rs`, the façade ([`KeyedLimiter`]: check, peek, refund);
-//! `table.rs`, the slot table and its protocol; `insert.rs`, the path of a
-//! key the table does not hold and [`WhenFull`]; `overrides.rs`, quota
-//! changes and per-key quotas; `builder.rs`, [`KeyedBuilder`] and its
-//! bounds; `log.rs`, the keyed sliding log (its own table).
+//! Files, each importing only the ones listed before it (and `mod.rs`'s
+//! [`KeyedAlgorithm`]): `table.rs`, the slot table and its protocol;
+//! `hot_slots.rs`, [`HotKeys`] and the hot slots' state; `builder.rs`,
+//! [`TableOptions`], [`WhenFull`], [`KeyedBuilder`] and their bounds;
+//! `family.rs`, the keyed interface written once (the sealed core, the
+//! method family, [`KeyedRef`]); `overrides.rs`, the per-key quota store;
+//! `limiter.rs`, [`KeyedLimiter`] (its build and check paths); `insert.rs`,
+//! the path of a key the table does not hold; `quotas.rs`, quota changes
+//! and per-key quotas; `hot.rs`, the hot keys' check paths; `log.rs`, the
+//! keyed sliding log (its own table); `policy.rs`, [`KeyedPolicyLimiter`]
+//! over either.
 
 pub(crate) mod builder;
 pub(crate) mod family;
