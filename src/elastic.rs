@@ -171,6 +171,9 @@ pub struct ElasticLimiter<K, C: Clock = DefaultClock> {
     ceiling: Policy,
 }
 
+// The keyed method family (`family.rs`), from this type's core below.
+keyed_methods!([K, C: Clock] ElasticLimiter<K, C>, K);
+
 /// Configures an [`ElasticLimiter`]: the table knobs (`max_keys`, shards,
 /// policy when full, seed) apply to the per-key limits, and the clock to all
 /// three.
@@ -420,8 +423,6 @@ impl<K, C: Clock> ElasticLimiter<K, C> {
         self.pool.peek_key(&())
     }
 }
-
-keyed_methods!([K, C: Clock] ElasticLimiter<K, C>, K);
 
 /// What an elastic check took, for its rollback ([`KeyedRef`](crate::KeyedRef)'s memo).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]

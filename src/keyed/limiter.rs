@@ -68,6 +68,10 @@ pub struct KeyedLimiter<K, A: Algorithm, C: Clock = DefaultClock> {
     pub(super) _key: PhantomData<fn(&K)>,
 }
 
+// The keyed method family (`family.rs`), from this type's core below.
+keyed_methods!([K, A: KeyedAlgorithm, C: Clock] KeyedLimiter<K, A, C>, K);
+table_methods!([K, A: KeyedAlgorithm, C: Clock] KeyedLimiter<K, A, C>, K);
+
 impl<K, A: KeyedAlgorithm> KeyedLimiter<K, A, DefaultClock> {
     /// A builder for the quota `config`, with defaults: 65,536 keys, up to 64
     /// shards, [`WhenFull::RejectNew`], a random seed, the default clock.
@@ -273,9 +277,6 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         self.table.home(self.hash(key))
     }
 }
-
-keyed_methods!([K, A: KeyedAlgorithm, C: Clock] KeyedLimiter<K, A, C>, K);
-table_methods!([K, A: KeyedAlgorithm, C: Clock] KeyedLimiter<K, A, C>, K);
 
 impl<K, A: KeyedAlgorithm, C: Clock> KeyedCore for KeyedLimiter<K, A, C> {
     type Key = K;

@@ -90,6 +90,10 @@ pub struct KeyedSlidingWindowLog<K, C: Clock = DefaultClock> {
     _key: PhantomData<fn(&K)>,
 }
 
+// The keyed method family (`family.rs`), from this type's core below.
+keyed_methods!([K, C: Clock] KeyedSlidingWindowLog<K, C>, K);
+table_methods!([K, C: Clock] KeyedSlidingWindowLog<K, C>, K);
+
 struct Shard {
     rings: hashbrown::HashMap<u64, LogRing, Fingerprint>,
     cap: usize,
@@ -414,9 +418,6 @@ impl<K, C: Clock> fmt::Debug for KeyedSlidingWindowLog<K, C> {
             .finish()
     }
 }
-
-keyed_methods!([K, C: Clock] KeyedSlidingWindowLog<K, C>, K);
-table_methods!([K, C: Clock] KeyedSlidingWindowLog<K, C>, K);
 
 impl<K, C: Clock> KeyedCore for KeyedSlidingWindowLog<K, C> {
     type Key = K;

@@ -49,6 +49,10 @@ pub struct KeyedPolicyLimiter<K, C: Clock = DefaultClock> {
     inner: Inner<K, C>,
 }
 
+// The keyed method family (`family.rs`), from this type's core below.
+keyed_methods!([K, C: Clock] KeyedPolicyLimiter<K, C>, K);
+table_methods!([K, C: Clock] KeyedPolicyLimiter<K, C>, K);
+
 enum Inner<K, C: Clock> {
     Token(KeyedLimiter<K, Gcra, C>),
     Leaky(KeyedLimiter<K, LeakyGcra, C>),
@@ -289,9 +293,6 @@ impl<K, C: Clock> fmt::Debug for KeyedPolicyBuilder<K, C> {
             .finish()
     }
 }
-
-keyed_methods!([K, C: Clock] KeyedPolicyLimiter<K, C>, K);
-table_methods!([K, C: Clock] KeyedPolicyLimiter<K, C>, K);
 
 impl<K, C: Clock> KeyedCore for KeyedPolicyLimiter<K, C> {
     type Key = K;
