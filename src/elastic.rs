@@ -39,11 +39,13 @@
 use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::error::{ConfigError, InsufficientCapacity};
+use crate::keyed::builder::{table_setters, TableOptions};
+use crate::keyed::family::{keyed_methods, Checked, KeyedCore, KeyedTable};
+use crate::keyed::KeyedPolicyLimiter;
+use crate::keyed::KeyedRef;
 use crate::limiter::DefaultClock;
-use crate::multi::{Limit, Sealed};
-use crate::policy::{KeyedPolicyLimiter, Policy};
+use crate::policy::{Policy, PolicyAlgorithm};
 use crate::quota::{Rate, Window};
-use std::borrow::Borrow;
 use std::cell::Cell;
 use std::fmt;
 use std::hash::Hash;
@@ -84,12 +86,93 @@ use std::hash::Hash;
 /// assert_eq!(bob, 100); // the pool is drained; bob's guarantee is intact
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+///
+/// # Checks
+///
+/// `check_key` runs the protocol for a unit request (above: guaranteed,
+/// then from the pool, then the ceiling); `check_key_n` for a cost `n`, an
+/// error if neither the guarantee nor the headroom and pool together could
+/// ever admit it; `check_key_n_at` at a time the caller read, one reading
+/// for all three limits. `peek_key` and `peek_key_n` report what a check
+/// would decide, taking nothing.
+///
+/// ```
+/// # use ratewall::{ElasticLimiter, ManualClock};
+/// let l = ElasticLimiter::<u8, _>::builder("1/h".parse()?, "2/h".parse()?, "1/h".parse()?)
+///     .clock(ManualClock::new()).build()?;
+/// let first = l.check_key(&1);
+/// assert!(first.is_allowed() && !first.is_above_limit()); // guaranteed
+/// let second = l.check_key(&1);
+/// assert!(second.is_allowed() && second.is_above_limit()); // from the pool
+/// assert_eq!((second.limit(), second.remaining()), (1, 0)); // nominal: the guarantee
+/// assert!(!l.check_key(&1).is_allowed()); // ceiling reached
+/// assert!(l.check_key(&2).is_allowed()); // key 2's guarantee
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+/// ```
+/// # use ratewall::{ElasticLimiter, ManualClock};
+/// let l = ElasticLimiter::<u8, _>::builder("5/h".parse()?, "10/h".parse()?, "100/h".parse()?)
+///     .clock(ManualClock::new()).build()?;
+/// assert!(l.check_key_n(&1, 5)?.is_allowed());
+/// assert!(l.check_key_n(&1, 5)?.is_above_limit());
+/// assert!(l.check_key_n(&1, 6).is_err()); // more than 5 at once never fits
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+/// ```
+/// # use ratewall::{ElasticLimiter, ManualClock};
+/// let l = ElasticLimiter::<u8, _>::builder("1/s".parse()?, "2/s".parse()?, "1/s".parse()?)
+///     .clock(ManualClock::new()).build()?;
+/// assert!(l.check_key_n_at(&1, 0, 1)?.is_allowed());
+/// assert!(l.check_key_n_at(&1, 0, 1)?.is_above_limit());
+/// assert!(!l.check_key_n_at(&1, 0, 1)?.is_allowed());
+/// assert!(!l.check_key_n_at(&1, 1_000_000_000, 1)?.is_above_limit()); // refilled
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+/// ```
+/// # use ratewall::{ElasticLimiter, ManualClock};
+/// let l = ElasticLimiter::<u8, _>::builder("1/s".parse()?, "2/s".parse()?, "5/s".parse()?)
+///     .clock(ManualClock::new()).build()?;
+/// assert_eq!(l.now(), 0);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// # In a multi-limit check
+///
+/// `with_key` makes one key a limit of [`check_all`](crate::check_all) or
+/// [`check_each`](crate::check_each) (per IP + elastic per user, all or
+/// nothing). The [`KeyedRef`](crate::KeyedRef) remembers which path its
+/// last check took, so a rollback gives back exactly that: the guarantee,
+/// or the headroom and the pool. Make one per call.
+///
+/// ```
+/// use ratewall::{check_all, ElasticLimiter, KeyedPolicyLimiter, ManualClock};
+///
+/// let clock = ManualClock::new();
+/// let per_ip = KeyedPolicyLimiter::<u32, _>::builder("2/h".parse()?).clock(clock.clone()).build()?;
+/// let per_user = ElasticLimiter::<u32, _>::builder("1/h".parse()?, "5/h".parse()?, "1/h".parse()?)
+///     .clock(clock)
+///     .build()?;
+/// assert!(check_all(&[&per_user.with_key(&7), &per_ip.with_key(&1)]).is_allowed());
+/// let d = check_all(&[&per_user.with_key(&7), &per_ip.with_key(&1)]);
+/// assert!(d.is_allowed() && d.is_above_limit()); // user 7 went to the pool
+/// // User 8 twice (guarantee, then pool) and per-IP denies: both come back.
+/// per_user.set_pool("2/h".parse()?)?;
+/// let user_8 = (per_user.with_key(&8), per_user.with_key(&8));
+/// assert!(!check_all(&[&user_8.0, &user_8.1, &per_ip.with_key(&1)]).is_allowed());
+/// assert!(per_user.peek_pool().is_allowed()); // the pool's second unit is back
+/// let d = per_user.check_key(&8);
+/// assert!(d.is_allowed() && !d.is_above_limit()); // so is user 8's guarantee
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct ElasticLimiter<K, C: Clock = DefaultClock> {
     guarantee: KeyedPolicyLimiter<K, C>,
     headroom: KeyedPolicyLimiter<K, C>,
     pool: KeyedPolicyLimiter<(), C>,
     ceiling: Policy,
 }
+
+// The keyed method family (`family.rs`), from this type's core below.
+keyed_methods!([K, C: Clock] ElasticLimiter<K, C>, K);
 
 /// Configures an [`ElasticLimiter`]: the table knobs (`max_keys`, shards,
 /// policy when full, seed) apply to the per-key limits, and the clock to all
@@ -116,10 +199,7 @@ pub struct ElasticBuilder<K, C: Clock = DefaultClock> {
     guarantee: Policy,
     ceiling: Policy,
     pool: Policy,
-    max_keys: Option<usize>,
-    shards: Option<usize>,
-    when_full: Option<crate::WhenFull>,
-    seed: Option<u64>,
+    table: TableOptions,
     clock: C,
     _key: std::marker::PhantomData<fn(&K)>,
 }
@@ -149,7 +229,7 @@ pub(crate) fn headroom(guarantee: &Policy, ceiling: &Policy) -> Result<Policy, C
             let h =
                 Rate::new(c.count() - g.count(), g.period()).burst(c.burst_size() - g.burst_size());
             Ok(match guarantee.algorithm() {
-                crate::PolicyAlgorithm::LeakyBucket => Policy::leaky_bucket(h),
+                PolicyAlgorithm::LeakyBucket => Policy::leaky_bucket(h),
                 _ => Policy::token_bucket(h),
             })
         }
@@ -162,8 +242,8 @@ pub(crate) fn headroom(guarantee: &Policy, ceiling: &Policy) -> Result<Policy, C
             }
             let h = Window::new(c.limit() - g.limit(), g.length());
             Ok(match guarantee.algorithm() {
-                crate::PolicyAlgorithm::FixedWindow => Policy::fixed_window(h),
-                crate::PolicyAlgorithm::SlidingWindowCounter => Policy::sliding_window_counter(h),
+                PolicyAlgorithm::FixedWindow => Policy::fixed_window(h),
+                PolicyAlgorithm::SlidingWindowCounter => Policy::sliding_window_counter(h),
                 _ => Policy::sliding_window_log(h),
             })
         }
@@ -205,69 +285,16 @@ impl<K> ElasticLimiter<K, DefaultClock> {
             guarantee,
             ceiling,
             pool,
-            max_keys: None,
-            shards: None,
-            when_full: None,
-            seed: None,
+            table: TableOptions::new(),
             clock: DefaultClock::default(),
             _key: std::marker::PhantomData,
         }
     }
 }
 
+table_setters!([K, C: Clock] ElasticBuilder<K, C>);
+
 impl<K, C: Clock> ElasticBuilder<K, C> {
-    /// The most keys tracked at once by each per-key limit.
-    ///
-    /// ```
-    /// # use ratewall::{ElasticLimiter, Policy};
-    /// let b = ElasticLimiter::<u8>::builder("1/s".parse()?, "2/s".parse()?, "5/s".parse()?);
-    /// assert!(b.max_keys(16).build().is_ok());
-    /// # Ok::<(), ratewall::ParseError>(())
-    /// ```
-    pub fn max_keys(mut self, max_keys: usize) -> Self {
-        self.max_keys = Some(max_keys);
-        self
-    }
-
-    /// The shard count of each per-key table (a power of two).
-    ///
-    /// ```
-    /// # use ratewall::{ElasticLimiter, Policy};
-    /// let b = ElasticLimiter::<u8>::builder("1/s".parse()?, "2/s".parse()?, "5/s".parse()?);
-    /// assert!(b.shards(3).build().is_err());
-    /// # Ok::<(), ratewall::ParseError>(())
-    /// ```
-    pub fn shards(mut self, shards: usize) -> Self {
-        self.shards = Some(shards);
-        self
-    }
-
-    /// What the per-key tables do with a new key when full of active keys.
-    ///
-    /// ```
-    /// # use ratewall::{ElasticLimiter, Policy, WhenFull};
-    /// let b = ElasticLimiter::<u8>::builder("1/s".parse()?, "2/s".parse()?, "5/s".parse()?);
-    /// assert!(b.when_full(WhenFull::EvictLeastRecent).build().is_ok());
-    /// # Ok::<(), ratewall::ParseError>(())
-    /// ```
-    pub fn when_full(mut self, policy: crate::WhenFull) -> Self {
-        self.when_full = Some(policy);
-        self
-    }
-
-    /// A fixed hash seed for the per-key tables (reproducible tests).
-    ///
-    /// ```
-    /// # use ratewall::{ElasticLimiter, Policy};
-    /// let b = ElasticLimiter::<u8>::builder("1/s".parse()?, "2/s".parse()?, "5/s".parse()?);
-    /// assert!(b.seed(7).build().is_ok());
-    /// # Ok::<(), ratewall::ParseError>(())
-    /// ```
-    pub fn seed(mut self, seed: u64) -> Self {
-        self.seed = Some(seed);
-        self
-    }
-
     /// The clock of all three limits.
     ///
     /// ```
@@ -282,10 +309,7 @@ impl<K, C: Clock> ElasticBuilder<K, C> {
             guarantee: self.guarantee,
             ceiling: self.ceiling,
             pool: self.pool,
-            max_keys: self.max_keys,
-            shards: self.shards,
-            when_full: self.when_full,
-            seed: self.seed,
+            table: self.table,
             clock,
             _key: std::marker::PhantomData,
         }
@@ -307,20 +331,10 @@ impl<K, C: Clock> ElasticBuilder<K, C> {
     {
         let headroom = validate(&self.guarantee, &self.ceiling, &self.pool)?;
         let keyed = |policy: Policy| {
-            let mut b = KeyedPolicyLimiter::<K>::builder(policy);
-            if let Some(m) = self.max_keys {
-                b = b.max_keys(m);
-            }
-            if let Some(s) = self.shards {
-                b = b.shards(s);
-            }
-            if let Some(w) = self.when_full {
-                b = b.when_full(w);
-            }
-            if let Some(s) = self.seed {
-                b = b.seed(s);
-            }
-            b.clock(self.clock.clone()).build()
+            KeyedPolicyLimiter::<K>::builder(policy)
+                .table(self.table)
+                .clock(self.clock.clone())
+                .build()
         };
         let guarantee = keyed(self.guarantee)?;
         let headroom = keyed(headroom)?;
@@ -340,80 +354,94 @@ impl<K, C: Clock> ElasticBuilder<K, C> {
 }
 
 impl<K, C: Clock> ElasticLimiter<K, C> {
-    /// Checks one request of cost 1 for `key` (see the protocol above).
+    /// Changes the pool's quota at run time (same algorithm), keeping what
+    /// is in use: how the pool follows a capacity signal.
     ///
     /// ```
-    /// # use ratewall::{ElasticLimiter, ManualClock};
-    /// let l = ElasticLimiter::<u8, _>::builder("1/h".parse()?, "2/h".parse()?, "1/h".parse()?)
+    /// # use ratewall::{ElasticLimiter, ManualClock, Policy};
+    /// let l = ElasticLimiter::<u8, _>::builder("1/h".parse()?, "9/h".parse()?, "1/h".parse()?)
     ///     .clock(ManualClock::new()).build()?;
-    /// let first = l.check_key(&1);
-    /// assert!(first.is_allowed() && !first.is_above_limit()); // guaranteed
-    /// let second = l.check_key(&1);
-    /// assert!(second.is_allowed() && second.is_above_limit()); // from the pool
-    /// assert_eq!((second.limit(), second.remaining()), (1, 0)); // nominal: the guarantee
-    /// assert!(!l.check_key(&1).is_allowed()); // ceiling reached
-    /// assert!(l.check_key(&2).is_allowed()); // key 2's guarantee
+    /// let _ = (l.check_key(&1), l.check_key(&1)); // guarantee, then the pool's only unit
+    /// assert!(!l.check_key(&1).is_allowed());
+    /// l.set_pool("4/h".parse()?)?; // the system has spare capacity again
+    /// assert!(l.check_key(&1).is_above_limit());
+    /// assert_eq!(l.pool(), "4/h".parse()?);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn check_key<Q>(&self, key: &Q) -> Decision
-    where
-        K: Borrow<Q>,
-        Q: Hash + ?Sized,
-    {
-        match self.check_key_n(key, 1) {
-            Ok(d) => d,
-            // Every part admits at least one unit (validated at build).
-            Err(_) => unreachable!("a cost of 1 always fits"),
-        }
+    pub fn set_pool(&self, pool: Policy) -> Result<(), ConfigError> {
+        self.pool.set_quota(pool)
     }
 
-    /// Checks a request of cost `n` for `key`. A cost that neither the
-    /// guarantee nor the headroom and pool together could ever admit is an
-    /// error, and nothing is taken.
+    /// The pool's policy in force.
     ///
     /// ```
-    /// # use ratewall::{ElasticLimiter, ManualClock};
-    /// let l = ElasticLimiter::<u8, _>::builder("5/h".parse()?, "10/h".parse()?, "100/h".parse()?)
-    ///     .clock(ManualClock::new()).build()?;
-    /// assert!(l.check_key_n(&1, 5)?.is_allowed());
-    /// assert!(l.check_key_n(&1, 5)?.is_above_limit());
-    /// assert!(l.check_key_n(&1, 6).is_err()); // more than 5 at once never fits
+    /// # use ratewall::{ElasticLimiter, Policy};
+    /// let l = ElasticLimiter::<u8>::builder("1/s".parse()?, "2/s".parse()?, "5/s".parse()?).build()?;
+    /// assert_eq!(l.pool().to_string(), "5/s");
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn check_key_n<Q>(&self, key: &Q, n: u64) -> Result<Decision, InsufficientCapacity>
-    where
-        K: Borrow<Q>,
-        Q: Hash + ?Sized,
-    {
-        self.check_key_n_at(key, self.guarantee.now(), n)
+    pub fn pool(&self) -> Policy {
+        self.pool.policy()
     }
 
-    /// [`check_key_n`](Self::check_key_n) at the time `now` (nanoseconds
-    /// on this limiter's clock): one reading serves all three limits.
+    /// The per-key guarantee.
+    ///
+    /// ```
+    /// # use ratewall::{ElasticLimiter, Policy};
+    /// let l = ElasticLimiter::<u8>::builder("1/s".parse()?, "2/s".parse()?, "5/s".parse()?).build()?;
+    /// assert_eq!(l.guarantee().to_string(), "1/s");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn guarantee(&self) -> Policy {
+        self.guarantee.policy()
+    }
+
+    /// The per-key ceiling.
+    ///
+    /// ```
+    /// # use ratewall::{ElasticLimiter, Policy};
+    /// let l = ElasticLimiter::<u8>::builder("1/s".parse()?, "2/s".parse()?, "5/s".parse()?).build()?;
+    /// assert_eq!(l.ceiling().to_string(), "2/s");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn ceiling(&self) -> Policy {
+        self.ceiling
+    }
+
+    /// The decision a unit request from the pool would get now, without
+    /// taking it (what is left of the spare capacity).
     ///
     /// ```
     /// # use ratewall::{ElasticLimiter, ManualClock};
-    /// let l = ElasticLimiter::<u8, _>::builder("1/s".parse()?, "2/s".parse()?, "1/s".parse()?)
+    /// let l = ElasticLimiter::<u8, _>::builder("1/h".parse()?, "9/h".parse()?, "3/h".parse()?)
     ///     .clock(ManualClock::new()).build()?;
-    /// assert!(l.check_key_n_at(&1, 0, 1)?.is_allowed());
-    /// assert!(l.check_key_n_at(&1, 0, 1)?.is_above_limit());
-    /// assert!(!l.check_key_n_at(&1, 0, 1)?.is_allowed());
-    /// assert!(!l.check_key_n_at(&1, 1_000_000_000, 1)?.is_above_limit()); // refilled
+    /// let _ = (l.check_key(&1), l.check_key(&1));
+    /// assert_eq!(l.peek_pool().remaining(), 1); // 2 of 3 left, 1 after a peeked unit
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn check_key_n_at<Q>(
-        &self,
-        key: &Q,
-        now: u64,
-        n: u64,
-    ) -> Result<Decision, InsufficientCapacity>
-    where
-        K: Borrow<Q>,
-        Q: Hash + ?Sized,
-    {
-        let g = self.guarantee.with_key(key);
-        let h = self.headroom.with_key(key);
-        let p = self.pool.with_key(&());
+    pub fn peek_pool(&self) -> Decision {
+        self.pool.peek_key(&())
+    }
+}
+
+/// What an elastic check took, for its rollback ([`KeyedRef`](crate::KeyedRef)'s memo).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Took {
+    /// Nothing (a denial, or no check yet).
+    #[default]
+    Nothing,
+    /// The key's guarantee.
+    Guarantee,
+    /// The key's headroom and the pool.
+    Pool,
+}
+
+impl<K, C: Clock> ElasticLimiter<K, C> {
+    /// The protocol's check (see the module docs) of cost `n` at `now`.
+    fn check_at<Q: Hash + ?Sized>(&self, key: &Q, now: u64, n: u64) -> Checked {
+        let g = KeyedRef::new(&self.guarantee, key);
+        let h = KeyedRef::new(&self.headroom, key);
+        let p = KeyedRef::new(&self.pool, &());
         let g_cap = g.capacity();
         let extra_cap = h.capacity().min(p.capacity());
         if n > g_cap.max(extra_cap) {
@@ -483,198 +511,17 @@ impl<K, C: Clock> ElasticLimiter<K, C> {
         .with_above_limit(true))
     }
 
-    /// Changes the pool's quota at run time (same algorithm), keeping what
-    /// is in use: how the pool follows a capacity signal.
-    ///
-    /// ```
-    /// # use ratewall::{ElasticLimiter, ManualClock, Policy};
-    /// let l = ElasticLimiter::<u8, _>::builder("1/h".parse()?, "9/h".parse()?, "1/h".parse()?)
-    ///     .clock(ManualClock::new()).build()?;
-    /// let _ = (l.check_key(&1), l.check_key(&1)); // guarantee, then the pool's only unit
-    /// assert!(!l.check_key(&1).is_allowed());
-    /// l.set_pool("4/h".parse()?)?; // the system has spare capacity again
-    /// assert!(l.check_key(&1).is_above_limit());
-    /// assert_eq!(l.pool(), "4/h".parse()?);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn set_pool(&self, pool: Policy) -> Result<(), ConfigError> {
-        self.pool.set_quota(pool)
-    }
-
-    /// The pool's policy in force.
-    ///
-    /// ```
-    /// # use ratewall::{ElasticLimiter, Policy};
-    /// let l = ElasticLimiter::<u8>::builder("1/s".parse()?, "2/s".parse()?, "5/s".parse()?).build()?;
-    /// assert_eq!(l.pool().to_string(), "5/s");
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn pool(&self) -> Policy {
-        self.pool.policy()
-    }
-
-    /// The per-key guarantee.
-    ///
-    /// ```
-    /// # use ratewall::{ElasticLimiter, Policy};
-    /// let l = ElasticLimiter::<u8>::builder("1/s".parse()?, "2/s".parse()?, "5/s".parse()?).build()?;
-    /// assert_eq!(l.guarantee().to_string(), "1/s");
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn guarantee(&self) -> Policy {
-        self.guarantee.policy()
-    }
-
-    /// The per-key ceiling.
-    ///
-    /// ```
-    /// # use ratewall::{ElasticLimiter, Policy};
-    /// let l = ElasticLimiter::<u8>::builder("1/s".parse()?, "2/s".parse()?, "5/s".parse()?).build()?;
-    /// assert_eq!(l.ceiling().to_string(), "2/s");
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn ceiling(&self) -> Policy {
-        self.ceiling
-    }
-
-    /// The decision a unit request from the pool would get now, without
-    /// taking it (what is left of the spare capacity).
-    ///
-    /// ```
-    /// # use ratewall::{ElasticLimiter, ManualClock};
-    /// let l = ElasticLimiter::<u8, _>::builder("1/h".parse()?, "9/h".parse()?, "3/h".parse()?)
-    ///     .clock(ManualClock::new()).build()?;
-    /// let _ = (l.check_key(&1), l.check_key(&1));
-    /// assert_eq!(l.peek_pool().remaining(), 1); // 2 of 3 left, 1 after a peeked unit
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn peek_pool(&self) -> Decision {
-        self.pool.peek_key(&())
-    }
-
-    /// The current time on this limiter's clock, in nanoseconds.
-    ///
-    /// ```
-    /// # use ratewall::{ElasticLimiter, ManualClock};
-    /// let l = ElasticLimiter::<u8, _>::builder("1/s".parse()?, "2/s".parse()?, "5/s".parse()?)
-    ///     .clock(ManualClock::new()).build()?;
-    /// assert_eq!(l.now(), 0);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn now(&self) -> u64 {
-        self.guarantee.now()
-    }
-}
-
-impl<K, C: Clock> ElasticLimiter<K, C> {
-    /// This limiter with one key, as one limit of a multi-limit
-    /// [`check_all`](crate::check_all) or [`check_each`](crate::check_each)
-    /// (per IP + elastic per user, all or nothing). The reference remembers
-    /// which path its last check took, so a rollback gives back exactly
-    /// that: the guarantee, or the headroom and the pool. Make one per call.
-    ///
-    /// ```
-    /// use ratewall::{check_all, ElasticLimiter, KeyedPolicyLimiter, ManualClock};
-    ///
-    /// let clock = ManualClock::new();
-    /// let per_ip = KeyedPolicyLimiter::<u32, _>::builder("2/h".parse()?).clock(clock.clone()).build()?;
-    /// let per_user = ElasticLimiter::<u32, _>::builder("1/h".parse()?, "5/h".parse()?, "1/h".parse()?)
-    ///     .clock(clock)
-    ///     .build()?;
-    /// assert!(check_all(&[&per_user.with_key(&7), &per_ip.with_key(&1)]).is_allowed());
-    /// let d = check_all(&[&per_user.with_key(&7), &per_ip.with_key(&1)]);
-    /// assert!(d.is_allowed() && d.is_above_limit()); // user 7 went to the pool
-    /// // User 8 twice (guarantee, then pool) and per-IP denies: both come back.
-    /// per_user.set_pool("2/h".parse()?)?;
-    /// let user_8 = (per_user.with_key(&8), per_user.with_key(&8));
-    /// assert!(!check_all(&[&user_8.0, &user_8.1, &per_ip.with_key(&1)]).is_allowed());
-    /// assert!(per_user.peek_pool().is_allowed()); // the pool's second unit is back
-    /// let d = per_user.check_key(&8);
-    /// assert!(d.is_allowed() && !d.is_above_limit()); // so is user 8's guarantee
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn with_key<'a, Q>(&'a self, key: &'a Q) -> ElasticRef<'a, K, Q, C>
-    where
-        K: Borrow<Q>,
-        Q: Hash + ?Sized,
-    {
-        ElasticRef {
-            limiter: self,
-            key,
-            took: Cell::new(Took::Nothing),
-        }
-    }
-}
-
-/// What an [`ElasticRef`]'s last check took.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Took {
-    Nothing,
-    Guarantee,
-    Pool,
-}
-
-/// One key of an [`ElasticLimiter`], as one limit of a multi-limit check.
-/// Made by [`ElasticLimiter::with_key`]; not shared between threads.
-///
-/// # Example
-///
-/// ```
-/// use ratewall::{check_each, ElasticLimiter};
-/// let l = ElasticLimiter::<u32>::builder("1/h".parse()?, "2/h".parse()?, "1/h".parse()?).build()?;
-/// let user = l.with_key(&7);
-/// println!("{user:?}");
-/// let mut d = [None];
-/// assert!(check_each(&[(&user, 1)], &mut d)?);
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-pub struct ElasticRef<'a, K, Q: ?Sized, C: Clock> {
-    limiter: &'a ElasticLimiter<K, C>,
-    key: &'a Q,
-    took: Cell<Took>,
-}
-
-impl<K, Q: ?Sized + fmt::Debug, C: Clock> fmt::Debug for ElasticRef<'_, K, Q, C> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ElasticRef")
-            .field("limiter", self.limiter)
-            .field("key", &self.key)
-            .field("took", &self.took.get())
-            .finish()
-    }
-}
-
-impl<K, Q: ?Sized, C: Clock> Sealed for ElasticRef<'_, K, Q, C> {}
-
-impl<K, Q, C> Limit<C> for ElasticRef<'_, K, Q, C>
-where
-    K: Borrow<Q>,
-    Q: Hash + ?Sized,
-    C: Clock,
-{
-    fn read_clock(&self) -> u64 {
-        self.limiter.now()
-    }
-    fn take_at(&self, now: u64, n: u64) -> Result<Decision, InsufficientCapacity> {
-        let d = self.limiter.check_key_n_at(self.key, now, n)?;
-        self.took.set(match (d.is_allowed(), d.is_above_limit()) {
-            (true, false) => Took::Guarantee,
-            (true, true) => Took::Pool,
-            _ => Took::Nothing,
-        });
-        Ok(d)
-    }
-    fn peek_at(&self, now: u64, n: u64) -> Result<Decision, InsufficientCapacity> {
-        let l = self.limiter;
-        let g = l.guarantee.with_key(self.key);
+    /// The decision [`check_at`](Self::check_at) would return, taking nothing.
+    fn peek_at<Q: Hash + ?Sized>(&self, key: &Q, now: u64, n: u64) -> Checked {
+        let g = KeyedRef::new(&self.guarantee, key);
         if n <= g.capacity() {
             let d = g.peek_at(now, n)?;
             if d.is_allowed() {
                 return Ok(d);
             }
         }
-        let h = l.headroom.with_key(self.key).peek_at(now, n);
-        let p = l.pool.with_key(&()).peek_at(now, n);
+        let h = KeyedRef::new(&self.headroom, key).peek_at(now, n);
+        let p = KeyedRef::new(&self.pool, &()).peek_at(now, n);
         let gd = g.peek_at(now, n.min(g.capacity()))?;
         Ok(match (h, p) {
             (Ok(h), Ok(p)) if h.is_allowed() && p.is_allowed() => {
@@ -699,25 +546,57 @@ where
             }
         })
     }
-    fn give_back_at(&self, now: u64, n: u64) {
-        let l = self.limiter;
-        match self.took.replace(Took::Nothing) {
-            Took::Guarantee => l.guarantee.refund_key_at(self.key, now, n),
+}
+
+impl<K, C: Clock> KeyedCore for ElasticLimiter<K, C> {
+    type Key = K;
+    type Clock = C;
+    type Memo = Cell<Took>;
+
+    fn key_now(&self) -> u64 {
+        self.guarantee.now()
+    }
+
+    fn key_clock(&self) -> &C {
+        self.guarantee.clock()
+    }
+
+    fn key_run<Q: Hash + ?Sized>(&self, key: &Q, now: Option<u64>, n: u64, take: bool) -> Checked {
+        let now = now.unwrap_or_else(|| self.guarantee.now());
+        if take {
+            self.check_at(key, now, n)
+        } else {
+            self.peek_at(key, now, n)
+        }
+    }
+
+    fn key_capacity<Q: Hash + ?Sized>(&self, key: &Q) -> u64 {
+        let extra = self
+            .headroom
+            .key_capacity(key)
+            .min(self.pool.key_capacity(&()));
+        self.guarantee.key_capacity(key).max(extra)
+    }
+
+    fn key_take<Q: Hash + ?Sized>(&self, key: &Q, now: u64, n: u64, took: &Cell<Took>) -> Checked {
+        let d = self.check_at(key, now, n)?;
+        took.set(match (d.is_allowed(), d.is_above_limit()) {
+            (true, false) => Took::Guarantee,
+            (true, true) => Took::Pool,
+            _ => Took::Nothing,
+        });
+        Ok(d)
+    }
+
+    fn key_give_back<Q: Hash + ?Sized>(&self, key: &Q, now: u64, n: u64, took: &Cell<Took>) {
+        match took.replace(Took::Nothing) {
+            Took::Guarantee => self.guarantee.key_refund(key, now, n),
             Took::Pool => {
-                l.headroom.refund_key_at(self.key, now, n);
-                l.pool.refund_key_at(&(), now, n);
+                self.headroom.key_refund(key, now, n);
+                self.pool.key_refund(&(), now, n);
             }
             Took::Nothing => {}
         }
-    }
-    fn capacity(&self) -> u64 {
-        let l = self.limiter;
-        let extra = l
-            .headroom
-            .with_key(self.key)
-            .capacity()
-            .min(l.pool.with_key(&()).capacity());
-        l.guarantee.with_key(self.key).capacity().max(extra)
     }
 }
 
@@ -737,7 +616,7 @@ impl<K, C: Clock> fmt::Debug for ElasticBuilder<K, C> {
             .field("guarantee", &self.guarantee)
             .field("ceiling", &self.ceiling)
             .field("pool", &self.pool)
-            .field("max_keys", &self.max_keys)
+            .field("table", &self.table)
             .field("clock", &self.clock)
             .finish()
     }

@@ -68,19 +68,20 @@ pub use clock::CoarseClock;
 pub use clock::QuantaClock;
 pub use clock::{Clock, ManualClock, StdClock};
 pub use decision::{Decision, Tracking};
-pub use elastic::{ElasticBuilder, ElasticLimiter, ElasticRef};
+pub use elastic::{ElasticBuilder, ElasticLimiter};
 pub use error::{ConfigError, InsufficientCapacity, InvalidPolicyName};
 pub use keyed::{
-    HotKeys, KeyedBuilder, KeyedFixedWindow, KeyedLeakyBucket, KeyedLimiter, KeyedLogRef,
-    KeyedSlidingWindowCounter, KeyedSlidingWindowLog, KeyedTokenBucket, WhenFull, MAX_KEYS,
+    HotKeys, KeyedBuilder, KeyedFixedWindow, KeyedLeakyBucket, KeyedLimiter, KeyedPolicyBuilder,
+    KeyedPolicyLimiter, KeyedRef, KeyedSlidingWindowCounter, KeyedSlidingWindowLog,
+    KeyedTokenBucket, TableOptions, WhenFull, MAX_KEYS,
 };
 pub use lease::{LeaseOptions, StripedLimiter};
 pub use limiter::{
     DefaultClock, FixedWindow, LeakyBucket, Limiter, Reservation, SlidingWindowCounter,
     SlidingWindowLog, TokenBucket,
 };
-pub use multi::{check_all, check_all_n, check_each, KeyedRef, Limit};
-pub use policy::{KeyedPolicyBuilder, KeyedPolicyLimiter, KeyedPolicyRef, Policy, PolicyAlgorithm};
+pub use multi::{check_all, check_all_n, check_each, Limit};
+pub use policy::{Policy, PolicyAlgorithm};
 pub use quota::{Rate, Window};
 pub use soft::Tolerance;
 pub use text::ParseError;

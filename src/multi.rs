@@ -22,14 +22,10 @@ use crate::algo::Algorithm;
 use crate::clock::Clock;
 use crate::decision::{Decision, Tracking};
 use crate::error::InsufficientCapacity;
-use crate::keyed::{KeyedAlgorithm, KeyedLimiter};
 use crate::limiter::Limiter;
-use std::borrow::Borrow;
-use std::fmt;
-use std::hash::Hash;
 
-/// One limit of a multi-limit check: a [`Limiter`], or a [`KeyedLimiter`]
-/// with a key ([`KeyedLimiter::with_key`]). All limits of one check share
+/// One limit of a multi-limit check: a [`Limiter`], or a keyed limiter
+/// with a key ([`KeyedRef`](crate::KeyedRef), from `with_key`). All limits of one check share
 /// one clock type. Sealed; its methods are internal.
 ///
 /// # Example
@@ -43,118 +39,104 @@ use std::hash::Hash;
 /// assert!(check_all(&limits).is_allowed());
 /// # Ok::<(), ratewall::ConfigError>(())
 /// ```
-pub trait Limit<C: Clock>: sealed::Sealed {
-    #[doc(hidden)]
-    fn read_clock(&self) -> u64;
-    #[doc(hidden)]
-    fn take_at(&self, now: u64, n: u64) -> Result<Decision, InsufficientCapacity>;
-    #[doc(hidden)]
-    fn peek_at(&self, now: u64, n: u64) -> Result<Decision, InsufficientCapacity>;
-    #[doc(hidden)]
-    fn give_back_at(&self, now: u64, n: u64);
-    #[doc(hidden)]
-    fn capacity(&self) -> u64;
-}
+///
+/// `Limit` is a marker: what a check does with a limit (take, peek, give
+/// back) is internal, so only [`check_all`], [`check_all_n`] and
+/// [`check_each`] can run it, always with the rollback:
+///
+/// ```compile_fail
+/// use ratewall::{Limit, Rate, TokenBucket};
+/// let global = TokenBucket::new(Rate::per_second(10)).unwrap();
+/// let limit: &dyn Limit<_> = &global;
+/// let _ = limit.take_at(0, 1); // not callable from outside the crate
+/// ```
+pub trait Limit<C: Clock>: sealed::LimitCore<C> {}
+
+impl<C: Clock, L: sealed::LimitCore<C> + ?Sized> Limit<C> for L {}
 
 mod sealed {
-    pub trait Sealed {}
+    use crate::clock::Clock;
+    use crate::decision::Decision;
+    use crate::error::InsufficientCapacity;
+
+    /// Proof that the caller is this crate: every method of [`LimitCore`]
+    /// takes one, and only the crate can make one. Without it a user could
+    /// call them through `&dyn Limit` (a trait object's supertrait methods
+    /// need no import), and a `take` outside a check has no rollback.
+    #[derive(Clone, Copy, Debug)]
+    pub struct Token(());
+
+    /// The one [`Token`].
+    pub(crate) const TOKEN: Token = Token(());
+
+    /// What a multi-limit check does with one limit. Public in a private
+    /// module: nothing outside the crate can name or implement it, and its
+    /// methods need a [`Token`]. The crate calls them through
+    /// [`LimitCalls`](super::LimitCalls).
+    pub trait LimitCore<C: Clock> {
+        /// One reading of the limit's clock.
+        fn core_read_clock(&self, _: Token) -> u64;
+        /// Takes `n` at `now` if allowed.
+        fn core_take(&self, _: Token, now: u64, n: u64) -> Result<Decision, InsufficientCapacity>;
+        /// The decision `core_take` would return, without taking.
+        fn core_peek(&self, _: Token, now: u64, n: u64) -> Result<Decision, InsufficientCapacity>;
+        /// Gives back `n` that `core_take` at `now` took.
+        fn core_give_back(&self, _: Token, now: u64, n: u64);
+        /// The largest cost that can ever pass at once.
+        fn core_capacity(&self, _: Token) -> u64;
+    }
 }
-pub(crate) use sealed::Sealed;
+pub(crate) use sealed::{LimitCore, Token, TOKEN};
 
-impl<A: Algorithm, C: Clock> sealed::Sealed for Limiter<A, C> {}
-
-impl<A: Algorithm, C: Clock> Limit<C> for Limiter<A, C> {
+/// The crate's calls on a limit (any [`LimitCore`], `dyn Limit` included):
+/// what the all-or-nothing engines and the limits built on others use.
+pub(crate) trait LimitCalls<C: Clock>: LimitCore<C> {
+    /// One reading of the limit's clock.
     #[inline]
     fn read_clock(&self) -> u64 {
+        self.core_read_clock(TOKEN)
+    }
+    /// Takes `n` at `now` if allowed.
+    #[inline]
+    fn take_at(&self, now: u64, n: u64) -> Result<Decision, InsufficientCapacity> {
+        self.core_take(TOKEN, now, n)
+    }
+    /// The decision `take_at` would return, without taking.
+    #[inline]
+    fn peek_at(&self, now: u64, n: u64) -> Result<Decision, InsufficientCapacity> {
+        self.core_peek(TOKEN, now, n)
+    }
+    /// Gives back `n` that `take_at` at `now` took.
+    #[inline]
+    fn give_back_at(&self, now: u64, n: u64) {
+        self.core_give_back(TOKEN, now, n);
+    }
+    /// The largest cost that can ever pass at once.
+    #[inline]
+    fn capacity(&self) -> u64 {
+        self.core_capacity(TOKEN)
+    }
+}
+
+impl<C: Clock, L: LimitCore<C> + ?Sized> LimitCalls<C> for L {}
+
+impl<A: Algorithm, C: Clock> LimitCore<C> for Limiter<A, C> {
+    #[inline]
+    fn core_read_clock(&self, _: Token) -> u64 {
         self.now()
     }
     #[inline]
-    fn take_at(&self, now: u64, n: u64) -> Result<Decision, InsufficientCapacity> {
+    fn core_take(&self, _: Token, now: u64, n: u64) -> Result<Decision, InsufficientCapacity> {
         self.check_n_at(now, n)
     }
-    fn peek_at(&self, now: u64, n: u64) -> Result<Decision, InsufficientCapacity> {
+    fn core_peek(&self, _: Token, now: u64, n: u64) -> Result<Decision, InsufficientCapacity> {
         self.peek_n_at(now, n)
     }
-    fn give_back_at(&self, now: u64, n: u64) {
+    fn core_give_back(&self, _: Token, now: u64, n: u64) {
         self.refund_at(now, n);
     }
-    fn capacity(&self) -> u64 {
+    fn core_capacity(&self, _: Token) -> u64 {
         Limiter::capacity(self)
-    }
-}
-
-/// A [`KeyedLimiter`] with one key: a [`Limit`] for [`check_all`].
-///
-/// # Example
-///
-/// ```
-/// use ratewall::{KeyedTokenBucket, Rate};
-///
-/// let per_ip = KeyedTokenBucket::<[u8; 4]>::builder(Rate::per_second(5)).build()?;
-/// let one = per_ip.with_key(&[192, 0, 2, 1]);
-/// println!("{one:?}");
-/// # Ok::<(), ratewall::ConfigError>(())
-/// ```
-pub struct KeyedRef<'a, K, Q: ?Sized, A: Algorithm, C: Clock> {
-    limiter: &'a KeyedLimiter<K, A, C>,
-    key: &'a Q,
-}
-
-impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
-    /// This limiter with one key, for a multi-limit [`check_all`].
-    ///
-    /// ```
-    /// # use ratewall::{check_all, KeyedTokenBucket, Limit, Rate};
-    /// let per_route = KeyedTokenBucket::<&str>::builder(Rate::per_hour(100)).build().unwrap();
-    /// let per_user = KeyedTokenBucket::<u32>::builder(Rate::per_second(1).burst(1)).build().unwrap();
-    /// let check = || check_all::<_>(&[&per_user.with_key(&7), &per_route.with_key(&"/search")]);
-    /// assert!(check().is_allowed());
-    /// assert!(!check().is_allowed()); // per-user denies: nothing taken from per-route
-    /// assert_eq!(per_route.peek_key("/search").remaining(), 98);
-    /// ```
-    pub fn with_key<'a, Q>(&'a self, key: &'a Q) -> KeyedRef<'a, K, Q, A, C>
-    where
-        K: Borrow<Q>,
-        Q: Hash + ?Sized,
-    {
-        KeyedRef { limiter: self, key }
-    }
-}
-
-impl<K, Q: ?Sized, A: Algorithm, C: Clock> sealed::Sealed for KeyedRef<'_, K, Q, A, C> {}
-
-impl<K, Q, A, C> Limit<C> for KeyedRef<'_, K, Q, A, C>
-where
-    K: Borrow<Q>,
-    Q: Hash + ?Sized,
-    A: KeyedAlgorithm,
-    C: Clock,
-{
-    #[inline]
-    fn read_clock(&self) -> u64 {
-        self.limiter.now()
-    }
-    #[inline]
-    fn take_at(&self, now: u64, n: u64) -> Result<Decision, InsufficientCapacity> {
-        self.limiter.check_key_n_at(self.key, now, n)
-    }
-    fn peek_at(&self, now: u64, n: u64) -> Result<Decision, InsufficientCapacity> {
-        self.limiter.peek_key_n_at(self.key, now, n)
-    }
-    fn give_back_at(&self, now: u64, n: u64) {
-        self.limiter.refund_key_at(self.key, now, n);
-    }
-    fn capacity(&self) -> u64 {
-        self.limiter.capacity_for(self.key)
-    }
-}
-
-impl<K, Q: ?Sized + fmt::Debug, A: Algorithm, C: Clock> fmt::Debug for KeyedRef<'_, K, Q, A, C> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("KeyedRef")
-            .field("limiter", self.limiter)
-            .field("key", &self.key)
-            .finish()
     }
 }
 
@@ -525,22 +507,20 @@ mod tests {
         }
     }
 
-    impl Sealed for Scripted {}
-
-    impl Limit<ManualClock> for Scripted {
-        fn read_clock(&self) -> u64 {
+    impl LimitCore<ManualClock> for Scripted {
+        fn core_read_clock(&self, _: Token) -> u64 {
             0
         }
-        fn take_at(&self, _: u64, _: u64) -> Result<Decision, InsufficientCapacity> {
+        fn core_take(&self, _: Token, _: u64, _: u64) -> Result<Decision, InsufficientCapacity> {
             Ok(self.answer)
         }
-        fn peek_at(&self, _: u64, _: u64) -> Result<Decision, InsufficientCapacity> {
+        fn core_peek(&self, _: Token, _: u64, _: u64) -> Result<Decision, InsufficientCapacity> {
             Ok(self.answer)
         }
-        fn give_back_at(&self, _: u64, n: u64) {
+        fn core_give_back(&self, _: Token, _: u64, n: u64) {
             self.given_back.borrow_mut().push(n);
         }
-        fn capacity(&self) -> u64 {
+        fn core_capacity(&self, _: Token) -> u64 {
             u64::MAX
         }
     }

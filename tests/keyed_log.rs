@@ -317,7 +317,9 @@ fn debug_output_names_the_key() {
     let alice = log.with_key(&12_345);
     let text = format!("{alice:?}");
     assert!(
-        text.starts_with("KeyedLogRef") && text.contains("12345"),
+        text.starts_with("KeyedRef")
+            && text.contains("KeyedSlidingWindowLog")
+            && text.contains("12345"),
         "{text}"
     );
 }

@@ -82,7 +82,9 @@ pub(crate) mod sealed {
 
 /// A single-word algorithm: pure functions over the packed state. All-zero
 /// is the fresh state. `now` is at most `HORIZON`; `n` is in `1..=capacity`.
-pub(crate) trait WordStep: Params + Copy {
+// `pub` in a private module: a supertrait of the public `KeyedAlgorithm`
+// that nothing outside the crate can name or implement (sealed).
+pub trait WordStep: Params + Copy {
     fn capacity(&self) -> u64;
     /// The decision for cost `n`, and the next state if it must change.
     fn step(&self, state: u64, now: u64, n: u64) -> (Decision, Option<u64>);

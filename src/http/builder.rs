@@ -14,8 +14,8 @@ use super::service::RateLimitLayer;
 use super::stats::Counters;
 use crate::clock::Clock;
 use crate::error::ConfigError;
+use crate::keyed::KeyedPolicyLimiter;
 use crate::limiter::DefaultClock;
-use crate::policy::KeyedPolicyLimiter;
 #[cfg(feature = "redis")]
 use crate::redis::RedisLimiter;
 use crate::sync::AtomicU64;

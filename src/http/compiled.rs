@@ -10,7 +10,7 @@ use super::rule::Rule;
 use super::stats::Counters;
 use crate::clock::Clock;
 use crate::decision::Decision;
-use crate::policy::KeyedPolicyLimiter;
+use crate::keyed::KeyedPolicyLimiter;
 #[cfg(feature = "redis")]
 use crate::redis::RedisLimiter;
 use crossbeam_utils::CachePadded;

@@ -25,8 +25,8 @@ use super::stats::bump;
 use crate::clock::Clock;
 use crate::decision::{Decision, Tracking};
 use crate::error::InsufficientCapacity;
-use crate::multi::{check_set, Limit, LimitSet};
-use crate::policy::KeyedPolicyRef;
+use crate::keyed::{KeyedPolicyLimiter, KeyedRef};
+use crate::multi::{check_set, LimitCalls, LimitSet};
 #[cfg(feature = "redis")]
 use crate::redis::{check_all, DecisionSource, RedisError, RedisLimiter};
 use crate::sync::{AtomicU64, Ordering};
@@ -179,7 +179,7 @@ impl<C: Clock> LocalSet<'_, C> {
     /// Entry `i`'s table with its key. Every entry in the set is local
     /// (`check_enforced` picks them).
     #[inline]
-    fn limit(&self, i: usize) -> Option<KeyedPolicyRef<'_, u128, u128, C>> {
+    fn limit(&self, i: usize) -> Option<KeyedRef<'_, KeyedPolicyLimiter<u128, C>, u128>> {
         let e = self.entry(i);
         Some(self.rules[usize::from(e.rule)].local()?.with_key(&e.key))
     }

@@ -3,71 +3,14 @@
 //! [`WhenFull`] decides when there is no room. The table's side of it (the
 //! key's chain, reclaim, eviction) is `Table::insert` and `Table::room`.
 
+use super::builder::WhenFull;
 use super::limiter::KeyedLimiter;
 use super::table::{Full, Inserted, Room, StateView};
 use super::KeyedAlgorithm;
+use crate::algo::WordStep;
 use crate::clock::Clock;
 use crate::decision::{Decision, Tracking};
 use crate::error::InsufficientCapacity;
-
-/// What a keyed limiter does with a new key when the table is full of
-/// active keys (keys whose state differs from a fresh key's).
-///
-/// The decision reports which one acted through [`Decision::tracking`].
-///
-/// # Example
-///
-/// ```
-/// use ratewall::{KeyedTokenBucket, ManualClock, Rate, Tracking, WhenFull};
-///
-/// let limiter = KeyedTokenBucket::<u32, _>::builder(Rate::per_second(1))
-///     .max_keys(1)
-///     .when_full(WhenFull::AdmitUntracked)
-///     .clock(ManualClock::new())
-///     .build()?;
-/// assert_eq!(limiter.check_key(&1).tracking(), Tracking::Tracked);
-/// let second = limiter.check_key(&2);
-/// assert!(second.is_allowed());
-/// assert_eq!(second.tracking(), Tracking::Untracked);
-/// # Ok::<(), ratewall::ConfigError>(())
-/// ```
-#[non_exhaustive]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
-pub enum WhenFull {
-    /// Deny the new key without tracking it (fail closed): an attacker
-    /// spraying keys cannot push out the keys already limited. The
-    /// rejection's `retry_after` is the time until the first active key in
-    /// the new key's way goes idle: a check then is admitted.
-    #[default]
-    RejectNew,
-    /// Allow the new key's request without tracking it (fail open).
-    AdmitUntracked,
-    /// Evict an active key with the least time to idle (the time until its
-    /// state equals a fresh key's: the least recently active by the
-    /// algorithm's own measure) among the new key's neighbours, and track
-    /// the new key in its place. The neighbours are the whole table for one
-    /// shard of `max_keys <= 22`, else the key's 32-slot probe window (and
-    /// its shard's small overflow stash when that window holds no empty
-    /// slot), or, if the window holds no key, the next slots of its shard;
-    /// the keyed sliding log compares up to 32 keys of the shard.
-    ///
-    /// ```
-    /// use ratewall::{KeyedTokenBucket, ManualClock, Rate, Tracking, WhenFull};
-    ///
-    /// let l = KeyedTokenBucket::<u32, _>::builder(Rate::per_second(1).burst(10))
-    ///     .max_keys(2)
-    ///     .when_full(WhenFull::EvictLeastRecent)
-    ///     .clock(ManualClock::new())
-    ///     .build()?;
-    /// let _ = l.check_key_n(&1, 5).unwrap(); // idle in 5 s
-    /// let _ = l.check_key_n(&2, 2).unwrap(); // idle in 2 s: the victim
-    /// assert_eq!(l.check_key(&3).tracking(), Tracking::EvictedOther);
-    /// assert_eq!(l.peek_key(&1).remaining(), 4); // still held
-    /// assert_eq!(l.peek_key(&2).remaining(), 9); // fresh again
-    /// # Ok::<(), ratewall::ConfigError>(())
-    /// ```
-    EvictLeastRecent,
-}
 
 /// The insert path's view of states: idleness and time to idle at `now`.
 pub(super) struct View<A> {
@@ -79,10 +22,10 @@ impl<A: KeyedAlgorithm> StateView for View<A> {
     fn is_idle(&self, state: u64) -> bool {
         // Idleness is "equals a fresh state": the same under any quota for
         // the GCRA buckets; the window counters compare window ids.
-        self.params.k_is_idle(state, self.now)
+        self.params.is_idle(state, self.now)
     }
     fn time_to_idle(&self, state: u64) -> u64 {
-        self.params.k_time_to_idle(state, self.now)
+        self.params.time_to_idle(state, self.now)
     }
 }
 
@@ -98,7 +41,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         take: bool,
     ) -> (Result<Decision, InsufficientCapacity>, Option<u64>) {
         let a = self.params_for(h);
-        let capacity = a.k_capacity();
+        let capacity = WordStep::capacity(&a);
         if n > capacity {
             return (
                 Err(InsufficientCapacity {
@@ -109,7 +52,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
             );
         }
         // A cost of 0 asks for a unit request's decision, without taking it.
-        let (d, next) = a.k_step(state, now, n.max(1));
+        let (d, next) = a.step(state, now, n.max(1));
         (Ok(d), if take { next } else { None })
     }
 

@@ -1,18 +1,19 @@
-//! The façade: [`KeyedLimiter`] and its per-key operations (check, peek,
-//! refund, reset) over the slot table, plus the table's accessors. The
-//! builder is in `builder.rs`, the path of a key the table does not hold
-//! (insert and [`WhenFull`]) in `insert.rs`, quotas and per-key overrides in
-//! `overrides.rs`.
+//! [`KeyedLimiter`]: its struct, its build, its check paths over the slot
+//! table (the hot path), and its [`KeyedCore`]/[`KeyedTable`] core, from
+//! which `family.rs` makes the method family. The path of a key the table
+//! does not hold is in `insert.rs`, quota changes in `quotas.rs`, hot keys in
+//! `hot.rs`.
 
-use super::hot::Hot;
-use super::insert::WhenFull;
+use super::builder::{KeyedBuilder, WhenFull};
+use super::family::{keyed_methods, table_methods, Checked, KeyedCore, KeyedTable};
+use super::hot_slots::Hot;
 use super::overrides::Overrides;
 use super::table::Table;
 use super::KeyedAlgorithm;
-use crate::algo::Algorithm;
+use crate::algo::{Algorithm, WordStep};
 use crate::clock::{Clock, Timebase};
 use crate::decision::Decision;
-use crate::error::InsufficientCapacity;
+use crate::error::{ConfigError, InsufficientCapacity};
 use crate::limiter::DefaultClock;
 use crate::sync::{lock, thread_index, Mutex};
 use crate::word::ParamCell;
@@ -64,6 +65,56 @@ pub struct KeyedLimiter<K, A: Algorithm, C: Clock = DefaultClock> {
     /// Hot keys' striped leases (`hot.rs`), if configured.
     pub(super) hot: Option<Box<Hot>>,
     pub(super) _key: PhantomData<fn(&K)>,
+}
+
+// The keyed method family (`family.rs`), from this type's core below.
+keyed_methods!([K, A: KeyedAlgorithm, C: Clock] KeyedLimiter<K, A, C>, K);
+table_methods!([K, A: KeyedAlgorithm, C: Clock] KeyedLimiter<K, A, C>, K);
+
+impl<K, A: KeyedAlgorithm> KeyedLimiter<K, A, DefaultClock> {
+    /// A builder for the quota `config`, with defaults: 65,536 keys, up to 64
+    /// shards, [`WhenFull::RejectNew`], a random seed, the default clock.
+    ///
+    /// ```
+    /// use ratewall::{KeyedTokenBucket, Rate};
+    /// let limiter = KeyedTokenBucket::<u64>::builder(Rate::per_second(5)).build()?;
+    /// assert!(limiter.check_key(&1).is_allowed());
+    /// # Ok::<(), ratewall::ConfigError>(())
+    /// ```
+    pub fn builder(config: A::Config) -> KeyedBuilder<K, A, DefaultClock> {
+        KeyedBuilder::new(config)
+    }
+}
+
+impl<K, A: KeyedAlgorithm, C: Clock> KeyedBuilder<K, A, C> {
+    /// Validates the configuration and allocates the table.
+    ///
+    /// ```
+    /// # use ratewall::{ConfigError, KeyedTokenBucket, Rate};
+    /// let err = KeyedTokenBucket::<u64>::builder(Rate::per_second(5)).max_keys(0).build();
+    /// assert!(matches!(err, Err(ConfigError::InvalidCapacity { .. })));
+    /// ```
+    pub fn build(self) -> Result<KeyedLimiter<K, A, C>, ConfigError> {
+        let params = A::from_config(&self.config)?;
+        let shards = self.table.validated_shards()?;
+        let hasher = self.table.key_hasher();
+        // `hot_keys` exists only on token-bucket builders.
+        let hot = match (self.hot, params.as_gcra()) {
+            (Some(options), Some(gcra)) => Some(Box::new(Hot::new(gcra, options)?)),
+            _ => None,
+        };
+        Ok(KeyedLimiter {
+            table: Table::new(self.table.max_keys, shards),
+            params: CachePadded::new(ParamCell::new(params)),
+            hasher,
+            time: Timebase::new(self.clock),
+            policy: self.table.when_full,
+            config: Mutex::new(self.config),
+            overrides: Overrides::new(),
+            hot,
+            _key: PhantomData,
+        })
+    }
 }
 
 impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
@@ -124,14 +175,14 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         // decision in place (-22 instructions per check, docs/benchmarks.md).
         if let Some((a, state)) = self.table.apply(h, &mut |state| {
             let a = self.params_for(h);
-            let next = if take && n <= a.k_capacity() {
-                a.k_step(state, now, n).1
+            let next = if take && n <= WordStep::capacity(&a) {
+                a.step(state, now, n).1
             } else {
                 None
             };
             (a, next)
         }) {
-            let capacity = a.k_capacity();
+            let capacity = WordStep::capacity(&a);
             if n > capacity {
                 return Some(Err(InsufficientCapacity {
                     requested: n,
@@ -139,7 +190,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
                 }));
             }
             // A cost of 0 asks for a unit request's decision, without taking it.
-            return Some(Ok(a.k_step(state, now, n.max(1)).0));
+            return Some(Ok(a.step(state, now, n.max(1)).0));
         }
         None
     }
@@ -156,28 +207,6 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         }
     }
 
-    /// Checks one request of cost 1 for `key`, and takes it if allowed.
-    ///
-    /// ```
-    /// # use ratewall::{KeyedTokenBucket, Rate};
-    /// let l = KeyedTokenBucket::<String>::builder(Rate::per_hour(2)).build().unwrap();
-    /// assert!(l.check_key("bob").is_allowed());
-    /// assert!(l.check_key("bob").is_allowed());
-    /// assert!(!l.check_key("bob").is_allowed());
-    /// ```
-    #[inline]
-    pub fn check_key<Q>(&self, key: &Q) -> Decision
-    where
-        K: Borrow<Q>,
-        Q: Hash + ?Sized,
-    {
-        // The slot's load starts before the clock read: the two overlap
-        // (docs/benchmarks.md, "prefetch the slot before the clock read").
-        let h = self.hash(key);
-        self.table.touch(h);
-        self.check_hashed(h, self.clamp(self.now()))
-    }
-
     /// A unit check of the key with hash `h` at `now` (clamped).
     #[inline]
     fn check_hashed(&self, h: u64, now: u64) -> Decision {
@@ -191,117 +220,8 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         }
     }
 
-    /// [`check_key`](Self::check_key) at a time the caller read (one clock
-    /// read shared by several limiters).
-    ///
-    /// ```
-    /// # use ratewall::{KeyedTokenBucket, ManualClock, Rate};
-    /// let l = KeyedTokenBucket::<u64, _>::builder(Rate::per_second(1).burst(1))
-    ///     .clock(ManualClock::new()).build().unwrap();
-    /// assert!(l.check_key_at(&1, 0).is_allowed());
-    /// assert!(l.check_key_at(&1, 1_000_000_000).is_allowed());
-    /// ```
-    #[inline]
-    pub fn check_key_at<Q>(&self, key: &Q, now: u64) -> Decision
-    where
-        K: Borrow<Q>,
-        Q: Hash + ?Sized,
-    {
-        self.check_hashed(self.hash(key), self.clamp(now))
-    }
-
-    /// Checks a request of cost `n` for `key` and takes all of it if
-    /// allowed. A cost above the capacity is an error.
-    ///
-    /// ```
-    /// # use ratewall::{KeyedTokenBucket, Rate};
-    /// let l = KeyedTokenBucket::<u64>::builder(Rate::per_hour(10).burst(10)).build().unwrap();
-    /// assert!(l.check_key_n(&1, 8).unwrap().is_allowed());
-    /// assert!(!l.check_key_n(&1, 8).unwrap().is_allowed());
-    /// assert!(l.check_key_n(&1, 11).is_err());
-    /// ```
-    #[inline]
-    pub fn check_key_n<Q>(&self, key: &Q, n: u64) -> Result<Decision, InsufficientCapacity>
-    where
-        K: Borrow<Q>,
-        Q: Hash + ?Sized,
-    {
-        // As in `check_key`: the slot's load, then the clock read.
-        let h = self.hash(key);
-        self.table.touch(h);
-        self.run(h, self.clamp(self.now()), n, true)
-    }
-
-    /// [`check_key_n`](Self::check_key_n) at a time the caller read.
-    ///
-    /// ```
-    /// # use ratewall::{KeyedTokenBucket, ManualClock, Rate};
-    /// let l = KeyedTokenBucket::<u64, _>::builder(Rate::per_second(10))
-    ///     .clock(ManualClock::new()).build().unwrap();
-    /// assert_eq!(l.check_key_n_at(&1, 0, 4).unwrap().remaining(), 6);
-    /// ```
-    #[inline]
-    pub fn check_key_n_at<Q>(
-        &self,
-        key: &Q,
-        now: u64,
-        n: u64,
-    ) -> Result<Decision, InsufficientCapacity>
-    where
-        K: Borrow<Q>,
-        Q: Hash + ?Sized,
-    {
-        self.run(self.hash(key), self.clamp(now), n, true)
-    }
-
-    /// The decision a unit request for `key` would get, without taking it
-    /// (and without tracking an unknown key): what [`check_key`](Self::check_key)
-    /// would return now, if nothing else happened in between. For a key the
-    /// table does not hold, that includes the full-table policy: its
-    /// [`tracking`](Decision::tracking) says whether the check would track
-    /// the key, evict another one for it, admit it untracked, or reject it
-    /// (with the same `retry_after`).
-    ///
-    /// ```
-    /// # use ratewall::{KeyedTokenBucket, Rate};
-    /// let l = KeyedTokenBucket::<u64>::builder(Rate::per_hour(1)).build().unwrap();
-    /// assert!(l.peek_key(&1).is_allowed());
-    /// assert_eq!(l.len(), 0);
-    /// let _ = l.check_key(&1);
-    /// assert!(!l.peek_key(&1).is_allowed());
-    /// ```
-    #[inline]
-    pub fn peek_key<Q>(&self, key: &Q) -> Decision
-    where
-        K: Borrow<Q>,
-        Q: Hash + ?Sized,
-    {
-        match self.peek_key_n(key, 1) {
-            Ok(d) => d,
-            Err(_) => unreachable_capacity(),
-        }
-    }
-
-    /// The decision a request of cost `n` for `key` would get, without taking
-    /// it: what [`check_key_n`](Self::check_key_n) would return now, full-table
-    /// policy included (see [`peek_key`](Self::peek_key)).
-    ///
-    /// ```
-    /// # use ratewall::{KeyedTokenBucket, Rate};
-    /// let l = KeyedTokenBucket::<u64>::builder(Rate::per_second(10).burst(5)).build().unwrap();
-    /// assert!(l.peek_key_n(&1, 5).unwrap().is_allowed());
-    /// assert!(l.peek_key_n(&1, 6).is_err());
-    /// ```
-    #[inline]
-    pub fn peek_key_n<Q>(&self, key: &Q, n: u64) -> Result<Decision, InsufficientCapacity>
-    where
-        K: Borrow<Q>,
-        Q: Hash + ?Sized,
-    {
-        self.run(self.hash(key), self.clamp(self.now()), n, false)
-    }
-
-    /// [`peek_key_n`](Self::peek_key_n) at a time the caller read.
+    /// [`peek_key_n`](Self::peek_key_n) at a time the caller read (the hot
+    /// keys' test hooks).
     #[inline]
     pub(crate) fn peek_key_n_at<Q>(
         &self,
@@ -313,110 +233,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         K: Borrow<Q>,
         Q: Hash + ?Sized,
     {
-        self.run(self.hash(key), self.clamp(now), n, false)
-    }
-
-    /// Gives back `n` units an allowed check of `key` took. Nothing happens
-    /// if the key is no longer tracked (it went idle and was reclaimed, or
-    /// was admitted untracked), or if the table has hot keys
-    /// ([`KeyedBuilder::hot_keys`](super::KeyedBuilder::hot_keys)): a refund
-    /// below a lease would let the lease's units count twice, so there the
-    /// units stay taken until their time passes (more denials, never more
-    /// admissions).
-    ///
-    /// ```
-    /// # use ratewall::{KeyedTokenBucket, Rate};
-    /// let l = KeyedTokenBucket::<u64>::builder(Rate::per_hour(1)).build().unwrap();
-    /// let _ = l.check_key(&1);
-    /// l.refund_key(&1, 1);
-    /// assert!(l.check_key(&1).is_allowed());
-    /// ```
-    pub fn refund_key<Q>(&self, key: &Q, n: u64)
-    where
-        K: Borrow<Q>,
-        Q: Hash + ?Sized,
-    {
-        self.refund_key_at(key, self.now(), n);
-    }
-
-    /// [`refund_key`](Self::refund_key) at the time the refunded check used.
-    ///
-    /// ```
-    /// # use ratewall::{KeyedTokenBucket, Rate};
-    /// let l = KeyedTokenBucket::<u64>::builder(Rate::per_hour(1)).build().unwrap();
-    /// let t = l.now();
-    /// let _ = l.check_key_at(&1, t);
-    /// l.refund_key_at(&1, t, 1);
-    /// assert!(l.check_key_at(&1, t).is_allowed());
-    /// ```
-    pub fn refund_key_at<Q>(&self, key: &Q, now: u64, n: u64)
-    where
-        K: Borrow<Q>,
-        Q: Hash + ?Sized,
-    {
-        if n == 0 || self.hot.is_some() {
-            return;
-        }
-        let h = self.hash(key);
-        let now = self.clamp(now);
-        let _ = self.table.update(h, &mut |state| {
-            let a = self.params_for(h);
-            ((), a.k_refund(state, now, n))
-        });
-    }
-
-    /// Forgets `key`'s history: its next check is a fresh key's.
-    ///
-    /// ```
-    /// # use ratewall::{KeyedTokenBucket, Rate};
-    /// let l = KeyedTokenBucket::<u64>::builder(Rate::per_hour(1)).build().unwrap();
-    /// let _ = l.check_key(&1);
-    /// l.reset_key(&1);
-    /// assert!(l.check_key(&1).is_allowed());
-    /// ```
-    pub fn reset_key<Q>(&self, key: &Q)
-    where
-        K: Borrow<Q>,
-        Q: Hash + ?Sized,
-    {
-        // All-zero is every algorithm's fresh state; the slot stays the key's
-        // until an insert reclaims it.
-        let _ = self.table.update(self.hash(key), &mut |_| ((), Some(0)));
-    }
-
-    /// Keys tracked now, idle ones not yet reclaimed included. Never above
-    /// [`max_keys`](Self::max_keys).
-    ///
-    /// ```
-    /// # use ratewall::{KeyedTokenBucket, Rate};
-    /// let l = KeyedTokenBucket::<u64>::builder(Rate::per_second(3)).build().unwrap();
-    /// let _ = (l.check_key(&1), l.check_key(&2), l.check_key(&1));
-    /// assert_eq!(l.len(), 2);
-    /// ```
-    pub fn len(&self) -> usize {
-        self.table.len()
-    }
-
-    /// Whether no key is tracked.
-    ///
-    /// ```
-    /// # use ratewall::{KeyedTokenBucket, Rate};
-    /// let l = KeyedTokenBucket::<u64>::builder(Rate::per_second(3)).build().unwrap();
-    /// assert!(l.is_empty());
-    /// ```
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// The most keys tracked at once.
-    ///
-    /// ```
-    /// # use ratewall::{KeyedTokenBucket, Rate};
-    /// let l = KeyedTokenBucket::<u64>::builder(Rate::per_second(3)).max_keys(500).build().unwrap();
-    /// assert_eq!(l.max_keys(), 500);
-    /// ```
-    pub fn max_keys(&self) -> usize {
-        self.table.capacity()
+        self.key_run(key, Some(now), n, false)
     }
 
     /// The shard count in use.
@@ -428,35 +245,6 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
     /// ```
     pub fn shards(&self) -> usize {
         self.table.shard_count()
-    }
-
-    /// The policy when the table is full.
-    ///
-    /// ```
-    /// # use ratewall::{KeyedTokenBucket, Rate, WhenFull};
-    /// let l = KeyedTokenBucket::<u64>::builder(Rate::per_second(3)).build().unwrap();
-    /// assert_eq!(l.when_full(), WhenFull::RejectNew);
-    /// ```
-    pub fn when_full(&self) -> WhenFull {
-        self.policy
-    }
-
-    /// Removes every idle key (state equal to a fresh key's), one shard at a
-    /// time; returns how many. Never required (inserts reclaim idle keys as
-    /// they go) but it makes [`len`](Self::len) exact.
-    ///
-    /// ```
-    /// # use ratewall::{KeyedTokenBucket, ManualClock, Rate};
-    /// # use std::time::Duration;
-    /// let clock = ManualClock::new();
-    /// let l = KeyedTokenBucket::<u64, _>::builder(Rate::per_second(1)).clock(clock.clone()).build().unwrap();
-    /// let _ = (l.check_key(&1), l.check_key(&2));
-    /// clock.advance(Duration::from_secs(1));
-    /// assert_eq!(l.retain_active(), 2);
-    /// assert!(l.is_empty());
-    /// ```
-    pub fn retain_active(&self) -> usize {
-        self.table.retain_active(&self.view(self.clamp(self.now())))
     }
 
     /// Bytes the table owns (allocated up front, constant): at most 24 per
@@ -488,28 +276,97 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
     {
         self.table.home(self.hash(key))
     }
+}
 
-    /// One reading of this limiter's clock (guarded against backward steps).
-    ///
-    /// ```
-    /// # use ratewall::{KeyedTokenBucket, ManualClock, Rate};
-    /// let l = KeyedTokenBucket::<u64, _>::builder(Rate::per_second(3)).clock(ManualClock::new()).build().unwrap();
-    /// assert_eq!(l.now(), 0);
-    /// ```
+impl<K, A: KeyedAlgorithm, C: Clock> KeyedCore for KeyedLimiter<K, A, C> {
+    type Key = K;
+    type Clock = C;
+    type Memo = ();
+
     #[inline]
-    pub fn now(&self) -> u64 {
+    fn key_now(&self) -> u64 {
         self.time.now()
     }
 
-    /// The clock.
-    ///
-    /// ```
-    /// # use ratewall::{Clock, KeyedTokenBucket, ManualClock, Rate};
-    /// let l = KeyedTokenBucket::<u64, _>::builder(Rate::per_second(3)).clock(ManualClock::new()).build().unwrap();
-    /// assert_eq!(l.clock().now(), 0);
-    /// ```
-    pub fn clock(&self) -> &C {
+    fn key_clock(&self) -> &C {
         self.time.clock()
+    }
+
+    #[inline]
+    fn key_run<Q: Hash + ?Sized>(&self, key: &Q, now: Option<u64>, n: u64, take: bool) -> Checked {
+        let h = self.hash(key);
+        let now = match now {
+            Some(now) => now,
+            None => {
+                // A check starts the slot's load before the clock read: the
+                // two overlap (docs/benchmarks.md, "prefetch the slot before
+                // the clock read").
+                if take {
+                    self.table.touch(h);
+                }
+                self.time.now()
+            }
+        };
+        self.run(h, self.clamp(now), n, take)
+    }
+
+    #[inline]
+    fn check_key_with<Q: Hash + ?Sized>(&self, key: &Q, now: Option<u64>) -> Decision {
+        let h = self.hash(key);
+        let now = match now {
+            Some(now) => now,
+            None => {
+                // As in `key_run`: the slot's load, then the clock read.
+                self.table.touch(h);
+                self.time.now()
+            }
+        };
+        self.check_hashed(h, self.clamp(now))
+    }
+
+    fn key_capacity<Q: Hash + ?Sized>(&self, key: &Q) -> u64 {
+        self.capacity_for(key)
+    }
+
+    fn key_give_back<Q: Hash + ?Sized>(&self, key: &Q, now: u64, n: u64, _: &()) {
+        self.key_refund(key, now, n);
+    }
+}
+
+impl<K, A: KeyedAlgorithm, C: Clock> KeyedTable for KeyedLimiter<K, A, C> {
+    fn key_refund<Q: Hash + ?Sized>(&self, key: &Q, now: u64, n: u64) {
+        if n == 0 || self.hot.is_some() {
+            return;
+        }
+        let h = self.hash(key);
+        let now = self.clamp(now);
+        let _ = self.table.update(h, &mut |state| {
+            let a = self.params_for(h);
+            ((), a.refund(state, now, n))
+        });
+    }
+
+    fn key_reset<Q: Hash + ?Sized>(&self, key: &Q) {
+        // All-zero is every algorithm's fresh state; the slot stays the key's
+        // until an insert reclaims it.
+        let _ = self.table.update(self.hash(key), &mut |_| ((), Some(0)));
+    }
+
+    fn table_len(&self) -> usize {
+        self.table.len()
+    }
+
+    fn table_max_keys(&self) -> usize {
+        self.table.capacity()
+    }
+
+    fn table_when_full(&self) -> WhenFull {
+        self.policy
+    }
+
+    fn table_retain_active(&self) -> usize {
+        self.table
+            .retain_active(&self.view(self.clamp(self.time.now())))
     }
 }
 

@@ -32,7 +32,8 @@
 //!   change (odd version, rescale every ring, publish): no check holds a
 //!   shard lock while the version is odd, so none can wait on it.
 
-use super::{KeyedBuilder, WhenFull};
+use super::builder::{KeyedBuilder, WhenFull};
+use super::family::{keyed_methods, table_methods, Checked, KeyedCore, KeyedTable};
 use crate::algo::sealed::Core;
 use crate::algo::{LogRing, SlidingLog};
 use crate::clock::{Clock, Timebase};
@@ -43,7 +44,6 @@ use crate::quota::Window;
 use crate::sync::{lock, Mutex};
 use crate::word::ParamCell;
 use crossbeam_utils::CachePadded;
-use std::borrow::Borrow;
 use std::fmt;
 use std::hash::{BuildHasher, Hash, Hasher};
 use std::marker::PhantomData;
@@ -89,6 +89,10 @@ pub struct KeyedSlidingWindowLog<K, C: Clock = DefaultClock> {
     config: Mutex<Window>,
     _key: PhantomData<fn(&K)>,
 }
+
+// The keyed method family (`family.rs`), from this type's core below.
+keyed_methods!([K, C: Clock] KeyedSlidingWindowLog<K, C>, K);
+table_methods!([K, C: Clock] KeyedSlidingWindowLog<K, C>, K);
 
 struct Shard {
     rings: hashbrown::HashMap<u64, LogRing, Fingerprint>,
@@ -170,8 +174,9 @@ impl<K, C: Clock> KeyedBuilder<K, SlidingLog, C> {
     /// ```
     pub fn build(self) -> Result<KeyedSlidingWindowLog<K, C>, ConfigError> {
         let params = SlidingLog::from_config(&self.config)?;
-        let shards = self.validated_shards()?;
-        let (base, extra) = (self.max_keys / shards, self.max_keys % shards);
+        let shards = self.table.validated_shards()?;
+        let max_keys = self.table.max_keys;
+        let (base, extra) = (max_keys / shards, max_keys % shards);
         let shards: Box<[_]> = (0..shards)
             .map(|i| {
                 let cap = base + usize::from(i < extra);
@@ -183,15 +188,15 @@ impl<K, C: Clock> KeyedBuilder<K, SlidingLog, C> {
                 }))
             })
             .collect();
-        let hasher = self.key_hasher();
+        let hasher = self.table.key_hasher();
         Ok(KeyedSlidingWindowLog {
             shard_mask: shards.len() as u64 - 1,
             shards,
             params: CachePadded::new(ParamCell::new(params)),
             time: Timebase::new(self.clock),
             hasher,
-            policy: self.policy,
-            max_keys: self.max_keys,
+            policy: self.table.when_full,
+            max_keys,
             config: Mutex::new(self.config),
             _key: PhantomData,
         })
@@ -214,183 +219,6 @@ impl<K> KeyedSlidingWindowLog<K, DefaultClock> {
 }
 
 impl<K, C: Clock> KeyedSlidingWindowLog<K, C> {
-    /// Checks one request for `key` and takes it if allowed.
-    ///
-    /// ```
-    /// # use ratewall::{KeyedSlidingWindowLog, Window};
-    /// let l = KeyedSlidingWindowLog::<u32>::builder(Window::per_hour(1)).build().unwrap();
-    /// assert!(l.check_key(&1).is_allowed());
-    /// assert!(!l.check_key(&1).is_allowed());
-    /// ```
-    pub fn check_key<Q>(&self, key: &Q) -> Decision
-    where
-        K: Borrow<Q>,
-        Q: Hash + ?Sized,
-    {
-        self.check_key_at(key, self.now())
-    }
-
-    /// Checks a request of cost `n` for `key`: all of it or nothing.
-    ///
-    /// ```
-    /// # use ratewall::{KeyedSlidingWindowLog, Window};
-    /// let l = KeyedSlidingWindowLog::<u32>::builder(Window::per_hour(5)).build().unwrap();
-    /// assert!(l.check_key_n(&1, 4).unwrap().is_allowed());
-    /// assert!(!l.check_key_n(&1, 2).unwrap().is_allowed());
-    /// assert!(l.check_key_n(&1, 6).is_err()); // can never pass
-    /// ```
-    pub fn check_key_n<Q>(&self, key: &Q, n: u64) -> Result<Decision, InsufficientCapacity>
-    where
-        K: Borrow<Q>,
-        Q: Hash + ?Sized,
-    {
-        self.check_key_n_at(key, self.now(), n)
-    }
-
-    /// [`check_key_n`](Self::check_key_n) at a time the caller read.
-    ///
-    /// ```
-    /// # use ratewall::{KeyedSlidingWindowLog, ManualClock, Window};
-    /// let l = KeyedSlidingWindowLog::<u32>::builder(Window::per_second(1))
-    ///     .clock(ManualClock::new()).build().unwrap();
-    /// assert!(l.check_key_n_at(&1, 5, 1).unwrap().is_allowed());
-    /// assert!(!l.check_key_n_at(&1, 6, 1).unwrap().is_allowed());
-    /// ```
-    pub fn check_key_n_at<Q>(
-        &self,
-        key: &Q,
-        now: u64,
-        n: u64,
-    ) -> Result<Decision, InsufficientCapacity>
-    where
-        K: Borrow<Q>,
-        Q: Hash + ?Sized,
-    {
-        self.run(key, self.clamp(now), n, true)
-    }
-
-    /// The decision a request of cost `n` for `key` would get, taking nothing:
-    /// what [`check_key_n`](Self::check_key_n) would return now, if nothing
-    /// else happened in between. For a key the log does not hold, that
-    /// includes the full-shard policy ([`Decision::tracking`] says whether
-    /// the check would track, evict for, admit untracked or reject the key).
-    ///
-    /// ```
-    /// # use ratewall::{KeyedSlidingWindowLog, Window};
-    /// let l = KeyedSlidingWindowLog::<u32>::builder(Window::per_hour(2)).build().unwrap();
-    /// assert_eq!(l.peek_key_n(&1, 1).unwrap().remaining(), 1);
-    /// assert_eq!(l.check_key(&1).remaining(), 1); // the peek took nothing
-    /// ```
-    pub fn peek_key_n<Q>(&self, key: &Q, n: u64) -> Result<Decision, InsufficientCapacity>
-    where
-        K: Borrow<Q>,
-        Q: Hash + ?Sized,
-    {
-        self.run(key, self.clamp(self.now()), n, false)
-    }
-
-    /// The decision one request for `key` would get, taking nothing:
-    /// [`peek_key_n`](Self::peek_key_n) with a cost of 1.
-    ///
-    /// ```
-    /// # use ratewall::{KeyedSlidingWindowLog, Window};
-    /// let l = KeyedSlidingWindowLog::<u32>::builder(Window::per_hour(1)).build().unwrap();
-    /// assert!(l.peek_key(&1).is_allowed());
-    /// let _ = l.check_key(&1);
-    /// assert!(!l.peek_key(&1).is_allowed());
-    /// ```
-    pub fn peek_key<Q>(&self, key: &Q) -> Decision
-    where
-        K: Borrow<Q>,
-        Q: Hash + ?Sized,
-    {
-        unit(self.peek_key_n(key, 1))
-    }
-
-    /// [`check_key`](Self::check_key) at a time the caller read (a clock
-    /// reading of this log's clock, as from [`now`](Self::now)).
-    ///
-    /// ```
-    /// # use ratewall::{KeyedSlidingWindowLog, ManualClock, Window};
-    /// let l = KeyedSlidingWindowLog::<u32>::builder(Window::per_second(1))
-    ///     .clock(ManualClock::new()).build().unwrap();
-    /// assert!(l.check_key_at(&1, 5).is_allowed());
-    /// assert!(!l.check_key_at(&1, 6).is_allowed());
-    /// assert!(l.check_key_at(&1, 1_000_000_005).is_allowed());
-    /// ```
-    pub fn check_key_at<Q>(&self, key: &Q, now: u64) -> Decision
-    where
-        K: Borrow<Q>,
-        Q: Hash + ?Sized,
-    {
-        unit(self.check_key_n_at(key, now, 1))
-    }
-
-    /// Gives back `n` units `key` took (the newest admissions still in the
-    /// window).
-    ///
-    /// ```
-    /// # use ratewall::{KeyedSlidingWindowLog, Window};
-    /// let l = KeyedSlidingWindowLog::<u32>::builder(Window::per_hour(1)).build().unwrap();
-    /// assert!(l.check_key(&1).is_allowed());
-    /// l.refund_key(&1, 1);
-    /// assert!(l.check_key(&1).is_allowed());
-    /// ```
-    pub fn refund_key<Q>(&self, key: &Q, n: u64)
-    where
-        K: Borrow<Q>,
-        Q: Hash + ?Sized,
-    {
-        self.refund_key_at(key, self.now(), n);
-    }
-
-    /// [`refund_key`](Self::refund_key) at a time the caller read.
-    ///
-    /// ```
-    /// # use ratewall::{KeyedSlidingWindowLog, ManualClock, Window};
-    /// let l = KeyedSlidingWindowLog::<u32>::builder(Window::per_second(1))
-    ///     .clock(ManualClock::new()).build().unwrap();
-    /// assert!(l.check_key_n_at(&1, 0, 1).unwrap().is_allowed());
-    /// l.refund_key_at(&1, 0, 1);
-    /// assert!(l.check_key_n_at(&1, 0, 1).unwrap().is_allowed());
-    /// ```
-    pub fn refund_key_at<Q>(&self, key: &Q, now: u64, n: u64)
-    where
-        K: Borrow<Q>,
-        Q: Hash + ?Sized,
-    {
-        let now = self.clamp(now);
-        let fp = self.fingerprint(key);
-        let mut shard = lock(self.shard(fp));
-        if let Some(ring) = shard.rings.get(&fp) {
-            SlidingLog::refund(ring, &self.params, now, n);
-            // The key may go idle sooner now (at once, if emptied).
-            let e = expiry(ring, self.params.read::<SlidingLog>().length);
-            shard.lower_next_idle(e);
-        }
-    }
-
-    /// Forgets `key`: its next check is a fresh key's, and its place is free.
-    ///
-    /// ```
-    /// # use ratewall::{KeyedSlidingWindowLog, Window};
-    /// let l = KeyedSlidingWindowLog::<u32>::builder(Window::per_hour(1)).build().unwrap();
-    /// let _ = l.check_key(&1);
-    /// l.reset_key(&1);
-    /// assert!(l.check_key(&1).is_allowed());
-    /// ```
-    pub fn reset_key<Q>(&self, key: &Q)
-    where
-        K: Borrow<Q>,
-        Q: Hash + ?Sized,
-    {
-        let fp = self.fingerprint(key);
-        let mut shard = lock(self.shard(fp));
-        if shard.rings.remove(&fp).is_some() {
-            shard.idle_exact = false;
-        }
-    }
-
     /// Changes the window quota for every key, keeping each key's log (a
     /// smaller limit keeps the newest entries).
     ///
@@ -436,133 +264,6 @@ impl<K, C: Clock> KeyedSlidingWindowLog<K, C> {
     pub fn quota(&self) -> Window {
         *lock(&self.config)
     }
-
-    /// How many keys are tracked now (idle ones not yet reclaimed included).
-    ///
-    /// ```
-    /// # use ratewall::{KeyedSlidingWindowLog, Window};
-    /// let l = KeyedSlidingWindowLog::<u32>::builder(Window::per_hour(2)).build().unwrap();
-    /// let _ = l.check_key(&1);
-    /// let _ = l.check_key(&2);
-    /// assert_eq!(l.len(), 2);
-    /// ```
-    pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| lock(s).rings.len()).sum()
-    }
-
-    /// Whether no key is tracked.
-    ///
-    /// ```
-    /// # use ratewall::{KeyedSlidingWindowLog, Window};
-    /// let l = KeyedSlidingWindowLog::<u32>::builder(Window::per_hour(2)).build().unwrap();
-    /// assert!(l.is_empty());
-    /// ```
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// The most keys tracked at once.
-    ///
-    /// ```
-    /// # use ratewall::{KeyedSlidingWindowLog, Window};
-    /// let l = KeyedSlidingWindowLog::<u32>::builder(Window::per_hour(2)).max_keys(100).build().unwrap();
-    /// assert_eq!(l.max_keys(), 100);
-    /// ```
-    pub fn max_keys(&self) -> usize {
-        self.max_keys
-    }
-
-    /// The policy for new keys when the log is full of active keys.
-    ///
-    /// ```
-    /// # use ratewall::{KeyedSlidingWindowLog, WhenFull, Window};
-    /// let l = KeyedSlidingWindowLog::<u32>::builder(Window::per_hour(2))
-    ///     .when_full(WhenFull::EvictLeastRecent).build().unwrap();
-    /// assert_eq!(l.when_full(), WhenFull::EvictLeastRecent);
-    /// ```
-    pub fn when_full(&self) -> WhenFull {
-        self.policy
-    }
-
-    /// Drops every idle key (one shard at a time) and returns how many it
-    /// dropped, as [`KeyedLimiter::retain_active`](crate::KeyedLimiter::retain_active)
-    /// does. Inserts do this as they need room; call it to free memory early
-    /// and to make [`len`](Self::len) exact.
-    ///
-    /// ```
-    /// # use ratewall::{KeyedSlidingWindowLog, ManualClock, Window};
-    /// # use std::time::Duration;
-    /// let clock = ManualClock::new();
-    /// let l = KeyedSlidingWindowLog::<u32>::builder(Window::per_second(2))
-    ///     .clock(clock.clone()).build().unwrap();
-    /// let _ = l.check_key(&1);
-    /// clock.advance(Duration::from_secs(1));
-    /// assert_eq!(l.retain_active(), 1);
-    /// assert!(l.is_empty());
-    /// ```
-    pub fn retain_active(&self) -> usize {
-        let now = self.clamp(self.now());
-        let params: SlidingLog = self.params.read();
-        self.shards
-            .iter()
-            .map(|s| {
-                let mut shard = lock(s);
-                let before = shard.rings.len();
-                shard
-                    .rings
-                    .retain(|_, ring| !SlidingLog::is_idle(ring, &params, now));
-                shard.idle_exact = false;
-                before - shard.rings.len()
-            })
-            .sum()
-    }
-
-    /// One reading of the clock, guarded against backward steps when the
-    /// clock is not monotonic.
-    ///
-    /// ```
-    /// # use ratewall::{KeyedSlidingWindowLog, ManualClock, Window};
-    /// let l = KeyedSlidingWindowLog::<u32>::builder(Window::per_second(2))
-    ///     .clock(ManualClock::new()).build().unwrap();
-    /// assert_eq!(l.now(), 0);
-    /// ```
-    pub fn now(&self) -> u64 {
-        self.time.now()
-    }
-
-    /// The clock.
-    ///
-    /// ```
-    /// # use ratewall::{Clock, KeyedSlidingWindowLog, ManualClock, Window};
-    /// let l = KeyedSlidingWindowLog::<u32>::builder(Window::per_second(2))
-    ///     .clock(ManualClock::new()).build().unwrap();
-    /// assert_eq!(l.clock().now(), 0);
-    /// ```
-    pub fn clock(&self) -> &C {
-        self.time.clock()
-    }
-
-    /// `key`'s limit in this log, as one limit of a multi-limit check
-    /// ([`check_all`](crate::check_all)).
-    ///
-    /// ```
-    /// # use ratewall::{check_all, KeyedSlidingWindowLog, ManualClock, Rate, TokenBucket, Window};
-    /// let clock = ManualClock::new();
-    /// let per_user = KeyedSlidingWindowLog::<u32>::builder(Window::per_hour(1))
-    ///     .clock(clock.clone()).build().unwrap();
-    /// let global = TokenBucket::with_clock(Rate::per_second(100), clock).unwrap();
-    /// assert!(check_all(&[&per_user.with_key(&7), &global]).is_allowed());
-    /// assert!(!check_all(&[&per_user.with_key(&7), &global]).is_allowed());
-    /// assert_eq!(global.peek().remaining(), 98, "the denied call gave its unit back");
-    /// ```
-    pub fn with_key<'a, Q>(&'a self, key: &'a Q) -> KeyedLogRef<'a, K, Q, C>
-    where
-        K: Borrow<Q>,
-        Q: Hash + ?Sized,
-    {
-        KeyedLogRef { log: self, key }
-    }
-
     fn clamp(&self, now: u64) -> u64 {
         self.time.clamp(now)
     }
@@ -718,63 +419,80 @@ impl<K, C: Clock> fmt::Debug for KeyedSlidingWindowLog<K, C> {
     }
 }
 
-/// The decision of a unit request: the limit is at least 1 (validated), so
-/// a cost of 1 always fits.
-fn unit(result: Result<Decision, InsufficientCapacity>) -> Decision {
-    match result {
-        Ok(d) => d,
-        Err(e) => Decision::deny(e.capacity, 0, u64::MAX, u64::MAX),
+impl<K, C: Clock> KeyedCore for KeyedSlidingWindowLog<K, C> {
+    type Key = K;
+    type Clock = C;
+    type Memo = ();
+
+    fn key_now(&self) -> u64 {
+        self.time.now()
+    }
+
+    fn key_clock(&self) -> &C {
+        self.time.clock()
+    }
+
+    fn key_run<Q: Hash + ?Sized>(&self, key: &Q, now: Option<u64>, n: u64, take: bool) -> Checked {
+        let now = now.unwrap_or_else(|| self.time.now());
+        self.run(key, self.clamp(now), n, take)
+    }
+
+    fn key_capacity<Q: Hash + ?Sized>(&self, _: &Q) -> u64 {
+        self.params.read::<SlidingLog>().capacity()
+    }
+
+    fn key_give_back<Q: Hash + ?Sized>(&self, key: &Q, now: u64, n: u64, _: &()) {
+        self.key_refund(key, now, n);
     }
 }
 
-/// A key of a [`KeyedSlidingWindowLog`], as one limit of a multi-limit
-/// check. Made by [`KeyedSlidingWindowLog::with_key`].
-///
-/// # Example
-///
-/// ```
-/// use ratewall::{check_all, KeyedSlidingWindowLog, Window};
-/// let log = KeyedSlidingWindowLog::<u32>::builder(Window::per_hour(1)).build()?;
-/// let alice = log.with_key(&1);
-/// assert!(check_all(&[&alice]).is_allowed());
-/// # Ok::<(), ratewall::ConfigError>(())
-/// ```
-pub struct KeyedLogRef<'a, K, Q: ?Sized, C: Clock> {
-    log: &'a KeyedSlidingWindowLog<K, C>,
-    key: &'a Q,
-}
+impl<K, C: Clock> KeyedTable for KeyedSlidingWindowLog<K, C> {
+    fn key_refund<Q: Hash + ?Sized>(&self, key: &Q, now: u64, n: u64) {
+        let now = self.clamp(now);
+        let fp = self.fingerprint(key);
+        let mut shard = lock(self.shard(fp));
+        if let Some(ring) = shard.rings.get(&fp) {
+            SlidingLog::refund(ring, &self.params, now, n);
+            // The key may go idle sooner now (at once, if emptied).
+            let e = expiry(ring, self.params.read::<SlidingLog>().length);
+            shard.lower_next_idle(e);
+        }
+    }
 
-impl<K, Q: ?Sized + fmt::Debug, C: Clock> fmt::Debug for KeyedLogRef<'_, K, Q, C> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("KeyedLogRef")
-            .field("log", self.log)
-            .field("key", &self.key)
-            .finish()
+    fn key_reset<Q: Hash + ?Sized>(&self, key: &Q) {
+        let fp = self.fingerprint(key);
+        let mut shard = lock(self.shard(fp));
+        if shard.rings.remove(&fp).is_some() {
+            shard.idle_exact = false;
+        }
     }
-}
 
-impl<K, Q: ?Sized, C: Clock> crate::multi::Sealed for KeyedLogRef<'_, K, Q, C> {}
+    fn table_len(&self) -> usize {
+        self.shards.iter().map(|s| lock(s).rings.len()).sum()
+    }
 
-impl<K, Q, C> crate::multi::Limit<C> for KeyedLogRef<'_, K, Q, C>
-where
-    K: Borrow<Q>,
-    Q: Hash + ?Sized,
-    C: Clock,
-{
-    fn read_clock(&self) -> u64 {
-        self.log.now()
+    fn table_max_keys(&self) -> usize {
+        self.max_keys
     }
-    fn take_at(&self, now: u64, n: u64) -> Result<Decision, InsufficientCapacity> {
-        self.log.check_key_n_at(self.key, now, n)
+
+    fn table_when_full(&self) -> WhenFull {
+        self.policy
     }
-    fn peek_at(&self, now: u64, n: u64) -> Result<Decision, InsufficientCapacity> {
-        let now = self.log.clamp(now);
-        self.log.run(self.key, now, n, false)
-    }
-    fn give_back_at(&self, now: u64, n: u64) {
-        self.log.refund_key_at(self.key, now, n);
-    }
-    fn capacity(&self) -> u64 {
-        self.log.params.read::<SlidingLog>().capacity()
+
+    fn table_retain_active(&self) -> usize {
+        let now = self.clamp(self.time.now());
+        let params: SlidingLog = self.params.read();
+        self.shards
+            .iter()
+            .map(|s| {
+                let mut shard = lock(s);
+                let before = shard.rings.len();
+                shard
+                    .rings
+                    .retain(|_, ring| !SlidingLog::is_idle(ring, &params, now));
+                shard.idle_exact = false;
+                before - shard.rings.len()
+            })
+            .sum()
     }
 }

@@ -7,32 +7,43 @@
 //! writes nothing at all). A new key takes its shard's mutex to claim a slot,
 //! and reclaims idle keys on its way. See `docs/design.md`, "Keyed table".
 //!
-//! Files: `limiter.rs`, the façade ([`KeyedLimiter`]: check, peek, refund);
-//! `table.rs`, the slot table and its protocol; `insert.rs`, the path of a
-//! key the table does not hold and [`WhenFull`]; `overrides.rs`, quota
-//! changes and per-key quotas; `builder.rs`, [`KeyedBuilder`] and its
-//! bounds; `log.rs`, the keyed sliding log (its own table).
+//! Files, each importing only the ones listed before it (and `mod.rs`'s
+//! [`KeyedAlgorithm`]): `table.rs`, the slot table and its protocol;
+//! `hot_slots.rs`, [`HotKeys`] and the hot slots' state; `builder.rs`,
+//! [`TableOptions`], [`WhenFull`], [`KeyedBuilder`] and their bounds;
+//! `family.rs`, the keyed interface written once (the sealed core, the
+//! method family, [`KeyedRef`]); `overrides.rs`, the per-key quota store;
+//! `limiter.rs`, [`KeyedLimiter`] (its build and check paths); `insert.rs`,
+//! the path of a key the table does not hold; `quotas.rs`, quota changes
+//! and per-key quotas; `hot.rs`, the hot keys' check paths; `log.rs`, the
+//! keyed sliding log (its own table); `policy.rs`, [`KeyedPolicyLimiter`]
+//! over either.
 
-mod builder;
+pub(crate) mod builder;
+pub(crate) mod family;
 mod hot;
+mod hot_slots;
 mod insert;
 mod limiter;
 mod log;
 mod overrides;
+mod policy;
+mod quotas;
 pub(crate) mod table;
 
-pub use builder::{KeyedBuilder, MAX_KEYS};
-pub use hot::HotKeys;
-pub use insert::WhenFull;
+pub use builder::{KeyedBuilder, TableOptions, WhenFull, MAX_KEYS};
+pub use family::KeyedRef;
+pub use hot_slots::HotKeys;
 pub use limiter::KeyedLimiter;
-pub use log::{KeyedLogRef, KeyedSlidingWindowLog};
+pub use log::KeyedSlidingWindowLog;
+pub use policy::{KeyedPolicyBuilder, KeyedPolicyLimiter};
 
 use crate::algo::{Algorithm, FixedCounter, Gcra, LeakyGcra, SlidingCounter, WordStep};
-use crate::decision::Decision;
 use crate::limiter::DefaultClock;
 
 /// An algorithm a [`KeyedLimiter`] can use: every single-word algorithm
-/// (the GCRA buckets and the window counters). Sealed.
+/// (the GCRA buckets and the window counters). Sealed: its step is the
+/// crate's own single-word step (`algo`'s `WordStep`).
 ///
 /// # Example
 ///
@@ -43,53 +54,7 @@ use crate::limiter::DefaultClock;
 /// let limiter = KeyedLimiter::<u64, Gcra>::builder(ratewall::Rate::per_second(5)).build().unwrap();
 /// assert_eq!(name(&limiter), "token bucket");
 /// ```
-pub trait KeyedAlgorithm: Algorithm + sealed::KeyedCore {}
-
-pub(crate) mod sealed {
-    use crate::decision::Decision;
-
-    /// The pure single-word step, as the keyed table runs it.
-    pub trait KeyedCore: Copy {
-        fn k_capacity(&self) -> u64;
-        fn k_step(&self, state: u64, now: u64, n: u64) -> (Decision, Option<u64>);
-        fn k_refund(&self, state: u64, now: u64, n: u64) -> Option<u64>;
-        fn k_rescale(&self, old: &Self, state: u64, now: u64) -> u64;
-        fn k_is_idle(&self, state: u64, now: u64) -> bool;
-        fn k_time_to_idle(&self, state: u64, now: u64) -> u64;
-        /// The token bucket's parameters, for hot keys' leases (`None` for
-        /// every other algorithm).
-        fn k_gcra(&self) -> Option<crate::algo::Gcra>;
-    }
-}
-
-impl<A: Algorithm + WordStep> sealed::KeyedCore for A {
-    #[inline]
-    fn k_capacity(&self) -> u64 {
-        WordStep::capacity(self)
-    }
-    #[inline]
-    fn k_step(&self, state: u64, now: u64, n: u64) -> (Decision, Option<u64>) {
-        WordStep::step(self, state, now, n)
-    }
-    #[inline]
-    fn k_refund(&self, state: u64, now: u64, n: u64) -> Option<u64> {
-        WordStep::refund(self, state, now, n)
-    }
-    fn k_rescale(&self, old: &Self, state: u64, now: u64) -> u64 {
-        WordStep::rescale(self, old, state, now)
-    }
-    #[inline]
-    fn k_is_idle(&self, state: u64, now: u64) -> bool {
-        WordStep::is_idle(self, state, now)
-    }
-    #[inline]
-    fn k_time_to_idle(&self, state: u64, now: u64) -> u64 {
-        WordStep::time_to_idle(self, state, now)
-    }
-    fn k_gcra(&self) -> Option<Gcra> {
-        WordStep::as_gcra(self)
-    }
-}
+pub trait KeyedAlgorithm: Algorithm + WordStep {}
 
 impl<A: Algorithm + WordStep> KeyedAlgorithm for A {}
 

@@ -1,17 +1,9 @@
-//! Quotas: the limiter's quota and its run-time change, and per-key
-//! overrides (premium tiers). A check finds its key's parameters here
-//! (`params_for`); while no override exists that is one relaxed load of a
-//! counter and the limiter's seqlock.
+//! The per-key quota store (premium tiers): [`Overrides`], by key
+//! fingerprint. The quota changes that use it are `quotas.rs`.
 
-use super::limiter::KeyedLimiter;
 use super::table;
-use super::KeyedAlgorithm;
-use crate::clock::Clock;
-use crate::error::ConfigError;
 use crate::sync::{lock, AtomicU64, Mutex, Ordering};
-use std::borrow::Borrow;
 use std::collections::HashMap;
-use std::hash::Hash;
 
 /// Per-key quotas, by fingerprint. Changed only under the limiter's config
 /// mutex.
@@ -31,7 +23,7 @@ impl<A: Copy> Overrides<A> {
 
     /// Whether any key has its own quota (else checks skip `get`).
     #[inline]
-    fn any(&self) -> bool {
+    pub(super) fn any(&self) -> bool {
         // Relaxed: a key's override is inserted before its state is rescaled
         // (AcqRel exchange); a check that loaded the rescaled slot (Acquire)
         // therefore sees the count; one that loaded an older value fails its
@@ -43,20 +35,20 @@ impl<A: Copy> Overrides<A> {
     /// slow path of `params_for`, taken only while `any`).
     #[cold]
     #[inline(never)]
-    fn get(&self, h: u64) -> Option<A> {
+    pub(super) fn get(&self, h: u64) -> Option<A> {
         lock(&self.map).get(&table::fingerprint(h)).copied()
     }
 
     /// A copy of every override, if there is any (for `set_quota`, which
     /// leaves these keys alone). Called under the config mutex.
-    fn snapshot(&self) -> Option<HashMap<u64, A>> {
+    pub(super) fn snapshot(&self) -> Option<HashMap<u64, A>> {
         // Relaxed: read under the config mutex, which every override change holds.
         (self.count.load(Ordering::Relaxed) != 0).then(|| lock(&self.map).clone())
     }
 
     /// Gives the key with hash `h` its own quota. Called under the config
     /// mutex, before the key's state is rescaled.
-    fn insert(&self, h: u64, a: A) {
+    pub(super) fn insert(&self, h: u64, a: A) {
         if lock(&self.map).insert(table::fingerprint(h), a).is_none() {
             // Relaxed: ordered before the caller's rescale exchange, which a
             // check's Acquire load synchronizes with (see `get`).
@@ -66,7 +58,7 @@ impl<A: Copy> Overrides<A> {
 
     /// Removes the own quota of the key with hash `h`; returns it. Called
     /// under the config mutex, before the key's state is rescaled back.
-    fn remove(&self, h: u64) -> Option<A> {
+    pub(super) fn remove(&self, h: u64) -> Option<A> {
         let removed = lock(&self.map).remove(&table::fingerprint(h));
         if removed.is_some() {
             // Relaxed: a check that still sees the old count finds nothing in
@@ -75,146 +67,5 @@ impl<A: Copy> Overrides<A> {
             self.count.fetch_sub(1, Ordering::Relaxed);
         }
         removed
-    }
-}
-
-impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
-    /// The largest cost `key` can ever be admitted at once (its own quota's
-    /// if it has one): what a multi-limit check validates before taking.
-    pub(crate) fn capacity_for<Q: Hash + ?Sized>(&self, key: &Q) -> u64 {
-        self.params_for(self.hash(key)).k_capacity()
-    }
-
-    /// Quota changes need a table without hot keys: a lease's units are
-    /// counted in the emission interval of its take.
-    fn no_hot_keys(&self) -> Result<(), ConfigError> {
-        match self.hot {
-            Some(_) => Err(ConfigError::Incompatible {
-                reason: "quota changes are not supported on a keyed table with hot keys; build it without `hot_keys`",
-            }),
-            None => Ok(()),
-        }
-    }
-
-    /// The parameters for the key with hash `h`. Called inside the step,
-    /// after the slot load (see `ParamCell`).
-    #[inline]
-    pub(super) fn params_for(&self, h: u64) -> A {
-        if self.overrides.any() {
-            if let Some(a) = self.overrides.get(h) {
-                return a;
-            }
-        }
-        self.params.read()
-    }
-
-    /// Changes the quota of every key at run time, keeping each key's usage
-    /// (rescaled as [`Limiter::set_quota`](crate::Limiter::set_quota) does).
-    /// Keys with their own quota ([`set_key_quota`](Self::set_key_quota))
-    /// keep it.
-    ///
-    /// Cost: one pass over the table (about a millisecond per 100,000 slots);
-    /// new keys' inserts wait for it, and checks wait while the parameters
-    /// change. A check that races with the pass is decided under the old
-    /// quota or the new one, never a mix.
-    ///
-    /// ```
-    /// # use ratewall::{KeyedTokenBucket, ManualClock, Rate};
-    /// let l = KeyedTokenBucket::<u64, _>::builder(Rate::per_second(10).burst(10))
-    ///     .clock(ManualClock::new())
-    ///     .build()
-    ///     .unwrap();
-    /// let _ = l.check_key_n(&1, 4).unwrap();
-    /// l.set_quota(Rate::per_second(100).burst(20)).unwrap();
-    /// assert_eq!(l.peek_key(&1).remaining(), 15);
-    /// assert_eq!(l.quota(), Rate::per_second(100).burst(20));
-    /// ```
-    pub fn set_quota(&self, config: A::Config) -> Result<(), ConfigError> {
-        self.no_hot_keys()?;
-        let new = A::from_config(&config)?;
-        let mut current = lock(&self.config);
-        let old: A = self.params.read();
-        let now = self.clamp(self.now());
-        let overrides = self.overrides.snapshot();
-        // Keys with their own quota keep it (and their state as it is).
-        self.table.for_each_state(
-            || self.params.begin(),
-            |fp, s| match &overrides {
-                Some(map) if map.contains_key(&fp) => s,
-                _ => new.k_rescale(&old, s, now),
-            },
-        );
-        self.params.publish(new);
-        *current = config;
-        Ok(())
-    }
-
-    /// Gives `key` its own quota (a premium tier), keeping its usage. It
-    /// survives global [`set_quota`](Self::set_quota) calls until
-    /// [`clear_key_quota`](Self::clear_key_quota). While any override
-    /// exists, every check also consults a small mutex-guarded map: keep
-    /// overrides few, or use a second limiter for a large tier.
-    ///
-    /// ```
-    /// # use ratewall::{KeyedTokenBucket, Rate};
-    /// let l = KeyedTokenBucket::<&str>::builder(Rate::per_hour(1)).build().unwrap();
-    /// l.set_key_quota(&"premium", Rate::per_hour(100)).unwrap();
-    /// assert_eq!((0..5).filter(|_| l.check_key(&"premium").is_allowed()).count(), 5);
-    /// assert_eq!((0..5).filter(|_| l.check_key(&"free").is_allowed()).count(), 1);
-    /// ```
-    pub fn set_key_quota<Q>(&self, key: &Q, config: A::Config) -> Result<(), ConfigError>
-    where
-        K: Borrow<Q>,
-        Q: Hash + ?Sized,
-    {
-        self.no_hot_keys()?;
-        let new = A::from_config(&config)?;
-        let _serial = lock(&self.config);
-        let h = self.hash(key);
-        let old = self.params_for(h);
-        let now = self.clamp(self.now());
-        // Before the rescale exchange below (see `Overrides::insert`).
-        self.overrides.insert(h, new);
-        let _ = self
-            .table
-            .update(h, &mut |s| ((), Some(new.k_rescale(&old, s, now))));
-        Ok(())
-    }
-
-    /// Removes `key`'s own quota: it follows the limiter's quota again.
-    ///
-    /// ```
-    /// # use ratewall::{KeyedTokenBucket, Rate};
-    /// let l = KeyedTokenBucket::<u64>::builder(Rate::per_hour(1)).build().unwrap();
-    /// l.set_key_quota(&1, Rate::per_hour(10)).unwrap();
-    /// l.clear_key_quota(&1);
-    /// let _ = l.check_key(&1);
-    /// assert!(!l.check_key(&1).is_allowed());
-    /// ```
-    pub fn clear_key_quota<Q>(&self, key: &Q)
-    where
-        K: Borrow<Q>,
-        Q: Hash + ?Sized,
-    {
-        let _serial = lock(&self.config);
-        let h = self.hash(key);
-        let global: A = self.params.read();
-        let now = self.clamp(self.now());
-        if let Some(own) = self.overrides.remove(h) {
-            let _ = self
-                .table
-                .update(h, &mut |s| ((), Some(global.k_rescale(&own, s, now))));
-        }
-    }
-
-    /// The quota in force for keys without their own.
-    ///
-    /// ```
-    /// # use ratewall::{KeyedTokenBucket, Rate};
-    /// let l = KeyedTokenBucket::<u64>::builder(Rate::per_second(3)).build().unwrap();
-    /// assert_eq!(l.quota(), Rate::per_second(3));
-    /// ```
-    pub fn quota(&self) -> A::Config {
-        *lock(&self.config)
     }
 }

@@ -9,7 +9,7 @@ use super::wire::{Call, Reply};
 use super::{DecisionSource, RedisDecision, RedisError};
 use crate::decision::{Decision, Tracking};
 #[allow(unused_imports)] // doc links
-use crate::policy::KeyedPolicyLimiter;
+use crate::keyed::KeyedPolicyLimiter;
 use crate::policy::Policy;
 use crate::soft::Soft;
 use std::fmt;
