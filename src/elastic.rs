@@ -444,12 +444,7 @@ impl<K, C: Clock> ElasticLimiter<K, C> {
         let p = KeyedRef::new(&self.pool, &());
         let g_cap = g.capacity();
         let extra_cap = h.capacity().min(p.capacity());
-        if n > g_cap.max(extra_cap) {
-            return Err(InsufficientCapacity {
-                requested: n,
-                capacity: g_cap.max(extra_cap),
-            });
-        }
+        InsufficientCapacity::check(n, g_cap.max(extra_cap))?;
         // 1. The guarantee (writes only if it allows).
         let gd = if n <= g_cap {
             let d = g.take_at(now, n)?;

@@ -408,14 +408,9 @@ impl<C: Clock + Clone> RateLimitBuilder<C> {
                 #[cfg(feature = "redis")]
                 Some(l) => RuleLimit::Redis(l),
                 _ => {
-                    let mut b =
-                        KeyedPolicyLimiter::<u128>::builder(rule.policy).clock(self.clock.clone());
-                    if let Some(m) = rule.max_keys {
-                        b = b.max_keys(m);
-                    }
-                    if let Some(w) = rule.when_full {
-                        b = b.when_full(w);
-                    }
+                    let b = KeyedPolicyLimiter::<u128>::builder(rule.policy)
+                        .clock(self.clock.clone())
+                        .table(rule.table);
                     RuleLimit::Local(b.build().map_err(policy_error)?)
                 }
             };

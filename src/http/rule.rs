@@ -2,7 +2,7 @@
 //! and what to do when the key is missing.
 
 use super::key::{Key, RequestParts};
-use crate::keyed::WhenFull;
+use crate::keyed::{TableOptions, WhenFull};
 use crate::policy::Policy;
 use http::{HeaderMap, Method, StatusCode, Uri};
 use std::fmt;
@@ -147,8 +147,7 @@ pub struct Rule {
     pub(super) mode: Mode,
     pub(super) missing: Missing,
     pub(super) visibility: Visibility,
-    pub(super) max_keys: Option<usize>,
-    pub(super) when_full: Option<WhenFull>,
+    pub(super) table: TableOptions,
     pub(super) refund_on_success: bool,
     /// The Redis limit this rule is checked against instead of a local table.
     #[cfg(feature = "redis")]
@@ -172,8 +171,7 @@ impl fmt::Debug for Rule {
             .field("mode", &self.mode)
             .field("missing", &self.missing)
             .field("visibility", &self.visibility)
-            .field("max_keys", &self.max_keys)
-            .field("when_full", &self.when_full)
+            .field("table", &self.table)
             .field("refund_on_success", &self.refund_on_success);
         #[cfg(feature = "redis")]
         d.field("remote", &self.remote);
@@ -208,8 +206,7 @@ impl Rule {
             mode: Mode::Enforce,
             missing,
             visibility: Visibility::Shown,
-            max_keys: None,
-            when_full: None,
+            table: TableOptions::new(),
             refund_on_success: false,
             #[cfg(feature = "redis")]
             remote: None,
@@ -474,7 +471,7 @@ impl Rule {
     /// # let _ = r;
     /// ```
     pub fn max_keys(mut self, max_keys: usize) -> Rule {
-        self.max_keys = Some(max_keys);
+        self.table = self.table.max_keys(max_keys);
         self
     }
 
@@ -488,7 +485,24 @@ impl Rule {
     /// # let _ = r;
     /// ```
     pub fn when_full(mut self, when_full: WhenFull) -> Rule {
-        self.when_full = Some(when_full);
+        self.table = self.table.when_full(when_full);
+        self
+    }
+
+    /// This rule's whole table ([`TableOptions`]: `max_keys`, shards,
+    /// [`WhenFull`], seed), the value every keyed builder takes, replacing
+    /// what [`max_keys`](Self::max_keys) and [`when_full`](Self::when_full)
+    /// set. For local rules only; a Redis rule's table is in Redis.
+    ///
+    /// ```
+    /// # use ratewall::http::Rule;
+    /// # use ratewall::{Policy, Rate, TableOptions, WhenFull};
+    /// let table = TableOptions::new().max_keys(1 << 20).when_full(WhenFull::EvictLeastRecent);
+    /// let r = Rule::per_ip("ip", Policy::token_bucket(Rate::per_second(1))).table(table);
+    /// # let _ = r;
+    /// ```
+    pub fn table(mut self, options: TableOptions) -> Rule {
+        self.table = options;
         self
     }
 

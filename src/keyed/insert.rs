@@ -42,14 +42,8 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
     ) -> (Result<Decision, InsufficientCapacity>, Option<u64>) {
         let a = self.params_for(h);
         let capacity = WordStep::capacity(&a);
-        if n > capacity {
-            return (
-                Err(InsufficientCapacity {
-                    requested: n,
-                    capacity,
-                }),
-                None,
-            );
+        if let Err(e) = InsufficientCapacity::check(n, capacity) {
+            return (Err(e), None);
         }
         // A cost of 0 asks for a unit request's decision, without taking it.
         let (d, next) = a.step(state, now, n.max(1));

@@ -183,11 +183,8 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
             (a, next)
         }) {
             let capacity = WordStep::capacity(&a);
-            if n > capacity {
-                return Some(Err(InsufficientCapacity {
-                    requested: n,
-                    capacity,
-                }));
+            if let Err(e) = InsufficientCapacity::check(n, capacity) {
+                return Some(Err(e));
             }
             // A cost of 0 asks for a unit request's decision, without taking it.
             return Some(Ok(a.step(state, now, n.max(1)).0));

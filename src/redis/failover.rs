@@ -12,7 +12,7 @@ use super::{DecisionSource, RedisDecision, RedisError};
 use crate::decision::Decision;
 use crate::elastic::ElasticLimiter;
 use crate::keyed::KeyedPolicyLimiter;
-use crate::keyed::WhenFull;
+use crate::keyed::{TableOptions, WhenFull};
 use crate::policy::{Policy, PolicyAlgorithm};
 use crate::quota::{Rate, Window};
 use crate::soft::Tolerance;
@@ -107,8 +107,9 @@ pub(crate) struct Options {
     /// The limit's name in key names; `None`: the limiter's default.
     pub(crate) name: Option<String>,
     pub(crate) failure: FailurePolicy,
-    /// The most keys the local fallback tracks.
-    pub(crate) fallback_max_keys: usize,
+    /// The local fallback's table (default: 65,536 keys, the least
+    /// recently active evicted when full).
+    pub(crate) fallback_table: TableOptions,
 }
 
 impl Default for Options {
@@ -117,7 +118,9 @@ impl Default for Options {
             prefix: "ratewall".into(),
             name: None,
             failure: FailurePolicy::default(),
-            fallback_max_keys: 65_536,
+            fallback_table: TableOptions::new()
+                .max_keys(65_536)
+                .when_full(WhenFull::EvictLeastRecent),
         }
     }
 }
@@ -157,12 +160,10 @@ impl Options {
         })
     }
 
-    /// A local keyed limiter of `policy` with these options' table: at most
-    /// `fallback_max_keys` keys, the least recently active evicted.
+    /// A local keyed limiter of `policy` with these options' fallback table.
     pub(crate) fn keyed(&self, policy: Policy) -> Result<Local, RedisError> {
         let limiter = KeyedPolicyLimiter::<Vec<u8>>::builder(policy)
-            .max_keys(self.fallback_max_keys)
-            .when_full(WhenFull::EvictLeastRecent)
+            .table(self.fallback_table)
             .build()?;
         Ok(Local::Keyed(Box::new(limiter)))
     }
@@ -176,8 +177,7 @@ impl Options {
         pool: Policy,
     ) -> Result<Local, RedisError> {
         let limiter = ElasticLimiter::<Vec<u8>>::builder(guarantee, ceiling, pool)
-            .max_keys(self.fallback_max_keys)
-            .when_full(WhenFull::EvictLeastRecent)
+            .table(self.fallback_table)
             .build()?;
         Ok(Local::Elastic(Box::new(limiter)))
     }
@@ -246,7 +246,24 @@ macro_rules! option_methods {
         /// # Ok::<(), Box<dyn std::error::Error>>(()) }).unwrap();
         /// ```
         pub fn fallback_max_keys(mut self, max_keys: usize) -> Self {
-            self.options.fallback_max_keys = max_keys;
+            self.options.fallback_table = self.options.fallback_table.max_keys(max_keys);
+            self
+        }
+
+        /// The local fallback's whole table ([`TableOptions`]($crate::TableOptions):
+        /// `max_keys`, shards, [`WhenFull`]($crate::WhenFull), seed), replacing
+        /// the default of 65,536 keys with the least recently active evicted.
+        ///
+        /// ```
+        #[doc = $setup]
+        /// use ratewall::{TableOptions, WhenFull};
+        /// let l = b()
+        ///     .fallback_table(TableOptions::new().max_keys(1024).when_full(WhenFull::RejectNew))
+        ///     .build()?;
+        /// # Ok::<(), Box<dyn std::error::Error>>(()) }).unwrap();
+        /// ```
+        pub fn fallback_table(mut self, options: $crate::TableOptions) -> Self {
+            self.options.fallback_table = options;
             self
         }
     };
