@@ -583,16 +583,10 @@ fn find(shard: &Shard, start: usize, fp: u64) -> Option<(&AtomicU128, u128)> {
     let mut i = start;
     for _ in 0..PROBE.min(n) {
         let slot = &shard.slots[i];
-        // Acquire: pairs with the AcqRel exchange that stored this value, so
-        // the state (and, for a quota change, the odd parameter version
-        // ordered before it) is visible to the step.
-        let v = slot.load(Ordering::Acquire);
-        let f = fp_of(v);
-        if f == fp {
-            return Some((slot, v));
-        }
-        if f == EMPTY {
-            return None;
+        match look(slot, fp) {
+            Look::Found(v) => return Some((slot, v)),
+            Look::Absent => return None,
+            Look::Next => {}
         }
         i = if i + 1 == n { 0 } else { i + 1 };
     }
@@ -604,17 +598,37 @@ fn find(shard: &Shard, start: usize, fp: u64) -> Option<(&AtomicU128, u128)> {
 #[inline(never)]
 fn find_in_stash(shard: &Shard, fp: u64) -> Option<(&AtomicU128, u128)> {
     for slot in &shard.slots[shard.main..] {
-        // Acquire: as in `find`.
-        let v = slot.load(Ordering::Acquire);
-        let f = fp_of(v);
-        if f == fp {
-            return Some((slot, v));
-        }
-        if f == EMPTY {
-            return None;
+        match look(slot, fp) {
+            Look::Found(v) => return Some((slot, v)),
+            Look::Absent => return None,
+            Look::Next => {}
         }
     }
     None
+}
+
+/// What one slot of a key's chain says of the key with fingerprint `fp`.
+enum Look {
+    /// The key's slot, holding this value.
+    Found(u128),
+    /// An empty slot: the chain ends and the key is not in it.
+    Absent,
+    /// Another key or a tombstone: look at the next slot.
+    Next,
+}
+
+/// One step of `find`'s walk (the fast path and the stash share it).
+#[inline(always)]
+fn look(slot: &AtomicU128, fp: u64) -> Look {
+    // Acquire: pairs with the AcqRel exchange that stored this value, so
+    // the state (and, for a quota change, the odd parameter version
+    // ordered before it) is visible to the step.
+    let v = slot.load(Ordering::Acquire);
+    match fp_of(v) {
+        f if f == fp => Look::Found(v),
+        EMPTY => Look::Absent,
+        _ => Look::Next,
+    }
 }
 
 /// What a scan of a key's chain, up to its first empty slot, found (read
