@@ -97,6 +97,6 @@ pub use headers::{Headers, Items};
 pub use info::RateLimitInfo;
 pub use key::Key;
 pub use response::{Rejection, ResponseBody, RuleDecision};
-pub use rule::{Missing, Mode, Rule};
+pub use rule::{Missing, Mode, Rule, UnknownClient};
 pub use service::{RateLimitLayer, RateLimitService, ResponseFuture};
 pub use stats::RuleStats;
