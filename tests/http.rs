@@ -1048,6 +1048,18 @@ mod unknown_clients {
         "10.1.2.3, ".repeat(64 * 1024 / 10).into_bytes()
     }
 
+    /// `trusted_hops = 1` and a per-IP rule of `n` a minute.
+    fn behind_one_hop(clock: &ManualClock, n: u64) -> RateLimitLayer<ManualClock> {
+        builder(clock)
+            .client_ip(ClientIp::behind_hops(1))
+            .rule(Rule::per_ip(
+                "ip",
+                Policy::fixed_window(Window::per_minute(n)),
+            ))
+            .build()
+            .unwrap()
+    }
+
     fn behind_loopback(clock: &ManualClock, unknown: UnknownClient) -> RateLimitLayer<ManualClock> {
         builder(clock)
             .client_ip(ClientIp::behind_proxies(["127.0.0.0/8".parse().unwrap()]))
@@ -1070,14 +1082,7 @@ mod unknown_clients {
     #[tokio::test]
     async fn no_chain_with_a_hop_count_is_the_peer_in_process() {
         let clock = ManualClock::new();
-        let layer = builder(&clock)
-            .client_ip(ClientIp::behind_hops(1))
-            .rule(Rule::per_ip(
-                "ip",
-                Policy::fixed_window(Window::per_minute(5)),
-            ))
-            .build()
-            .unwrap();
+        let layer = behind_one_hop(&clock, 5);
         let app = make_app(layer.clone());
         for left in [4, 3] {
             let got = get_(&app, "192.0.2.1").await;
@@ -1199,14 +1204,7 @@ mod unknown_clients {
     #[tokio::test]
     async fn a_missing_peer_stays_500_and_the_body_keeps_the_set_up_to_the_log() {
         let clock = ManualClock::new();
-        let layer = builder(&clock)
-            .client_ip(ClientIp::behind_hops(1))
-            .rule(Rule::per_ip(
-                "ip",
-                Policy::fixed_window(Window::per_minute(100)),
-            ))
-            .build()
-            .unwrap();
+        let layer = behind_one_hop(&clock, 100);
         let res = make_app(layer)
             .oneshot(Request::builder().uri("/").body(Body::empty()).unwrap())
             .await
@@ -1224,14 +1222,7 @@ mod unknown_clients {
     async fn every_reproducer_end_to_end() {
         let clock = ManualClock::new();
         // trusted_hops = 1, a direct request without X-Forwarded-For.
-        let hops = builder(&clock)
-            .client_ip(ClientIp::behind_hops(1))
-            .rule(Rule::per_ip(
-                "ip",
-                Policy::fixed_window(Window::per_minute(100)),
-            ))
-            .build()
-            .unwrap();
+        let hops = behind_one_hop(&clock, 100);
         let (addr, stop, server) = serve("127.0.0.1:0", make_app(hops)).await;
         for left in [99, 98] {
             let got = fetch_bytes(addr, "GET", "/", &[]).await;

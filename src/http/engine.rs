@@ -322,7 +322,13 @@ impl<C: Clock + 'static> Shared<C> {
                 Ok(k) => k,
                 Err(why) => match self.key_missing(r, &parts, why) {
                     Ok(k) => k,
-                    Err(Some(res)) => return Verdict::Reject(res),
+                    Err(Some((status, why))) => {
+                        return Verdict::Reject(response::missing_key(
+                            status,
+                            &rule.name,
+                            why.describe(),
+                        ))
+                    }
                     Err(None) => continue,
                 },
             };
@@ -386,8 +392,8 @@ impl<C: Clock + 'static> Shared<C> {
 
     /// A request without a key for a rule: the key at the nearest trusted
     /// hop (an unknown client, [`UnknownClient::NearestHop`]), or what the
-    /// rule's [`Missing`] says: `Err(Some(answer))` rejects, `Err(None)`
-    /// skips the rule. Never a 5xx for a request-borne problem.
+    /// rule's [`Missing`] says: `Err(Some((status, why)))` rejects,
+    /// `Err(None)` skips the rule. Never a 5xx for a request-borne problem.
     #[cold]
     #[inline(never)]
     fn key_missing(
@@ -395,7 +401,7 @@ impl<C: Clock + 'static> Shared<C> {
         r: &Compiled<C>,
         parts: &RequestParts<'_>,
         mut why: Absent,
-    ) -> Result<RuleKey, Option<Response<Bytes>>> {
+    ) -> Result<RuleKey, Option<(StatusCode, Absent)>> {
         let rule = &r.rule;
         if why == Absent::UnknownClient {
             bump(&r.counters.unknown_client);
@@ -421,11 +427,7 @@ impl<C: Clock + 'static> Shared<C> {
                 } else {
                     status
                 };
-                Err(Some(response::missing_key(
-                    status,
-                    &rule.name,
-                    why.describe(),
-                )))
+                Err(Some((status, why)))
             }
             _ => Err(None),
         }

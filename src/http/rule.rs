@@ -32,7 +32,9 @@ pub enum Mode {
 }
 
 /// What a rule does when a request has no key for it (no API key header,
-/// no user, an unknown client address). Never a silent shared bucket.
+/// no user, no peer address; an unknown client address too, unless
+/// [`UnknownClient::NearestHop`] says otherwise, and never with a 5xx).
+/// Never a silent shared bucket.
 ///
 /// ```
 /// use ratewall::http::{Missing, Rule};

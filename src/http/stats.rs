@@ -14,6 +14,7 @@ use crate::sync::{AtomicU64, Ordering};
 ///     .build()?;
 /// let s = &layer.stats()[0];
 /// assert_eq!((s.denied(), s.shadow_denied(), s.missing_key(), s.errors(), s.untracked(), s.refunded()), (0, 0, 0, 0, 0, 0));
+/// assert_eq!(s.unknown_client(), 0);
 /// # Ok::<(), ratewall::http::HttpConfigError>(())
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
