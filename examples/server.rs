@@ -35,7 +35,9 @@ pub fn limits<C: Clock + Clone + 'static>(clock: C) -> RateLimitLayer<C> {
     RateLimitLayer::builder()
         .clock(clock)
         // Direct connections; behind a load balancer use
-        // `ClientIp::behind_proxies([...])` with its network.
+        // `ClientIp::behind_proxies([...])` with its network. A chain that
+        // names no believable client then gets 400 from the per-IP rule
+        // (`Rule::when_client_unknown` keys it by the proxy instead).
         .client_ip(ClientIp::peer())
         .skip(|_, uri, _| uri.path() == "/health")
         .rule(Rule::per_ip(

@@ -402,9 +402,11 @@ async fn obfuscated_forwarded_stops_the_walk_and_the_rule_says_what_happens() {
     let app1 = make_app(reject.clone());
     let obf: &[(&str, &[u8])] = &[("forwarded", b"for=198.51.100.7, for=_hidden, for=10.0.0.2")];
     let got = send(&app1, "GET", "/", "10.0.0.1", obf).await;
-    assert_eq!(got.status, StatusCode::INTERNAL_SERVER_ERROR);
+    // The request, not the server, is at fault (issue 23): 400, not 500.
+    assert_eq!(got.status, StatusCode::BAD_REQUEST);
     assert!(got.json()["detail"].as_str().unwrap().contains("unknown"));
     assert_eq!(reject.stats()[0].missing_key(), 1);
+    assert_eq!(reject.stats()[0].unknown_client(), 1);
     // A well-formed Forwarded chain works.
     let ok: &[(&str, &[u8])] = &[("forwarded", b"for=\"[2001:db8::7]:443\", for=10.0.0.2")];
     assert_eq!(
@@ -789,7 +791,9 @@ async fn no_peer_address_is_a_clear_error_not_a_shared_bucket() {
     assert_eq!(res.status(), StatusCode::INTERNAL_SERVER_ERROR);
     let body = res.into_body().collect().await.unwrap().to_bytes();
     let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
-    assert!(v["detail"].as_str().unwrap().contains("connect_info"));
+    // The set-up advice goes to the log, not to the client (issue 23).
+    assert!(v["detail"].as_str().unwrap().contains("set-up"));
+    assert!(!v["detail"].as_str().unwrap().contains("connect_info"));
 }
 
 #[tokio::test]
@@ -832,10 +836,8 @@ async fn hostile_proxy_headers_never_panic() {
             };
             let got = send(&app, "GET", "/", "10.0.0.1", &[(name, input)]).await;
             assert!(
-                matches!(
-                    got.status,
-                    StatusCode::OK | StatusCode::INTERNAL_SERVER_ERROR
-                ),
+                // Never a 5xx from what a request carries (issue 23).
+                matches!(got.status, StatusCode::OK | StatusCode::BAD_REQUEST),
                 "{name} input {i}: {}",
                 got.status
             );
@@ -1018,4 +1020,290 @@ async fn full_table_counts_untracked(headers: Headers) {
     let s = &layer.stats()[0];
     assert_eq!(s.allowed(), 64);
     assert!(s.untracked() > 0, "{s:?}");
+}
+
+/// Issue 23 item 1: what a request's proxy chain says never makes the layer
+/// answer 5xx. Each reproducer of the issue, in process and end to end.
+mod unknown_clients {
+    use super::*;
+    use ratewall::http::UnknownClient;
+    use support::http_client::{fetch_bytes, serve};
+
+    const XFF: &str = "x-forwarded-for";
+
+    /// The malformed chains of the issue, sent by a trusted peer.
+    fn malformed() -> Vec<Vec<u8>> {
+        vec![
+            b"unknown".to_vec(),
+            b"not-an-ip".to_vec(),
+            b"1.2.3".to_vec(),
+            b"1.2.3.4.5".to_vec(),
+            b"\xe9t\xe9, \xff\xfe".to_vec(),
+            b"198.51.100.7, unknown".to_vec(),
+        ]
+    }
+
+    /// 64 KB of `10.1.2.3, `.
+    fn long_chain() -> Vec<u8> {
+        "10.1.2.3, ".repeat(64 * 1024 / 10).into_bytes()
+    }
+
+    /// `trusted_hops = 1` and a per-IP rule of `n` a minute.
+    fn behind_one_hop(clock: &ManualClock, n: u64) -> RateLimitLayer<ManualClock> {
+        builder(clock)
+            .client_ip(ClientIp::behind_hops(1))
+            .rule(Rule::per_ip(
+                "ip",
+                Policy::fixed_window(Window::per_minute(n)),
+            ))
+            .build()
+            .unwrap()
+    }
+
+    fn behind_loopback(clock: &ManualClock, unknown: UnknownClient) -> RateLimitLayer<ManualClock> {
+        builder(clock)
+            .client_ip(ClientIp::behind_proxies(["127.0.0.0/8".parse().unwrap()]))
+            .rule(
+                Rule::per_ip("ip", Policy::fixed_window(Window::per_minute(100)))
+                    .when_client_unknown(unknown),
+            )
+            .build()
+            .unwrap()
+    }
+
+    fn assert_bad_request(got: &Got, what: &str) {
+        assert_eq!(got.status, StatusCode::BAD_REQUEST, "{what}");
+        assert_eq!(got.headers["content-type"], "application/problem+json");
+        let detail = got.json()["detail"].as_str().unwrap().to_owned();
+        assert!(detail.contains("rule ip"), "{detail}");
+        assert!(detail.contains("client address is unknown"), "{detail}");
+    }
+
+    #[tokio::test]
+    async fn no_chain_with_a_hop_count_is_the_peer_in_process() {
+        let clock = ManualClock::new();
+        let layer = behind_one_hop(&clock, 5);
+        let app = make_app(layer.clone());
+        for left in [4, 3] {
+            let got = get_(&app, "192.0.2.1").await;
+            assert_eq!(got.status, StatusCode::OK);
+            assert_eq!(got.remaining("ip"), Some(left));
+        }
+        // Another peer is another client; a chain still names the client.
+        assert_eq!(get_(&app, "192.0.2.2").await.remaining("ip"), Some(4));
+        let got = send(&app, "GET", "/", "192.0.2.1", &[(XFF, b"198.51.100.1")]).await;
+        assert_eq!(got.remaining("ip"), Some(4));
+        let s = &layer.stats()[0];
+        assert_eq!((s.missing_key(), s.unknown_client()), (0, 0));
+    }
+
+    #[tokio::test]
+    async fn malformed_entries_from_a_trusted_peer_are_400_in_process() {
+        let clock = ManualClock::new();
+        let layer = behind_loopback(&clock, UnknownClient::AsMissing);
+        let app = make_app(layer.clone());
+        let inputs = malformed();
+        for input in &inputs {
+            let got = send(&app, "GET", "/", "127.0.0.1", &[(XFF, input)]).await;
+            assert_bad_request(&got, &String::from_utf8_lossy(input));
+        }
+        // The long chain's first entry from the right is an untrusted
+        // address: that is the client.
+        let long = long_chain();
+        let got = send(&app, "GET", "/", "127.0.0.1", &[(XFF, &long)]).await;
+        assert_eq!(got.status, StatusCode::OK);
+        assert_eq!(got.remaining("ip"), Some(99));
+        let got = send(&app, "GET", "/", "127.0.0.1", &[(XFF, b"10.1.2.3")]).await;
+        assert_eq!(got.remaining("ip"), Some(98));
+        let s = &layer.stats()[0];
+        let n = inputs.len() as u64;
+        assert_eq!(
+            (s.unknown_client(), s.missing_key(), s.allowed()),
+            (n, n, 2)
+        );
+        // When every entry is trusted, the walk passes MAX_HOPS and stops.
+        let all = builder(&clock)
+            .client_ip(ClientIp::behind_proxies([
+                "127.0.0.0/8".parse().unwrap(),
+                "10.0.0.0/8".parse().unwrap(),
+            ]))
+            .rule(Rule::per_ip(
+                "ip",
+                Policy::fixed_window(Window::per_minute(100)),
+            ))
+            .build()
+            .unwrap();
+        let got = send(
+            &make_app(all.clone()),
+            "GET",
+            "/",
+            "127.0.0.1",
+            &[(XFF, &long)],
+        )
+        .await;
+        assert_bad_request(&got, "too long");
+        assert_eq!(all.stats()[0].unknown_client(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_skipping_or_explicit_status_rule_keeps_its_choice() {
+        let clock = ManualClock::new();
+        let ip = ClientIp::behind_proxies(["127.0.0.0/8".parse().unwrap()]);
+        let layer = builder(&clock)
+            .client_ip(ip)
+            .rule(
+                Rule::per_ip("skip", Policy::fixed_window(Window::per_minute(100)))
+                    .when_missing(Missing::Skip),
+            )
+            .rule(
+                Rule::per_ip("ip", Policy::fixed_window(Window::per_minute(100)))
+                    .when_missing(Missing::Reject(StatusCode::FORBIDDEN)),
+            )
+            .build()
+            .unwrap();
+        let app = make_app(layer.clone());
+        let got = send(&app, "GET", "/", "127.0.0.1", &[(XFF, b"unknown")]).await;
+        assert_eq!(got.status, StatusCode::FORBIDDEN);
+        // The skipping rule was passed over (counted), the other rejected.
+        let stats = layer.stats();
+        assert_eq!((stats[0].unknown_client(), stats[0].missing_key()), (1, 1));
+        assert_eq!((stats[1].unknown_client(), stats[1].missing_key()), (1, 1));
+        assert_eq!(stats[0].allowed(), 0);
+    }
+
+    #[tokio::test]
+    async fn nearest_hop_keys_every_forged_value_under_the_proxy_in_process() {
+        let clock = ManualClock::new();
+        let layer = behind_loopback(&clock, UnknownClient::NearestHop);
+        let app = make_app(layer.clone());
+        let inputs = malformed();
+        for (i, input) in inputs.iter().enumerate() {
+            let got = send(&app, "GET", "/", "127.0.0.1", &[(XFF, input)]).await;
+            assert_eq!(got.status, StatusCode::OK);
+            // One bucket for all of them, the peer's own: never a fresh one.
+            assert_eq!(got.remaining("ip"), Some(99 - i as i64));
+        }
+        // The peer sending no chain is the same client.
+        let got = get_(&app, "127.0.0.1").await;
+        assert_eq!(got.remaining("ip"), Some(99 - inputs.len() as i64));
+        // A trusted hop that wrote the entry is the key, not the peer.
+        let got = send(
+            &app,
+            "GET",
+            "/",
+            "127.0.0.1",
+            &[(XFF, b"unknown, 127.0.0.9")],
+        )
+        .await;
+        assert_eq!(got.remaining("ip"), Some(99));
+        let s = &layer.stats()[0];
+        assert_eq!(s.unknown_client(), inputs.len() as u64 + 1);
+        assert_eq!(s.missing_key(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_missing_peer_stays_500_and_the_body_keeps_the_set_up_to_the_log() {
+        let clock = ManualClock::new();
+        let layer = behind_one_hop(&clock, 100);
+        let res = make_app(layer)
+            .oneshot(Request::builder().uri("/").body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        let got = Got::read(res).await;
+        assert_eq!(got.status, StatusCode::INTERNAL_SERVER_ERROR);
+        let detail = got.json()["detail"].as_str().unwrap().to_owned();
+        assert!(detail.contains("set-up"), "{detail}");
+        for advice in ["connect_info", "axum", "tonic", "SocketAddr", "feature"] {
+            assert!(!detail.contains(advice), "{detail}");
+        }
+    }
+
+    #[tokio::test]
+    async fn every_reproducer_end_to_end() {
+        let clock = ManualClock::new();
+        // trusted_hops = 1, a direct request without X-Forwarded-For.
+        let hops = behind_one_hop(&clock, 100);
+        let (addr, stop, server) = serve("127.0.0.1:0", make_app(hops)).await;
+        for left in [99, 98] {
+            let got = fetch_bytes(addr, "GET", "/", &[]).await;
+            assert_eq!(got.status, StatusCode::OK);
+            assert_eq!(got.remaining("ip"), Some(left));
+        }
+        drop(stop);
+        server.await.unwrap();
+        // trusted_proxies = ["127.0.0.0/8"]: each malformed chain is a 400.
+        let layer = behind_loopback(&clock, UnknownClient::AsMissing);
+        let (addr, stop, server) = serve("127.0.0.1:0", make_app(layer.clone())).await;
+        for input in malformed() {
+            let got = fetch_bytes(addr, "GET", "/", &[(XFF, &input)]).await;
+            assert_bad_request(&got, &String::from_utf8_lossy(&input));
+        }
+        let long = long_chain();
+        let got = fetch_bytes(addr, "GET", "/", &[(XFF, &long)]).await;
+        assert_eq!(got.status, StatusCode::OK);
+        assert_eq!(layer.stats()[0].unknown_client(), malformed().len() as u64);
+        drop(stop);
+        server.await.unwrap();
+        // And with the nearest hop as the key: one shared bucket, no 4xx.
+        let layer = behind_loopback(&clock, UnknownClient::NearestHop);
+        let (addr, stop, server) = serve("127.0.0.1:0", make_app(layer)).await;
+        for (i, input) in malformed().iter().enumerate() {
+            let got = fetch_bytes(addr, "GET", "/", &[(XFF, input)]).await;
+            assert_eq!(got.status, StatusCode::OK);
+            assert_eq!(got.remaining("ip"), Some(99 - i as i64));
+        }
+        drop(stop);
+        server.await.unwrap();
+    }
+}
+
+/// Issue 23 item 5: `.skip`, `.cost_fn` and `.peer_from` take capturing
+/// closures.
+#[tokio::test]
+async fn capturing_closures_skip_cost_and_find_the_peer() {
+    #[derive(Clone)]
+    struct Tls(std::net::IpAddr);
+    let clock = ManualClock::new();
+    let open: Vec<String> = vec!["/items/free".into(), "/info".into()];
+    let bulk_cost: u64 = 7;
+    let layer = builder(&clock)
+        .skip(move |_, uri, _| open.iter().any(|p| uri.path() == p))
+        .client_ip(ClientIp::peer().peer_from(|ext| ext.get::<Tls>().map(|t| t.0)))
+        .rule(
+            Rule::per_ip("ip", Policy::fixed_window(Window::per_minute(100))).cost_fn(
+                move |_, uri, _| {
+                    if uri.path().starts_with("/items") {
+                        bulk_cost
+                    } else {
+                        1
+                    }
+                },
+            ),
+        )
+        .build()
+        .unwrap();
+    let app = make_app(layer);
+    for _ in 0..3 {
+        let got = send(&app, "GET", "/items/free", "192.0.2.1", &[]).await;
+        assert_eq!(got.status, StatusCode::OK);
+        assert!(got.ratelimit().is_empty(), "skipped");
+    }
+    assert_eq!(
+        send(&app, "GET", "/items/1", "192.0.2.1", &[])
+            .await
+            .remaining("ip"),
+        Some(93)
+    );
+    assert_eq!(get_(&app, "192.0.2.1").await.remaining("ip"), Some(92));
+    // The custom peer lookup comes first: another client.
+    let mut req = Request::builder().uri("/").body(Body::empty()).unwrap();
+    req.extensions_mut()
+        .insert(Tls("198.51.100.3".parse().unwrap()));
+    req.extensions_mut()
+        .insert(axum::extract::ConnectInfo(SocketAddr::from((
+            [192, 0, 2, 1],
+            1,
+        ))));
+    let got = Got::read(app.clone().oneshot(req).await.unwrap()).await;
+    assert_eq!(got.remaining("ip"), Some(99));
 }

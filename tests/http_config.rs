@@ -11,7 +11,7 @@ use http::{HeaderMap, Method, Request, StatusCode};
 use http_body_util::BodyExt;
 use ratewall::http::{
     ClientIp, Headers, HttpConfigError, Items, Key, LayerConfig, Missing, Mode, ProxyHeader,
-    RateLimitBuilder, RateLimitLayer, Rule, RuleConfig,
+    RateLimitBuilder, RateLimitLayer, Rule, RuleConfig, UnknownClient,
 };
 use ratewall::{ManualClock, ParseError, Policy, Rate, Tolerance, WhenFull, Window};
 use std::net::{IpAddr, SocketAddr};
@@ -440,6 +440,7 @@ fn every_bad_value_is_a_typed_error_naming_the_rule_and_field() {
         ("mode = \"dry-run\"", "mode"),
         ("when_missing = \"reject 200\"", "when_missing"),
         ("when_missing = \"reject\"", "when_missing"),
+        ("unknown_client = \"hop\"", "unknown_client"),
         ("when_full = \"evict\"", "when_full"),
         ("store = \"disk\"", "store"),
         ("redis_prefix = \"shop\"", "redis_prefix"),
@@ -717,4 +718,60 @@ fn configurations_survive_a_round_trip() {
     // Without the Redis rule it builds with no backend.
     config.rules.pop();
     assert!(config.to_builder().unwrap().build().is_ok());
+}
+
+/// Issue 23: `unknown_client` in a file answers as `when_client_unknown`
+/// in Rust: 400 by default, the nearest trusted hop's bucket on request,
+/// never 5xx.
+#[tokio::test]
+async fn unknown_client_in_a_file_is_what_rust_builds() {
+    let req = |xff: &str| Req {
+        method: Method::GET,
+        path: "/",
+        peer: "10.0.0.1".parse().unwrap(),
+        headers: vec![("x-forwarded-for", xff.to_owned())],
+    };
+    let chains = [
+        "unknown",
+        "not-an-ip",
+        "1.2.3",
+        "1.2.3.4.5",
+        "198.51.100.7, _x",
+    ];
+    for (line, unknown, status) in [
+        ("", UnknownClient::AsMissing, StatusCode::BAD_REQUEST),
+        (
+            "unknown_client = \"as-missing\"",
+            UnknownClient::AsMissing,
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "unknown_client = \"nearest-hop\"",
+            UnknownClient::NearestHop,
+            StatusCode::OK,
+        ),
+    ] {
+        let text = with("trusted_proxies = [\"10.0.0.0/8\"]", line);
+        let config: LayerConfig = toml::from_str(&text).unwrap();
+        let from_file = app(config
+            .to_builder()
+            .unwrap()
+            .clock(ManualClock::new())
+            .build()
+            .unwrap());
+        let in_rust = app(RateLimitLayer::builder()
+            .clock(ManualClock::new())
+            .client_ip(ClientIp::behind_proxies(["10.0.0.0/8".parse().unwrap()]))
+            .rule(Rule::per_ip("r", "10/s".parse().unwrap()).when_client_unknown(unknown))
+            .build()
+            .unwrap());
+        for chain in chains {
+            let (a, b) = (
+                answer(&from_file, &req(chain)).await,
+                answer(&in_rust, &req(chain)).await,
+            );
+            assert_eq!(a.status, status, "{line}: {chain}");
+            assert_eq!(a, b, "{line}: {chain}");
+        }
+    }
 }

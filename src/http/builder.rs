@@ -22,7 +22,7 @@ use crate::sync::AtomicU64;
 use crate::text::ParseError;
 use bytes::Bytes;
 use crossbeam_utils::CachePadded;
-use http::Response;
+use http::{HeaderMap, Method, Response, Uri};
 use std::fmt;
 use std::sync::{Arc, Once};
 
@@ -275,14 +275,22 @@ impl<C: Clock + Clone> RateLimitBuilder<C> {
     }
 
     /// Requests for which `skip` returns true pass through unlimited (health
-    /// checks, metrics).
+    /// checks, metrics). A closure may capture, so the paths can come from
+    /// configuration.
     ///
     /// ```
     /// # use ratewall::http::RateLimitLayer;
     /// let b = RateLimitLayer::builder().skip(|_, uri, _| uri.path().starts_with("/health"));
-    /// # let _ = b;
+    /// // Paths read from configuration:
+    /// let open: Vec<String> = vec!["/metrics".into(), "/ready".into()];
+    /// let c = RateLimitLayer::builder().skip(move |_, uri, _| open.iter().any(|p| uri.path() == p));
+    /// # let _ = (b, c);
     /// ```
-    pub fn skip(mut self, skip: SkipFn) -> Self {
+    pub fn skip(
+        mut self,
+        skip: impl Fn(&Method, &Uri, &HeaderMap) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        let skip: SkipFn = Arc::new(skip);
         self.skip = Some(skip);
         self
     }

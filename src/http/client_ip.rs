@@ -14,13 +14,16 @@
 //! because it is left-most: any client can write it. An entry that is not an
 //! address (`unknown`, an obfuscated `_id`, garbage) stops the walk and the
 //! client is unknown: it is not skipped, because the hop that wrote it is
-//! the one we would have to trust next.
+//! the one we would have to trust next. An unknown client remembers the
+//! nearest trusted hop (the address the walk last passed, or the peer),
+//! which a rule may key by instead ([`UnknownClient`](super::UnknownClient)).
 
 use http::header::{HeaderMap, HeaderName};
 use http::Extensions;
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::str::FromStr;
+use std::sync::Arc;
 
 /// The most list entries a walk reads before it gives up (the client is
 /// then unknown). Real chains are a handful of hops long; the cap bounds the
@@ -181,11 +184,12 @@ fn to_bits(ip: IpAddr) -> u128 {
     }
 }
 
+/// The mask of the first `len` bits (`len` at most 128, as every `Cidr`
+/// and prefix holds). At 128 the shift is 0: no separate case is needed.
 #[inline]
 pub(super) fn mask(len: u8) -> u128 {
     match len {
         0 => 0,
-        l if l >= 128 => u128::MAX,
         l => u128::MAX << (128 - u32::from(l)),
     }
 }
@@ -253,8 +257,11 @@ enum Trust {
 pub struct ClientIp {
     trust: Trust,
     header: ProxyHeader,
-    peer_fn: Option<fn(&Extensions) -> Option<IpAddr>>,
+    peer_fn: Option<PeerFn>,
 }
+
+/// A custom peer lookup ([`ClientIp::peer_from`]).
+type PeerFn = Arc<dyn Fn(&Extensions) -> Option<IpAddr> + Send + Sync>;
 
 impl Default for ClientIp {
     fn default() -> Self {
@@ -280,8 +287,10 @@ pub(super) enum Resolved {
     /// No peer address reached the layer: the server is not set up to pass it.
     NoPeer,
     /// The chain holds an unknown, obfuscated or malformed entry where the
-    /// client should be (or no entry where one was required).
-    Unknown,
+    /// client should be, is longer than [`MAX_HOPS`], or a single header
+    /// from a trusted peer is absent or repeated. The address is the
+    /// nearest trusted hop: the one that wrote the entry (or the peer).
+    Unknown(IpAddr),
 }
 
 impl ClientIp {
@@ -320,8 +329,10 @@ impl ClientIp {
 
     /// Exactly `hops` proxies stand in front of the server (the peer is the
     /// nearest): the client is the `hops`-th entry from the right. With
-    /// fewer entries, the left-most one (written by a proxy of ours) is the
-    /// client; with none, the client is unknown. `0` means the peer.
+    /// fewer entries, the client is the nearest address the server can
+    /// vouch for, as nginx's realip and Express's trust-proxy do: the
+    /// left-most entry (written by a proxy of ours), or with none (a direct
+    /// request, a health check) the peer. `0` means the peer.
     ///
     /// ```
     /// # use ratewall::http::ClientIp;
@@ -380,10 +391,16 @@ impl ClientIp {
     /// #[derive(Clone)]
     /// struct Peer(IpAddr);
     /// let ip = ClientIp::peer().peer_from(|ext| ext.get::<Peer>().map(|p| p.0));
-    /// # let _ = ip;
+    /// // Closures may capture: here, a fallback address from configuration.
+    /// let fallback: IpAddr = "192.0.2.1".parse().unwrap();
+    /// let ip2 = ClientIp::peer().peer_from(move |ext| Some(ext.get::<Peer>().map_or(fallback, |p| p.0)));
+    /// # let _ = (ip, ip2);
     /// ```
-    pub fn peer_from(mut self, lookup: fn(&Extensions) -> Option<IpAddr>) -> ClientIp {
-        self.peer_fn = Some(lookup);
+    pub fn peer_from(
+        mut self,
+        lookup: impl Fn(&Extensions) -> Option<IpAddr> + Send + Sync + 'static,
+    ) -> ClientIp {
+        self.peer_fn = Some(Arc::new(lookup));
         self
     }
 
@@ -394,7 +411,7 @@ impl ClientIp {
 
     /// The TCP peer's address, unmapped.
     pub(super) fn peer_addr(&self, ext: &Extensions) -> Option<IpAddr> {
-        if let Some(f) = self.peer_fn {
+        if let Some(f) = &self.peer_fn {
             if let Some(ip) = f(ext) {
                 return Some(unmap(ip));
             }
@@ -434,28 +451,28 @@ impl ClientIp {
                     match node {
                         Node::Ip(ip) if trusted(ip) => last = ip,
                         Node::Ip(ip) => return Resolved::Ip(ip),
-                        Node::Unknown | Node::TooLong => return Resolved::Unknown,
+                        Node::Unknown | Node::TooLong => return Resolved::Unknown(last),
                     }
                 }
                 Resolved::Ip(last)
             }
             Trust::Hops(0) => Resolved::Ip(peer),
             Trust::Hops(hops) => {
-                let mut last = None;
+                // Every entry before the `hops`-th was written by a proxy
+                // of ours: the last one passed is the nearest vouched-for
+                // address (the peer when there is none).
+                let mut last = peer;
                 for (i, node) in Chain::new(headers, self.header)
                     .take(MAX_HOPS + 1)
                     .enumerate()
                 {
                     match node {
                         Node::Ip(ip) if i + 1 == *hops => return Resolved::Ip(ip),
-                        Node::Ip(ip) => last = Some(ip),
-                        Node::Unknown | Node::TooLong => return Resolved::Unknown,
+                        Node::Ip(ip) => last = ip,
+                        Node::Unknown | Node::TooLong => return Resolved::Unknown(last),
                     }
                 }
-                match last {
-                    Some(ip) => Resolved::Ip(ip),
-                    None => Resolved::Unknown,
-                }
+                Resolved::Ip(last)
             }
             Trust::Single(name, nets) => {
                 if !nets.iter().any(|n| n.contains(peer)) {
@@ -465,10 +482,10 @@ impl ClientIp {
                 match (values.next(), values.next()) {
                     (Some(v), None) => match parse_node(v.as_bytes().trim_ascii()) {
                         Some(ip) => Resolved::Ip(unmap(ip)),
-                        None => Resolved::Unknown,
+                        None => Resolved::Unknown(peer),
                     },
                     // Absent, or sent twice: nothing to believe.
-                    _ => Resolved::Unknown,
+                    _ => Resolved::Unknown(peer),
                 }
             }
         }
@@ -656,261 +673,5 @@ fn valid_port(p: &str) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use http::HeaderValue;
-
-    fn headers(name: &str, values: &[&[u8]]) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        for v in values {
-            h.append(
-                HeaderName::from_bytes(name.as_bytes()).unwrap(),
-                HeaderValue::from_bytes(v).unwrap(),
-            );
-        }
-        h
-    }
-
-    fn peer(ip: &str) -> Extensions {
-        let mut e = Extensions::new();
-        e.insert(SocketAddr::new(ip.parse().unwrap(), 4000));
-        e
-    }
-
-    fn ip(s: &str) -> Resolved {
-        Resolved::Ip(s.parse().unwrap())
-    }
-
-    #[test]
-    fn nodes_parse_in_every_written_form() {
-        let ok = [
-            ("192.0.2.1", "192.0.2.1"),
-            ("192.0.2.1:8080", "192.0.2.1"),
-            ("2001:db8::1", "2001:db8::1"),
-            ("[2001:db8::1]", "2001:db8::1"),
-            ("[2001:db8::1]:443", "2001:db8::1"),
-            ("[2001:db8::1]:_obf", "2001:db8::1"),
-            ("fe80::1%eth0", "fe80::1"),
-            ("[fe80::1%25eth0]:80", "fe80::1"),
-            ("::ffff:192.0.2.9", "::ffff:192.0.2.9"),
-        ];
-        for (input, want) in ok {
-            assert_eq!(
-                parse_node(input.as_bytes()),
-                Some(want.parse().unwrap()),
-                "{input}"
-            );
-        }
-        let bad: [&[u8]; 16] = [
-            b"",
-            b"unknown",
-            b"_hidden",
-            b"192.0.2.1:",
-            b"192.0.2.1:123456",
-            b"192.0.2.1:http",
-            b"[2001:db8::1",
-            b"[2001:db8::1]x",
-            b"[192.0.2.1]",
-            b"2001:db8::1%",
-            b"300.1.1.1",
-            b"\xff\xfe",
-            b"[]",
-            b"[]:80",
-            b"1.2.3.4.5",
-            &[b'1'; 200],
-        ];
-        for input in bad {
-            assert_eq!(
-                parse_node(input),
-                None,
-                "{:?}",
-                String::from_utf8_lossy(input)
-            );
-        }
-    }
-
-    #[test]
-    fn cidrs_parse_match_and_reject_bad_input() {
-        let net: Cidr = "10.0.0.0/8".parse().unwrap();
-        assert!(net.contains("10.255.0.1".parse().unwrap()));
-        assert!(net.contains("::ffff:10.0.0.1".parse().unwrap()));
-        assert!(!net.contains("11.0.0.1".parse().unwrap()));
-        assert_eq!(net.to_string(), "10.0.0.0/8");
-        let v6: Cidr = "2001:db8::/32".parse().unwrap();
-        assert!(v6.contains("2001:db8:ffff::1".parse().unwrap()));
-        assert!(!v6.contains("2001:db9::1".parse().unwrap()));
-        assert!(!v6.contains("10.0.0.1".parse().unwrap()));
-        let one: Cidr = "192.0.2.7".parse().unwrap();
-        assert!(one.contains("192.0.2.7".parse().unwrap()));
-        assert!(!one.contains("192.0.2.8".parse().unwrap()));
-        let mapped: Cidr = "::ffff:10.0.0.0/104".parse().unwrap();
-        assert_eq!(mapped, net);
-        let all: Cidr = "0.0.0.0/0".parse().unwrap();
-        assert!(all.contains("8.8.8.8".parse().unwrap()));
-        assert!(!all.contains("::1".parse().unwrap()));
-        for bad in [
-            "",
-            "10.0.0.0/33",
-            "::/129",
-            "10.0.0.0/",
-            "x",
-            "10.0.0.0/-1",
-            "::ffff:1.2.3.4/95",
-        ] {
-            assert!(bad.parse::<Cidr>().is_err(), "{bad}");
-        }
-    }
-
-    #[test]
-    fn peer_only_ignores_headers() {
-        let h = headers("x-forwarded-for", &[b"1.1.1.1"]);
-        assert_eq!(
-            ClientIp::peer().resolve(&h, &peer("203.0.113.5")),
-            ip("203.0.113.5")
-        );
-        assert_eq!(
-            ClientIp::peer().resolve(&h, &Extensions::new()),
-            Resolved::NoPeer
-        );
-        // IPv4-mapped peers are unmapped.
-        assert_eq!(
-            ClientIp::peer().resolve(&h, &peer("::ffff:203.0.113.5")),
-            ip("203.0.113.5")
-        );
-    }
-
-    #[test]
-    fn the_walk_goes_from_the_right_past_trusted_hops_only() {
-        let c = ClientIp::behind_proxies(["10.0.0.0/8".parse().unwrap()]);
-        // Spoofed left-most entry, one trusted proxy: the proxy's view wins.
-        let h = headers("x-forwarded-for", &[b"6.6.6.6, 198.51.100.7"]);
-        assert_eq!(c.resolve(&h, &peer("10.0.0.1")), ip("198.51.100.7"));
-        // Chains of 1..3 trusted proxies.
-        let h = headers(
-            "x-forwarded-for",
-            &[b"6.6.6.6, 198.51.100.7, 10.0.0.3, 10.0.0.2"],
-        );
-        assert_eq!(c.resolve(&h, &peer("10.0.0.1")), ip("198.51.100.7"));
-        // Split over several lines: still one list, right to left.
-        let h = headers("x-forwarded-for", &[b"6.6.6.6, 198.51.100.7", b"10.0.0.3"]);
-        assert_eq!(c.resolve(&h, &peer("10.0.0.1")), ip("198.51.100.7"));
-        // An untrusted peer is the client, whatever it says.
-        assert_eq!(c.resolve(&h, &peer("203.0.113.9")), ip("203.0.113.9"));
-        // All trusted: the left-most trusted hop; none sent: the peer.
-        let h = headers("x-forwarded-for", &[b"10.1.1.1, 10.0.0.2"]);
-        assert_eq!(c.resolve(&h, &peer("10.0.0.1")), ip("10.1.1.1"));
-        assert_eq!(
-            c.resolve(&HeaderMap::new(), &peer("10.0.0.1")),
-            ip("10.0.0.1")
-        );
-        // An unknown entry where the walk lands stops it.
-        let h = headers("x-forwarded-for", &[b"198.51.100.7, unknown, 10.0.0.2"]);
-        assert_eq!(c.resolve(&h, &peer("10.0.0.1")), Resolved::Unknown);
-        // Empty elements are skipped; mapped addresses are unmapped.
-        let h = headers("x-forwarded-for", &[b"::ffff:198.51.100.7,, 10.0.0.2 ,"]);
-        assert_eq!(c.resolve(&h, &peer("10.0.0.1")), ip("198.51.100.7"));
-    }
-
-    #[test]
-    fn hop_counts_take_the_nth_entry_from_the_right() {
-        let h = headers("x-forwarded-for", &[b"6.6.6.6, 198.51.100.7, 10.0.0.3"]);
-        let p = peer("10.0.0.1");
-        assert_eq!(ClientIp::behind_hops(0).resolve(&h, &p), ip("10.0.0.1"));
-        assert_eq!(ClientIp::behind_hops(1).resolve(&h, &p), ip("10.0.0.3"));
-        assert_eq!(ClientIp::behind_hops(2).resolve(&h, &p), ip("198.51.100.7"));
-        assert_eq!(ClientIp::behind_hops(3).resolve(&h, &p), ip("6.6.6.6"));
-        // Fewer entries than hops: the left-most; none: unknown.
-        assert_eq!(ClientIp::behind_hops(5).resolve(&h, &p), ip("6.6.6.6"));
-        assert_eq!(
-            ClientIp::behind_hops(1).resolve(&HeaderMap::new(), &p),
-            Resolved::Unknown
-        );
-    }
-
-    #[test]
-    fn forwarded_is_walked_with_quotes_and_obfuscation_stops_it() {
-        let c = ClientIp::behind_proxies(["10.0.0.0/8".parse().unwrap()])
-            .header(ProxyHeader::Forwarded);
-        let p = peer("10.0.0.1");
-        let h = headers(
-            "forwarded",
-            &[b"for=6.6.6.6, for=\"[2001:db8:cafe::17]:4711\";proto=https, For=10.0.0.2;by=10.0.0.1"],
-        );
-        assert_eq!(c.resolve(&h, &p), ip("2001:db8:cafe::17"));
-        let h = headers(
-            "forwarded",
-            &[b"for=198.51.100.7, for=_hidden, for=10.0.0.2"],
-        );
-        assert_eq!(c.resolve(&h, &p), Resolved::Unknown);
-        let h = headers("forwarded", &[b"for=198.51.100.7, for=unknown"]);
-        assert_eq!(c.resolve(&h, &p), Resolved::Unknown);
-        // A comma inside quotes does not split; a stray quote or escape is malformed.
-        let h = headers("forwarded", &[b"for=\"1.2.3.4,5\""]);
-        assert_eq!(c.resolve(&h, &p), Resolved::Unknown);
-        let h = headers("forwarded", &[b"for=\"198.51.100.7"]);
-        assert_eq!(c.resolve(&h, &p), Resolved::Unknown);
-        let h = headers("forwarded", &[b"for=\"a\\\"b\""]);
-        assert_eq!(c.resolve(&h, &p), Resolved::Unknown);
-        // An element without for= stops the walk too.
-        let h = headers("forwarded", &[b"for=198.51.100.7, proto=https"]);
-        assert_eq!(c.resolve(&h, &p), Resolved::Unknown);
-    }
-
-    #[test]
-    fn hostile_headers_never_panic_and_bound_the_walk() {
-        let c = ClientIp::behind_proxies(["0.0.0.0/0".parse().unwrap(), "::/0".parse().unwrap()]);
-        let p = peer("10.0.0.1");
-        let mut long = Vec::new();
-        for i in 0..10_000u32 {
-            long.extend_from_slice(format!("10.{}.{}.1, ", (i >> 8) & 255, i & 255).as_bytes());
-        }
-        for name in ["x-forwarded-for", "forwarded"] {
-            let header = if name == "forwarded" {
-                ProxyHeader::Forwarded
-            } else {
-                ProxyHeader::XForwardedFor
-            };
-            let c = c.clone().header(header);
-            let h = headers(name, &[&long]);
-            assert_eq!(c.resolve(&h, &p), Resolved::Unknown, "{name}: too long");
-            let inputs: [&[u8]; 10] = [
-                b"",
-                b",,,,",
-                b"\"",
-                b"[",
-                b"]",
-                b"[::1",
-                b"for=",
-                b";;;=;=",
-                b"\x80\x81",
-                b"[fe80::1%]:99999",
-            ];
-            for input in inputs {
-                let h = headers(name, &[input]);
-                let r = c.resolve(&h, &p);
-                assert!(
-                    matches!(r, Resolved::Unknown | Resolved::Ip(_)),
-                    "{name} {input:?}"
-                );
-            }
-        }
-        // Non-UTF-8 (obs-text) values are rejected entries, not panics.
-        let h = headers("x-forwarded-for", &[b"\xe9\xe9, 10.0.0.2"]);
-        let trusted = ClientIp::behind_proxies(["10.0.0.0/8".parse().unwrap()]);
-        assert_eq!(trusted.resolve(&h, &p), Resolved::Unknown);
-    }
-
-    #[test]
-    fn single_header_is_believed_only_from_its_networks() {
-        let c = ClientIp::single_header("cf-connecting-ip", ["173.245.48.0/20".parse().unwrap()]);
-        let h = headers("cf-connecting-ip", &[b"198.51.100.7"]);
-        assert_eq!(c.resolve(&h, &peer("173.245.48.1")), ip("198.51.100.7"));
-        assert_eq!(c.resolve(&h, &peer("203.0.113.1")), ip("203.0.113.1"));
-        let twice = headers("cf-connecting-ip", &[b"198.51.100.7", b"1.1.1.1"]);
-        assert_eq!(c.resolve(&twice, &peer("173.245.48.1")), Resolved::Unknown);
-        assert_eq!(
-            c.resolve(&HeaderMap::new(), &peer("173.245.48.1")),
-            Resolved::Unknown
-        );
-    }
-}
+#[path = "client_ip_tests.rs"]
+mod tests;

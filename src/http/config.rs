@@ -12,7 +12,7 @@ use super::builder::{HttpConfigError, RateLimitBuilder};
 use super::client_ip::{Cidr, ClientIp, ProxyHeader, MAX_HOPS};
 use super::headers::{Headers, Items};
 use super::key::Key;
-use super::rule::{Missing, Mode, Rule};
+use super::rule::{Missing, Mode, Rule, UnknownClient};
 use super::service::RateLimitLayer;
 use crate::keyed::WhenFull;
 use crate::policy::Policy;
@@ -115,6 +115,7 @@ pub struct LayerConfig {
 /// | `cost` | units per request (default 1) |
 /// | `mode` | `"enforce"` (default), `"shadow"` or `"off"` |
 /// | `when_missing` | `"skip"`, or `"reject 401"` (any status from 400 to 599) |
+/// | `unknown_client` | `"as-missing"` (default: `when_missing` decides, a 5xx becoming 400) or `"nearest-hop"` (key by the nearest trusted proxy's address) |
 /// | `hide_headers` | `true`: left out of the headers of allowed responses |
 /// | `count_failures_only` | `true`: given back when the response is 2xx or 3xx |
 /// | `max_keys` | the most keys tracked at once |
@@ -174,6 +175,10 @@ pub struct RuleConfig {
     /// `"skip"` or `"reject STATUS"` ([`Missing`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub when_missing: Option<String>,
+    /// `"as-missing"` or `"nearest-hop"`: what to do with a request whose
+    /// client address is unknown ([`UnknownClient`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unknown_client: Option<String>,
     /// Leave the rule out of the headers of allowed responses.
     #[serde(default, skip_serializing_if = "is_false")]
     pub hide_headers: bool,
@@ -437,6 +442,15 @@ impl RuleConfig {
                 )
             })?;
             rule = rule.when_missing(m);
+        }
+        if let Some(unknown) = &self.unknown_client {
+            let choices = [
+                ("as-missing", UnknownClient::AsMissing),
+                ("nearest-hop", UnknownClient::NearestHop),
+            ];
+            rule = rule.when_client_unknown(keyword(unknown, &choices).ok_or_else(|| {
+                self.bad("unknown_client", unknown, "`as-missing` or `nearest-hop`")
+            })?);
         }
         if self.hide_headers {
             rule = rule.hide_headers();

@@ -16,11 +16,9 @@ use super::client_ip::{Cidr, ClientIp, Resolved};
 use super::compiled::{Compiled, Entries, Entry, INLINE_RULES};
 use super::headers::{Admitted, Headers};
 use super::info::RateLimitInfo;
-#[cfg(feature = "redis")]
-use super::key::RuleKey;
-use super::key::{Fingerprint, RequestParts};
+use super::key::{Absent, Fingerprint, RequestParts, RuleKey};
 use super::response::{self, Responder};
-use super::rule::{Missing, Mode};
+use super::rule::{Missing, Mode, UnknownClient};
 use super::stats::bump;
 use crate::clock::Clock;
 use crate::decision::{Decision, Tracking};
@@ -36,7 +34,7 @@ use futures_util::future::join_all;
 #[cfg(feature = "redis")]
 use http::header::RETRY_AFTER;
 use http::header::{HeaderName, HeaderValue};
-use http::{HeaderMap, Method, Response, Uri};
+use http::{HeaderMap, Method, Response, StatusCode, Uri};
 use smallvec::SmallVec;
 #[cfg(feature = "redis")]
 use std::future::Future;
@@ -51,7 +49,7 @@ const XFF_CHECKS: u64 = 4096;
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
 /// What a request is checked against: a skip predicate over the request head.
-pub(super) type SkipFn = fn(&Method, &Uri, &HeaderMap) -> bool;
+pub(super) type SkipFn = Arc<dyn Fn(&Method, &Uri, &HeaderMap) -> bool + Send + Sync>;
 
 /// Warns through `tracing` (feature `tracing`) or on standard error.
 pub(super) fn warn_now(message: &str) {
@@ -263,7 +261,7 @@ impl<C: Clock + 'static> Shared<C> {
         req: &RequestHead<'_>,
         insert: &mut Option<RateLimitInfo>,
     ) -> Verdict {
-        if let Some(skip) = self.skip {
+        if let Some(skip) = &self.skip {
             if skip(req.method, req.uri, req.headers) {
                 return Verdict::Pass(None);
             }
@@ -322,19 +320,17 @@ impl<C: Clock + 'static> Shared<C> {
             }
             let key = match rule.key.key_of(&parts, &self.fp, r.local().is_none()) {
                 Ok(k) => k,
-                Err(why) => {
-                    bump(&r.counters.missing_key);
-                    match rule.missing {
-                        Missing::Reject(status) if rule.mode == Mode::Enforce => {
-                            return Verdict::Reject(response::missing_key(
-                                status,
-                                &rule.name,
-                                why.describe(),
-                            ));
-                        }
-                        _ => continue,
+                Err(why) => match self.key_missing(r, &parts, why) {
+                    Ok(k) => k,
+                    Err(Some((status, why))) => {
+                        return Verdict::Reject(response::missing_key(
+                            status,
+                            &rule.name,
+                            why.describe(),
+                        ))
                     }
-                }
+                    Err(None) => continue,
+                },
             };
             #[cfg(feature = "redis")]
             let key = match key {
@@ -392,6 +388,49 @@ impl<C: Clock + 'static> Shared<C> {
         } else {
             self.after(&entries)
         })
+    }
+
+    /// A request without a key for a rule: the key at the nearest trusted
+    /// hop (an unknown client, [`UnknownClient::NearestHop`]), or what the
+    /// rule's [`Missing`] says: `Err(Some((status, why)))` rejects,
+    /// `Err(None)` skips the rule. Never a 5xx for a request-borne problem.
+    #[cold]
+    #[inline(never)]
+    fn key_missing(
+        &self,
+        r: &Compiled<C>,
+        parts: &RequestParts<'_>,
+        mut why: Absent,
+    ) -> Result<RuleKey, Option<(StatusCode, Absent)>> {
+        let rule = &r.rule;
+        if why == Absent::UnknownClient {
+            bump(&r.counters.unknown_client);
+            if let (UnknownClient::NearestHop, Resolved::Unknown(hop)) =
+                (rule.unknown_client, parts.client)
+            {
+                let at_hop = RequestParts {
+                    client: Resolved::Ip(hop),
+                    ..*parts
+                };
+                // A composite key may still lack another part.
+                match rule.key.key_of(&at_hop, &self.fp, r.local().is_none()) {
+                    Ok(k) => return Ok(k),
+                    Err(w) => why = w,
+                }
+            }
+        }
+        bump(&r.counters.missing_key);
+        match rule.missing {
+            Missing::Reject(status) if rule.mode == Mode::Enforce => {
+                let status = if why != Absent::NoPeer && status.is_server_error() {
+                    StatusCode::BAD_REQUEST
+                } else {
+                    status
+                };
+                Err(Some((status, why)))
+            }
+            _ => Err(None),
+        }
     }
 
     /// The all-or-nothing check of the local enforced entries. `Err` names the

@@ -357,13 +357,11 @@ pub(super) enum Absent {
 impl Absent {
     pub(super) fn describe(self) -> &'static str {
         match self {
-            Absent::NoPeer => {
-                "the server passed no peer address: with axum, enable ratewall's `axum` feature and serve with \
-                 `into_make_service_with_connect_info::<SocketAddr>()`; with tonic, enable the `tonic` feature; \
-                 otherwise insert a `SocketAddr` extension"
-            }
+            // What a client reads: the fix for the server goes to the log.
+            Absent::NoPeer => "the server could not identify the client's address (a server set-up error)",
             Absent::UnknownClient => {
-                "the client address is unknown: the proxy chain holds an unknown, obfuscated or malformed entry"
+                "the client address is unknown: the proxy header's entry for the client is not an address \
+                 (unknown, obfuscated or malformed), or the chain is too long"
             }
             Absent::Value => "the request does not carry the value this rule is keyed by",
         }
@@ -395,7 +393,7 @@ impl RequestParts<'_> {
         match self.client {
             Resolved::Ip(ip) => Ok(ip),
             Resolved::NoPeer => Err(Absent::NoPeer),
-            Resolved::Unknown => Err(Absent::UnknownClient),
+            Resolved::Unknown(_) => Err(Absent::UnknownClient),
         }
     }
 

@@ -64,7 +64,7 @@
 //! |---|---|
 //! | `builder.rs` | [`RateLimitLayer::builder`], [`RateLimitBuilder`], [`HttpConfigError`] |
 //! | `config.rs` | [`LayerConfig`], [`RuleConfig`]: the layer as a file (feature `serde`) |
-//! | `rule.rs` | [`Rule`], [`Mode`], [`Missing`]: what a rule says |
+//! | `rule.rs` | [`Rule`], [`Mode`], [`Missing`], [`UnknownClient`]: what a rule says |
 //! | `key.rs` | [`Key`]: a request's key for a rule, as a fingerprint or as bytes |
 //! | `client_ip.rs` | [`ClientIp`], [`Cidr`], [`ProxyHeader`]: who the client is |
 //! | `compiled.rs` | the rules as built, and a request's matching rules |
@@ -97,6 +97,6 @@ pub use headers::{Headers, Items};
 pub use info::RateLimitInfo;
 pub use key::Key;
 pub use response::{Rejection, ResponseBody, RuleDecision};
-pub use rule::{Missing, Mode, Rule};
+pub use rule::{Missing, Mode, Rule, UnknownClient};
 pub use service::{RateLimitLayer, RateLimitService, ResponseFuture};
 pub use stats::RuleStats;

@@ -276,9 +276,11 @@ pub(super) fn store_unavailable(rules: &[&str], retry_after: u64) -> Response<By
         list.push_str(r);
         list.push('"');
     }
+    // `about:blank`: the problem is the status itself (RFC 9457 4.2.1), so
+    // the title is the status phrase; the detail says which store.
     let body = format!(
-        "{{\"title\":\"Rate-limit store unavailable\",\"status\":503,\
-         \"detail\":\"The rate limits of this request could not be checked; retry after {retry_after} seconds.\",\
+        "{{\"type\":\"about:blank\",\"title\":\"Service Unavailable\",\"status\":503,\
+         \"detail\":\"The rate-limit store is unavailable: the rate limits of this request could not be checked; retry after {retry_after} seconds.\",\
          \"violated-policies\":[{list}]}}"
     );
     let mut res = problem(StatusCode::SERVICE_UNAVAILABLE, body);
@@ -454,5 +456,18 @@ mod tests {
         let res = missing_key(StatusCode::UNAUTHORIZED, "key", "a \"quoted\" `reason`");
         let v: serde_json::Value = serde_json::from_slice(res.body()).unwrap();
         assert_eq!(v["status"], 401);
+    }
+
+    #[cfg(feature = "redis")]
+    #[test]
+    fn the_503_body_has_a_type_like_the_429() {
+        let res = store_unavailable(&["ip", "key"], 7);
+        assert_eq!(res.status(), 503);
+        assert_eq!(res.headers()[http::header::RETRY_AFTER], "7");
+        let v: serde_json::Value = serde_json::from_slice(res.body()).unwrap();
+        assert_eq!(v["type"], "about:blank");
+        assert_eq!(v["title"], "Service Unavailable");
+        assert_eq!(v["status"], 503);
+        assert_eq!(v["violated-policies"], serde_json::json!(["ip", "key"]));
     }
 }

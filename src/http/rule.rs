@@ -7,6 +7,7 @@ use crate::policy::Policy;
 use http::{HeaderMap, Method, StatusCode, Uri};
 use std::fmt;
 use std::hash::Hash;
+use std::sync::Arc;
 
 /// What a rule does with the requests it matches.
 ///
@@ -31,7 +32,9 @@ pub enum Mode {
 }
 
 /// What a rule does when a request has no key for it (no API key header,
-/// no user, an unknown client address). Never a silent shared bucket.
+/// no user, no peer address; an unknown client address too, unless
+/// [`UnknownClient::NearestHop`] says otherwise, and never with a 5xx).
+/// Never a silent shared bucket.
 ///
 /// ```
 /// use ratewall::http::{Missing, Rule};
@@ -52,11 +55,47 @@ pub enum Missing {
     Reject(StatusCode),
 }
 
+/// What a rule does with a request whose client address is unknown: the
+/// proxy chain holds an unknown, obfuscated or malformed entry where the
+/// walk lands, is longer than [`MAX_HOPS`](super::MAX_HOPS), or a trusted
+/// CDN sent no single client header. Such requests are counted in
+/// [`RuleStats::unknown_client`](super::RuleStats::unknown_client) either
+/// way, and never get a bucket of their own per forged value.
+///
+/// ```
+/// use ratewall::http::{Rule, UnknownClient};
+/// use ratewall::{Policy, Rate};
+///
+/// // Behind a proxy that writes `for=_hidden` for some clients: limit those
+/// // together under the proxy's address instead of answering 400.
+/// let ip = Rule::per_ip("ip", Policy::token_bucket(Rate::per_second(50)))
+///     .when_client_unknown(UnknownClient::NearestHop);
+/// # let _ = ip;
+/// ```
+#[non_exhaustive]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum UnknownClient {
+    /// As a missing key (the default): the rule's
+    /// [`when_missing`](Rule::when_missing) decides, except that a `5xx`
+    /// status (the `500` client-IP rules answer for a missing peer address,
+    /// a server set-up error) becomes `400 Bad Request`: the request, not
+    /// the server, is at fault. The problem+json body names the problem.
+    #[default]
+    AsMissing,
+    /// Key the request by the nearest trusted hop's own address: the proxy
+    /// that wrote the entry (or the peer). Every such request behind that
+    /// proxy shares one bucket, so one client can spend the others' quota.
+    NearestHop,
+}
+
+/// A cost function ([`Rule::cost_fn`]).
+type CostFn = Arc<dyn Fn(&Method, &Uri, &HeaderMap) -> u64 + Send + Sync>;
+
 /// What a request costs under a rule.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 pub(super) enum Cost {
     Units(u64),
-    Fn(fn(&Method, &Uri, &HeaderMap) -> u64),
+    Fn(CostFn),
 }
 
 /// Which requests a rule applies to: all by default; a method list, a
@@ -146,6 +185,7 @@ pub struct Rule {
     pub(super) cost: Cost,
     pub(super) mode: Mode,
     pub(super) missing: Missing,
+    pub(super) unknown_client: UnknownClient,
     pub(super) visibility: Visibility,
     pub(super) table: TableOptions,
     pub(super) refund_on_success: bool,
@@ -170,6 +210,7 @@ impl fmt::Debug for Rule {
             )
             .field("mode", &self.mode)
             .field("missing", &self.missing)
+            .field("unknown_client", &self.unknown_client)
             .field("visibility", &self.visibility)
             .field("table", &self.table)
             .field("refund_on_success", &self.refund_on_success);
@@ -205,6 +246,7 @@ impl Rule {
             cost: Cost::Units(1),
             mode: Mode::Enforce,
             missing,
+            unknown_client: UnknownClient::AsMissing,
             visibility: Visibility::Shown,
             table: TableOptions::new(),
             refund_on_success: false,
@@ -416,8 +458,11 @@ impl Rule {
     ///     .cost_fn(|_, uri, _| if uri.path().starts_with("/bulk") { 10 } else { 1 });
     /// # let _ = r;
     /// ```
-    pub fn cost_fn(mut self, f: fn(&Method, &Uri, &HeaderMap) -> u64) -> Rule {
-        self.cost = Cost::Fn(f);
+    pub fn cost_fn(
+        mut self,
+        f: impl Fn(&Method, &Uri, &HeaderMap) -> u64 + Send + Sync + 'static,
+    ) -> Rule {
+        self.cost = Cost::Fn(Arc::new(f));
         self
     }
 
@@ -444,6 +489,21 @@ impl Rule {
     /// ```
     pub fn when_missing(mut self, missing: Missing) -> Rule {
         self.missing = missing;
+        self
+    }
+
+    /// What to do with a request whose client address is unknown (see
+    /// [`UnknownClient`]; the default is [`UnknownClient::AsMissing`]).
+    ///
+    /// ```
+    /// # use ratewall::http::{Rule, UnknownClient};
+    /// # use ratewall::{Policy, Rate};
+    /// let r = Rule::per_ip("ip", Policy::token_bucket(Rate::per_second(1)))
+    ///     .when_client_unknown(UnknownClient::NearestHop);
+    /// # let _ = r;
+    /// ```
+    pub fn when_client_unknown(mut self, unknown: UnknownClient) -> Rule {
+        self.unknown_client = unknown;
         self
     }
 
@@ -545,8 +605,8 @@ impl Rule {
 
     #[inline]
     pub(super) fn cost_of(&self, req: &RequestParts<'_>) -> u64 {
-        match self.cost {
-            Cost::Units(n) => n,
+        match &self.cost {
+            Cost::Units(n) => *n,
             Cost::Fn(f) => f(req.method, req.uri, req.headers),
         }
     }

@@ -14,6 +14,7 @@ use crate::sync::{AtomicU64, Ordering};
 ///     .build()?;
 /// let s = &layer.stats()[0];
 /// assert_eq!((s.denied(), s.shadow_denied(), s.missing_key(), s.errors(), s.untracked(), s.refunded()), (0, 0, 0, 0, 0, 0));
+/// assert_eq!(s.unknown_client(), 0);
 /// # Ok::<(), ratewall::http::HttpConfigError>(())
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -23,6 +24,7 @@ pub struct RuleStats {
     denied: u64,
     shadow_denied: u64,
     missing_key: u64,
+    unknown_client: u64,
     errors: u64,
     fallbacks: u64,
     untracked: u64,
@@ -70,6 +72,20 @@ impl RuleStats {
     pub fn missing_key(&self) -> u64 {
         self.missing_key
     }
+    /// Requests the rule matched whose client address was unknown: the
+    /// proxy chain held an unknown, obfuscated or malformed entry where the
+    /// walk landed, was longer than [`MAX_HOPS`](super::MAX_HOPS), or a
+    /// trusted CDN sent no single client header. Counted whatever the rule
+    /// did with them ([`UnknownClient`](super::UnknownClient)); those it
+    /// rejected or skipped are also in [`missing_key`](Self::missing_key).
+    /// A rule that does not key by the client address never counts any.
+    ///
+    /// ```
+    /// # fn f(s: &ratewall::http::RuleStats) { let _ = s.unknown_client(); }
+    /// ```
+    pub fn unknown_client(&self) -> u64 {
+        self.unknown_client
+    }
     /// Requests that cost more than the rule can ever admit, and (Redis
     /// rules) requests Redis could not decide that were failed open or
     /// closed by the limiter's failure policy.
@@ -114,6 +130,7 @@ pub(super) struct Counters {
     pub(super) denied: AtomicU64,
     pub(super) shadow_denied: AtomicU64,
     pub(super) missing_key: AtomicU64,
+    pub(super) unknown_client: AtomicU64,
     pub(super) errors: AtomicU64,
     pub(super) fallbacks: AtomicU64,
     pub(super) untracked: AtomicU64,
@@ -130,6 +147,7 @@ impl Counters {
             denied: self.denied.load(Ordering::Relaxed),
             shadow_denied: self.shadow_denied.load(Ordering::Relaxed),
             missing_key: self.missing_key.load(Ordering::Relaxed),
+            unknown_client: self.unknown_client.load(Ordering::Relaxed),
             errors: self.errors.load(Ordering::Relaxed),
             fallbacks: self.fallbacks.load(Ordering::Relaxed),
             untracked: self.untracked.load(Ordering::Relaxed),

@@ -151,6 +151,18 @@ pub async fn serve(
 
 /// One request over a fresh HTTP/1.1 connection.
 pub async fn fetch(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)]) -> Got {
+    let bytes: Vec<(&str, &[u8])> = headers.iter().map(|(k, v)| (*k, v.as_bytes())).collect();
+    fetch_bytes(addr, method, path, &bytes).await
+}
+
+/// One request over a fresh HTTP/1.1 connection, with header values as
+/// bytes (obs-text and all).
+pub async fn fetch_bytes(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &[u8])],
+) -> Got {
     let stream = TcpStream::connect(addr).await.unwrap();
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
@@ -161,7 +173,7 @@ pub async fn fetch(addr: SocketAddr, method: &str, path: &str, headers: &[(&str,
         .uri(path)
         .header("host", addr.to_string());
     for (k, v) in headers {
-        req = req.header(*k, *v);
+        req = req.header(*k, http::HeaderValue::from_bytes(v).unwrap());
     }
     let res = sender
         .send_request(req.body(http_body_util::Empty::<Bytes>::new()).unwrap())

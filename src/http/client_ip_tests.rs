@@ -1,0 +1,366 @@
+//! Unit tests of `client_ip.rs`: entry parsing, networks, and each walk.
+
+use super::*;
+use http::HeaderValue;
+
+fn headers(name: &str, values: &[&[u8]]) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    for v in values {
+        h.append(
+            HeaderName::from_bytes(name.as_bytes()).unwrap(),
+            HeaderValue::from_bytes(v).unwrap(),
+        );
+    }
+    h
+}
+
+fn peer(ip: &str) -> Extensions {
+    let mut e = Extensions::new();
+    e.insert(SocketAddr::new(ip.parse().unwrap(), 4000));
+    e
+}
+
+fn ip(s: &str) -> Resolved {
+    Resolved::Ip(s.parse().unwrap())
+}
+
+fn unknown(hop: &str) -> Resolved {
+    Resolved::Unknown(hop.parse().unwrap())
+}
+
+#[test]
+fn nodes_parse_in_every_written_form() {
+    let ok = [
+        ("192.0.2.1", "192.0.2.1"),
+        ("192.0.2.1:8080", "192.0.2.1"),
+        ("2001:db8::1", "2001:db8::1"),
+        ("[2001:db8::1]", "2001:db8::1"),
+        ("[2001:db8::1]:443", "2001:db8::1"),
+        ("[2001:db8::1]:_obf", "2001:db8::1"),
+        ("fe80::1%eth0", "fe80::1"),
+        ("[fe80::1%25eth0]:80", "fe80::1"),
+        ("::ffff:192.0.2.9", "::ffff:192.0.2.9"),
+    ];
+    for (input, want) in ok {
+        assert_eq!(
+            parse_node(input.as_bytes()),
+            Some(want.parse().unwrap()),
+            "{input}"
+        );
+    }
+    let bad: [&[u8]; 16] = [
+        b"",
+        b"unknown",
+        b"_hidden",
+        b"192.0.2.1:",
+        b"192.0.2.1:123456",
+        b"192.0.2.1:http",
+        b"[2001:db8::1",
+        b"[2001:db8::1]x",
+        b"[192.0.2.1]",
+        b"2001:db8::1%",
+        b"300.1.1.1",
+        b"\xff\xfe",
+        b"[]",
+        b"[]:80",
+        b"1.2.3.4.5",
+        &[b'1'; 200],
+    ];
+    for input in bad {
+        assert_eq!(
+            parse_node(input),
+            None,
+            "{:?}",
+            String::from_utf8_lossy(input)
+        );
+    }
+}
+
+#[test]
+fn cidrs_parse_match_and_reject_bad_input() {
+    let net: Cidr = "10.0.0.0/8".parse().unwrap();
+    assert!(net.contains("10.255.0.1".parse().unwrap()));
+    assert!(net.contains("::ffff:10.0.0.1".parse().unwrap()));
+    assert!(!net.contains("11.0.0.1".parse().unwrap()));
+    assert_eq!(net.to_string(), "10.0.0.0/8");
+    let v6: Cidr = "2001:db8::/32".parse().unwrap();
+    assert!(v6.contains("2001:db8:ffff::1".parse().unwrap()));
+    assert!(!v6.contains("2001:db9::1".parse().unwrap()));
+    assert!(!v6.contains("10.0.0.1".parse().unwrap()));
+    let one: Cidr = "192.0.2.7".parse().unwrap();
+    assert!(one.contains("192.0.2.7".parse().unwrap()));
+    assert!(!one.contains("192.0.2.8".parse().unwrap()));
+    let mapped: Cidr = "::ffff:10.0.0.0/104".parse().unwrap();
+    assert_eq!(mapped, net);
+    let all: Cidr = "0.0.0.0/0".parse().unwrap();
+    assert!(all.contains("8.8.8.8".parse().unwrap()));
+    assert!(!all.contains("::1".parse().unwrap()));
+    for bad in [
+        "",
+        "10.0.0.0/33",
+        "::/129",
+        "10.0.0.0/",
+        "x",
+        "10.0.0.0/-1",
+        "::ffff:1.2.3.4/95",
+    ] {
+        assert!(bad.parse::<Cidr>().is_err(), "{bad}");
+    }
+}
+
+#[test]
+fn peer_only_ignores_headers() {
+    let h = headers("x-forwarded-for", &[b"1.1.1.1"]);
+    assert_eq!(
+        ClientIp::peer().resolve(&h, &peer("203.0.113.5")),
+        ip("203.0.113.5")
+    );
+    assert_eq!(
+        ClientIp::peer().resolve(&h, &Extensions::new()),
+        Resolved::NoPeer
+    );
+    // IPv4-mapped peers are unmapped.
+    assert_eq!(
+        ClientIp::peer().resolve(&h, &peer("::ffff:203.0.113.5")),
+        ip("203.0.113.5")
+    );
+}
+
+#[test]
+fn the_walk_goes_from_the_right_past_trusted_hops_only() {
+    let c = ClientIp::behind_proxies(["10.0.0.0/8".parse().unwrap()]);
+    // Spoofed left-most entry, one trusted proxy: the proxy's view wins.
+    let h = headers("x-forwarded-for", &[b"6.6.6.6, 198.51.100.7"]);
+    assert_eq!(c.resolve(&h, &peer("10.0.0.1")), ip("198.51.100.7"));
+    // Chains of 1..3 trusted proxies.
+    let h = headers(
+        "x-forwarded-for",
+        &[b"6.6.6.6, 198.51.100.7, 10.0.0.3, 10.0.0.2"],
+    );
+    assert_eq!(c.resolve(&h, &peer("10.0.0.1")), ip("198.51.100.7"));
+    // Split over several lines: still one list, right to left.
+    let h = headers("x-forwarded-for", &[b"6.6.6.6, 198.51.100.7", b"10.0.0.3"]);
+    assert_eq!(c.resolve(&h, &peer("10.0.0.1")), ip("198.51.100.7"));
+    // An untrusted peer is the client, whatever it says.
+    assert_eq!(c.resolve(&h, &peer("203.0.113.9")), ip("203.0.113.9"));
+    // All trusted: the left-most trusted hop; none sent: the peer.
+    let h = headers("x-forwarded-for", &[b"10.1.1.1, 10.0.0.2"]);
+    assert_eq!(c.resolve(&h, &peer("10.0.0.1")), ip("10.1.1.1"));
+    assert_eq!(
+        c.resolve(&HeaderMap::new(), &peer("10.0.0.1")),
+        ip("10.0.0.1")
+    );
+    // An unknown entry where the walk lands stops it.
+    // The nearest trusted hop is the one that wrote it.
+    let h = headers("x-forwarded-for", &[b"198.51.100.7, unknown, 10.0.0.2"]);
+    assert_eq!(c.resolve(&h, &peer("10.0.0.1")), unknown("10.0.0.2"));
+    let h = headers("x-forwarded-for", &[b"198.51.100.7, unknown"]);
+    assert_eq!(c.resolve(&h, &peer("10.0.0.1")), unknown("10.0.0.1"));
+    // Empty elements are skipped; mapped addresses are unmapped.
+    let h = headers("x-forwarded-for", &[b"::ffff:198.51.100.7,, 10.0.0.2 ,"]);
+    assert_eq!(c.resolve(&h, &peer("10.0.0.1")), ip("198.51.100.7"));
+}
+
+#[test]
+fn hop_counts_take_the_nth_entry_from_the_right() {
+    let h = headers("x-forwarded-for", &[b"6.6.6.6, 198.51.100.7, 10.0.0.3"]);
+    let p = peer("10.0.0.1");
+    assert_eq!(ClientIp::behind_hops(0).resolve(&h, &p), ip("10.0.0.1"));
+    assert_eq!(ClientIp::behind_hops(1).resolve(&h, &p), ip("10.0.0.3"));
+    assert_eq!(ClientIp::behind_hops(2).resolve(&h, &p), ip("198.51.100.7"));
+    assert_eq!(ClientIp::behind_hops(3).resolve(&h, &p), ip("6.6.6.6"));
+    // Fewer entries than hops: the left-most; none: the peer.
+    assert_eq!(ClientIp::behind_hops(5).resolve(&h, &p), ip("6.6.6.6"));
+    assert_eq!(
+        ClientIp::behind_hops(1).resolve(&HeaderMap::new(), &p),
+        ip("10.0.0.1")
+    );
+}
+
+#[test]
+fn forwarded_is_walked_with_quotes_and_obfuscation_stops_it() {
+    let c =
+        ClientIp::behind_proxies(["10.0.0.0/8".parse().unwrap()]).header(ProxyHeader::Forwarded);
+    let p = peer("10.0.0.1");
+    let h = headers(
+        "forwarded",
+        &[b"for=6.6.6.6, for=\"[2001:db8:cafe::17]:4711\";proto=https, For=10.0.0.2;by=10.0.0.1"],
+    );
+    assert_eq!(c.resolve(&h, &p), ip("2001:db8:cafe::17"));
+    let h = headers(
+        "forwarded",
+        &[b"for=198.51.100.7, for=_hidden, for=10.0.0.2"],
+    );
+    assert_eq!(c.resolve(&h, &p), unknown("10.0.0.2"));
+    let h = headers("forwarded", &[b"for=198.51.100.7, for=unknown"]);
+    assert_eq!(c.resolve(&h, &p), unknown("10.0.0.1"));
+    // A comma inside quotes does not split; a stray quote or escape is malformed.
+    let h = headers("forwarded", &[b"for=\"1.2.3.4,5\""]);
+    assert_eq!(c.resolve(&h, &p), unknown("10.0.0.1"));
+    let h = headers("forwarded", &[b"for=\"198.51.100.7"]);
+    assert_eq!(c.resolve(&h, &p), unknown("10.0.0.1"));
+    let h = headers("forwarded", &[b"for=\"a\\\"b\""]);
+    assert_eq!(c.resolve(&h, &p), unknown("10.0.0.1"));
+    // An element without for= stops the walk too.
+    let h = headers("forwarded", &[b"for=198.51.100.7, proto=https"]);
+    assert_eq!(c.resolve(&h, &p), unknown("10.0.0.1"));
+}
+
+#[test]
+fn hostile_headers_never_panic_and_bound_the_walk() {
+    let c = ClientIp::behind_proxies(["0.0.0.0/0".parse().unwrap(), "::/0".parse().unwrap()]);
+    let p = peer("10.0.0.1");
+    let mut long = Vec::new();
+    for i in 0..10_000u32 {
+        long.extend_from_slice(format!("10.{}.{}.1, ", (i >> 8) & 255, i & 255).as_bytes());
+    }
+    for name in ["x-forwarded-for", "forwarded"] {
+        let header = if name == "forwarded" {
+            ProxyHeader::Forwarded
+        } else {
+            ProxyHeader::XForwardedFor
+        };
+        let c = c.clone().header(header);
+        let h = headers(name, &[&long]);
+        // X-Forwarded-For: the last trusted hop read before the cap (the
+        // 32nd from the right); Forwarded: the first element has no `for=`.
+        let hop = if name == "forwarded" {
+            "10.0.0.1"
+        } else {
+            "10.38.240.1"
+        };
+        assert_eq!(c.resolve(&h, &p), unknown(hop), "{name}: too long");
+        let inputs: [&[u8]; 10] = [
+            b"",
+            b",,,,",
+            b"\"",
+            b"[",
+            b"]",
+            b"[::1",
+            b"for=",
+            b";;;=;=",
+            b"\x80\x81",
+            b"[fe80::1%]:99999",
+        ];
+        for input in inputs {
+            let h = headers(name, &[input]);
+            let r = c.resolve(&h, &p);
+            assert!(
+                matches!(r, Resolved::Unknown(_) | Resolved::Ip(_)),
+                "{name} {input:?}"
+            );
+        }
+    }
+    // Non-UTF-8 (obs-text) values are rejected entries, not panics.
+    let h = headers("x-forwarded-for", &[b"\xe9\xe9, 10.0.0.2"]);
+    let trusted = ClientIp::behind_proxies(["10.0.0.0/8".parse().unwrap()]);
+    assert_eq!(trusted.resolve(&h, &p), unknown("10.0.0.2"));
+}
+
+#[test]
+fn single_header_is_believed_only_from_its_networks() {
+    let c = ClientIp::single_header("cf-connecting-ip", ["173.245.48.0/20".parse().unwrap()]);
+    let h = headers("cf-connecting-ip", &[b"198.51.100.7"]);
+    assert_eq!(c.resolve(&h, &peer("173.245.48.1")), ip("198.51.100.7"));
+    assert_eq!(c.resolve(&h, &peer("203.0.113.1")), ip("203.0.113.1"));
+    let twice = headers("cf-connecting-ip", &[b"198.51.100.7", b"1.1.1.1"]);
+    assert_eq!(
+        c.resolve(&twice, &peer("173.245.48.1")),
+        unknown("173.245.48.1")
+    );
+    assert_eq!(
+        c.resolve(&HeaderMap::new(), &peer("173.245.48.1")),
+        unknown("173.245.48.1")
+    );
+}
+
+// Issue 23 item 3: each test below failed on the mutant it names (planted
+// by hand once, then reverted).
+
+#[test]
+fn hop_counts_in_long_chains_trust_exactly_that_many_hops() {
+    // Six entries: one hop more or less than configured picks a neighbour.
+    let h = headers(
+        "x-forwarded-for",
+        &[b"6.6.6.1, 6.6.6.2, 6.6.6.3, 6.6.6.4, 6.6.6.5, 6.6.6.6"],
+    );
+    let p = peer("10.0.0.1");
+    for hops in 1..=6usize {
+        let want = format!("6.6.6.{}", 7 - hops);
+        assert_eq!(
+            ClientIp::behind_hops(hops).resolve(&h, &p),
+            ip(&want),
+            "{hops} hops"
+        );
+    }
+    assert_eq!(ClientIp::behind_hops(7).resolve(&h, &p), ip("6.6.6.1"));
+    // The same over several lines, with the Forwarded header.
+    let h = headers(
+        "forwarded",
+        &[b"for=6.6.6.1, for=6.6.6.2", b"for=6.6.6.3, for=6.6.6.4"],
+    );
+    for hops in 1..=4usize {
+        let c = ClientIp::behind_hops(hops).header(ProxyHeader::Forwarded);
+        assert_eq!(c.resolve(&h, &p), ip(&format!("6.6.6.{}", 5 - hops)));
+    }
+    // An unknown entry where the walk lands keeps the hop before it.
+    let h = headers("x-forwarded-for", &[b"6.6.6.1, unknown, 6.6.6.3, 6.6.6.4"]);
+    assert_eq!(ClientIp::behind_hops(3).resolve(&h, &p), unknown("6.6.6.3"));
+    assert_eq!(ClientIp::behind_hops(2).resolve(&h, &p), ip("6.6.6.3"));
+    // An unknown entry past the client is never read.
+    assert_eq!(ClientIp::behind_hops(1).resolve(&h, &p), ip("6.6.6.4"));
+}
+
+#[derive(Clone)]
+struct CustomPeer(IpAddr);
+
+#[test]
+fn a_custom_peer_lookup_is_used_first_and_may_capture() {
+    let mut e = Extensions::new();
+    e.insert(CustomPeer("198.51.100.9".parse().unwrap()));
+    let none = HeaderMap::new();
+    let c = ClientIp::behind_hops(1).peer_from(|ext| ext.get::<CustomPeer>().map(|p| p.0));
+    assert_eq!(c.resolve(&none, &e), ip("198.51.100.9"));
+    // Before the built-in sources; mapped addresses are unmapped.
+    e.insert(SocketAddr::new("203.0.113.1".parse().unwrap(), 1));
+    assert_eq!(c.resolve(&none, &e), ip("198.51.100.9"));
+    let mapped = ClientIp::peer().peer_from(|_| "::ffff:192.0.2.4".parse().ok());
+    assert_eq!(mapped.resolve(&none, &e), ip("192.0.2.4"));
+    // `None` falls back to them.
+    let nothing = ClientIp::peer().peer_from(|_| None);
+    assert_eq!(nothing.resolve(&none, &e), ip("203.0.113.1"));
+    // A capturing closure: the address comes from configuration.
+    let configured: IpAddr = "192.0.2.77".parse().unwrap();
+    let c = ClientIp::peer().peer_from(move |_| Some(configured));
+    assert_eq!(c.resolve(&none, &Extensions::new()), ip("192.0.2.77"));
+    assert!(format!("{c:?}").contains("custom_peer: true"));
+}
+
+#[test]
+fn only_the_peer_setting_trusts_no_proxy() {
+    assert!(!ClientIp::peer().trusts_proxies());
+    assert!(!ClientIp::default().trusts_proxies());
+    assert!(ClientIp::behind_proxies(["10.0.0.0/8".parse().unwrap()]).trusts_proxies());
+    assert!(ClientIp::behind_hops(1).trusts_proxies());
+    assert!(ClientIp::single_header("cf-connecting-ip", []).trusts_proxies());
+}
+
+#[test]
+fn bare_mapped_addresses_and_v6_host_networks_parse() {
+    // A bare IPv4-mapped address is a network of one IPv4 address.
+    let one: Cidr = "::ffff:10.0.0.5".parse().unwrap();
+    assert_eq!(one, "10.0.0.5".parse().unwrap());
+    assert!(one.contains("10.0.0.5".parse().unwrap()));
+    assert!(!one.contains("10.0.0.6".parse().unwrap()));
+    // An IPv6 /128, written and bare.
+    let host: Cidr = "2001:db8::1/128".parse().unwrap();
+    assert_eq!(host, "2001:db8::1".parse().unwrap());
+    assert!(host.contains("2001:db8::1".parse().unwrap()));
+    assert!(!host.contains("2001:db8::2".parse().unwrap()));
+    assert!(!host.contains("2001:db8::".parse().unwrap()));
+    assert_eq!(host.to_string(), "2001:db8::1/128");
+    assert_eq!(mask(128), u128::MAX);
+    assert_eq!(mask(127), u128::MAX - 1);
+    assert_eq!(mask(1), 1 << 127);
+    assert_eq!(mask(0), 0);
+}
