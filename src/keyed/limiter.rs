@@ -168,11 +168,10 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         // out (a store-forwarding stall on every check, see
         // docs/benchmarks.md). Nothing on this path is forced inline: with
         // plain `#[inline]` this one closure and `Table::apply` inline into
-        // the check (callgrind counts the same instructions as with
-        // `#[inline(always)]`). What is forced is the other way: the paths of
-        // a key the table does not hold (`check_untracked`, `run_untracked`)
-        // are `#[cold]` and out of line, so that `check_key` builds its
-        // decision in place (-22 instructions per check, docs/benchmarks.md).
+        // the check. What is forced is the other way: the paths of a key the
+        // table does not hold (`check_untracked`, `run_untracked`) are
+        // `#[cold]` and out of line, so that `check_key` builds its decision
+        // in place (both measured: docs/benchmarks.md, round 2).
         if let Some((a, state)) = self.table.apply(h, &mut |state| {
             let a = self.params_for(h);
             let next = if take && n <= WordStep::capacity(&a) {

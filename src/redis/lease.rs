@@ -33,9 +33,9 @@ use super::limiter::RedisLimiter;
 use super::wire::{parse_lease, LeaseCall};
 use super::{DecisionSource, RedisDecision, RedisError};
 use crate::decision::Decision;
+use crate::error::ConfigError;
 use crate::policy::PolicyAlgorithm;
 use crate::sync::{lock, AtomicU64, Mutex, Ordering};
-use crate::ConfigError;
 use redis::Value;
 use std::collections::HashMap;
 use std::fmt;
@@ -324,7 +324,7 @@ impl RedisLeaseLimiter {
     /// bucket, leaky bucket or fixed window, or a soft one
     /// ([`RedisError::Unsupported`]); a largest lease of 0 or above the
     /// limit, a life outside 1 ms to 1 hour, or `max_keys` of 0 or above
-    /// [`MAX_KEYS`](crate::MAX_KEYS) ([`RedisError::Config`]).
+    /// [`MAX_KEYS`](crate::keyed::MAX_KEYS) ([`RedisError::Config`]).
     ///
     /// ```
     /// # use ratewall::redis::{RedisBackend, RedisError, RedisLeaseLimiter, RedisLeaseOptions, RedisLimiter};
@@ -362,10 +362,10 @@ impl RedisLeaseLimiter {
                 reason: "a lease's life must be between 1 ms and 1 hour",
             }));
         }
-        if options.max_keys == 0 || options.max_keys > crate::MAX_KEYS {
+        if options.max_keys == 0 || options.max_keys > crate::keyed::MAX_KEYS {
             return Err(RedisError::Config(ConfigError::InvalidCapacity {
                 max_keys: options.max_keys,
-                max: crate::MAX_KEYS,
+                max: crate::keyed::MAX_KEYS,
             }));
         }
         let shards = SHARDS.min(options.max_keys);

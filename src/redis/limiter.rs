@@ -306,7 +306,7 @@ impl RedisLimiter {
     /// The errors a check of `n` for `key` gets before any call.
     pub(crate) fn validate(&self, key: &[u8], n: u64) -> Result<(), RedisError> {
         // A limit is at least 1, so a cost of 0 always fits.
-        crate::InsufficientCapacity::check(n, self.program.limit)?;
+        crate::error::InsufficientCapacity::check(n, self.program.limit)?;
         if key.is_empty() {
             return Err(RedisError::EmptyKey);
         }
@@ -523,11 +523,13 @@ let b = || RedisLimiter::builder(Policy::token_bucket(Rate::per_second(5)), &red
         let (hard, soft) = self.policy.widened()?;
         let program = Program::compile(&hard)?;
         if let Some(max_keys) = self.deny_cache {
-            if max_keys == 0 || max_keys > crate::MAX_KEYS {
-                return Err(RedisError::Config(crate::ConfigError::InvalidCapacity {
-                    max_keys,
-                    max: crate::MAX_KEYS,
-                }));
+            if max_keys == 0 || max_keys > crate::keyed::MAX_KEYS {
+                return Err(RedisError::Config(
+                    crate::error::ConfigError::InvalidCapacity {
+                        max_keys,
+                        max: crate::keyed::MAX_KEYS,
+                    },
+                ));
             }
         }
         let (prefix, name) = self.options.names(|| program.default_name())?;

@@ -287,7 +287,7 @@ mod tests {
         assert!(Program::compile(&Policy::token_bucket(Rate::per_second(1_000_000))).is_ok());
         assert_eq!(
             Program::compile(&Policy::fixed_window(Window::per_second(0))).unwrap_err(),
-            RedisError::Config(crate::ConfigError::ZeroLimit)
+            RedisError::Config(crate::error::ConfigError::ZeroLimit)
         );
     }
 
