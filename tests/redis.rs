@@ -1129,3 +1129,78 @@ async fn a_batch_reply_of_the_wrong_length_is_an_error_for_every_call() {
         assert!(matches!(r, Err(RedisError::Server { .. })), "{r:?}");
     }
 }
+
+/// Issue 23 item 4: after `kill -9` and a restart on the same port, each
+/// failure policy's limiter is answered by Redis again within one cool-down
+/// of the server answering `PING`, plus a bounded slack. The bound is
+/// `cool_down + 3 x timeout + 150 ms`: the rest of the cool-down, one probe
+/// (reconnect and call, under the timeout), the 25 ms between checks and
+/// scheduling on a loaded machine. The restart comes right after the
+/// circuits open, so a probe that failed on the dead connection's error
+/// (the bug) would wait a second whole cool-down and miss the bound by
+/// about `cool_down - 3 x timeout - 150 ms` (350 ms here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_restart_redis_answers_again_within_one_cool_down() {
+    let mut server = RedisServer::start();
+    let timeout = Duration::from_millis(100);
+    let cool_down = Duration::from_millis(1000);
+    let bound = cool_down + 3 * timeout + Duration::from_millis(150);
+    let policy = Policy::token_bucket(Rate::per_second(1_000));
+    // One backend each, so each limiter has its own connection and breaker.
+    let failures = [
+        FailurePolicy::Open,
+        FailurePolicy::Closed,
+        FailurePolicy::FallbackShare { instances: 2 },
+    ];
+    let limiters: Vec<(RedisBackend, RedisLimiter)> = failures
+        .iter()
+        .map(|&failure| {
+            let b = RedisBackend::builder(server.url())
+                .timeout(timeout)
+                .breaker(3, cool_down)
+                .build()
+                .unwrap();
+            let l = limiter(policy, &b, "recover", failure);
+            (b, l)
+        })
+        .collect();
+    let source = |r: Result<ratewall::redis::RedisDecision, RedisError>| match r {
+        Ok(d) => Some(d.source()),
+        Err(RedisError::Unavailable { .. }) => None,
+        Err(e) => panic!("{e:?}"),
+    };
+    for (_, l) in &limiters {
+        assert_eq!(source(l.check_key(b"k").await), Some(DecisionSource::Redis));
+    }
+    server.kill9();
+    // Check every 25 ms until every circuit is open, then restart at once.
+    let killed = Instant::now();
+    while limiters.iter().any(|(b, _)| b.is_available()) {
+        assert!(killed.elapsed() < 10 * timeout, "the circuits did not open");
+        for (_, l) in &limiters {
+            assert_ne!(source(l.check_key(b"k").await), Some(DecisionSource::Redis));
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    server.restart(); // returns once the server answers PING
+    let answered = Instant::now();
+    let mut recovered = [None; 3];
+    while recovered.iter().any(Option::is_none) && answered.elapsed() < 3 * cool_down {
+        for (i, (_, l)) in limiters.iter().enumerate() {
+            if recovered[i].is_none()
+                && source(l.check_key(b"k").await) == Some(DecisionSource::Redis)
+            {
+                recovered[i] = Some(answered.elapsed());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    eprintln!("Redis again after PING (Open, Closed, FallbackShare): {recovered:?}");
+    for (failure, at) in failures.iter().zip(recovered) {
+        let at = at.unwrap_or_else(|| panic!("{failure:?}: not recovered in 3 cool-downs"));
+        assert!(
+            at <= bound,
+            "{failure:?}: Redis answered again {at:?} after PING, beyond {bound:?}"
+        );
+    }
+}

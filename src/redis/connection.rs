@@ -100,7 +100,7 @@ impl Link {
 
     async fn guarded<F, Fut>(&self, call: F) -> Result<Value, RedisError>
     where
-        F: FnOnce(AnyConn) -> Fut,
+        F: Fn(AnyConn) -> Fut,
         Fut: std::future::Future<Output = redis::RedisResult<Value>>,
     {
         // The timeout below needs a tokio runtime with time enabled;
@@ -115,8 +115,18 @@ impl Link {
             });
         }
         let attempt = async {
-            let conn = self.conn.get().await?;
-            call(conn).await
+            match call(self.conn.get().await?).await {
+                // A refused connection: the call ran nothing. The
+                // `ConnectionManager` keeps its last connection attempt and
+                // hands out that attempt's result, however old, until a
+                // call fails on it; only then does it start a new one. After
+                // a restart the first call (the breaker's probe) would get
+                // the refusal of an attempt made while the server was down
+                // and open the circuit for a second cool-down. So a refused
+                // call tries once more, on the attempt its failure started.
+                Err(e) if e.is_connection_refusal() => call(self.conn.get().await?).await,
+                other => other,
+            }
         };
         match tokio::time::timeout(self.timeout, attempt).await {
             Ok(Ok(value)) => {

@@ -48,6 +48,23 @@ pub enum FailurePolicy {
     /// soft: a percentage tolerance stays, a tolerance in units is divided
     /// by `instances` (rounded down). With N instances behind a
     /// load balancer, the fleet then admits about what Redis would.
+    ///
+    /// Each local share starts full when Redis dies, and knows nothing of
+    /// what Redis admitted: over an interval that holds Redis's death the
+    /// fleet can admit, beyond what the shared limit allows there,
+    /// `instances x max(1, burst / instances)` more (the limit for a
+    /// window): about one burst (a shared 10 per second, burst 10, one
+    /// instance, admitted 18 in the second Redis died), then about the
+    /// shared rate. See docs/distributed.md, "What the fallback admits
+    /// when Redis dies".
+    ///
+    /// ```
+    /// use ratewall::redis::FailurePolicy;
+    ///
+    /// // Three instances: each limits locally at a third of the policy.
+    /// let share = FailurePolicy::FallbackShare { instances: 3 };
+    /// # let _ = share;
+    /// ```
     FallbackShare {
         /// How many instances share the limit.
         instances: u32,

@@ -68,6 +68,8 @@ pub struct RedisLimiter {
     /// How to read the script's (widened) decisions; a no-op for a hard policy.
     soft: Soft,
     program: Program,
+    /// The name in key names (`prefix:name:key`).
+    name: String,
     base: Vec<u8>,
     /// Whether the key part goes in a hash tag (`base{key}`).
     hash_tag_keys: bool,
@@ -156,6 +158,25 @@ impl RedisLimiter {
     /// ```
     pub fn failure_policy(&self) -> FailurePolicy {
         self.failover.policy()
+    }
+
+    /// The name in its key names (`prefix:name:key`): the one given to
+    /// [`RedisLimiterBuilder::name`], or the default, the algorithm and its
+    /// parameters. Two limiters with the same prefix and name share their
+    /// state.
+    ///
+    /// ```
+    /// # use ratewall::redis::{RedisBackend, RedisLimiter};
+    /// # use ratewall::{Policy, Rate};
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// # let redis = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
+    /// let p = Policy::token_bucket(Rate::per_second(100).burst(20));
+    /// assert_eq!(RedisLimiter::builder(p, &redis).name("ip").build()?.name(), "ip");
+    /// assert_eq!(RedisLimiter::builder(p, &redis).build()?.name(), "tb.10000.20");
+    /// # Ok::<(), ratewall::redis::RedisError>(()) }).unwrap();
+    /// ```
+    pub fn name(&self) -> &str {
+        &self.name
     }
 
     /// The Redis key that holds `key`'s state: `prefix:name:key` for a
@@ -542,6 +563,7 @@ let b = || RedisLimiter::builder(Policy::token_bucket(Rate::per_second(5)), &red
             policy: self.policy,
             soft,
             program,
+            name,
             base,
             hash_tag_keys: self.hash_tag_keys,
             backend: self.backend,
