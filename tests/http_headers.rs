@@ -250,3 +250,61 @@ async fn t_is_within_w_and_retry_after_is_never_before_t() {
         }
     }
 }
+
+/// The promise `q` and `w` make: a client that sends at most `q` in any
+/// `w` seconds (read from the headers) is never denied, by every algorithm
+/// but the sliding-window counter (an estimate). A bucket's `q=100;w=60`
+/// reading (its rate) would break it at once: that is why `q` is the burst.
+#[tokio::test]
+async fn a_client_keeping_to_q_per_w_is_never_denied() {
+    let mut x = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut next = move |n: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % n
+    };
+    let exact = [
+        Policy::token_bucket(Rate::per_minute(100).burst(20)),
+        Policy::token_bucket(Rate::per_second(10).burst(5)),
+        Policy::token_bucket(Rate::per_second(3)),
+        Policy::leaky_bucket(Rate::per_second(3).burst(4)),
+        Policy::fixed_window(Window::per_second(7)),
+        Policy::sliding_window_log(Window::per_second(5)),
+    ];
+    for policy in exact {
+        for round in 0..3 {
+            let clock = ManualClock::new();
+            let app = make(policy.clone(), Headers::default(), &clock);
+            let first = get_(&app).await;
+            let [(_, q, w)] = first.policy()[..] else {
+                panic!()
+            };
+            let (q, w_ms) = (
+                usize::try_from(q).unwrap(),
+                u64::try_from(w).unwrap() * 1000,
+            );
+            let mut now = 0u64;
+            let mut sent = std::collections::VecDeque::from([0u64]);
+            for i in 0..400 {
+                // Bursts (no gap) and pauses up to three quarters of w.
+                let gap = next(4) * next(w_ms / 4 + 1);
+                now += gap;
+                clock.advance(Duration::from_millis(gap));
+                // At most q in any closed window of w: drop what left it.
+                while sent.front().is_some_and(|&s| s + w_ms < now) {
+                    sent.pop_front();
+                }
+                if sent.len() < q {
+                    let got = get_(&app).await;
+                    assert_eq!(
+                        got.status,
+                        StatusCode::OK,
+                        "{policy:?} round {round} step {i} at {now} ms, sent {sent:?}"
+                    );
+                    sent.push_back(now);
+                }
+            }
+        }
+    }
+}
