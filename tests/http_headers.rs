@@ -198,8 +198,8 @@ async fn t_is_within_w_and_retry_after_is_never_before_t() {
     for policy in policies() {
         for round in 0..4 {
             let clock = ManualClock::new();
-            let draft = make(policy.clone(), Headers::default(), &clock);
-            let legacy = make(policy.clone(), Headers::Legacy, &clock);
+            let draft = make(policy, Headers::default(), &clock);
+            let legacy = make(policy, Headers::Legacy, &clock);
             let q = i64::try_from(policy.limit()).unwrap();
             for i in 0..150 {
                 let ctx = format!("{policy:?} round {round} step {i}");
@@ -275,7 +275,7 @@ async fn a_client_keeping_to_q_per_w_is_never_denied() {
     for policy in exact {
         for round in 0..3 {
             let clock = ManualClock::new();
-            let app = make(policy.clone(), Headers::default(), &clock);
+            let app = make(policy, Headers::default(), &clock);
             let first = get_(&app).await;
             let [(_, q, w)] = first.policy()[..] else {
                 panic!()
