@@ -18,7 +18,7 @@ use crate::limiter::DefaultClock;
 use crate::sync::{lock, thread_index, Mutex};
 use crate::word::ParamCell;
 use crossbeam_utils::CachePadded;
-use std::borrow::Borrow;
+
 use std::fmt;
 use std::hash::Hash;
 use std::marker::PhantomData;
@@ -218,6 +218,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
 
     /// [`peek_key_n`](Self::peek_key_n) at a time the caller read (the hot
     /// keys' test hooks).
+    #[cfg(feature = "testing")]
     #[inline]
     pub(crate) fn peek_key_n_at<Q>(
         &self,
@@ -226,7 +227,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         n: u64,
     ) -> Result<Decision, InsufficientCapacity>
     where
-        K: Borrow<Q>,
+        K: std::borrow::Borrow<Q>,
         Q: Hash + ?Sized,
     {
         self.key_run(key, Some(now), n, false)
@@ -267,7 +268,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
     #[doc(hidden)]
     pub fn __home_slot<Q>(&self, key: &Q) -> (usize, usize)
     where
-        K: Borrow<Q>,
+        K: std::borrow::Borrow<Q>,
         Q: Hash + ?Sized,
     {
         self.table.home(self.hash(key))
