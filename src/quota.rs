@@ -61,11 +61,39 @@ impl Rate {
         }
     }
 
-    /// `count` requests per second.
+    /// `count` requests per second, burst `count`.
+    ///
+    /// **The burst is `count` by default, so "at most 10 a second" lets
+    /// up to 19 through in the first second**: a full bucket of 10 at
+    /// once, then one every 100 ms as it refills (`burst + rate * d` in any
+    /// interval `d`). Calling an upstream API that allows at most `count`
+    /// in any second, choose the burst: `.burst(1)` spaces requests
+    /// strictly (one every `1/count` s, never more than `count` in any
+    /// second), a small burst absorbs jitter at the cost of that many
+    /// extra. A [`Window`] policy (`SlidingWindowLog`) counts "at most
+    /// `count` in any second" exactly instead.
     ///
     /// ```
-    /// # use ratewall::Rate; use std::time::Duration;
+    /// # use ratewall::{ManualClock, Rate, TokenBucket};
+    /// # use std::time::Duration;
     /// assert_eq!(Rate::per_second(10).period(), Duration::from_secs(1));
+    ///
+    /// // A client sending as fast as it is let through, for one second
+    /// // (every 10 ms from 0 to 990 ms):
+    /// let first_second = |rate: Rate| {
+    ///     let clock = ManualClock::new();
+    ///     let bucket = TokenBucket::with_clock(rate, clock.clone()).unwrap();
+    ///     let mut admitted = 0;
+    ///     for _ in 0..100 {
+    ///         while bucket.check().is_allowed() {
+    ///             admitted += 1;
+    ///         }
+    ///         clock.advance(Duration::from_millis(10));
+    ///     }
+    ///     admitted
+    /// };
+    /// assert_eq!(first_second(Rate::per_second(10)), 19); // burst 10
+    /// assert_eq!(first_second(Rate::per_second(10).burst(1)), 10);
     /// ```
     pub const fn per_second(count: u64) -> Rate {
         Rate::new(count, Duration::from_secs(1))

@@ -1,18 +1,31 @@
 //! Header rendering: `Retry-After`, the IETF `RateLimit-Policy` and
-//! `RateLimit` fields (draft-ietf-httpapi-ratelimit-headers-10, as RFC 9651
-//! structured-field lists), and the legacy `X-RateLimit-*` trio.
+//! `RateLimit` fields (draft-ietf-httpapi-ratelimit-headers-11, whose wire
+//! format is -10's: RFC 9651 structured-field lists), and the legacy
+//! `X-RateLimit-*` trio. docs/http.md has the table of every field's value
+//! for each algorithm.
 //!
 //! Values are written into a stack buffer and copied once into a
 //! `HeaderValue` (the one allocation `http` makes per header value).
 //!
+//! # `q` and `w`
+//!
+//! `q` is the most a client can spend at once and `w` the span over which
+//! it is counted: a window's limit and length; a bucket's burst and the
+//! time to refill it (`100/min burst 20` is `q=20;w=12`). That pair is the
+//! one promise a client can rely on: a client that sends at most `q` in
+//! any `w` seconds is never denied, by every algorithm but the
+//! sliding-window counter, which estimates. `q=100;w=60` would not hold
+//! for that bucket: 100 requests at once are denied after 20.
+//!
 //! # `t`
 //!
-//! `t` is the number of seconds until the policy gives more quota: on an
-//! allowed response, until its quota is fully restored (`reset_after`,
-//! rounded up); for a rule that denied, until the request could pass
-//! (`retry_after`, rounded up, at least 1). A 429 lists only the rules that
-//! denied, and its `Retry-After` is the largest of their `t`, so no `t` it
-//! sends is later than `Retry-After`.
+//! `t` is the window within which at most `r` more are available: on an
+//! allowed response the seconds until the quota is back (`reset_after`,
+//! rounded up), never more than `w`; for a rule that denied (`r=0`),
+//! until the request could pass (`retry_after`, rounded up, at least 1).
+//! A 429 lists only the rules that denied, and its `Retry-After` is the
+//! largest of their `t`, so no `t` it sends ends after `Retry-After`.
+//! `X-RateLimit-Reset` is the same number.
 
 use super::compiled::{Compiled, Entry};
 use super::rule::{valid_name, Visibility};
@@ -21,6 +34,7 @@ use crate::decision::Decision;
 use crate::policy::Policy;
 use http::header::HeaderName;
 use http::{HeaderMap, HeaderValue};
+use std::time::Duration;
 
 pub(super) const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 pub(super) const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -43,11 +57,13 @@ pub enum Headers {
     /// Only `Retry-After` on a 429.
     None,
     /// `X-RateLimit-Limit`, `X-RateLimit-Remaining` and `X-RateLimit-Reset`
-    /// (seconds from now) of the rule closest to exhaustion.
+    /// (seconds from now) of the rule closest to exhaustion: the draft's
+    /// `q`, `r` and `t`.
     Legacy,
     /// `RateLimit-Policy` and `RateLimit` of
-    /// draft-ietf-httpapi-ratelimit-headers-10, with the items chosen by
-    /// [`Items`]. The default is `Draft(Items::All)`.
+    /// draft-ietf-httpapi-ratelimit-headers-11 (the wire format of -10),
+    /// with the items chosen by [`Items`]. The default is
+    /// `Draft(Items::All)`.
     Draft(Items),
 }
 
@@ -166,16 +182,16 @@ impl Buf {
     }
 
     /// A `RateLimit` item after its prefix `"name";r=`, rendered at build.
-    pub(super) fn ratelimit_item_prefixed(&mut self, prefix: &[u8], d: &Decision) {
+    pub(super) fn ratelimit_item_prefixed(&mut self, prefix: &[u8], d: &Decision, policy: &Policy) {
         self.separator();
         self.bytes(prefix);
         self.num(sf_int(d.remaining()));
         self.bytes(b";t=");
-        self.num(sf_int(d.ratelimit_t_secs()));
+        self.num(sf_int(t_secs(d, policy)));
     }
 
     /// A `RateLimit` item: `"name";r=<remaining>;t=<secs>`.
-    pub(super) fn ratelimit_item(&mut self, name: &str, d: &Decision) {
+    pub(super) fn ratelimit_item(&mut self, name: &str, d: &Decision, policy: &Policy) {
         debug_assert!(valid_name(name));
         self.separator();
         self.bytes(b"\"");
@@ -183,7 +199,7 @@ impl Buf {
         self.bytes(b"\";r=");
         self.num(sf_int(d.remaining()));
         self.bytes(b";t=");
-        self.num(sf_int(d.ratelimit_t_secs()));
+        self.num(sf_int(t_secs(d, policy)));
     }
 
     /// The header value. Only digits, ASCII punctuation and validated
@@ -212,9 +228,32 @@ fn sf_int(n: u64) -> u64 {
 
 /// `w`: the policy's span in whole seconds, rounded up, at least 1.
 pub(super) fn window_secs(policy: &Policy) -> u64 {
-    let span = policy.span();
+    ceil_secs(policy.span())
+}
+
+/// A duration in whole seconds, rounded up, at least 1.
+#[inline]
+fn ceil_secs(span: Duration) -> u64 {
     let secs = span.as_secs() + u64::from(span.subsec_nanos() > 0);
     secs.max(1)
+}
+
+/// `t` of a rule's `RateLimit` item and its `X-RateLimit-Reset` (see the
+/// module docs): a denial's wait, rounded up; for an admitted request the
+/// time until the quota is back, rounded up and never past `w`.
+///
+/// Only a window can need the cap: a sliding-window counter's previous
+/// window still weighs for up to one more window, so its time to full is
+/// up to `2w`. A bucket is full again within its `w` (the time to refill
+/// its burst), a fixed window at its end and a log when its newest entry
+/// leaves, both within `w`.
+#[inline]
+pub(super) fn t_secs(d: &Decision, policy: &Policy) -> u64 {
+    let t = d.ratelimit_t_secs();
+    match policy.window() {
+        Some(w) if d.is_allowed() => t.min(ceil_secs(w.length())),
+        _ => t,
+    }
 }
 
 /// Whether `a` has a smaller share of its quota left than `b`
@@ -300,14 +339,14 @@ impl Admitted {
         match which {
             Headers::None => {}
             Headers::Legacy => {
-                if let Some((_, d)) = closest() {
-                    after.legacy = Some([d.limit(), d.remaining(), d.ratelimit_t_secs()]);
+                if let Some((r, d)) = closest() {
+                    after.legacy = Some([d.limit(), d.remaining(), t_secs(&d, &r.rule.policy)]);
                 }
             }
             Headers::Draft(Items::ClosestToExhaustion) => {
                 if let Some((r, d)) = closest() {
                     let mut limit = Buf::new();
-                    limit.ratelimit_item(&r.rule.name, &d);
+                    limit.ratelimit_item(&r.rule.name, &d, &r.rule.policy);
                     after.policy = r.policy_item.clone();
                     after.ratelimit = limit.value();
                 }
@@ -323,7 +362,7 @@ impl Admitted {
                     if r.rule.visibility != Visibility::Shown {
                         continue;
                     }
-                    limit.ratelimit_item_prefixed(&r.ratelimit_prefix, &d);
+                    limit.ratelimit_item_prefixed(&r.ratelimit_prefix, &d, &r.rule.policy);
                     count += 1;
                     last = Some(r);
                     if e.rule < 64 {
@@ -374,7 +413,7 @@ mod tests {
         let bucket = TokenBucket::with_clock(Rate::per_minute(60), ManualClock::new()).unwrap();
         let d = bucket.check();
         let mut b = Buf::new();
-        b.ratelimit_item("default", &d);
+        b.ratelimit_item("default", &d, &Policy::token_bucket(Rate::per_minute(60)));
         assert_eq!(b.as_slice(), b"\"default\";r=59;t=1");
         assert!(b.value().is_some());
     }
@@ -383,11 +422,12 @@ mod tests {
     fn prefixed_and_prerendered_items_match_the_plain_ones() {
         let bucket = TokenBucket::with_clock(Rate::per_minute(60), ManualClock::new()).unwrap();
         let d = bucket.check();
+        let p = Policy::token_bucket(Rate::per_minute(60));
         let (mut a, mut b) = (Buf::new(), Buf::new());
-        a.ratelimit_item("x", &d);
-        a.ratelimit_item("y", &d);
-        b.ratelimit_item_prefixed(b"\"x\";r=", &d);
-        b.ratelimit_item_prefixed(b"\"y\";r=", &d);
+        a.ratelimit_item("x", &d, &p);
+        a.ratelimit_item("y", &d, &p);
+        b.ratelimit_item_prefixed(b"\"x\";r=", &d, &p);
+        b.ratelimit_item_prefixed(b"\"y\";r=", &d, &p);
         assert_eq!(a.as_slice(), b.as_slice());
         let p = Policy::fixed_window(Window::per_minute(100));
         let (mut a, mut b) = (Buf::new(), Buf::new());

@@ -406,7 +406,7 @@ pub(super) fn reject<C: Clock>(
             });
             for (r, d) in iter {
                 policy.policy_item(&r.rule.name, &r.rule.policy);
-                limit.ratelimit_item(&r.rule.name, &d);
+                limit.ratelimit_item(&r.rule.name, &d, &r.rule.policy);
             }
             if !policy.is_empty() && !h.contains_key(RATELIMIT) {
                 if let (Some(p), Some(l)) = (policy.value(), limit.value()) {
