@@ -222,38 +222,24 @@ async fn a_redis_rule_is_named_after_its_limiter() {
 
     // Two limiters of one name (they share one limit) under two rules:
     // refused, as is one limiter under two rules.
-    let twin = limiter(
-        &b,
-        "per-ip",
-        Policy::fixed_window(Window::per_hour(9)),
-        FailurePolicy::Closed,
-    );
-    let err = RateLimitLayer::builder()
-        .rule(rules[1].clone())
-        .rule(Rule::redis(Key::client_ip(), twin))
-        .build()
-        .unwrap_err();
-    assert_eq!(
-        err,
-        HttpConfigError::DuplicateRuleName {
-            name: "per-ip".into()
-        }
-    );
-    assert!(
-        err.to_string().contains("RedisLimiterBuilder::name"),
-        "{err}"
-    );
-    let err = RateLimitLayer::builder()
-        .rule(rules[1].clone())
-        .rule(rules[1].clone().on_path_prefix("/login"))
-        .build()
-        .unwrap_err();
-    assert_eq!(
-        err,
-        HttpConfigError::DuplicateRuleName {
-            name: "per-ip".into()
-        }
-    );
+    let hourly = Policy::fixed_window(Window::per_hour(9));
+    let twin = limiter(&b, "per-ip", hourly, FailurePolicy::Closed);
+    let seconds = [
+        Rule::redis(Key::client_ip(), twin),
+        rules[1].clone().on_path_prefix("/login"),
+    ];
+    for second in seconds {
+        let err = RateLimitLayer::builder()
+            .rule(rules[1].clone())
+            .rule(second)
+            .build()
+            .unwrap_err();
+        let want = HttpConfigError::DuplicateRuleName {
+            name: "per-ip".into(),
+        };
+        assert_eq!(err, want);
+        assert!(err.to_string().contains("RedisLimiterBuilder::name"));
+    }
 
     // A Redis name that is not a rule name: refused with the fix named.
     let digit = limiter(&b, "1st", policy, FailurePolicy::Closed);
