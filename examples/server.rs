@@ -82,12 +82,10 @@ pub fn redis_limits(url: &str) -> Result<RateLimitLayer, Box<dyn std::error::Err
         .client_ip(ClientIp::peer())
         .skip(|_, uri, _| uri.path() == "/health")
         .rule(Rule::redis(
-            "ip",
             Key::client_ip(),
             shared("ip", Policy::token_bucket(Rate::per_minute(60).burst(20)))?,
         ))
         .rule(Rule::redis(
-            "key",
             Key::header("x-api-key"),
             shared(
                 "key",

@@ -88,8 +88,8 @@ fn in_rust(server: &RedisServer) -> RateLimitLayer {
         .build()
         .unwrap();
     RateLimitLayer::builder()
-        .rule(Rule::redis("ip", Key::client_ip(), ip))
-        .rule(Rule::redis("key", Key::header("x-api-key"), key))
+        .rule(Rule::redis(Key::client_ip(), ip))
+        .rule(Rule::redis(Key::header("x-api-key"), key))
         .rule(
             Rule::per_ip("login", Policy::sliding_window_log(Window::per_hour(2)))
                 .on_method(Method::POST)
@@ -98,12 +98,7 @@ fn in_rust(server: &RedisServer) -> RateLimitLayer {
                 .hide_headers(),
         )
         .rule(
-            Rule::redis(
-                "trial",
-                Key::composite([Key::client_ip(), Key::route()]),
-                trial,
-            )
-            .mode(Mode::Shadow),
+            Rule::redis(Key::composite([Key::client_ip(), Key::route()]), trial).mode(Mode::Shadow),
         )
         .build()
         .unwrap()

@@ -89,7 +89,7 @@ async fn a_redis_rule_answers_429_with_retry_after_ratelimit_fields_and_problem_
         FailurePolicy::Closed,
     );
     let layer = RateLimitLayer::builder()
-        .rule(Rule::redis("ip", Key::client_ip(), ip))
+        .rule(Rule::redis(Key::client_ip(), ip))
         .build()
         .unwrap();
     let app = make_app(layer.clone());
@@ -173,6 +173,87 @@ async fn denied_requests_take_nothing(ip: Rule, login: Rule) {
     assert_eq!((s[1].allowed(), s[1].denied()), (2, 3));
 }
 
+/// A Redis rule has one name, its limiter's (issue 23, "the same name
+/// twice"): the name in `RateLimit-Policy` and the stats is the one in the
+/// Redis keys, a default name (`fw.…`) included; two rules on limiters of
+/// one name are refused, and so is a limiter name that cannot name a rule,
+/// each with an error naming `RedisLimiterBuilder::name` as the fix.
+#[tokio::test]
+async fn a_redis_rule_is_named_after_its_limiter() {
+    use ratewall::http::HttpConfigError;
+    let server = RedisServer::start();
+    let b = backend(&server);
+    let policy = Policy::fixed_window(Window::per_minute(3));
+    let unnamed = RedisLimiter::builder(policy, &b).build().unwrap();
+    let name = unnamed.name().to_owned();
+    assert!(name.starts_with("fw."), "{name}");
+    let named = limiter(&b, "per-ip", policy, FailurePolicy::Closed);
+    let rules = [
+        Rule::redis(Key::client_ip(), unnamed),
+        Rule::redis(Key::header("x-api-key"), named),
+    ];
+    assert_eq!(
+        [rules[0].name(), rules[1].name()],
+        [name.as_str(), "per-ip"]
+    );
+    let layer = RateLimitLayer::builder()
+        .rule(rules[0].clone())
+        .rule(rules[1].clone())
+        .build()
+        .unwrap();
+    let app = make_app(layer.clone());
+    let got = send(&app, "GET", "/", "192.0.2.1", &[("x-api-key", "k")]).await;
+    assert_eq!(got.status, StatusCode::OK);
+    assert_eq!(
+        got.headers["ratelimit-policy"].to_str().unwrap(),
+        format!("\"{name}\";q=3;w=60, \"per-ip\";q=3;w=60")
+    );
+    assert_eq!(got.remaining(&name), Some(2));
+    let stats = layer.stats();
+    assert_eq!(
+        [stats[0].name(), stats[1].name()],
+        [name.as_str(), "per-ip"]
+    );
+    assert_eq!((stats[0].allowed(), stats[1].allowed()), (1, 1));
+    // The state is under the limiter's keys.
+    assert!(server
+        .cmd(&["KEYS", &format!("ratewall:{name}:*")])
+        .contains(&format!("ratewall:{name}:192.0.2.1")));
+
+    // Two limiters of one name (they share one limit) under two rules:
+    // refused, as is one limiter under two rules.
+    let hourly = Policy::fixed_window(Window::per_hour(9));
+    let twin = limiter(&b, "per-ip", hourly, FailurePolicy::Closed);
+    let seconds = [
+        Rule::redis(Key::client_ip(), twin),
+        rules[1].clone().on_path_prefix("/login"),
+    ];
+    for second in seconds {
+        let err = RateLimitLayer::builder()
+            .rule(rules[1].clone())
+            .rule(second)
+            .build()
+            .unwrap_err();
+        let want = HttpConfigError::DuplicateRuleName {
+            name: "per-ip".into(),
+        };
+        assert_eq!(err, want);
+        assert!(err.to_string().contains("RedisLimiterBuilder::name"));
+    }
+
+    // A Redis name that is not a rule name: refused with the fix named.
+    let digit = limiter(&b, "1st", policy, FailurePolicy::Closed);
+    let err = RateLimitLayer::builder()
+        .rule(Rule::redis(Key::client_ip(), digit))
+        .build()
+        .unwrap_err();
+    assert_eq!(err, HttpConfigError::InvalidRuleName { name: "1st".into() });
+    assert!(
+        err.to_string().contains("RedisLimiterBuilder::name"),
+        "{err}"
+    );
+}
+
 #[tokio::test]
 async fn a_denied_request_takes_nothing_redis_and_redis() {
     let server = RedisServer::start();
@@ -190,8 +271,8 @@ async fn a_denied_request_takes_nothing_redis_and_redis() {
         FailurePolicy::Closed,
     );
     denied_requests_take_nothing(
-        Rule::redis("ip", Key::client_ip(), ip),
-        Rule::redis("login", Key::client_ip(), login),
+        Rule::redis(Key::client_ip(), ip),
+        Rule::redis(Key::client_ip(), login),
     )
     .await;
 }
@@ -207,7 +288,7 @@ async fn a_local_denial_gives_the_redis_units_back() {
         FailurePolicy::Closed,
     );
     denied_requests_take_nothing(
-        Rule::redis("ip", Key::client_ip(), ip),
+        Rule::redis(Key::client_ip(), ip),
         Rule::per_ip("login", Policy::sliding_window_log(Window::per_minute(2))),
     )
     .await;
@@ -225,7 +306,7 @@ async fn a_redis_denial_leaves_the_local_rules_uncharged() {
     );
     denied_requests_take_nothing(
         Rule::per_ip("ip", Policy::token_bucket(Rate::per_minute(100))),
-        Rule::redis("login", Key::client_ip(), login),
+        Rule::redis(Key::client_ip(), login),
     )
     .await;
 }
@@ -247,9 +328,9 @@ async fn shadow_count_only_failures_and_the_decisions_extension() {
         FailurePolicy::Closed,
     );
     let layer = RateLimitLayer::builder()
-        .rule(Rule::redis("trial", Key::client_ip(), trial).mode(Mode::Shadow))
+        .rule(Rule::redis(Key::client_ip(), trial).mode(Mode::Shadow))
         .rule(
-            Rule::redis("login", Key::header("x-user"), login)
+            Rule::redis(Key::header("x-user"), login)
                 .on_path_prefix("/login")
                 .count_failures_only(),
         )
@@ -318,7 +399,6 @@ async fn with_the_server_killed_each_failure_policy_does_what_it_says() {
     for (name, failure) in rules {
         let layer = RateLimitLayer::builder()
             .rule(Rule::redis(
-                name,
                 Key::client_ip(),
                 limiter(&b, name, policy, failure),
             ))
@@ -395,7 +475,7 @@ async fn a_stalled_server_costs_at_most_the_timeout() {
         FailurePolicy::Closed,
     );
     let layer = RateLimitLayer::builder()
-        .rule(Rule::redis("ip", Key::client_ip(), ip))
+        .rule(Rule::redis(Key::client_ip(), ip))
         .build()
         .unwrap();
     let app = make_app(layer.clone());
@@ -428,7 +508,6 @@ async fn two_instances_share_one_limit_and_the_redis_keys_are_bounded() {
         let wide = Policy::fixed_window(Window::per_minute(100));
         let layer = RateLimitLayer::builder()
             .rule(Rule::redis(
-                "user",
                 Key::extension::<UserId>(),
                 limiter(
                     &b,
@@ -438,12 +517,10 @@ async fn two_instances_share_one_limit_and_the_redis_keys_are_bounded() {
                 ),
             ))
             .rule(Rule::redis(
-                "iproute",
                 Key::composite([Key::client_ip(), Key::route()]),
                 limiter(&b, "iproute", wide, closed),
             ))
             .rule(Rule::redis(
-                "key",
                 Key::header("x-api-key"),
                 limiter(&b, "key", wide, closed),
             ))
@@ -522,7 +599,7 @@ mod end_to_end {
             FailurePolicy::Closed,
         );
         let layer = RateLimitLayer::builder()
-            .rule(Rule::redis("ip", Key::client_ip(), ip))
+            .rule(Rule::redis(Key::client_ip(), ip))
             .build()
             .unwrap();
         let (addr, stop, srv) = serve("127.0.0.1:0", make_app(layer.clone())).await;
@@ -554,7 +631,7 @@ mod end_to_end {
             FailurePolicy::Closed,
         );
         let layer = RateLimitLayer::builder()
-            .rule(Rule::redis("ip", Key::client_ip(), ip))
+            .rule(Rule::redis(Key::client_ip(), ip))
             .rule(
                 Rule::per_ip("login", Policy::sliding_window_log(Window::per_minute(2)))
                     .on_path_prefix("/login"),

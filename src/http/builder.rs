@@ -42,12 +42,13 @@ use std::sync::{Arc, Once};
 #[non_exhaustive]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum HttpConfigError {
-    /// A rule name that is not a structured-field token.
+    /// A rule name that is not a structured-field token (for a Redis rule,
+    /// the limiter's name).
     InvalidRuleName {
         /// The name given.
         name: String,
     },
-    /// Two rules with one name.
+    /// Two rules with one name (for Redis rules, two limiters of one name).
     DuplicateRuleName {
         /// The name given twice.
         name: String,
@@ -124,11 +125,15 @@ impl fmt::Display for HttpConfigError {
             HttpConfigError::InvalidRuleName { name } => write!(
                 f,
                 "rule name {name:?} is not usable in RateLimit headers: use 1 to 64 characters, \
-                 a letter first, then letters, digits or !#$%&'*+-.^_`|~:/"
+                 a letter first, then letters, digits or !#$%&'*+-.^_`|~:/ (a Redis rule is \
+                 named after its limiter: rename the limiter with RedisLimiterBuilder::name)"
             ),
-            HttpConfigError::DuplicateRuleName { name } => {
-                write!(f, "two rules are named {name:?}: give each rule its own name")
-            }
+            HttpConfigError::DuplicateRuleName { name } => write!(
+                f,
+                "two rules are named {name:?}: give each rule its own name (a Redis rule is \
+                 named after its limiter: give each limiter its own RedisLimiterBuilder::name; \
+                 limiters of one name and prefix share one limit, so one rule on it suffices)"
+            ),
             HttpConfigError::InvalidHeaderName { rule } => write!(
                 f,
                 "rule {rule:?} is keyed by a header whose name is not a valid HTTP header name"

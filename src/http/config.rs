@@ -543,7 +543,7 @@ impl RuleConfig {
             rule: self.name.clone(),
             error,
         })?;
-        Ok(Rule::redis(self.name.clone(), key, limiter))
+        Ok(Rule::redis(key, limiter))
     }
 }
 

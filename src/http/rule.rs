@@ -257,12 +257,27 @@ impl Rule {
 
     /// A rule whose limit lives in Redis (features `tower` and `redis`):
     /// every instance behind a load balancer counts against `limiter`.
+    /// The rule is named after the limiter ([`RedisLimiter::name`], the
+    /// name in its Redis keys), so one name says both which rule answered
+    /// (stats, `RateLimit-Policy`, logs) and which limiters share state.
     /// The rule's policy is the limiter's; its key is `key`'s value as
     /// bytes (the masked client address as text, `h:` and a header value,
     /// and so on), which the limiter bounds by hashing long or binary keys.
     /// The limiter's [`FailurePolicy`](crate::redis::FailurePolicy) says
     /// what happens when Redis cannot answer. `max_keys` and `when_full`
     /// do not apply (Redis keys expire by their TTL).
+    ///
+    /// A limiter's default name (such as `tb.10000.20`) is a valid rule
+    /// name. A name given to [`RedisLimiterBuilder::name`] must also be a
+    /// rule name (a letter first; see [`Rule::new`]), or the layer's
+    /// `build` fails with [`HttpConfigError::InvalidRuleName`]; two rules
+    /// on limiters of one name (which share their Redis state when their
+    /// prefixes match) fail with [`HttpConfigError::DuplicateRuleName`].
+    ///
+    /// [`RedisLimiter::name`]: crate::redis::RedisLimiter::name
+    /// [`RedisLimiterBuilder::name`]: crate::redis::RedisLimiterBuilder::name
+    /// [`HttpConfigError::InvalidRuleName`]: super::HttpConfigError::InvalidRuleName
+    /// [`HttpConfigError::DuplicateRuleName`]: super::HttpConfigError::DuplicateRuleName
     ///
     /// ```
     /// use ratewall::http::{Key, RateLimitLayer, Rule};
@@ -275,20 +290,16 @@ impl Rule {
     ///     .name("ip")
     ///     .on_failure(FailurePolicy::FallbackShare { instances: 4 })
     ///     .build()?;
-    /// let layer = RateLimitLayer::builder()
-    ///     .rule(Rule::redis("ip", Key::client_ip(), per_ip))
-    ///     .build()?;
+    /// let rule = Rule::redis(Key::client_ip(), per_ip);
+    /// assert_eq!(rule.name(), "ip");
+    /// let layer = RateLimitLayer::builder().rule(rule).build()?;
     /// # let _ = layer;
     /// # Ok::<(), Box<dyn std::error::Error>>(()) }).unwrap();
     /// ```
     #[cfg(feature = "redis")]
-    pub fn redis(
-        name: impl Into<String>,
-        key: Key,
-        limiter: impl Into<std::sync::Arc<crate::redis::RedisLimiter>>,
-    ) -> Rule {
+    pub fn redis(key: Key, limiter: impl Into<std::sync::Arc<crate::redis::RedisLimiter>>) -> Rule {
         let limiter = limiter.into();
-        let mut rule = Rule::new(name, key, limiter.policy());
+        let mut rule = Rule::new(limiter.name(), key, limiter.policy());
         rule.remote = Some(limiter);
         rule
     }
