@@ -11,7 +11,7 @@ set -eu
 cd "$(dirname "$0")/.."
 cargo bench --bench sweep --no-run >/dev/null 2>&1
 bin=$(ls -t target/release/deps/sweep-* | grep -v '\.d$' | head -1)
-cases=${*:-noop rw-clock gov-clock rw-allow gov-allow rw-allow-coarse gov-allow-upkeep rw-deny rw-deny-at gov-deny rw-deny-coarse gov-deny-upkeep rw-deny-leaky rw-deny-fixed rw-deny-sliding rw-deny-log rw-keyed-100k gov-keyed-100k}
+cases=${*:-noop rw-clock gov-clock rw-allow gov-allow rw-allow-coarse gov-allow-upkeep rw-deny rw-deny-at gov-deny rw-deny-coarse gov-deny-upkeep rw-deny-leaky rw-deny-fixed rw-deny-sliding rw-deny-log rw-keyed-100k gov-keyed-100k rw-multi3-allow rw-multi3-deny}
 ir() {
     valgrind --tool=callgrind --callgrind-out-file=/dev/null "$bin" --ops "$1" "$2" 2>&1 |
         awk '/I *refs/ { gsub(",", "", $NF); print $NF }'

@@ -23,7 +23,7 @@ mod common;
 
 use common::{ip_key, key_sequence, rss_bytes, string_key, u64_key, Dist};
 use governor::{Quota, RateLimiter};
-use ratewall::{KeyedTokenBucket, Rate, TokenBucket};
+use ratewall::{check_all, KeyedTokenBucket, Limit, Rate, TokenBucket};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::hash::Hash;
@@ -470,6 +470,29 @@ fn ops(case: &str, n: u64) -> Result<(), String> {
             run(n, |i| {
                 l.check_key(&u64_key(seq[i as usize & (SEQ_LEN - 1)]))
                     .is_ok()
+            })
+        }
+        "rw-multi3-allow" | "rw-multi3-deny" => {
+            // `check_all` of 3 as in `benches/keyed.rs`'s multi-limit group:
+            // per-IP keyed, per-user keyed, one global limiter. Denied: the
+            // global limiter (the last) denies, so both keyed limits give
+            // back what they took and are peeked for the report.
+            let keyed = || {
+                KeyedTokenBucket::<u64>::builder(allow_rate())
+                    .seed(0x5eed)
+                    .build()
+                    .unwrap()
+            };
+            let (per_ip, per_user) = (keyed(), keyed());
+            let global = if case == "rw-multi3-deny" {
+                deny()
+            } else {
+                TokenBucket::new(allow_rate()).unwrap()
+            };
+            run(n, |_| {
+                let (ip, user) = (per_ip.with_key(&7), per_user.with_key(&9));
+                let limits: [&dyn Limit<_>; 3] = [&ip, &user, &global];
+                check_all(&limits).is_allowed()
             })
         }
         other => return Err(format!("unknown --ops case {other}")),

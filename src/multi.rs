@@ -196,27 +196,27 @@ pub fn check_all_n<C: Clock>(
     let mut set = AllLimits {
         limits,
         n,
-        allowed: None,
-        denied: None,
+        decision: Decision::allow(u64::MAX, u64::MAX, 0),
     };
-    let unlimited = Decision::allow(u64::MAX, u64::MAX, 0);
-    Ok(if check_set(&mut set)? {
-        set.allowed.unwrap_or(unlimited)
-    } else {
-        set.denied.unwrap_or(unlimited)
-    })
+    check_set(&mut set)?;
+    Ok(set.decision)
 }
 
 /// [`check_all_n`]'s list as a [`LimitSet`]: one cost for every limit, and
 /// one decision, the most restrictive of those [`check_set`] reports.
+///
+/// One plain `Decision`, not an `Option` per outcome: the engine reports in
+/// a known order (limit 0 first when it allows; the denying limit first on
+/// a denial), so the first report replaces and the others fold, with no
+/// test and copy of an `Option` on each fold (see docs/benchmarks.md, "One
+/// shape").
 struct AllLimits<'a, C: Clock> {
     limits: &'a [&'a dyn Limit<C>],
     n: u64,
-    /// The limits that allowed, so far.
-    allowed: Option<Decision>,
-    /// On a denial: the denying limit's decision (reported first), then
-    /// each other's after the rollback (a peek that fails is left out).
-    denied: Option<Decision>,
+    /// Unlimited for an empty list; else the limits that allowed, so far;
+    /// on a denial, the denying limit's decision folded with each other's
+    /// after the rollback (a peek that fails is left out).
+    decision: Decision,
 }
 
 impl<C: Clock> LimitSet<C> for AllLimits<'_, C> {
@@ -245,28 +245,32 @@ impl<C: Clock> LimitSet<C> for AllLimits<'_, C> {
     fn capacity(&self, i: usize) -> u64 {
         self.limits[i].capacity()
     }
+    /// After [`decide_denied`](LimitSet::decide_denied): the most
+    /// restrictive, the one seen first on a tie.
     #[inline]
     fn decide(&mut self, _: usize, d: Option<Decision>) {
-        fold(&mut self.denied, d);
+        if let Some(d) = d {
+            self.decision = self.decision.most_restrictive(d);
+        }
     }
+    /// Limit 0 reports first and replaces the unlimited start.
     #[inline]
-    fn decide_taken(&mut self, _: usize, d: Decision) {
-        fold(&mut self.allowed, Some(d));
+    fn decide_taken(&mut self, i: usize, d: Decision) {
+        self.decision = if i == 0 {
+            d
+        } else {
+            self.decision.most_restrictive(d)
+        };
+    }
+    /// Drops what the limits before it allowed: the report is the denial
+    /// and the others as seen after the rollback.
+    #[inline]
+    fn decide_denied(&mut self, _: usize, d: Decision) {
+        self.decision = d;
     }
     #[inline]
     fn max_cost(&self) -> u64 {
         self.n
-    }
-}
-
-/// Folds `d` into `into`, the most restrictive first seen on a tie.
-#[inline]
-fn fold(into: &mut Option<Decision>, d: Option<Decision>) {
-    if let Some(d) = d {
-        *into = Some(match *into {
-            Some(c) => c.most_restrictive(d),
-            None => d,
-        });
     }
 }
 
@@ -348,6 +352,12 @@ pub(crate) trait LimitSet<C: Clock> {
     fn decide_taken(&mut self, i: usize, d: Decision) {
         self.decide(i, Some(d));
     }
+    /// Limit `i` denied (after the rollback): its decision, reported
+    /// before every other limit's peek.
+    #[inline]
+    fn decide_denied(&mut self, i: usize, d: Decision) {
+        self.decide(i, Some(d));
+    }
     /// An upper bound of every limit's cost, when the set knows one
     /// without looking: at most `MIN_CAPACITY` skips the capacity
     /// pre-check (a unit cost always fits).
@@ -401,7 +411,7 @@ impl<C: Clock> LimitSet<C> for DynLimits<'_, '_, C> {
 /// [`LimitSet`]: the one engine under [`check_all`], [`check_all_n`],
 /// [`check_each`] and the HTTP layer. `Ok(true)` if every limit allowed;
 /// `Ok(false)` after a denial and its rollback, with the denial reported
-/// first through [`LimitSet::decide`], then each other limit's peek.
+/// first through [`LimitSet::decide_denied`], then each other limit's peek.
 #[inline]
 pub(crate) fn check_set<C: Clock, S: LimitSet<C>>(
     set: &mut S,
@@ -441,7 +451,7 @@ pub(crate) fn check_set<C: Clock, S: LimitSet<C>>(
             roll_back_set(set, i, took, now);
             // Report the denial first, then every other limit as seen
             // after the rollback (the most restrictive of them wins).
-            set.decide(i, Some(d));
+            set.decide_denied(i, d);
             for j in 0..len {
                 if j != i {
                     match set.peek_at(j, now, set.cost(j)) {
@@ -464,7 +474,11 @@ pub(crate) fn check_set<C: Clock, S: LimitSet<C>>(
 /// cost: the first 64 if their bit in `took` is set, the rest whenever they
 /// were charged (their units are not in the mask; a no-op for an untracked
 /// key, exact for everything else).
-#[cold]
+///
+/// Inlined, not `#[cold]`: the call took the set's address, which keeps
+/// the set in memory rather than in registers on every path of
+/// [`check_set`]; inlined, the denied path is cheaper (docs/benchmarks.md).
+#[inline]
 fn roll_back_set<C: Clock, S: LimitSet<C>>(set: &S, end: usize, took: u64, now: u64) {
     for i in (0..end).rev() {
         let n = set.cost(i);
