@@ -37,6 +37,8 @@
 )]
 
 mod algo;
+#[cfg(feature = "client")]
+pub mod client;
 mod clock;
 mod decision;
 mod elastic;
