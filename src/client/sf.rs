@@ -188,15 +188,9 @@ impl<'a> Parser<'a> {
                 return Err(Fail);
             }
             self.bare_item()?;
-            let mut count = 0;
-            self.parameters(|_, _| {
-                count += 1;
-                if count > MAX_PARAMS {
-                    Err(Fail)
-                } else {
-                    Ok(())
-                }
-            })?;
+            // The item's own parameters: capped like any item's, then dropped.
+            let mut item = Member::new(false);
+            self.parameters(|k, v| item.set(k, v))?;
             if !matches!(self.peek(), Some(b' ' | b')')) {
                 return Err(Fail);
             }

@@ -1,0 +1,275 @@
+//! `ratewall::client`: what an upstream announces, read through the public
+//! API. Property tests: any bytes in any field never panic and never ask
+//! for a pause past `MAX_PAUSE`; and `RateLimit-Policy` is read exactly as
+//! an independent RFC 9651 parser (the `sfv` crate) plus the documented
+//! item rules say.
+
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use proptest::prelude::*;
+use ratewall::client::{Announcement, Partitions, Quota, MAX_PAUSE, MAX_WINDOW};
+use ratewall::{ManualClock, Rate};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+const FIELDS: [&str; 6] = [
+    "ratelimit-policy",
+    "ratelimit",
+    "retry-after",
+    "x-ratelimit-limit",
+    "x-ratelimit-remaining",
+    "x-ratelimit-reset",
+];
+
+fn map(fields: &[(usize, Vec<u8>)]) -> HeaderMap {
+    let mut map = HeaderMap::new();
+    for (i, bytes) in fields {
+        // Bytes `http` refuses in a field value never reach a client.
+        if let Ok(v) = HeaderValue::from_bytes(bytes) {
+            map.append(HeaderName::from_static(FIELDS[i % FIELDS.len()]), v);
+        }
+    }
+    map
+}
+
+/// Bytes that look like the fields' values more often than random bytes do.
+fn field_bytes() -> impl Strategy<Value = Vec<u8>> {
+    let piece = prop_oneof![
+        Just(b"\"a\"".to_vec()),
+        Just(b"tok".to_vec()),
+        Just(b";q=".to_vec()),
+        Just(b";w=".to_vec()),
+        Just(b";r=".to_vec()),
+        Just(b";t=".to_vec()),
+        Just(b";qu=\"requests\"".to_vec()),
+        Just(b", ".to_vec()),
+        Just(b"(".to_vec()),
+        Just(b")".to_vec()),
+        Just(b"GMT".to_vec()),
+        Just(b"Tue, 14 Nov 2023 22:13:50 GMT".to_vec()),
+        any::<u64>().prop_map(|n| n.to_string().into_bytes()),
+        "[0-9]{1,20}".prop_map(String::into_bytes),
+        proptest::collection::vec(any::<u8>(), 0..8),
+    ];
+    proptest::collection::vec(piece, 0..12).prop_map(|v| v.concat())
+}
+
+fn status() -> impl Strategy<Value = StatusCode> {
+    prop_oneof![Just(200u16), Just(429), Just(503), 100u16..600]
+        .prop_map(|s| StatusCode::from_u16(s).unwrap())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+
+    /// Any field values: no panic, every duration within its clamp, a
+    /// quota always usable, and `Retry-After` read only on a 429 or 503.
+    #[test]
+    fn reading_never_panics_and_stays_within_the_clamps(
+        status in status(),
+        fields in proptest::collection::vec((0usize..6, field_bytes()), 0..8),
+        now_secs in any::<u64>(),
+    ) {
+        let headers = map(&fields);
+        let now = UNIX_EPOCH.checked_add(Duration::from_secs(now_secs)).unwrap_or(UNIX_EPOCH);
+        let said = Announcement::read_at(status, &headers, now);
+        prop_assert_eq!(said, Announcement::read_at(status, &headers, now));
+        prop_assert!(said.pause().unwrap_or_default() <= MAX_PAUSE);
+        prop_assert!(said.retry_after.unwrap_or_default() <= MAX_PAUSE);
+        let limited = status == StatusCode::TOO_MANY_REQUESTS;
+        prop_assert_eq!(said.too_many_requests, limited);
+        if !limited && status != StatusCode::SERVICE_UNAVAILABLE {
+            prop_assert_eq!(said.retry_after, None);
+        }
+        if let Some(r) = said.remaining {
+            prop_assert!(r.within.unwrap_or_default() <= MAX_PAUSE);
+        }
+        if let Some(q) = said.quota {
+            if let Some(w) = q.window {
+                prop_assert!(q.limit > 0 && !w.is_zero() && w <= MAX_WINDOW);
+            }
+        }
+        // What a table learns from it keeps the clamp, and never paces
+        // faster than the user.
+        let clock = ManualClock::new();
+        let table = Partitions::with_clock(4, clock.clone()).unwrap();
+        table.learn(&"up", &said);
+        prop_assert_eq!(table.paused_for(&"up"), said.pause().filter(|p| !p.is_zero()));
+        let user = Rate::per_second(1000);
+        let pace = table.pace(&"up", Some(user)).unwrap();
+        prop_assert!(pace.period().as_nanos() * u128::from(user.count()) >= user.period().as_nanos() * u128::from(pace.count()));
+        clock.advance(MAX_PAUSE);
+        prop_assert_eq!(table.paused_for(&"up"), None);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Differential: `RateLimit-Policy` against `sfv`.
+
+/// Structured-field-like text: mostly valid members, sometimes broken.
+fn sf_text() -> impl Strategy<Value = String> {
+    let bare = prop_oneof![
+        60 => (-20i64..2000).prop_map(|n| n.to_string()),
+        10 => "\"[a-z ]{0,6}\"",
+        10 => "[a-zA-Z*][a-z0-9:/!#]{0,5}",
+        4 => Just("?1".to_string()),
+        4 => Just(":aGk=:".to_string()),
+        4 => Just("@1700000000".to_string()),
+        8 => Just("\"requests\"".to_string()),
+        8 => Just("requests".to_string()),
+        4 => "-?[0-9]{1,3}\\.[0-9]{1,3}",
+        2 => "[0-9]{14,16}",
+        1 => prop::sample::select(vec!["?2", "\"a\\\"", "1.2345", "--1", "\"\\x\""])
+            .prop_map(String::from),
+    ];
+    let key = prop_oneof![
+        100 => prop::sample::select(vec!["q", "w", "qu", "pk", "x", "a1", "b-", "c.", "d*", "e_", "f", "g", "h", "i"]),
+        1 => prop::sample::select(vec!["Q", "1", ""]),
+    ];
+    let param = (key, proptest::option::of(bare.clone())).prop_map(|(k, v)| match v {
+        Some(v) => format!(";{k}={v}"),
+        None => format!(";{k}"),
+    });
+    let params = prop_oneof![
+        9 => proptest::collection::vec(param.clone(), 0..4),
+        1 => proptest::collection::vec(param, 4..10),
+    ]
+    .prop_map(|v| v.concat());
+    let policy = (
+        proptest::option::weighted(0.8, bare.clone()),
+        proptest::option::weighted(0.8, bare.clone()),
+        params.clone(),
+    )
+        .prop_map(|(q, w, p)| {
+            let q = q.map(|v| format!(";q={v}")).unwrap_or_default();
+            let w = w.map(|v| format!(";w={v}")).unwrap_or_default();
+            format!("{q}{w}{p}")
+        });
+    let item = (bare.clone(), policy).prop_map(|(b, p)| format!("{b}{p}"));
+    let inner = (proptest::collection::vec(item.clone(), 0..4), params)
+        .prop_map(|(items, p)| format!("({}){p}", items.join(" ")));
+    let member = prop_oneof![4 => item, 1 => inner];
+    let sep = prop_oneof![
+        30 => Just(","), 30 => Just(", "), 3 => Just(" ,"), 1 => Just(",,"), 1 => Just(" "), 3 => Just(",\t"),
+    ];
+    (
+        prop_oneof![
+            9 => proptest::collection::vec((member.clone(), sep.clone()), 1..6),
+            1 => proptest::collection::vec((member, sep), 6..18),
+        ],
+        proptest::bool::weighted(0.03),
+    )
+        .prop_map(|(v, trailing)| {
+            let mut s = String::new();
+            for (i, (m, sep)) in v.iter().enumerate() {
+                if i > 0 {
+                    s.push_str(sep);
+                }
+                s.push_str(m);
+            }
+            if trailing {
+                s.push(',');
+            }
+            s
+        })
+}
+
+/// The documented rules, applied to `sfv`'s parse.
+fn reference_policy(field: &str) -> Option<Quota> {
+    let list: sfv::List = sfv::Parser::new(field.as_bytes()).parse().ok()?;
+    // The documented caps: 16 members, 8 distinct parameters, keys of 64.
+    if list.len() > 16 {
+        return None;
+    }
+    let mut best: Option<(u64, u64)> = None;
+    for entry in &list {
+        let params = match entry {
+            sfv::ListEntry::Item(item) => &item.params,
+            sfv::ListEntry::InnerList(inner) => {
+                if inner.items.len() > 16 || inner.items.iter().any(|i| i.params.len() > 8) {
+                    return None;
+                }
+                &inner.params
+            }
+        };
+        if params.len() > 8 {
+            return None;
+        }
+        let sfv::ListEntry::Item(_) = entry else {
+            continue;
+        };
+        let int = |k: &str| {
+            params
+                .get(k)
+                .and_then(|v| v.as_integer())
+                .and_then(|i| u64::try_from(i64::from(i)).ok())
+        };
+        let unit_ok = match params.get("qu") {
+            None => true,
+            Some(v) => {
+                v.as_string().map(|s| s.as_str()) == Some("requests")
+                    || v.as_token().map(|t| t.as_str()) == Some("requests")
+            }
+        };
+        let (Some(q), Some(w)) = (int("q"), int("w")) else {
+            continue;
+        };
+        if !unit_ok || q == 0 || w == 0 || w > MAX_WINDOW.as_secs() {
+            continue;
+        }
+        best = match best {
+            Some((bq, bw)) if u128::from(bq) * u128::from(w) <= u128::from(q) * u128::from(bw) => {
+                Some((bq, bw))
+            }
+            _ => Some((q, w)),
+        };
+    }
+    let (limit, w) = best?;
+    Some(quota(limit, w))
+}
+
+fn quota(limit: u64, w: u64) -> Quota {
+    let mut headers = HeaderMap::new();
+    let v = format!("a;q={limit};w={w}");
+    headers.insert("ratelimit-policy", HeaderValue::from_str(&v).unwrap());
+    Announcement::read(StatusCode::OK, &headers).quota.unwrap()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 1000, ..ProptestConfig::default() })]
+
+    #[test]
+    fn policy_reads_as_sfv_and_the_rules_say(field in sf_text()) {
+        let Ok(value) = HeaderValue::from_str(&field) else { return Ok(()) };
+        let mut headers = HeaderMap::new();
+        headers.insert("ratelimit-policy", value);
+        let got = Announcement::read_at(StatusCode::OK, &headers, SystemTime::UNIX_EPOCH).quota;
+        prop_assert_eq!(got, reference_policy(&field), "field {:?}", field);
+    }
+}
+
+#[test]
+fn the_differential_sees_both_outcomes() {
+    // The generator is not vacuous: some fields parse to a quota, some do not.
+    assert_eq!(reference_policy("a;q=5;w=1, b;q=1;w=1"), Some(quota(1, 1)));
+    assert_eq!(reference_policy("a;q=5;w=1,"), None);
+    assert_eq!(reference_policy(r#"a;q=5;w=1;qu="content-bytes""#), None);
+}
+
+/// How often the generator's fields parse, and to a quota: a property test
+/// over fields that all fail would prove little.
+#[test]
+fn the_generator_reaches_every_outcome() {
+    use proptest::strategy::ValueTree;
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    let (mut valid, mut quota) = (0, 0);
+    for _ in 0..300 {
+        let field = sf_text().new_tree(&mut runner).unwrap().current();
+        valid += usize::from(
+            sfv::Parser::new(field.as_bytes())
+                .parse::<sfv::List>()
+                .is_ok(),
+        );
+        quota += usize::from(reference_policy(&field).is_some());
+    }
+    assert!(valid > 60 && valid < 270, "{valid} of 300 parse");
+    assert!(quota > 30, "{quota} of 300 hold a quota");
+}
