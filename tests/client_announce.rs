@@ -6,7 +6,7 @@
 
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use proptest::prelude::*;
-use ratewall::client::{Announcement, Partitions, Quota, MAX_PAUSE, MAX_WINDOW};
+use ratewall::client::{Announcement, Partitions, Quota, Remaining, MAX_PAUSE, MAX_WINDOW};
 use ratewall::{ManualClock, Rate};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -105,7 +105,7 @@ proptest! {
 // Differential: `RateLimit-Policy` against `sfv`.
 
 /// Structured-field-like text: mostly valid members, sometimes broken.
-fn sf_text() -> impl Strategy<Value = String> {
+fn sf_text(a: &'static str, b: &'static str) -> impl Strategy<Value = String> {
     let bare = prop_oneof![
         60 => (-20i64..2000).prop_map(|n| n.to_string()),
         10 => "\"[a-z ]{0,6}\"",
@@ -121,7 +121,7 @@ fn sf_text() -> impl Strategy<Value = String> {
             .prop_map(String::from),
     ];
     let key = prop_oneof![
-        100 => prop::sample::select(vec!["q", "w", "qu", "pk", "x", "a1", "b-", "c.", "d*", "e_", "f", "g", "h", "i"]),
+        100 => prop::sample::select(vec!["q", "r", "t", "w", "qu", "pk", "x", "a1", "b-", "c.", "d*", "e_", "f", "g", "h", "i"]),
         1 => prop::sample::select(vec!["Q", "1", ""]),
     ];
     let param = (key, proptest::option::of(bare.clone())).prop_map(|(k, v)| match v {
@@ -138,9 +138,9 @@ fn sf_text() -> impl Strategy<Value = String> {
         proptest::option::weighted(0.8, bare.clone()),
         params.clone(),
     )
-        .prop_map(|(q, w, p)| {
-            let q = q.map(|v| format!(";q={v}")).unwrap_or_default();
-            let w = w.map(|v| format!(";w={v}")).unwrap_or_default();
+        .prop_map(move |(q, w, p)| {
+            let q = q.map(|v| format!(";{a}={v}")).unwrap_or_default();
+            let w = w.map(|v| format!(";{b}={v}")).unwrap_or_default();
             format!("{q}{w}{p}")
         });
     let item = (bare.clone(), policy).prop_map(|(b, p)| format!("{b}{p}"));
@@ -172,36 +172,62 @@ fn sf_text() -> impl Strategy<Value = String> {
         })
 }
 
-/// The documented rules, applied to `sfv`'s parse.
-fn reference_policy(field: &str) -> Option<Quota> {
+/// `sfv`'s parse of a list within the documented caps (16 members, 8
+/// distinct parameters per item): the items' parameters; `None` if the
+/// field is not a valid list or is over a cap.
+fn sfv_items(field: &str) -> Option<Vec<sfv::Parameters>> {
     let list: sfv::List = sfv::Parser::new(field.as_bytes()).parse().ok()?;
-    // The documented caps: 16 members, 8 distinct parameters, keys of 64.
     if list.len() > 16 {
         return None;
     }
-    let mut best: Option<(u64, u64)> = None;
-    for entry in &list {
-        let params = match entry {
-            sfv::ListEntry::Item(item) => &item.params,
-            sfv::ListEntry::InnerList(inner) => {
-                if inner.items.len() > 16 || inner.items.iter().any(|i| i.params.len() > 8) {
-                    return None;
-                }
-                &inner.params
-            }
-        };
-        if params.len() > 8 {
-            return None;
+    let mut items = Vec::new();
+    for entry in list {
+        match entry {
+            sfv::ListEntry::Item(item) if item.params.len() <= 8 => items.push(item.params),
+            sfv::ListEntry::InnerList(inner)
+                if inner.params.len() <= 8
+                    && inner.items.len() <= 16
+                    && inner.items.iter().all(|i| i.params.len() <= 8) => {}
+            _ => return None,
         }
-        let sfv::ListEntry::Item(_) = entry else {
+    }
+    Some(items)
+}
+
+/// A non-negative Integer parameter.
+fn uint(params: &sfv::Parameters, key: &str) -> Option<u64> {
+    let i = params.get(key)?.as_integer()?;
+    u64::try_from(i64::from(i)).ok()
+}
+
+/// The documented rules for `RateLimit`, applied to `sfv`'s parse.
+fn reference_remaining(field: &str) -> Option<Remaining> {
+    let mut best: Option<(u64, Option<u64>)> = None;
+    for params in sfv_items(field)? {
+        let Some(r) = uint(&params, "r") else {
             continue;
         };
-        let int = |k: &str| {
-            params
-                .get(k)
-                .and_then(|v| v.as_integer())
-                .and_then(|i| u64::try_from(i64::from(i)).ok())
+        let t = uint(&params, "t").map(|t| t.min(MAX_PAUSE.as_secs()));
+        best = match best {
+            Some((br, bt)) if br < r || (br == r && bt >= t) => Some((br, bt)),
+            _ => Some((r, t)),
         };
+    }
+    let (r, t) = best?;
+    let v = match t {
+        Some(t) => format!("a;r={r};t={t}"),
+        None => format!("a;r={r}"),
+    };
+    let mut headers = HeaderMap::new();
+    headers.insert("ratelimit", HeaderValue::from_str(&v).unwrap());
+    Announcement::read(StatusCode::OK, &headers).remaining
+}
+
+/// The documented rules for `RateLimit-Policy`, applied to `sfv`'s parse.
+fn reference_policy(field: &str) -> Option<Quota> {
+    let mut best: Option<(u64, u64)> = None;
+    for params in sfv_items(field)? {
+        let int = |k: &str| uint(&params, k);
         let unit_ok = match params.get("qu") {
             None => true,
             Some(v) => {
@@ -237,12 +263,25 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 1000, ..ProptestConfig::default() })]
 
     #[test]
-    fn policy_reads_as_sfv_and_the_rules_say(field in sf_text()) {
+    fn policy_reads_as_sfv_and_the_rules_say(field in sf_text("q", "w")) {
         let Ok(value) = HeaderValue::from_str(&field) else { return Ok(()) };
         let mut headers = HeaderMap::new();
         headers.insert("ratelimit-policy", value);
         let got = Announcement::read_at(StatusCode::OK, &headers, SystemTime::UNIX_EPOCH).quota;
         prop_assert_eq!(got, reference_policy(&field), "field {:?}", field);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 1000, ..ProptestConfig::default() })]
+
+    #[test]
+    fn ratelimit_reads_as_sfv_and_the_rules_say(field in sf_text("r", "t")) {
+        let Ok(value) = HeaderValue::from_str(&field) else { return Ok(()) };
+        let mut headers = HeaderMap::new();
+        headers.insert("ratelimit", value);
+        let got = Announcement::read_at(StatusCode::OK, &headers, SystemTime::UNIX_EPOCH).remaining;
+        prop_assert_eq!(got, reference_remaining(&field), "field {:?}", field);
     }
 }
 
@@ -262,7 +301,7 @@ fn the_generator_reaches_every_outcome() {
     let mut runner = proptest::test_runner::TestRunner::deterministic();
     let (mut valid, mut quota) = (0, 0);
     for _ in 0..300 {
-        let field = sf_text().new_tree(&mut runner).unwrap().current();
+        let field = sf_text("q", "w").new_tree(&mut runner).unwrap().current();
         valid += usize::from(
             sfv::Parser::new(field.as_bytes())
                 .parse::<sfv::List>()

@@ -353,8 +353,11 @@ impl<'a> Parser<'a> {
 mod tests {
     use super::*;
 
-    /// The members' `(inner_list, [(key, value)])`, or `Err`.
-    fn parse(s: &str) -> Result<Vec<(bool, Vec<(String, Bare<'_>)>)>, Fail> {
+    /// A member as the tests see it: `(inner_list, [(key, value)])`.
+    type Seen<'a> = (bool, Vec<(String, Bare<'a>)>);
+
+    /// The members, or `Err`.
+    fn parse(s: &str) -> Result<Vec<Seen<'_>>, Fail> {
         let mut out = Vec::new();
         let mut seen = 0;
         parse_list(s.as_bytes(), &mut seen, |m| {
@@ -469,7 +472,7 @@ mod tests {
     #[test]
     fn the_member_cap_spans_lines() {
         let mut seen = 0;
-        let line = vec!["a"; MAX_MEMBERS / 2].join(",");
+        let line = ["a"; MAX_MEMBERS / 2].join(",");
         assert!(parse_list(line.as_bytes(), &mut seen, |_| {}).is_ok());
         assert!(parse_list(line.as_bytes(), &mut seen, |_| {}).is_ok());
         assert_eq!(parse_list(b"a", &mut seen, |_| {}), Err(Fail));
