@@ -21,7 +21,8 @@ use ratewall::client::{Announcement, Partitions, MAX_PAUSE, MAX_WINDOW};
 use ratewall::{ManualClock, Rate};
 use std::time::{Duration, UNIX_EPOCH};
 
-const FIELDS: [&str; 6] = [
+/// The fields read, in the order the input's field digits pick them.
+pub const FIELDS: [&str; 6] = [
     "ratelimit-policy",
     "ratelimit",
     "retry-after",

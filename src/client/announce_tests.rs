@@ -59,32 +59,25 @@ fn draft_single_policy_and_its_counter() {
 
 #[test]
 fn the_slowest_of_several_policies_binds() {
-    // 50 per minute is slower than 1000 per hour? No: 0.83/s against 0.28/s.
-    let a = said(
-        200,
-        &[(
-            "ratelimit-policy",
-            br#""permin";q=50;w=60, "perhr";q=1000;w=3600"#,
-        )],
-    );
-    assert_eq!(a.quota, quota(1000, 3600));
-    let a = said(
-        200,
-        &[(
-            "ratelimit-policy",
-            br#""perhr";q=1000;w=3600, "permin";q=5;w=60"#,
-        )],
-    );
-    assert_eq!(a.quota, quota(5, 60));
-    // Across lines of one field, too.
-    let a = said(
-        200,
-        &[
-            ("ratelimit-policy", br#""a";q=10;w=1"#),
-            ("ratelimit-policy", br#""b";q=2;w=1"#),
-        ],
-    );
-    assert_eq!(a.quota, quota(2, 1));
+    for (lines, want) in [
+        // 50 per minute (0.83/s) is faster than 1000 per hour (0.28/s).
+        (
+            &[r#""permin";q=50;w=60, "perhr";q=1000;w=3600"#][..],
+            quota(1000, 3600),
+        ),
+        (
+            &[r#""perhr";q=1000;w=3600, "permin";q=5;w=60"#],
+            quota(5, 60),
+        ),
+        // Across lines of one field, too.
+        (&[r#""a";q=10;w=1"#, r#""b";q=2;w=1"#], quota(2, 1)),
+    ] {
+        let fields: Vec<(&str, &[u8])> = lines
+            .iter()
+            .map(|l| ("ratelimit-policy", l.as_bytes()))
+            .collect();
+        assert_eq!(said(200, &fields).quota, want, "{lines:?}");
+    }
 }
 
 #[test]

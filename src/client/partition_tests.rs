@@ -23,6 +23,10 @@ fn pause_of(s: u64) -> Announcement {
     }
 }
 
+fn left(available: u64, within: Option<Duration>) -> Option<Remaining> {
+    Some(Remaining { available, within })
+}
+
 fn announce(limit: u64, window: u64) -> Announcement {
     Announcement {
         quota: Some(Quota {
@@ -50,10 +54,7 @@ fn a_429_pauses_until_the_upstream_says() {
 fn r_zero_pauses_for_t() {
     let (t, clock) = table(4);
     let said = Announcement {
-        remaining: Some(Remaining {
-            available: 0,
-            within: Some(secs(3)),
-        }),
+        remaining: left(0, Some(secs(3))),
         ..Announcement::default()
     };
     t.learn(&"a", &said);
@@ -183,24 +184,18 @@ fn the_table_never_holds_more_than_its_capacity() {
 fn remaining_is_shown_until_its_time_is_over() {
     let (t, clock) = table(4);
     let said = Announcement {
-        remaining: Some(Remaining {
-            available: 7,
-            within: Some(secs(10)),
-        }),
+        remaining: left(7, Some(secs(10))),
         ..Announcement::default()
     };
     t.learn(&"a", &said);
     clock.advance(secs(4));
-    let left = t.view(&"a").unwrap().remaining.unwrap();
-    assert_eq!((left.available, left.within), (7, Some(secs(6))));
+    let shown = t.view(&"a").unwrap().remaining.unwrap();
+    assert_eq!((shown.available, shown.within), (7, Some(secs(6))));
     clock.advance(Duration::from_nanos(6_000_000_001));
     assert_eq!(t.view(&"a").unwrap().remaining, None);
     // Without a time, it stays until the next announcement.
     let said = Announcement {
-        remaining: Some(Remaining {
-            available: 2,
-            within: None,
-        }),
+        remaining: left(2, None),
         ..Announcement::default()
     };
     t.learn(&"a", &said);
@@ -216,10 +211,7 @@ fn the_view_prints_what_was_learned() {
             limit: 100,
             window: Some(secs(60)),
         }),
-        remaining: Some(Remaining {
-            available: 0,
-            within: Some(secs(12)),
-        }),
+        remaining: left(0, Some(secs(12))),
         retry_after: Some(secs(12)),
         too_many_requests: true,
     };
