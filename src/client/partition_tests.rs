@@ -289,10 +289,15 @@ proptest! {
         let w = quota.window.unwrap().as_nanos();
         let announced = announced_pace(quota).unwrap();
         prop_assert!(pace == user || pace == announced);
+        let ap = announced.period().as_nanos();
+        prop_assert!(pc * ap <= pp, "{pace:?} faster than the announced {announced:?}");
         if pace == announced {
             // At most q per w: the interval times q covers w.
             prop_assert!(pp * u128::from(quota.limit) >= w);
         }
+        // Every announced pace builds a limiter (the layer's local pace).
+        let bucket = crate::limiter::TokenBucket::with_clock(announced, ManualClock::new());
+        prop_assert!(bucket.is_ok(), "{announced:?}: {bucket:?}");
     }
 
     /// Whatever is learned, in whatever order, a partition's pause never
