@@ -225,9 +225,8 @@ fn reference_remaining(field: &str) -> Option<Remaining> {
 
 /// The documented rules for `RateLimit-Policy`, applied to `sfv`'s parse.
 fn reference_policy(field: &str) -> Option<Quota> {
-    let mut best: Option<(u64, u64)> = None;
+    let mut best: Option<(u64, Option<u64>)> = None;
     for params in sfv_items(field)? {
-        let int = |k: &str| uint(&params, k);
         let unit_ok = match params.get("qu") {
             None => true,
             Some(v) => {
@@ -235,26 +234,41 @@ fn reference_policy(field: &str) -> Option<Quota> {
                     || v.as_token().map(|t| t.as_str()) == Some("requests")
             }
         };
-        let (Some(q), Some(w)) = (int("q"), int("w")) else {
+        let Some(q) = uint(&params, "q").filter(|&q| q > 0) else {
             continue;
         };
-        if !unit_ok || q == 0 || w == 0 || w > MAX_WINDOW.as_secs() {
+        let w = match (params.get("w"), uint(&params, "w")) {
+            (None, _) => None,
+            (Some(_), Some(w)) if w > 0 && w <= MAX_WINDOW.as_secs() => Some(w),
+            _ => continue,
+        };
+        if !unit_ok {
             continue;
         }
-        best = match best {
-            Some((bq, bw)) if u128::from(bq) * u128::from(w) <= u128::from(q) * u128::from(bw) => {
-                Some((bq, bw))
+        // The slowest rate binds; a quota with a window before one without.
+        let keep = match (best, w) {
+            (None, _) => false,
+            (Some((_, Some(_))), None) => true,
+            (Some((_, None)), Some(_)) => false,
+            (Some((bq, None)), None) => bq <= q,
+            (Some((bq, Some(bw))), Some(w)) => {
+                u128::from(bq) * u128::from(w) <= u128::from(q) * u128::from(bw)
             }
-            _ => Some((q, w)),
         };
+        if !keep {
+            best = Some((q, w));
+        }
     }
     let (limit, w) = best?;
     Some(quota(limit, w))
 }
 
-fn quota(limit: u64, w: u64) -> Quota {
+fn quota(limit: u64, w: Option<u64>) -> Quota {
     let mut headers = HeaderMap::new();
-    let v = format!("a;q={limit};w={w}");
+    let v = match w {
+        Some(w) => format!("a;q={limit};w={w}"),
+        None => format!("a;q={limit}"),
+    };
     headers.insert("ratelimit-policy", HeaderValue::from_str(&v).unwrap());
     Announcement::read(StatusCode::OK, &headers).quota.unwrap()
 }
@@ -292,7 +306,11 @@ proptest! {
 #[test]
 fn the_differential_sees_both_outcomes() {
     // The generator is not vacuous: some fields parse to a quota, some do not.
-    assert_eq!(reference_policy("a;q=5;w=1, b;q=1;w=1"), Some(quota(1, 1)));
+    assert_eq!(
+        reference_policy("a;q=5;w=1, b;q=1;w=1"),
+        Some(quota(1, Some(1)))
+    );
+    assert_eq!(reference_policy("a;q=5, b;q=1"), Some(quota(1, None)));
     assert_eq!(reference_policy("a;q=5;w=1,"), None);
     assert_eq!(reference_policy(r#"a;q=5;w=1;qu="content-bytes""#), None);
 }

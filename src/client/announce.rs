@@ -261,9 +261,10 @@ fn fold_list<T>(
     acc
 }
 
-/// `RateLimit-Policy`: the quota with the slowest rate. An item is ignored
-/// unless it is an item with `q` >= 1 and `w` in 1..=366 days (both
-/// integers), and a unit (`qu`), if given, of `requests`.
+/// `RateLimit-Policy`: the quota with the slowest rate (a quota with a
+/// window before one without). An item is ignored unless it is an item
+/// with an integer `q` >= 1, a `w`, if given, that is an integer in
+/// 1..=366 days, and a unit (`qu`), if given, of `requests`.
 fn policy(headers: &HeaderMap) -> Option<Quota> {
     fold_list(headers, &names::POLICY, |best, m| {
         let Some(quota) = policy_item(m) else {
@@ -286,11 +287,17 @@ fn policy_item(m: &Member<'_>) -> Option<Quota> {
         Some(_) => return None,
     }
     let limit = m.uint(names::QUOTA).filter(|&q| q > 0)?;
-    let window = Duration::from_secs(m.uint(names::WINDOW)?);
-    (!window.is_zero() && window <= MAX_WINDOW).then_some(Quota {
-        limit,
-        window: Some(window),
-    })
+    // `w` is optional in the draft: without it the quota is shown but
+    // cannot pace; a `w` that is there but unusable drops the item.
+    let window = match m.param(names::WINDOW) {
+        None => None,
+        Some(_) => {
+            let w = Duration::from_secs(m.uint(names::WINDOW)?);
+            Some(w).filter(|w| !w.is_zero() && *w <= MAX_WINDOW)?;
+            Some(w)
+        }
+    };
+    Some(Quota { limit, window })
 }
 
 /// Whether quota `a` admits fewer requests per second than `b`.

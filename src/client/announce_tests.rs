@@ -121,8 +121,9 @@ fn bad_policy_items_are_ignored_one_by_one() {
         r#""a";q=1.5;w=1"#,
         r#""a";q="10";w=1"#,
         r#""a";w=1"#,
-        r#""a";q=10"#,
         r#""a";q=10;w=0"#,
+        r#""a";q=10;w=1.5"#,
+        r#""a";q=10;w="60""#,
         r#""a";q=10;w=-1"#,
         r#"("a" "b");q=10;w=1"#,
     ] {
@@ -141,6 +142,29 @@ fn bad_policy_items_are_ignored_one_by_one() {
         said(200, &[("ratelimit-policy", field.as_bytes())]).quota,
         None
     );
+}
+
+#[test]
+fn a_policy_without_a_window_counts_only_when_none_has_one() {
+    let windowless = Some(Quota {
+        limit: 10,
+        window: None,
+    });
+    let a = said(200, &[("ratelimit-policy", br#""a";q=10"#)]);
+    assert_eq!(a.quota, windowless);
+    let a = said(200, &[("ratelimit-policy", br#""a";q=20, "b";q=10"#)]);
+    assert_eq!(a.quota, windowless);
+    let a = said(200, &[("ratelimit-policy", br#""a";q=10, "b";q=1000;w=1"#)]);
+    assert_eq!(a.quota, quota(1000, 1));
+    // With r=0 and no t, a windowless quota gives the default pause.
+    let a = said(
+        200,
+        &[
+            ("ratelimit-policy", br#""a";q=10"#),
+            ("ratelimit", b"a;r=0"),
+        ],
+    );
+    assert_eq!(a.pause(), Some(DEFAULT_PAUSE));
 }
 
 #[test]
