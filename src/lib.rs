@@ -26,6 +26,10 @@
 //! checks per-IP, per-key and per-route rules in one all-or-nothing step
 //! (`docs/http.md`).
 //!
+//! With the `client` feature, `ratewall::client` reads what an upstream
+//! API announces about its limits and keeps what a client learns from it
+//! per partition (`docs/client.md`).
+//!
 //! See `docs/design.md` for the bit layouts, the CAS protocol and the
 //! memory orderings.
 #![cfg_attr(not(ratewall_loom), forbid(unsafe_code))]
@@ -37,6 +41,8 @@
 )]
 
 mod algo;
+#[cfg(feature = "client")]
+pub mod client;
 mod clock;
 mod decision;
 mod elastic;

@@ -76,3 +76,8 @@ fn lease_corpus() {
 fn lease_keyed_corpus() {
     replay("lease_keyed", model::run_lease_keyed);
 }
+
+#[test]
+fn announce_corpus() {
+    replay("announce", model::run_announce);
+}

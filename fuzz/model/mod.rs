@@ -847,3 +847,11 @@ pub mod lease;
 
 #[allow(unused_imports)]
 pub use lease::{run_lease, run_lease_keyed};
+
+// ---------------------------------------------------------------------------
+// What an upstream announces (the client side).
+
+pub mod announce;
+
+#[allow(unused_imports)]
+pub use announce::run_announce;

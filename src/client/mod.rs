@@ -1,0 +1,46 @@
+//! The client side (feature `client`): what an upstream API announces about
+//! its limits, and what a client calling it learns per partition.
+//!
+//! - [`Announcement::read`] reads one response: `RateLimit-Policy` and
+//!   `RateLimit` (draft-ietf-httpapi-ratelimit-headers-10 and -11, one wire
+//!   format: RFC 9651 structured-field lists), the legacy
+//!   `X-RateLimit-Limit`, `-Remaining` and `-Reset` (delta seconds, or a
+//!   Unix time in seconds or milliseconds, told apart by magnitude), and
+//!   `Retry-After` on a 429 or a 503 (delta seconds or an HTTP date).
+//!   Malformed, hostile or absurd values are ignored; pauses are clamped
+//!   to [`MAX_PAUSE`].
+//! - [`Partitions`] keeps, per upstream partition, the announced quota,
+//!   what is left, and how long the partition is paused, in a bounded
+//!   table (least recently used evicted), with counters of waits and 429s
+//!   and a printable [`PartitionView`]. An announcement only ever slows
+//!   the pace the user set ([`Partitions::pace`]).
+//!
+//! docs/client.md ("What the client reads and trusts") gives every rule
+//! in one place.
+//!
+//! | file | what lives there |
+//! |---|---|
+//! | `sf.rs` | the RFC 9651 structured-field subset (a List of Items with Parameters), bounded and allocation-free |
+//! | `announce.rs` | [`Announcement`], [`Quota`], [`Remaining`], the clamps |
+//! | `partition.rs` | [`Partitions`], [`PartitionView`], [`PartitionsError`] |
+//!
+//! ```
+//! use http::{HeaderMap, HeaderValue, StatusCode};
+//! use ratewall::client::{Announcement, Partitions};
+//!
+//! let partitions = Partitions::new(1024).unwrap();
+//! let mut headers = HeaderMap::new();
+//! headers.insert("ratelimit-policy", HeaderValue::from_static(r#""default";q=100;w=60"#));
+//! headers.insert("ratelimit", HeaderValue::from_static(r#""default";r=0;t=12"#));
+//! let said = Announcement::read(StatusCode::OK, &headers);
+//! partitions.learn(&"api.example.com", &said);
+//! // Nothing is left for 12 s: the partition is paused.
+//! assert!(partitions.paused_for(&"api.example.com").is_some());
+//! ```
+
+mod announce;
+mod partition;
+mod sf;
+
+pub use announce::{Announcement, Quota, Remaining, DEFAULT_PAUSE, MAX_PAUSE, MAX_WINDOW};
+pub use partition::{PartitionView, Partitions, PartitionsError, MAX_PARTITIONS};
