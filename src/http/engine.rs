@@ -83,6 +83,8 @@ pub(super) struct Shared<C: Clock> {
     pub(super) keep_decisions: bool,
     /// The mask of the shown rules and their joint `RateLimit-Policy` value.
     pub(super) all_policy: Option<(u64, HeaderValue)>,
+    /// Some rule has tiers or a lockout (`tiers_and_blocks`).
+    pub(super) extras: bool,
     pub(super) fp: Fingerprint,
     pub(super) warn_xff: Once,
     pub(super) xff_checks: AtomicU64,
@@ -355,6 +357,11 @@ impl<C: Clock + 'static> Shared<C> {
         if entries.is_empty() {
             return Verdict::Pass(None);
         }
+        if self.extras {
+            if let Some(blocked) = self.tiers_and_blocks(&mut entries, req) {
+                return Verdict::Reject(blocked);
+            }
+        }
         #[cfg(feature = "redis")]
         if !remote_keys.is_empty() {
             let shared = self.clone();
@@ -366,7 +373,10 @@ impl<C: Clock + 'static> Shared<C> {
         match self.check_enforced(&mut entries, self.keep_decisions) {
             Ok(true) => {}
             Ok(false) => {
-                return Verdict::Reject(self.reject(response::is_grpc(req.headers), &entries))
+                if self.extras {
+                    self.start_blocks(&mut entries);
+                }
+                return Verdict::Reject(self.reject(response::is_grpc(req.headers), &entries));
             }
             Err((rule, e)) => {
                 bump(&self.rules[usize::from(rule)].counters.errors);
@@ -492,6 +502,50 @@ impl<C: Clock + 'static> Shared<C> {
             }
         }
         Ok(allowed)
+    }
+
+    /// Points each entry of a rule with tiers at its tier's limit, then
+    /// answers a request that a local rule's lockout blocks: the 429 of
+    /// the blocked rules, with nothing taken from any rule.
+    #[inline(never)]
+    fn tiers_and_blocks(
+        &self,
+        entries: &mut Entries,
+        req: &RequestHead<'_>,
+    ) -> Option<Response<Bytes>> {
+        let mut blocked = false;
+        for e in entries.iter_mut() {
+            let own = &self.rules[usize::from(e.rule)];
+            if let Some(t) = &own.tiers {
+                e.rule = t.pick(e.rule, req.headers, req.extensions);
+            }
+            if let (false, Some(l)) = (e.shadow, &own.lockout) {
+                let r = &self.rules[usize::from(e.rule)];
+                if r.local().is_some() {
+                    if let Some(d) = l.blocked(&e.key, r.rule.policy.limit()) {
+                        bump(&r.counters.denied);
+                        e.decision = Some(d);
+                        blocked = true;
+                    }
+                }
+            }
+        }
+        blocked.then(|| self.reject(response::is_grpc(req.headers), entries))
+    }
+
+    /// Starts the lockout of each local rule with one that denied this
+    /// request: its decision becomes the block's (until the block's end).
+    #[cold]
+    fn start_blocks(&self, entries: &mut [Entry]) {
+        for e in entries.iter_mut().filter(|e| !e.shadow) {
+            let r = &self.rules[usize::from(e.rule)];
+            let base = &self.rules[usize::from(r.base)];
+            if let (Some(l), Some(d), Some(_)) = (&base.lockout, e.decision, r.local()) {
+                if !d.is_allowed() {
+                    e.decision = Some(l.start(&e.key, d));
+                }
+            }
+        }
     }
 
     /// Shadow rules, each on its own, after the enforced ones admitted the
@@ -655,7 +709,10 @@ impl<C: Clock + 'static> Shared<C> {
                         e.capacity,
                     )
                 }
-                _ => self.reject(grpc, &entries),
+                _ => {
+                    self.start_blocks(&mut entries);
+                    self.reject(grpc, &entries)
+                }
             };
             return (Verdict::Reject(res), None);
         }

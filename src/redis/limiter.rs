@@ -76,6 +76,9 @@ pub struct RedisLimiter {
     backend: RedisBackend,
     failover: Failover,
     deny_cache: Option<DenyCache>,
+    /// What it was built with, for its tiers (`for_tier`).
+    options: Options,
+    deny_cache_keys: Option<usize>,
 }
 
 /// Configures a [`RedisLimiter`]: key prefix, policy name, failure policy.
@@ -324,6 +327,25 @@ impl RedisLimiter {
         Ok(())
     }
 
+    /// A sibling of this limiter for a premium tier of an HTTP rule:
+    /// `policy` under the name `name.tier` (its own keys: a key that
+    /// changes tier starts the tier's limit afresh), with the same backend,
+    /// prefix, failure policy, deny cache and hash tags. A
+    /// `FallbackShare` fallback shares the tier's policy.
+    #[cfg_attr(not(feature = "tower"), allow(dead_code))]
+    pub(crate) fn for_tier(&self, tier: &str, policy: Policy) -> Result<RedisLimiter, RedisError> {
+        let mut options = self.options.clone();
+        options.name = Some(format!("{}.{tier}", self.name));
+        RedisLimiterBuilder {
+            policy,
+            backend: self.backend.clone(),
+            options,
+            deny_cache: self.deny_cache_keys,
+            hash_tag_keys: self.hash_tag_keys,
+        }
+        .build()
+    }
+
     /// The errors a check of `n` for `key` gets before any call.
     pub(crate) fn validate(&self, key: &[u8], n: u64) -> Result<(), RedisError> {
         // A limit is at least 1, so a cost of 0 always fits.
@@ -569,6 +591,8 @@ let b = || RedisLimiter::builder(Policy::token_bucket(Rate::per_second(5)), &red
             backend: self.backend,
             failover,
             deny_cache: self.deny_cache.map(DenyCache::new),
+            deny_cache_keys: self.deny_cache,
+            options: self.options,
         })
     }
 }
