@@ -460,7 +460,7 @@ impl<C: Clock + Clone> RateLimitBuilder<C> {
             let limit = limit_of(&self.clock, &rule, rule.policy, None)?;
             let lockout = match rule.block_for {
                 None => None,
-                Some(block) => Some(lockout_of(&self.clock, &rule, block)?),
+                Some(block) => lockout_of(&self.clock, &rule, block)?,
             };
             // Fits: at most u16::MAX rules (checked above).
             let base = i as u16;
@@ -601,12 +601,13 @@ fn limit_of<C: Clock + Clone>(
     }
 }
 
-/// The lockout table of a local rule with `block_for`.
+/// The lockout table of a local rule with `block_for` (none for a Redis
+/// rule: its blocks are in Redis).
 fn lockout_of<C: Clock + Clone>(
     clock: &C,
     rule: &Rule,
     block: Duration,
-) -> Result<Lockout<C>, HttpConfigError> {
+) -> Result<Option<Lockout<C>>, HttpConfigError> {
     let bad = || HttpConfigError::InvalidValue {
         rule: Some(rule.name.clone()),
         field: "block_for",
@@ -616,7 +617,17 @@ fn lockout_of<C: Clock + Clone>(
     if block.is_zero() {
         return Err(bad());
     }
-    Lockout::new(block, rule.table, clock.clone()).map_err(|_| bad())
+    // A Redis rule's blocks live in Redis (`redis::check_all_locked`).
+    if remote_of(rule).is_some() {
+        return if block.as_nanos() > (1u128 << 62) {
+            Err(bad())
+        } else {
+            Ok(None)
+        };
+    }
+    Lockout::new(block, rule.table, clock.clone())
+        .map(Some)
+        .map_err(|_| bad())
 }
 
 /// A rule as built: its limit, headers rendered once, its counters.

@@ -26,7 +26,7 @@ use crate::error::InsufficientCapacity;
 use crate::keyed::{KeyedPolicyLimiter, KeyedRef};
 use crate::multi::{check_set, LimitCalls, LimitSet};
 #[cfg(feature = "redis")]
-use crate::redis::{check_all, DecisionSource, RedisError, RedisLimiter};
+use crate::redis::{check_all, check_all_locked, DecisionSource, Locked, RedisError, RedisLimiter};
 use crate::sync::{AtomicU64, Ordering};
 use bytes::Bytes;
 #[cfg(feature = "redis")]
@@ -663,7 +663,23 @@ impl<C: Clock + 'static> Shared<C> {
             }
         }
         if !triples.is_empty() {
-            match check_all(&triples).await {
+            let locked = idx.iter().any(|&i| self.redis_block(&entries[i]).is_some());
+            let checked = if locked {
+                let limits: Vec<Locked<'_>> = idx
+                    .iter()
+                    .zip(&triples)
+                    .map(|(&i, &(limit, key, cost))| Locked {
+                        limit,
+                        key,
+                        cost,
+                        block: self.redis_block(&entries[i]),
+                    })
+                    .collect();
+                check_all_locked(&limits).await
+            } else {
+                check_all(&triples).await
+            };
+            match checked {
                 Ok((allowed, decisions)) => {
                     for (&i, d) in idx.iter().zip(&decisions) {
                         entries[i].decision = Some(d.decision());
@@ -791,6 +807,13 @@ impl<C: Clock + 'static> Shared<C> {
                 .remote = refunds;
         }
         (Verdict::Pass(after), info)
+    }
+
+    /// The lockout of a Redis entry's rule: the rule's own limiter (whose
+    /// keys name the block, for every tier) and the block's length.
+    fn redis_block(&self, e: &Entry) -> Option<(&RedisLimiter, std::time::Duration)> {
+        let base = &self.rules[usize::from(self.rules[usize::from(e.rule)].base)];
+        Some((base.remote()?, base.rule.block_for?))
     }
 
     /// Counts where a Redis rule's decision came from.

@@ -207,6 +207,19 @@ impl RedisLimiter {
         Ok(k)
     }
 
+    /// The Redis key of `key`'s lockout (the HTTP layer's `block_for`):
+    /// its state key with `#b:` after the prefix and name. No state key
+    /// has that form (a key part starting with `#` is always hashed to
+    /// `#` and 32 hex digits), and with hash tags the tag is kept, so
+    /// both keys live in one Cluster slot.
+    #[cfg_attr(not(feature = "tower"), allow(dead_code))]
+    pub(crate) fn block_key(&self, key: &[u8]) -> Result<Vec<u8>, RedisError> {
+        let mut k = self.redis_key(key)?;
+        let at = self.base.len();
+        k.splice(at..at, *b"#b:");
+        Ok(k)
+    }
+
     /// Checks one unit for `key`: taken if allowed.
     ///
     /// ```no_run
