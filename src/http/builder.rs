@@ -127,6 +127,15 @@ pub enum HttpConfigError {
         /// The tier named.
         tier: String,
     },
+    /// A tier's policy in a configuration is not a policy (feature `serde`).
+    TierPolicyText {
+        /// The rule.
+        rule: String,
+        /// The tier.
+        tier: String,
+        /// The token that is wrong and what was expected.
+        error: ParseError,
+    },
     /// A tier's name is not usable, or is given twice.
     InvalidTierName {
         /// The rule.
@@ -201,6 +210,9 @@ impl fmt::Display for HttpConfigError {
                  rule's tiers (`tiers = {{ {tier} = \"POLICY\" }}`, Rust: `.tier({tier:?}, policy)`) \
                  or fix the name"
             ),
+            HttpConfigError::TierPolicyText { rule, tier, error } => {
+                write!(f, "rule {rule:?}, field `tiers`, tier {tier:?}: {error}")
+            }
             HttpConfigError::InvalidTierName { rule, tier } => write!(
                 f,
                 "rule {rule:?}: tier {tier:?} is not a usable tier name: a letter, then up to 31 \
@@ -215,6 +227,7 @@ impl std::error::Error for HttpConfigError {
         match self {
             HttpConfigError::Policy { error, .. } => Some(error),
             HttpConfigError::PolicyText { error, .. } => Some(error),
+            HttpConfigError::TierPolicyText { error, .. } => Some(error),
             #[cfg(feature = "redis")]
             HttpConfigError::Redis { error, .. } => Some(error),
             _ => None,
