@@ -13,6 +13,7 @@ use super::response::{Rejection, Responder};
 use super::rule::{self, Mode, Rule, Visibility};
 use super::service::RateLimitLayer;
 use super::stats::Counters;
+use super::tier::TierError;
 use crate::clock::Clock;
 use crate::error::ConfigError;
 use crate::keyed::KeyedPolicyLimiter;
@@ -488,7 +489,8 @@ impl<C: Clock + Clone> RateLimitBuilder<C> {
             let first = u16::try_from(rules.len()).map_err(|_| HttpConfigError::TooManyRules)?;
             let pick = rule
                 .tiers
-                .compile(&rule.name, rule.key.header_name(), first)?;
+                .compile(rule.key.header_name(), first)
+                .map_err(|e| tier_error(&rule.name, e))?;
             for (tier, policy) in &rule.tiers.list {
                 let mut t = rule.clone();
                 t.policy = *policy;
@@ -641,6 +643,28 @@ fn lockout_of<C: Clock + Clone>(
     Lockout::new(block, rule.table, clock.clone())
         .map(Some)
         .map_err(|_| bad())
+}
+
+/// What is wrong with rule `rule`'s tiers, as the error that names it.
+fn tier_error(rule: &str, e: TierError) -> HttpConfigError {
+    let rule = rule.to_owned();
+    match e {
+        TierError::BadHeader => HttpConfigError::InvalidHeaderName { rule },
+        TierError::InvalidName(tier) => HttpConfigError::InvalidTierName { rule, tier },
+        TierError::Unknown(tier) => HttpConfigError::UnknownTier { rule, tier },
+        TierError::KeysNeedHeader(value) => HttpConfigError::InvalidValue {
+            rule: Some(rule),
+            field: "tier_keys",
+            value,
+            expected: "a rule keyed by one header (`header:x-api-key`): its values are the keys listed",
+        },
+        TierError::NoPick(value) => HttpConfigError::InvalidValue {
+            rule: Some(rule),
+            field: "tiers",
+            value,
+            expected: "tiers and a way to pick one: `tier_keys`, `tier_header` (Rust: `tier_by`, `tier_by_header`)",
+        },
+    }
 }
 
 /// A rule as built: its limit, headers rendered once, its counters.

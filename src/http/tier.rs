@@ -8,7 +8,6 @@
 //! points the entry at the tier's limit (`TierPick::pick`); rules without
 //! tiers never reach this file.
 
-use super::builder::HttpConfigError;
 use crate::policy::Policy;
 use http::header::HeaderName;
 use http::{Extensions, HeaderMap};
@@ -28,6 +27,22 @@ pub(super) enum TierBy {
     Fn(TierFn),
     /// The value of a header (set by an authenticating proxy or middleware).
     Header(HeaderName),
+}
+
+/// What is wrong with a rule's tiers (`builder.rs` turns it into an
+/// `HttpConfigError` naming the rule).
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum TierError {
+    /// `tier_by_header` got an invalid header name.
+    BadHeader,
+    /// A tier's name is not usable, or is given twice.
+    InvalidName(String),
+    /// A key list names a tier the rule does not declare.
+    Unknown(String),
+    /// `tier_keys` on a rule not keyed by one header (the tiers listed).
+    KeysNeedHeader(String),
+    /// Tiers without a way to pick one, or a way without tiers (the tiers).
+    NoPick(String),
 }
 
 /// What a rule says about tiers: the tiers, the key lists and the tier
@@ -76,22 +91,15 @@ impl Tiers {
     /// first tier's limit among the layer's rules.
     pub(super) fn compile(
         &self,
-        rule: &str,
         key_header: Option<&HeaderName>,
         first: u16,
-    ) -> Result<TierPick, HttpConfigError> {
-        let invalid = |tier: &str| HttpConfigError::InvalidTierName {
-            rule: rule.to_owned(),
-            tier: tier.to_owned(),
-        };
+    ) -> Result<TierPick, TierError> {
         if self.bad_header {
-            return Err(HttpConfigError::InvalidHeaderName {
-                rule: rule.to_owned(),
-            });
+            return Err(TierError::BadHeader);
         }
         for (i, (name, _)) in self.list.iter().enumerate() {
             if !valid_tier_name(name) || self.list[..i].iter().any(|(n, _)| n == name) {
-                return Err(invalid(name));
+                return Err(TierError::InvalidName(name.clone()));
             }
         }
         let index = |tier: &str| {
@@ -100,20 +108,15 @@ impl Tiers {
                 .position(|(n, _)| n == tier)
                 // Fits: a layer has at most u16::MAX limits (checked by `build`).
                 .map(|i| first + i as u16)
-                .ok_or_else(|| HttpConfigError::UnknownTier {
-                    rule: rule.to_owned(),
-                    tier: tier.to_owned(),
-                })
+                .ok_or_else(|| TierError::Unknown(tier.to_owned()))
         };
+        let listed = |list: &mut dyn Iterator<Item = &str>| list.collect::<Vec<_>>().join(", ");
         let mut keys = None;
         if !self.keys.is_empty() {
             let Some(header) = key_header else {
-                return Err(HttpConfigError::InvalidValue {
-                    rule: Some(rule.to_owned()),
-                    field: "tier_keys",
-                    value: self.keys.iter().map(|(t, _)| t.as_str()).collect::<Vec<_>>().join(", "),
-                    expected: "a rule keyed by one header (`header:x-api-key`): its values are the keys listed",
-                });
+                return Err(TierError::KeysNeedHeader(listed(
+                    &mut self.keys.iter().map(|(t, _)| t.as_str()),
+                )));
             };
             let mut map = HashMap::new();
             for (tier, values) in &self.keys {
@@ -125,12 +128,9 @@ impl Tiers {
             keys = Some((header.clone(), map));
         }
         if self.list.is_empty() || (keys.is_none() && self.by.is_none()) {
-            return Err(HttpConfigError::InvalidValue {
-                rule: Some(rule.to_owned()),
-                field: "tiers",
-                value: self.list.iter().map(|(t, _)| t.as_str()).collect::<Vec<_>>().join(", "),
-                expected: "tiers and a way to pick one: `tier_keys`, `tier_header` (Rust: `tier_by`, `tier_by_header`)",
-            });
+            return Err(TierError::NoPick(listed(
+                &mut self.list.iter().map(|(t, _)| t.as_str()),
+            )));
         }
         Ok(TierPick {
             first,
@@ -208,7 +208,7 @@ mod tests {
     #[test]
     fn listed_keys_come_first_then_the_header_then_the_own_policy() {
         let key = HeaderName::from_static("x-api-key");
-        let pick = tiers().compile("api", Some(&key), 7).unwrap();
+        let pick = tiers().compile(Some(&key), 7).ok().unwrap();
         let ext = Extensions::new();
         let mut h = HeaderMap::new();
         assert_eq!(pick.pick(3, &h, &ext), 3);
@@ -226,36 +226,28 @@ mod tests {
     }
 
     #[test]
-    fn bad_tiers_are_typed_errors_naming_the_tier() {
+    fn bad_tiers_are_errors_naming_the_tier() {
         let key = HeaderName::from_static("x-api-key");
+        let err = |t: Tiers, key: Option<&HeaderName>| t.compile(key, 1).err().unwrap();
         let mut t = tiers();
         t.keys.push(("silver".into(), vec!["k".into()]));
-        assert!(matches!(
-            t.compile("api", Some(&key), 1),
-            Err(HttpConfigError::UnknownTier { rule, tier }) if rule == "api" && tier == "silver"
-        ));
+        assert_eq!(err(t, Some(&key)), TierError::Unknown("silver".into()));
         for bad in ["", "1st", "pre mium", "a:b", &"x".repeat(33), "premium"] {
             let mut t = tiers();
             t.list
                 .push((bad.to_owned(), Policy::token_bucket(Rate::per_second(1))));
-            assert!(
-                matches!(t.compile("api", Some(&key), 1), Err(HttpConfigError::InvalidTierName { tier, .. }) if tier == bad),
-                "{bad:?}"
-            );
+            assert_eq!(err(t, Some(&key)), TierError::InvalidName(bad.to_owned()));
         }
-        assert!(matches!(
-            tiers().compile("api", None, 1),
-            Err(HttpConfigError::InvalidValue {
-                field: "tier_keys",
-                ..
-            })
-        ));
+        assert_eq!(err(tiers(), None), TierError::KeysNeedHeader("gold".into()));
         let mut t = tiers();
         t.keys.clear();
         t.by = None;
-        assert!(matches!(
-            t.compile("api", Some(&key), 1),
-            Err(HttpConfigError::InvalidValue { field: "tiers", .. })
-        ));
+        assert_eq!(
+            err(t, Some(&key)),
+            TierError::NoPick("premium, gold".into())
+        );
+        let mut t = tiers();
+        t.bad_header = true;
+        assert_eq!(err(t, Some(&key)), TierError::BadHeader);
     }
 }
