@@ -5,16 +5,13 @@
 
 mod support;
 
-use axum::body::Body;
 use axum::routing::get;
 use axum::Router;
-use http::{Request, StatusCode};
+use http::StatusCode;
 use ratewall::http::{HttpConfigError, LayerConfig, RateLimitLayer};
 use ratewall::{ConfigError, ManualClock};
-use std::net::SocketAddr;
 use std::time::Duration;
-use support::http_client::Got;
-use tower::ServiceExt;
+use support::http_client::{call, Got};
 
 const CONFIG: &str = r#"
 [[rules]]
@@ -43,26 +40,11 @@ fn layer(config: &LayerConfig, clock: &ManualClock) -> RateLimitLayer<ManualCloc
 }
 
 async fn send(app: &Router, path: &str, headers: &[(&str, &str)]) -> Got {
-    let mut req = Request::builder().uri(path);
-    for (k, v) in headers {
-        req = req.header(*k, *v);
-    }
-    let mut req = req.body(Body::empty()).unwrap();
-    req.extensions_mut()
-        .insert(axum::extract::ConnectInfo(SocketAddr::from((
-            [192, 0, 2, 1],
-            4000,
-        ))));
-    Got::read(app.clone().oneshot(req).await.unwrap()).await
+    call(app, "GET", path, "192.0.2.1", headers).await
 }
 
 async fn admitted(app: &Router, path: &str, headers: &[(&str, &str)]) -> u64 {
-    let mut n = 0;
-    while send(app, path, headers).await.status == StatusCode::OK {
-        n += 1;
-        assert!(n <= 1000, "never denied");
-    }
-    n
+    support::http_client::admitted(app, path, "192.0.2.1", headers).await
 }
 
 #[test]

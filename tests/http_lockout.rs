@@ -6,17 +6,14 @@
 
 mod support;
 
-use axum::body::Body;
 use axum::routing::get;
 use axum::Router;
-use http::{Request, StatusCode};
+use http::StatusCode;
 use proptest::prelude::*;
 use ratewall::http::{HttpConfigError, Mode, RateLimitLayer, Rule};
 use ratewall::{ManualClock, Policy, Rate, Window};
-use std::net::SocketAddr;
 use std::time::Duration;
-use support::http_client::{check_fields, fetch, serve, Got};
-use tower::ServiceExt;
+use support::http_client::{call, check_fields, fetch, serve, Got};
 
 const BLOCK: Duration = Duration::from_secs(15 * 60);
 
@@ -26,13 +23,8 @@ fn app(layer: RateLimitLayer<ManualClock>) -> Router {
         .layer(layer)
 }
 
-async fn send(app: &Router, ip: [u8; 4]) -> Got {
-    let mut req = Request::builder().uri("/").body(Body::empty()).unwrap();
-    req.extensions_mut()
-        .insert(axum::extract::ConnectInfo(SocketAddr::from((ip, 4000))));
-    let got = Got::read(app.clone().oneshot(req).await.unwrap()).await;
-    check_fields(&got);
-    got
+async fn send(app: &Router, [a, b, c, d]: [u8; 4]) -> Got {
+    call(app, "GET", "/", &format!("{a}.{b}.{c}.{d}"), &[]).await
 }
 
 fn login() -> Rule {

@@ -6,33 +6,16 @@
 
 mod support;
 
-use axum::body::Body;
 use axum::routing::get;
 use axum::Router;
-use http::{Request, StatusCode};
+use http::StatusCode;
 use ratewall::http::{Key, RateLimitLayer, Rule};
-use ratewall::redis::{FailurePolicy, RedisBackend, RedisLimiter};
+use ratewall::redis::FailurePolicy;
 use ratewall::{Policy, Rate, Window};
-use std::net::SocketAddr;
 use std::time::Duration;
-use support::http_client::{check_fields, fetch, serve, Got};
+use support::http_client::{admitted_per_value, call, serve, Got};
+use support::redis_limits::{backend, limiter};
 use support::redis_server::RedisServer;
-use tower::ServiceExt;
-
-fn backend(server: &RedisServer) -> RedisBackend {
-    RedisBackend::builder(server.url())
-        .timeout(Duration::from_millis(300))
-        .build()
-        .unwrap()
-}
-
-fn limiter(b: &RedisBackend, name: &str, policy: Policy, failure: FailurePolicy) -> RedisLimiter {
-    RedisLimiter::builder(policy, b)
-        .name(name)
-        .on_failure(failure)
-        .build()
-        .unwrap()
-}
 
 fn app(layer: RateLimitLayer) -> Router {
     Router::new()
@@ -41,17 +24,7 @@ fn app(layer: RateLimitLayer) -> Router {
 }
 
 async fn send(app: &Router, peer: &str, headers: &[(&str, &str)]) -> Got {
-    let mut req = Request::builder().uri("/");
-    for (k, v) in headers {
-        req = req.header(*k, *v);
-    }
-    let mut req = req.body(Body::empty()).unwrap();
-    let ip: std::net::IpAddr = peer.parse().unwrap();
-    req.extensions_mut()
-        .insert(axum::extract::ConnectInfo(SocketAddr::new(ip, 40_000)));
-    let got = Got::read(app.clone().oneshot(req).await.unwrap()).await;
-    check_fields(&got);
-    got
+    call(app, "GET", "/", peer, headers).await
 }
 
 const BLOCK: Duration = Duration::from_millis(1500);
@@ -164,18 +137,8 @@ async fn end_to_end_a_premium_key_gets_ten_times_a_normal_key_in_redis() {
         .build()
         .unwrap();
     let (addr, stop, srv) = serve("127.0.0.1:0", app(layer)).await;
-    let mut counts = [0u64; 2];
-    for (i, key) in ["plain", "gold"].into_iter().enumerate() {
-        for _ in 0..60 {
-            let got = fetch(addr, "GET", "/", &[("x-api-key", key)]).await;
-            check_fields(&got);
-            if got.status == StatusCode::OK {
-                counts[i] += 1;
-                assert_eq!(got.policy()[0], ("api".to_owned(), [5, 50][i], 60));
-            }
-        }
-    }
-    assert_eq!(counts, [5, 50]);
+    let got = admitted_per_value(addr, "x-api-key", &["plain", "gold"], 60).await;
+    assert_eq!(got, [(5, vec![5]), (50, vec![50])]);
     // Each tier's state under its own name.
     let mut names: Vec<String> = server
         .keys_with_pttl("ratewall:api*")

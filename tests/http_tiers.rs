@@ -11,9 +11,7 @@ use axum::Router;
 use http::{Request, StatusCode};
 use ratewall::http::{HttpConfigError, RateLimitLayer, Rule};
 use ratewall::{ConfigError, ManualClock, Policy, Rate, Window};
-use std::net::SocketAddr;
-use support::http_client::{check_fields, fetch, serve, Got};
-use tower::ServiceExt;
+use support::http_client::{admitted_per_value, call, serve, Got};
 
 fn app(layer: RateLimitLayer<ManualClock>) -> Router {
     Router::new()
@@ -21,30 +19,14 @@ fn app(layer: RateLimitLayer<ManualClock>) -> Router {
         .layer(layer)
 }
 
+const PEER: &str = "192.0.2.1";
+
 async fn send(app: &Router, headers: &[(&str, &str)]) -> Got {
-    let mut req = Request::builder().uri("/");
-    for (k, v) in headers {
-        req = req.header(*k, *v);
-    }
-    let mut req = req.body(Body::empty()).unwrap();
-    req.extensions_mut()
-        .insert(axum::extract::ConnectInfo(SocketAddr::from((
-            [192, 0, 2, 1],
-            4000,
-        ))));
-    let got = Got::read(app.clone().oneshot(req).await.unwrap()).await;
-    check_fields(&got);
-    got
+    call(app, "GET", "/", PEER, headers).await
 }
 
-/// Admitted requests in a row before the first 429.
 async fn admitted(app: &Router, headers: &[(&str, &str)]) -> u64 {
-    let mut n = 0;
-    while send(app, headers).await.status == StatusCode::OK {
-        n += 1;
-        assert!(n <= 10_000, "never denied");
-    }
-    n
+    support::http_client::admitted(app, "/", PEER, headers).await
 }
 
 fn api() -> Rule {
@@ -224,19 +206,8 @@ async fn end_to_end_a_premium_key_gets_ten_times_a_normal_key() {
         .build()
         .unwrap();
     let (addr, stop, server) = serve("127.0.0.1:0", app(layer)).await;
-    let mut counts = [0u64; 2];
-    for (i, key) in ["plain", "gold-1"].into_iter().enumerate() {
-        for _ in 0..120 {
-            let got = fetch(addr, "GET", "/", &[("x-api-key", key)]).await;
-            check_fields(&got);
-            if got.status == StatusCode::OK {
-                counts[i] += 1;
-                let q = got.policy()[0].1;
-                assert_eq!(q, if i == 0 { 10 } else { 100 });
-            }
-        }
-    }
-    assert_eq!(counts, [10, 100]);
+    let got = admitted_per_value(addr, "x-api-key", &["plain", "gold-1"], 120).await;
+    assert_eq!(got, [(10, vec![10]), (100, vec![100])]);
     drop(stop);
     server.await.unwrap();
 }
