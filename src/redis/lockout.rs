@@ -146,3 +146,142 @@ async fn one_script(
         Err(e) => Err(e),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! `lua/lockout.lua` against a local model (the local steps, all or
+    //! nothing, and a block end per limit), decision by decision, at the
+    //! same microsecond times; with both limits in one script and with the
+    //! per-limit calls of the parallel path.
+
+    use super::*;
+    use crate::redis::testing::at;
+    use crate::redis::tests::server::RedisServer;
+    use crate::redis::tests::Rng;
+    use crate::redis::RedisBackend;
+    use crate::{Decision, KeyedPolicyLimiter, ManualClock, Policy, Rate, Window};
+
+    const T0_US: u64 = 1_700_000_000_223_457;
+
+    fn key_fields(d: Decision) -> (bool, u64, u64, u64) {
+        let us = |x: Duration| (x.as_nanos() as u64).div_ceil(1000);
+        (
+            d.is_allowed(),
+            d.limit(),
+            d.remaining(),
+            us(d.retry_after()),
+        )
+    }
+
+    async fn run(together: bool, server: &RedisServer, prefix: &str) {
+        let backend = || {
+            RedisBackend::builder(server.url())
+                .timeout(Duration::from_secs(5))
+                .build()
+                .unwrap()
+        };
+        let (b1, b2) = (backend(), if together { None } else { Some(backend()) });
+        let policies = [
+            Policy::token_bucket(Rate::per_second(4).burst(2)),
+            Policy::fixed_window(Window::new(3, Duration::from_millis(200))),
+        ];
+        let blocks = [Duration::from_millis(700), Duration::from_millis(300)];
+        let clock = ManualClock::new();
+        let local: Vec<KeyedPolicyLimiter<u8, ManualClock>> = policies
+            .iter()
+            .map(|&p| {
+                KeyedPolicyLimiter::builder(p)
+                    .clock(clock.clone())
+                    .build()
+                    .unwrap()
+            })
+            .collect();
+        let remote: Vec<RedisLimiter> = policies
+            .iter()
+            .enumerate()
+            .map(|(i, &p)| {
+                let b = if i == 1 {
+                    b2.as_ref().unwrap_or(&b1)
+                } else {
+                    &b1
+                };
+                RedisLimiter::builder(p, b)
+                    .prefix(prefix)
+                    .name(format!("l{i}"))
+                    .build()
+                    .unwrap()
+            })
+            .collect();
+        let mut ends = [0u64; 2];
+        let mut rng = Rng(0x5EED ^ u64::from(together));
+        let mut t = T0_US;
+        let mut blocked_seen = 0;
+        for step in 0..300 {
+            t += match rng.below(10) {
+                0..=3 => 0,
+                4..=8 => rng.below(120_000),
+                _ => rng.below(900_000),
+            };
+            let now = t * 1000;
+            clock.set_nanos(now);
+            let limits: Vec<Locked<'_>> = (0..2)
+                .map(|i| Locked {
+                    limit: &remote[i],
+                    key: b"k",
+                    cost: 1,
+                    block: Some((&remote[i], blocks[i])),
+                })
+                .collect();
+            let (all, got) = at(t, check_all_locked(&limits)).await.unwrap();
+            // The model.
+            let blocked: Vec<bool> = (0..2).map(|i| t < ends[i]).collect();
+            let peeks: Vec<Decision> = (0..2)
+                .map(|i| local[i].peek_key_n(&1, 1).unwrap())
+                .collect();
+            let mut want: Vec<Decision> = Vec::new();
+            for i in 0..2 {
+                let left = (ends[i] - t.min(ends[i])) * 1000;
+                want.push(if blocked[i] {
+                    Decision::deny(peeks[i].limit(), 0, left, left)
+                } else {
+                    peeks[i]
+                });
+            }
+            let one_blocked = blocked.iter().any(|&b| b);
+            let want_all = !one_blocked && peeks.iter().all(Decision::is_allowed);
+            for i in 0..2 {
+                // Together: a blocked request starts no block. Apart: each
+                // limit's call starts its own.
+                let starts = !blocked[i] && !peeks[i].is_allowed() && (!together || !one_blocked);
+                if starts {
+                    let b = blocks[i].as_micros() as u64;
+                    ends[i] = t + b;
+                    want[i] = Decision::deny(peeks[i].limit(), 0, b * 1000, b * 1000);
+                }
+            }
+            if want_all {
+                for l in &local {
+                    let _ = l.check_key_n_at(&1, now, 1).unwrap();
+                }
+            }
+            blocked_seen += usize::from(one_blocked);
+            let ctx = format!("together {together}, step {step}, t0+{}", t - T0_US);
+            assert_eq!(all, want_all, "{ctx}");
+            for i in 0..2 {
+                assert_eq!(
+                    key_fields(got[i].decision()),
+                    key_fields(want[i]),
+                    "{ctx}, limit {i}"
+                );
+            }
+        }
+        assert!(blocked_seen > 10, "blocks exercised: {blocked_seen}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_lockout_script_matches_the_model_together_and_apart() {
+        let server = RedisServer::start();
+        run(true, &server, "lt").await;
+        run(false, &server, "la").await;
+    }
+}
