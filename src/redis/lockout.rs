@@ -15,7 +15,10 @@
 //! Limits that one script cannot reach together (Cluster keys in
 //! different slots, several backends) run the same script one limit per
 //! call, in parallel, and what the others took is given back if one
-//! denies (the window of [`check_all`](super::check_all)'s parallel path).
+//! denies (the window of [`check_all`](super::check_all)'s parallel path);
+//! there each call starts its own limit's block, even when another limit's
+//! block rejects the request. A cost of 0 takes the plain peek, which reads
+//! no block.
 //! When Redis cannot answer, each limit's failure policy decides, without
 //! blocks (the local fallback knows none). The deny cache is neither read
 //! nor fed here: a block is read in the same call as the limit.
