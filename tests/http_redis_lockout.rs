@@ -153,3 +153,54 @@ async fn end_to_end_a_premium_key_gets_ten_times_a_normal_key_in_redis() {
     drop(stop);
     srv.await.unwrap();
 }
+
+#[cfg(feature = "serde")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_rule_from_toml_has_its_tiers_and_lockout() {
+    let server = RedisServer::start();
+    let config: ratewall::http::LayerConfig = toml::from_str(
+        r#"
+        [[rules]]
+        name = "api"
+        key = "header:x-api-key"
+        policy = "2/min fixed-window"
+        store = "redis"
+        on_failure = "closed"
+        tiers = { premium = "20/min fixed-window" }
+        tier_keys = { premium = ["gold"] }
+        block_for = "1s"
+        "#,
+    )
+    .unwrap();
+    let layer = config
+        .to_builder_with_redis(&backend(&server))
+        .unwrap()
+        .build()
+        .unwrap();
+    let app = app(layer);
+    let admitted = |key: &'static str| {
+        let app = app.clone();
+        async move {
+            support::http_client::admitted(&app, "/", "192.0.2.1", &[("x-api-key", key)]).await
+        }
+    };
+    assert_eq!(admitted("gold").await, 20);
+    assert_eq!(admitted("plain").await, 2);
+    let blocked = send(&app, "192.0.2.1", &[("x-api-key", "plain")]).await;
+    assert_eq!(
+        (blocked.status, blocked.retry_after()),
+        (StatusCode::TOO_MANY_REQUESTS, Some(1))
+    );
+    let blocks: Vec<String> = server
+        .keys_with_pttl("ratewall:api:#b:*")
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect();
+    // One block per rule and key, whatever the tier.
+    let mut blocks = blocks;
+    blocks.sort();
+    assert_eq!(
+        blocks,
+        ["ratewall:api:#b:h:gold", "ratewall:api:#b:h:plain"]
+    );
+}
