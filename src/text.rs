@@ -218,6 +218,16 @@ fn period(t: Token<'_>) -> Result<Duration, ParseError> {
     Ok(Duration::new(secs, (ns % 1_000_000_000) as u32))
 }
 
+/// A duration written as a period (`15min`, `30s`, `1h`, `250ms`): for
+/// settings such as an HTTP rule's `block_for`.
+#[cfg_attr(not(all(feature = "tower", feature = "serde")), allow(dead_code))]
+pub(crate) fn duration(text: &str) -> Result<Duration, ParseError> {
+    let mut tokens = Tokens::new(text);
+    let d = period(tokens.expect(PERIOD)?)?;
+    end(&mut tokens, "the end of the duration")?;
+    Ok(d)
+}
+
 /// `count "/" period`.
 fn amount(tokens: &mut Tokens<'_>) -> Result<(u64, Duration), ParseError> {
     let n = count(tokens.expect(COUNT)?)?;

@@ -8,10 +8,12 @@ use super::compiled::{Compiled, RuleLimit};
 use super::engine::{warn_now, Shared, SkipFn};
 use super::headers::{Buf, Headers};
 use super::key::Fingerprint;
+use super::lockout::Lockout;
 use super::response::{Rejection, Responder};
 use super::rule::{self, Mode, Rule, Visibility};
 use super::service::RateLimitLayer;
 use super::stats::Counters;
+use super::tier::TierError;
 use crate::clock::Clock;
 use crate::error::ConfigError;
 use crate::keyed::KeyedPolicyLimiter;
@@ -25,6 +27,7 @@ use crossbeam_utils::CachePadded;
 use http::{HeaderMap, Method, Response, Uri};
 use std::fmt;
 use std::sync::{Arc, Once};
+use std::time::Duration;
 
 /// A layer configuration that cannot be built, and what to change.
 ///
@@ -117,6 +120,30 @@ pub enum HttpConfigError {
         /// What is wrong with it.
         error: crate::redis::RedisError,
     },
+    /// A rule's tier list or key list names a tier the rule does not
+    /// declare ([`Rule::tier`]).
+    UnknownTier {
+        /// The rule.
+        rule: String,
+        /// The tier named.
+        tier: String,
+    },
+    /// A tier's policy in a configuration is not a policy (feature `serde`).
+    TierPolicyText {
+        /// The rule.
+        rule: String,
+        /// The tier.
+        tier: String,
+        /// The token that is wrong and what was expected.
+        error: ParseError,
+    },
+    /// A tier's name is not usable, or is given twice.
+    InvalidTierName {
+        /// The rule.
+        rule: String,
+        /// The tier's name.
+        tier: String,
+    },
 }
 
 impl fmt::Display for HttpConfigError {
@@ -178,6 +205,20 @@ impl fmt::Display for HttpConfigError {
             ),
             #[cfg(feature = "redis")]
             HttpConfigError::Redis { rule, error } => write!(f, "rule {rule:?}: {error}"),
+            HttpConfigError::UnknownTier { rule, tier } => write!(
+                f,
+                "rule {rule:?} names tier {tier:?}, which it does not declare: add it to the \
+                 rule's tiers (`tiers = {{ {tier} = \"POLICY\" }}`, Rust: `.tier({tier:?}, policy)`) \
+                 or fix the name"
+            ),
+            HttpConfigError::TierPolicyText { rule, tier, error } => {
+                write!(f, "rule {rule:?}, field `tiers`, tier {tier:?}: {error}")
+            }
+            HttpConfigError::InvalidTierName { rule, tier } => write!(
+                f,
+                "rule {rule:?}: tier {tier:?} is not a usable tier name: a letter, then up to 31 \
+                 letters, digits, `-` or `_`, each tier once"
+            ),
         }
     }
 }
@@ -187,6 +228,7 @@ impl std::error::Error for HttpConfigError {
         match self {
             HttpConfigError::Policy { error, .. } => Some(error),
             HttpConfigError::PolicyText { error, .. } => Some(error),
+            HttpConfigError::TierPolicyText { error, .. } => Some(error),
             #[cfg(feature = "redis")]
             HttpConfigError::Redis { error, .. } => Some(error),
             _ => None,
@@ -417,27 +459,55 @@ impl<C: Clock + Clone> RateLimitBuilder<C> {
                     });
                 }
             }
-            let limit = match remote_of(&rule) {
-                #[cfg(feature = "redis")]
-                Some(l) => RuleLimit::Redis(l),
-                _ => {
-                    let b = KeyedPolicyLimiter::<u128>::builder(rule.policy)
-                        .clock(self.clock.clone())
-                        .table(rule.table);
-                    RuleLimit::Local(b.build().map_err(policy_error)?)
+            for (_, tier) in &rule.tiers.list {
+                tier.validate().map_err(policy_error)?;
+                if let rule::Cost::Units(cost) = rule.cost {
+                    if cost > tier.limit() {
+                        return Err(HttpConfigError::CostTooHigh {
+                            rule: name,
+                            cost,
+                            limit: tier.limit(),
+                        });
+                    }
                 }
+            }
+            let limit = limit_of(&self.clock, &rule, rule.policy, None)?;
+            let lockout = match rule.block_for {
+                None => None,
+                Some(block) => lockout_of(&self.clock, &rule, block)?,
             };
-            let mut item = Buf::new();
-            item.policy_item(&rule.name, &rule.policy);
-            rules.push(Compiled {
-                limit,
-                policy_item: item.value(),
-                ratelimit_prefix: format!("\"{}\";r=", rule.name).into_bytes().into(),
-                counters: CachePadded::new(Counters::default()),
-                always: rule.mode != Mode::Off && rule.matcher.matches_all(),
-                rule,
-            });
+            // Fits: at most u16::MAX rules (checked above).
+            let base = i as u16;
+            rules.push(compile(rule, limit, base, lockout));
         }
+        // Each tier's limit, after every rule.
+        for i in 0..rules.len() {
+            if rules[i].rule.tiers.is_empty() {
+                continue;
+            }
+            let rule = rules[i].rule.clone();
+            let first = u16::try_from(rules.len()).map_err(|_| HttpConfigError::TooManyRules)?;
+            let pick = rule
+                .tiers
+                .compile(rule.key.header_name(), first)
+                .map_err(|e| tier_error(&rule.name, e))?;
+            for (tier, policy) in &rule.tiers.list {
+                let mut t = rule.clone();
+                t.policy = *policy;
+                t.mode = Mode::Off;
+                t.tiers = Default::default();
+                let limit = limit_of(&self.clock, &rule, *policy, Some(tier))?;
+                if rules.len() >= usize::from(u16::MAX) {
+                    return Err(HttpConfigError::TooManyRules);
+                }
+                // Fits: `i` is a rule's index.
+                rules.push(compile(t, limit, i as u16, None));
+            }
+            rules[i].tiers = Some(Box::new(pick));
+        }
+        let extras = rules
+            .iter()
+            .any(|r| r.tiers.is_some() || r.lockout.is_some());
         let needs_ip = !self.allow.is_empty()
             || rules
                 .iter()
@@ -502,12 +572,120 @@ impl<C: Clock + Clone> RateLimitBuilder<C> {
                     || any_refund
                     || !plain,
                 all_policy,
+                extras,
                 fp: Fingerprint::new(),
                 warn_xff: Once::new(),
                 xff_checks: AtomicU64::new(0),
                 warn_no_peer: Once::new(),
             }),
         })
+    }
+}
+
+/// The limit of `rule` under `policy`: a local table, or its Redis
+/// limiter (for a tier, the limiter's sibling under `policy`, named
+/// `name.tier`).
+fn limit_of<C: Clock + Clone>(
+    clock: &C,
+    rule: &Rule,
+    policy: crate::policy::Policy,
+    tier: Option<&str>,
+) -> Result<RuleLimit<C>, HttpConfigError> {
+    match (remote_of(rule), tier) {
+        #[cfg(feature = "redis")]
+        (Some(l), None) => Ok(RuleLimit::Redis(l)),
+        #[cfg(feature = "redis")]
+        (Some(l), Some(tier)) => l
+            .for_tier(tier, policy)
+            .map(|t| RuleLimit::Redis(Arc::new(t)))
+            .map_err(|error| HttpConfigError::Redis {
+                rule: rule.name.clone(),
+                error,
+            }),
+        _ => {
+            let b = KeyedPolicyLimiter::<u128>::builder(policy)
+                .clock(clock.clone())
+                .table(rule.table);
+            Ok(RuleLimit::Local(b.build().map_err(|error| {
+                HttpConfigError::Policy {
+                    rule: rule.name.clone(),
+                    error,
+                }
+            })?))
+        }
+    }
+}
+
+/// The lockout table of a local rule with `block_for` (none for a Redis
+/// rule: its blocks are in Redis).
+fn lockout_of<C: Clock + Clone>(
+    clock: &C,
+    rule: &Rule,
+    block: Duration,
+) -> Result<Option<Lockout<C>>, HttpConfigError> {
+    let bad = || HttpConfigError::InvalidValue {
+        rule: Some(rule.name.clone()),
+        field: "block_for",
+        value: format!("{block:?}"),
+        expected: "a block from 1 ns to 146 years, such as `15min`",
+    };
+    if block.is_zero() {
+        return Err(bad());
+    }
+    // A Redis rule's blocks live in Redis (`redis::check_all_locked`).
+    if remote_of(rule).is_some() {
+        return if block.as_nanos() > (1u128 << 62) {
+            Err(bad())
+        } else {
+            Ok(None)
+        };
+    }
+    Lockout::new(block, rule.table, clock.clone())
+        .map(Some)
+        .map_err(|_| bad())
+}
+
+/// What is wrong with rule `rule`'s tiers, as the error that names it.
+fn tier_error(rule: &str, e: TierError) -> HttpConfigError {
+    let rule = rule.to_owned();
+    match e {
+        TierError::BadHeader => HttpConfigError::InvalidHeaderName { rule },
+        TierError::InvalidName(tier) => HttpConfigError::InvalidTierName { rule, tier },
+        TierError::Unknown(tier) => HttpConfigError::UnknownTier { rule, tier },
+        TierError::KeysNeedHeader(value) => HttpConfigError::InvalidValue {
+            rule: Some(rule),
+            field: "tier_keys",
+            value,
+            expected: "a rule keyed by one header (`header:x-api-key`): its values are the keys listed",
+        },
+        TierError::NoPick(value) => HttpConfigError::InvalidValue {
+            rule: Some(rule),
+            field: "tiers",
+            value,
+            expected: "tiers and a way to pick one: `tier_keys`, `tier_header` (Rust: `tier_by`, `tier_by_header`)",
+        },
+    }
+}
+
+/// A rule as built: its limit, headers rendered once, its counters.
+fn compile<C: Clock>(
+    rule: Rule,
+    limit: RuleLimit<C>,
+    base: u16,
+    lockout: Option<Lockout<C>>,
+) -> Compiled<C> {
+    let mut item = Buf::new();
+    item.policy_item(&rule.name, &rule.policy);
+    Compiled {
+        limit,
+        policy_item: item.value(),
+        ratelimit_prefix: format!("\"{}\";r=", rule.name).into_bytes().into(),
+        counters: CachePadded::new(Counters::default()),
+        always: rule.mode != Mode::Off && rule.matcher.matches_all(),
+        base,
+        tiers: None,
+        lockout,
+        rule,
     }
 }
 

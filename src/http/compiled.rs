@@ -6,13 +6,16 @@
 //! once at build, and its counters. Each [`Entry`] is one rule that matched
 //! one request: its key, cost and decision.
 
+use super::lockout::Lockout;
 use super::rule::Rule;
-use super::stats::Counters;
+use super::stats::{Counters, RuleStats};
+use super::tier::TierPick;
 use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::keyed::KeyedPolicyLimiter;
 #[cfg(feature = "redis")]
 use crate::redis::RedisLimiter;
+use crate::sync::Ordering;
 use crossbeam_utils::CachePadded;
 use http::HeaderValue;
 use smallvec::SmallVec;
@@ -44,6 +47,15 @@ pub(super) struct Compiled<C: Clock> {
     pub(super) counters: CachePadded<Counters>,
     /// Applies to every request: on (not `Mode::Off`), with no matcher.
     pub(super) always: bool,
+    /// The index of the rule this limit belongs to: its own, or for a
+    /// tier's limit the rule's. A tier's limit sits after every rule, in
+    /// `Mode::Off` (the scan of a request's rules passes it by); entries
+    /// reach it through the rule's [`TierPick`].
+    pub(super) base: u16,
+    /// The rule's tiers (on the rule's own entry only).
+    pub(super) tiers: Option<Box<TierPick>>,
+    /// The rule's lockout (local rules, on the rule's own entry only).
+    pub(super) lockout: Option<Lockout<C>>,
 }
 
 impl<C: Clock> Compiled<C> {
@@ -64,6 +76,41 @@ impl<C: Clock> Compiled<C> {
             RuleLimit::Local(_) => None,
         }
     }
+}
+
+/// Each rule's counters, its tiers' counted in: one [`RuleStats`] per rule.
+pub(super) fn stats<C: Clock>(rules: &[Compiled<C>]) -> Vec<RuleStats> {
+    rules
+        .iter()
+        .enumerate()
+        .filter(|&(i, r)| usize::from(r.base) == i)
+        .map(|(i, r)| {
+            let tiers = rules
+                .iter()
+                .filter(|t| usize::from(t.base) == i && !std::ptr::eq(*t, r));
+            if r.tiers.is_none() {
+                return r.counters.snapshot(r.rule.name.clone());
+            }
+            let sum = Counters::default();
+            for c in std::iter::once(r).chain(tiers).map(|t| &t.counters) {
+                for (to, from) in [
+                    (&sum.allowed, &c.allowed),
+                    (&sum.denied, &c.denied),
+                    (&sum.shadow_denied, &c.shadow_denied),
+                    (&sum.missing_key, &c.missing_key),
+                    (&sum.unknown_client, &c.unknown_client),
+                    (&sum.errors, &c.errors),
+                    (&sum.fallbacks, &c.fallbacks),
+                    (&sum.untracked, &c.untracked),
+                    (&sum.refunded, &c.refunded),
+                ] {
+                    // Relaxed: independent counters, as in `Counters::snapshot`.
+                    to.fetch_add(from.load(Ordering::Relaxed), Ordering::Relaxed);
+                }
+            }
+            sum.snapshot(r.rule.name.clone())
+        })
+        .collect()
 }
 
 /// One matching rule of one request.

@@ -19,6 +19,7 @@ use crate::policy::Policy;
 use http::header::HeaderName;
 use http::{Method, StatusCode};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 /// The whole layer as configuration: how the client address is found,
 /// which headers are sent, an allow list, and the rules.
@@ -124,6 +125,10 @@ pub struct LayerConfig {
 /// | `redis_prefix` | Redis rules: the first part of the key names (default `"ratewall"`; keys are `prefix:name:key`) |
 /// | `on_failure` | Redis rules: `"open"`, `"closed"`, `"fallback-share N"` (default `"fallback-share 1"`) or `"fallback POLICY"` |
 /// | `deny_cache` | Redis rules: a local deny cache of up to this many keys |
+/// | `tiers` | premium tiers: tier names and their policies, `{ premium = "1000/min" }` |
+/// | `tier_keys` | for a rule keyed by one header: the key values of each tier, `{ premium = ["key-1"] }` |
+/// | `tier_header` | or: a header whose value names the tier (set by your authenticating proxy) |
+/// | `block_for` | a lockout after a breach: the key is denied this long after the rule denies it, `"15min"` |
 ///
 /// `max_keys` and `when_full` are for local rules only, the `redis_*`,
 /// `on_failure` and `deny_cache` fields for Redis rules only; either on
@@ -212,6 +217,21 @@ pub struct RuleConfig {
     /// (`RedisLimiterBuilder::deny_cache`; off by default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deny_cache: Option<usize>,
+    /// Premium tiers: each tier's name and its policy in text form
+    /// ([`Rule::tier`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tiers: BTreeMap<String, String>,
+    /// For a rule keyed by one header: the key values that get each tier
+    /// ([`Rule::tier_keys`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tier_keys: BTreeMap<String, Vec<String>>,
+    /// A header whose value names the request's tier
+    /// ([`Rule::tier_by_header`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tier_header: Option<String>,
+    /// A lockout after a breach, such as `"15min"` ([`Rule::block_for`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block_for: Option<String>,
 }
 
 /// What a Redis rule is built with: the backend with the `redis` feature,
@@ -451,6 +471,37 @@ impl RuleConfig {
             rule = rule.when_client_unknown(keyword(unknown, &choices).ok_or_else(|| {
                 self.bad("unknown_client", unknown, "`as-missing` or `nearest-hop`")
             })?);
+        }
+        for (tier, text) in &self.tiers {
+            let policy: Policy = text
+                .parse()
+                .map_err(|error| HttpConfigError::TierPolicyText {
+                    rule: self.name.clone(),
+                    tier: tier.clone(),
+                    error,
+                })?;
+            rule = rule.tier(tier.clone(), policy);
+        }
+        for (tier, keys) in &self.tier_keys {
+            rule = rule.tier_keys(tier.clone(), keys.iter().cloned());
+        }
+        if let Some(header) = &self.tier_header {
+            HeaderName::from_bytes(header.as_bytes())
+                .map_err(|_| self.bad("tier_header", header, "a header name such as `x-plan`"))?;
+            rule = rule.tier_by_header(header);
+        }
+        if let Some(text) = &self.block_for {
+            let block = crate::text::duration(text)
+                .ok()
+                .filter(|d| !d.is_zero())
+                .ok_or_else(|| {
+                    self.bad(
+                        "block_for",
+                        text,
+                        "a duration such as `15min`, `30s`, `1h` or `250ms`",
+                    )
+                })?;
+            rule = rule.block_for(block);
         }
         if self.hide_headers {
             rule = rule.hide_headers();

@@ -26,7 +26,7 @@ use crate::error::InsufficientCapacity;
 use crate::keyed::{KeyedPolicyLimiter, KeyedRef};
 use crate::multi::{check_set, LimitCalls, LimitSet};
 #[cfg(feature = "redis")]
-use crate::redis::{check_all, DecisionSource, RedisError, RedisLimiter};
+use crate::redis::{check_all, check_all_locked, DecisionSource, Locked, RedisError, RedisLimiter};
 use crate::sync::{AtomicU64, Ordering};
 use bytes::Bytes;
 #[cfg(feature = "redis")]
@@ -83,6 +83,8 @@ pub(super) struct Shared<C: Clock> {
     pub(super) keep_decisions: bool,
     /// The mask of the shown rules and their joint `RateLimit-Policy` value.
     pub(super) all_policy: Option<(u64, HeaderValue)>,
+    /// Some rule has tiers or a lockout (`tiers_and_blocks`).
+    pub(super) extras: bool,
     pub(super) fp: Fingerprint,
     pub(super) warn_xff: Once,
     pub(super) xff_checks: AtomicU64,
@@ -355,6 +357,11 @@ impl<C: Clock + 'static> Shared<C> {
         if entries.is_empty() {
             return Verdict::Pass(None);
         }
+        if self.extras {
+            if let Some(blocked) = self.tiers_and_blocks(&mut entries, req) {
+                return Verdict::Reject(blocked);
+            }
+        }
         #[cfg(feature = "redis")]
         if !remote_keys.is_empty() {
             let shared = self.clone();
@@ -366,7 +373,10 @@ impl<C: Clock + 'static> Shared<C> {
         match self.check_enforced(&mut entries, self.keep_decisions) {
             Ok(true) => {}
             Ok(false) => {
-                return Verdict::Reject(self.reject(response::is_grpc(req.headers), &entries))
+                if self.extras {
+                    self.start_blocks(&mut entries);
+                }
+                return Verdict::Reject(self.reject(response::is_grpc(req.headers), &entries));
             }
             Err((rule, e)) => {
                 bump(&self.rules[usize::from(rule)].counters.errors);
@@ -494,6 +504,50 @@ impl<C: Clock + 'static> Shared<C> {
         Ok(allowed)
     }
 
+    /// Points each entry of a rule with tiers at its tier's limit, then
+    /// answers a request that a local rule's lockout blocks: the 429 of
+    /// the blocked rules, with nothing taken from any rule.
+    #[inline(never)]
+    fn tiers_and_blocks(
+        &self,
+        entries: &mut Entries,
+        req: &RequestHead<'_>,
+    ) -> Option<Response<Bytes>> {
+        let mut blocked = false;
+        for e in entries.iter_mut() {
+            let own = &self.rules[usize::from(e.rule)];
+            if let Some(t) = &own.tiers {
+                e.rule = t.pick(e.rule, req.headers, req.extensions);
+            }
+            if let (false, Some(l)) = (e.shadow, &own.lockout) {
+                let r = &self.rules[usize::from(e.rule)];
+                if r.local().is_some() {
+                    if let Some(d) = l.blocked(&e.key, r.rule.policy.limit()) {
+                        bump(&r.counters.denied);
+                        e.decision = Some(d);
+                        blocked = true;
+                    }
+                }
+            }
+        }
+        blocked.then(|| self.reject(response::is_grpc(req.headers), entries))
+    }
+
+    /// Starts the lockout of each local rule with one that denied this
+    /// request: its decision becomes the block's (until the block's end).
+    #[cold]
+    fn start_blocks(&self, entries: &mut [Entry]) {
+        for e in entries.iter_mut().filter(|e| !e.shadow) {
+            let r = &self.rules[usize::from(e.rule)];
+            let base = &self.rules[usize::from(r.base)];
+            if let (Some(l), Some(d), Some(_)) = (&base.lockout, e.decision, r.local()) {
+                if !d.is_allowed() {
+                    e.decision = Some(l.start(&e.key, d));
+                }
+            }
+        }
+    }
+
     /// Shadow rules, each on its own, after the enforced ones admitted the
     /// request: charged like an enforced rule, never rejecting.
     #[inline(never)]
@@ -609,7 +663,23 @@ impl<C: Clock + 'static> Shared<C> {
             }
         }
         if !triples.is_empty() {
-            match check_all(&triples).await {
+            let locked = idx.iter().any(|&i| self.redis_block(&entries[i]).is_some());
+            let checked = if locked {
+                let limits: Vec<Locked<'_>> = idx
+                    .iter()
+                    .zip(&triples)
+                    .map(|(&i, &(limit, key, cost))| Locked {
+                        limit,
+                        key,
+                        cost,
+                        block: self.redis_block(&entries[i]),
+                    })
+                    .collect();
+                check_all_locked(&limits).await
+            } else {
+                check_all(&triples).await
+            };
+            match checked {
                 Ok((allowed, decisions)) => {
                     for (&i, d) in idx.iter().zip(&decisions) {
                         entries[i].decision = Some(d.decision());
@@ -655,7 +725,10 @@ impl<C: Clock + 'static> Shared<C> {
                         e.capacity,
                     )
                 }
-                _ => self.reject(grpc, &entries),
+                _ => {
+                    self.start_blocks(&mut entries);
+                    self.reject(grpc, &entries)
+                }
             };
             return (Verdict::Reject(res), None);
         }
@@ -734,6 +807,13 @@ impl<C: Clock + 'static> Shared<C> {
                 .remote = refunds;
         }
         (Verdict::Pass(after), info)
+    }
+
+    /// The lockout of a Redis entry's rule: the rule's own limiter (whose
+    /// keys name the block, for every tier) and the block's length.
+    fn redis_block(&self, e: &Entry) -> Option<(&RedisLimiter, std::time::Duration)> {
+        let base = &self.rules[usize::from(self.rules[usize::from(e.rule)].base)];
+        Some((base.remote()?, base.rule.block_for?))
     }
 
     /// Counts where a Redis rule's decision came from.

@@ -201,6 +201,14 @@ impl Key {
         }
     }
 
+    /// The header of a key made of one header (tier key lists match its values).
+    pub(super) fn header_name(&self) -> Option<&HeaderName> {
+        match &self.0 {
+            KeyKind::Header(h) => h.as_ref(),
+            _ => None,
+        }
+    }
+
     pub(super) fn has_invalid_header(&self) -> bool {
         match &self.0 {
             KeyKind::Header(None) => true,

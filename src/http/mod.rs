@@ -73,6 +73,8 @@
 //! | `response.rs` | the 429 and other answers, [`Rejection`], [`ResponseBody`] |
 //! | `info.rs` | [`RateLimitInfo`]: the decisions extension |
 //! | `stats.rs` | [`RuleStats`]: each rule's counters |
+//! | `tier.rs` | premium tiers: a rule's other policies and how a request picks one |
+//! | `lockout.rs` | lockouts after a breach: the blocked keys of a local rule |
 //! | `service.rs` | [`RateLimitLayer`], [`RateLimitService`], [`ResponseFuture`] |
 
 mod builder;
@@ -84,10 +86,12 @@ mod engine;
 mod headers;
 mod info;
 mod key;
+mod lockout;
 mod response;
 mod rule;
 mod service;
 mod stats;
+mod tier;
 
 pub use builder::{HttpConfigError, RateLimitBuilder};
 pub use client_ip::{Cidr, CidrParseError, ClientIp, ProxyHeader, MAX_HOPS};

@@ -2,12 +2,15 @@
 //! and what to do when the key is missing.
 
 use super::key::{Key, RequestParts};
+use super::tier::{TierBy, Tiers};
 use crate::keyed::{TableOptions, WhenFull};
 use crate::policy::Policy;
-use http::{HeaderMap, Method, StatusCode, Uri};
+use http::header::HeaderName;
+use http::{Extensions, HeaderMap, Method, StatusCode, Uri};
 use std::fmt;
 use std::hash::Hash;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// What a rule does with the requests it matches.
 ///
@@ -189,6 +192,10 @@ pub struct Rule {
     pub(super) visibility: Visibility,
     pub(super) table: TableOptions,
     pub(super) refund_on_success: bool,
+    /// Premium tiers: other policies, and how a request picks one.
+    pub(super) tiers: Tiers,
+    /// The lockout after a denial.
+    pub(super) block_for: Option<Duration>,
     /// The Redis limit this rule is checked against instead of a local table.
     #[cfg(feature = "redis")]
     pub(super) remote: Option<std::sync::Arc<crate::redis::RedisLimiter>>,
@@ -213,7 +220,9 @@ impl fmt::Debug for Rule {
             .field("unknown_client", &self.unknown_client)
             .field("visibility", &self.visibility)
             .field("table", &self.table)
-            .field("refund_on_success", &self.refund_on_success);
+            .field("refund_on_success", &self.refund_on_success)
+            .field("tiers", &self.tiers)
+            .field("block_for", &self.block_for);
         #[cfg(feature = "redis")]
         d.field("remote", &self.remote);
         d.finish()
@@ -250,6 +259,8 @@ impl Rule {
             visibility: Visibility::Shown,
             table: TableOptions::new(),
             refund_on_success: false,
+            tiers: Tiers::default(),
+            block_for: None,
             #[cfg(feature = "redis")]
             remote: None,
         }
@@ -588,6 +599,146 @@ impl Rule {
     /// ```
     pub fn count_failures_only(mut self) -> Rule {
         self.refund_on_success = true;
+        self
+    }
+
+    /// A premium tier: requests that pick tier `name` are limited by
+    /// `policy` instead of the rule's own (may be given several times, one
+    /// per tier). Each tier keeps its own state per key, and the headers
+    /// advertise the tier's quota under the rule's name; the rule's stats
+    /// count every tier. A request picks its tier by
+    /// [`tier_keys`](Self::tier_keys), then [`tier_by`](Self::tier_by) or
+    /// [`tier_by_header`](Self::tier_by_header); one that names no tier
+    /// gets the rule's own policy. A key that changes tier starts the new
+    /// tier's limit afresh (its old tier's state ages out).
+    ///
+    /// A tier name is a letter, then up to 31 letters, digits, `-` or `_`
+    /// ([`HttpConfigError::InvalidTierName`] otherwise); a tier's policy
+    /// is validated as a rule's ([`HttpConfigError::Policy`]). On a
+    /// [`Rule::redis`] rule each tier is a limiter of its own, named
+    /// `name.tier` in Redis key names, with the rule's failure policy.
+    ///
+    /// [`HttpConfigError::InvalidTierName`]: super::HttpConfigError::InvalidTierName
+    /// [`HttpConfigError::Policy`]: super::HttpConfigError::Policy
+    ///
+    /// ```
+    /// use ratewall::http::Rule;
+    /// use ratewall::{Policy, Rate};
+    ///
+    /// // Premium API keys get 10x.
+    /// let api = Rule::per_header("api", "x-api-key", Policy::token_bucket(Rate::per_minute(100)))
+    ///     .tier("premium", Policy::token_bucket(Rate::per_minute(1000)))
+    ///     .tier_keys("premium", ["key-of-acme", "key-of-globex"]);
+    /// # let _ = api;
+    /// ```
+    pub fn tier(mut self, name: impl Into<String>, policy: Policy) -> Rule {
+        let name = name.into();
+        self.tiers.list.retain(|(n, _)| *n != name);
+        self.tiers.list.push((name, policy));
+        self
+    }
+
+    /// These values of the rule's key header get tier `tier` (for a rule
+    /// keyed by one header, such as [`Rule::per_header`]; may be given
+    /// once per tier). A tier that [`tier`](Self::tier) does not declare is
+    /// [`HttpConfigError::UnknownTier`](super::HttpConfigError::UnknownTier)
+    /// when the layer is built.
+    ///
+    /// ```
+    /// # use ratewall::http::Rule;
+    /// # use ratewall::{Policy, Rate};
+    /// let api = Rule::per_header("api", "x-api-key", Policy::token_bucket(Rate::per_minute(100)))
+    ///     .tier("premium", Policy::token_bucket(Rate::per_minute(1000)))
+    ///     .tier_keys("premium", ["key-of-acme"]);
+    /// # let _ = api;
+    /// ```
+    pub fn tier_keys(
+        mut self,
+        tier: impl Into<String>,
+        keys: impl IntoIterator<Item = impl Into<String>>,
+    ) -> Rule {
+        let tier = tier.into();
+        let keys: Vec<String> = keys.into_iter().map(Into::into).collect();
+        match self.tiers.keys.iter_mut().find(|(t, _)| *t == tier) {
+            Some((_, list)) => list.extend(keys),
+            None => self.tiers.keys.push((tier, keys)),
+        }
+        self
+    }
+
+    /// Picks a request's tier with `f`, from its headers and extensions
+    /// (a plan an authenticating middleware stored, say): the tier's name,
+    /// or `None` for the rule's own policy. Replaces
+    /// [`tier_by_header`](Self::tier_by_header).
+    ///
+    /// ```
+    /// use ratewall::http::Rule;
+    /// use ratewall::{Policy, Rate};
+    ///
+    /// #[derive(Clone)]
+    /// struct Plan(&'static str);
+    /// let api = Rule::per_header("api", "x-api-key", Policy::token_bucket(Rate::per_minute(100)))
+    ///     .tier("premium", Policy::token_bucket(Rate::per_minute(1000)))
+    ///     .tier_by(|_headers, ext| ext.get::<Plan>().map(|p| p.0));
+    /// # let _ = api;
+    /// ```
+    pub fn tier_by(
+        mut self,
+        f: impl for<'a> Fn(&'a HeaderMap, &'a Extensions) -> Option<&'a str> + Send + Sync + 'static,
+    ) -> Rule {
+        self.tiers.by = Some(TierBy::Fn(Arc::new(f)));
+        self
+    }
+
+    /// The value of header `header` names a request's tier (a header your
+    /// authenticating proxy sets and strips from clients: a client that
+    /// can send it picks its own tier). Replaces [`tier_by`](Self::tier_by).
+    /// An invalid header name is
+    /// [`HttpConfigError::InvalidHeaderName`](super::HttpConfigError::InvalidHeaderName)
+    /// when the layer is built.
+    ///
+    /// ```
+    /// # use ratewall::http::Rule;
+    /// # use ratewall::{Policy, Rate};
+    /// let api = Rule::per_header("api", "x-api-key", Policy::token_bucket(Rate::per_minute(100)))
+    ///     .tier("premium", Policy::token_bucket(Rate::per_minute(1000)))
+    ///     .tier_by_header("x-plan");
+    /// # let _ = api;
+    /// ```
+    pub fn tier_by_header(mut self, header: &str) -> Rule {
+        self.tiers.by = HeaderName::from_bytes(header.as_bytes())
+            .ok()
+            .map(TierBy::Header);
+        if self.tiers.by.is_none() {
+            self.tiers.bad_header = true;
+        }
+        self
+    }
+
+    /// A lockout after a breach (rate-limiter-flexible's
+    /// `blockDuration`): once this rule denies a key, the key is denied
+    /// for `block_for`, whatever its limit says, and takes nothing from
+    /// any rule meanwhile. The 429 tells the truth: `Retry-After` and the
+    /// `RateLimit` item's `t` are the time to the block's end, `r` is 0.
+    /// A shadow rule never locks out. See `docs/http.md`, "Lockouts".
+    /// A zero or too long `block_for` (over 146 years) is
+    /// [`HttpConfigError::InvalidValue`](super::HttpConfigError::InvalidValue)
+    /// when the layer is built.
+    ///
+    /// ```
+    /// use ratewall::http::Rule;
+    /// use ratewall::{Policy, Window};
+    /// use std::time::Duration;
+    ///
+    /// // Five failed logins a minute, then fifteen minutes out.
+    /// let login = Rule::per_ip("login", Policy::sliding_window_log(Window::per_minute(5)))
+    ///     .on_path_prefix("/login")
+    ///     .count_failures_only()
+    ///     .block_for(Duration::from_secs(15 * 60));
+    /// # let _ = login;
+    /// ```
+    pub fn block_for(mut self, block_for: Duration) -> Rule {
+        self.block_for = Some(block_for);
         self
     }
 

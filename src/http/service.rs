@@ -71,11 +71,7 @@ impl<C: Clock> RateLimitLayer<C> {
     /// # Ok::<(), ratewall::http::HttpConfigError>(())
     /// ```
     pub fn stats(&self) -> Vec<RuleStats> {
-        self.shared
-            .rules
-            .iter()
-            .map(|r| r.counters.snapshot(r.rule.name.clone()))
-            .collect()
+        super::compiled::stats(&self.shared.rules)
     }
 }
 

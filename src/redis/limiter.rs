@@ -76,6 +76,9 @@ pub struct RedisLimiter {
     backend: RedisBackend,
     failover: Failover,
     deny_cache: Option<DenyCache>,
+    /// What it was built with, for its tiers (`for_tier`).
+    options: Options,
+    deny_cache_keys: Option<usize>,
 }
 
 /// Configures a [`RedisLimiter`]: key prefix, policy name, failure policy.
@@ -204,6 +207,19 @@ impl RedisLimiter {
         Ok(k)
     }
 
+    /// The Redis key of `key`'s lockout (the HTTP layer's `block_for`):
+    /// its state key with `#b:` after the prefix and name. No state key
+    /// has that form (a key part starting with `#` is always hashed to
+    /// `#` and 32 hex digits), and with hash tags the tag is kept, so
+    /// both keys live in one Cluster slot.
+    #[cfg_attr(not(feature = "tower"), allow(dead_code))]
+    pub(crate) fn block_key(&self, key: &[u8]) -> Result<Vec<u8>, RedisError> {
+        let mut k = self.redis_key(key)?;
+        let at = self.base.len();
+        k.splice(at..at, *b"#b:");
+        Ok(k)
+    }
+
     /// Checks one unit for `key`: taken if allowed.
     ///
     /// ```no_run
@@ -322,6 +338,25 @@ impl RedisLimiter {
         self.failover.reset_local(key);
         self.backend.query(redis::cmd("DEL").arg(&rkey)).await?;
         Ok(())
+    }
+
+    /// A sibling of this limiter for a premium tier of an HTTP rule:
+    /// `policy` under the name `name.tier` (its own keys: a key that
+    /// changes tier starts the tier's limit afresh), with the same backend,
+    /// prefix, failure policy, deny cache and hash tags. A
+    /// `FallbackShare` fallback shares the tier's policy.
+    #[cfg_attr(not(feature = "tower"), allow(dead_code))]
+    pub(crate) fn for_tier(&self, tier: &str, policy: Policy) -> Result<RedisLimiter, RedisError> {
+        let mut options = self.options.clone();
+        options.name = Some(format!("{}.{tier}", self.name));
+        RedisLimiterBuilder {
+            policy,
+            backend: self.backend.clone(),
+            options,
+            deny_cache: self.deny_cache_keys,
+            hash_tag_keys: self.hash_tag_keys,
+        }
+        .build()
     }
 
     /// The errors a check of `n` for `key` gets before any call.
@@ -569,6 +604,8 @@ let b = || RedisLimiter::builder(Policy::token_bucket(Rate::per_second(5)), &red
             backend: self.backend,
             failover,
             deny_cache: self.deny_cache.map(DenyCache::new),
+            deny_cache_keys: self.deny_cache,
+            options: self.options,
         })
     }
 }

@@ -60,6 +60,7 @@ mod failover;
 mod key;
 mod lease;
 mod limiter;
+mod lockout;
 mod multi;
 mod script;
 #[cfg(test)]
@@ -77,6 +78,8 @@ pub use error::RedisError;
 pub use failover::FailurePolicy;
 pub use lease::{RedisLeaseLimiter, RedisLeaseOptions};
 pub use limiter::{RedisLimiter, RedisLimiterBuilder};
+#[cfg_attr(not(feature = "tower"), allow(unused_imports))]
+pub(crate) use lockout::{check_all_locked, Locked};
 pub use multi::check_all;
 
 use crate::decision::Decision;

@@ -158,7 +158,7 @@ async fn parallel(
 
 /// All or nothing over per-limit results: if any denied or failed, give
 /// back what the others took.
-async fn finish(
+pub(super) async fn finish(
     limits: &[(&RedisLimiter, &[u8], u64)],
     results: Vec<Result<RedisDecision, RedisError>>,
 ) -> Result<(bool, Vec<RedisDecision>), RedisError> {

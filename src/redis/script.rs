@@ -88,6 +88,13 @@ pub(crate) const MULTI_SOURCE: &str = with_every_step!("multi");
 pub(crate) static MULTI: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(MULTI_SOURCE));
 
+/// All or nothing with lockouts (the HTTP layer's `block_for`, `lockout.rs`).
+pub(crate) const LOCKOUT_SOURCE: &str = with_every_step!("lockout");
+
+#[cfg_attr(not(feature = "tower"), allow(dead_code))]
+pub(crate) static LOCKOUT: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(LOCKOUT_SOURCE));
+
 /// Single-key calls of any algorithm, batched (`batch.rs`).
 pub(crate) const BATCH_SOURCE: &str = with_every_step!("batch");
 

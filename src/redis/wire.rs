@@ -2,7 +2,7 @@
 //! batch of them) and the parsing of every script's reply into decisions.
 //! Nothing here does I/O; `connection.rs` sends, the limiters decide.
 
-use super::script::{Mode, Program, BATCH, ELASTIC, LEASE, MULTI};
+use super::script::{Mode, Program, BATCH, ELASTIC, LEASE, LOCKOUT, MULTI};
 use super::RedisError;
 use crate::algo::gcra_decide;
 use crate::decision::Decision;
@@ -139,6 +139,32 @@ pub(crate) fn multi_call<'a>(
     for (p, cost) in limits {
         let [a, b, c] = p.params;
         invocation.arg(p.code()).arg(cost).arg(a).arg(b).arg(c);
+    }
+    test_time(&mut invocation);
+    invocation
+}
+
+/// The `lua/lockout.lua` call: the limits' keys, their block keys, then
+/// each limit's program, cost and block length in microseconds (0: none).
+#[cfg_attr(not(feature = "tower"), allow(dead_code))]
+pub(crate) fn lockout_call<'a>(
+    rkeys: &[Vec<u8>],
+    block_keys: &[Vec<u8>],
+    limits: impl Iterator<Item = (&'a Program, u64, u64)>,
+) -> ScriptInvocation<'static> {
+    let mut invocation = LOCKOUT.prepare_invoke();
+    for k in rkeys.iter().chain(block_keys) {
+        invocation.key(k);
+    }
+    for (p, cost, block_us) in limits {
+        let [a, b, c] = p.params;
+        invocation
+            .arg(p.code())
+            .arg(cost)
+            .arg(a)
+            .arg(b)
+            .arg(c)
+            .arg(block_us);
     }
     test_time(&mut invocation);
     invocation

@@ -181,3 +181,64 @@ pub async fn fetch_bytes(
         .unwrap();
     Got::read(res).await
 }
+
+/// One request through `app` in process (`oneshot`), from `peer` (the
+/// connection's address), with every emitted rate-limit field checked.
+pub async fn call(
+    app: &Router,
+    method: &str,
+    path: &str,
+    peer: &str,
+    headers: &[(&str, &str)],
+) -> Got {
+    use tower::ServiceExt;
+    let mut req = Request::builder().method(method).uri(path);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let mut req = req.body(axum::body::Body::empty()).unwrap();
+    let ip: std::net::IpAddr = peer.parse().unwrap();
+    req.extensions_mut()
+        .insert(axum::extract::ConnectInfo(SocketAddr::new(ip, 40_000)));
+    let got = Got::read(app.clone().oneshot(req).await.unwrap()).await;
+    check_fields(&got);
+    got
+}
+
+/// How many `GET`s of `path` in a row `app` admits before the first 429.
+pub async fn admitted(app: &Router, path: &str, peer: &str, headers: &[(&str, &str)]) -> u64 {
+    let mut n = 0;
+    while call(app, "GET", path, peer, headers).await.status == StatusCode::OK {
+        n += 1;
+        assert!(n <= 10_000, "never denied");
+    }
+    n
+}
+
+/// For each value of header `name` in `values`, `n` `GET /` over fresh
+/// connections to `addr`: how many were admitted, and the quotas (`q` of
+/// the first `RateLimit-Policy` item) the admitted ones advertised.
+pub async fn admitted_per_value(
+    addr: SocketAddr,
+    name: &str,
+    values: &[&str],
+    n: usize,
+) -> Vec<(u64, Vec<i64>)> {
+    let mut out = Vec::new();
+    for value in values {
+        let (mut admitted, mut quotas) = (0, Vec::new());
+        for _ in 0..n {
+            let got = fetch(addr, "GET", "/", &[(name, value)]).await;
+            check_fields(&got);
+            if got.status == StatusCode::OK {
+                admitted += 1;
+                let q = got.policy()[0].1;
+                if !quotas.contains(&q) {
+                    quotas.push(q);
+                }
+            }
+        }
+        out.push((admitted, quotas));
+    }
+    out
+}

@@ -1,4 +1,6 @@
 //! Helpers shared by integration tests.
 #[cfg(feature = "axum")]
 pub mod http_client;
+#[cfg(feature = "redis")]
+pub mod redis_limits;
 pub mod redis_server;
