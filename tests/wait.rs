@@ -311,9 +311,8 @@ async fn sixty_four(fair: bool, jitter: Duration) -> (Duration, Duration, u64) {
     let origin = Instant::now();
     let ideal = ideal_fifo();
     let mut tasks = Vec::new();
-    for k in 0..64 {
+    for (k, ideal_at) in ideal.into_iter().enumerate() {
         let (b, queue, denied) = (b.clone(), queue.clone(), denied.clone());
-        let ideal_at = ideal[k];
         tasks.push(tokio::spawn(async move {
             let arrived = Instant::now();
             let mut first = true;
