@@ -52,8 +52,6 @@ use std::time::{Duration, Instant};
 mod fair;
 #[cfg(feature = "wait")]
 mod future;
-#[cfg(all(feature = "wait", feature = "redis"))]
-mod redis;
 
 #[cfg(feature = "wait")]
 pub use fair::{FairKeys, FairQueue};

@@ -1,10 +1,10 @@
 //! Waiting on Redis limits (features `wait` and `redis`): a Redis check's
 //! result is one try; a denial sleeps on its `retry_after`, a cost that can
 //! never pass ends the wait at once, and any other Redis error is returned
-//! as [`WaitError::Limiter`](super::WaitError::Limiter), never retried.
+//! as [`WaitError::Limiter`](crate::wait::WaitError::Limiter), never retried.
 
-use super::{Attempt, AttemptCore, Outcome, Token};
-use crate::redis::{RedisDecision, RedisError};
+use super::{RedisDecision, RedisError};
+use crate::wait::{Attempt, AttemptCore, Outcome, Token};
 
 /// One Redis check (`RedisLimiter`, `RedisLeaseLimiter`,
 /// `RedisElasticLimiter`'s `check_key`/`check_key_n`).
