@@ -38,6 +38,13 @@ fn bucket(rate: Rate, clock: &TokioClock) -> TokenBucket<TokioClock> {
     TokenBucket::with_clock(rate, clock.clone()).unwrap()
 }
 
+fn keyed(rate: Rate, clock: &TokioClock) -> KeyedTokenBucket<u32, TokioClock> {
+    KeyedTokenBucket::<u32, _>::builder(rate)
+        .clock(clock.clone())
+        .build()
+        .unwrap()
+}
+
 const MS: Duration = Duration::from_millis(1);
 
 #[tokio::test(start_paused = true)]
@@ -190,10 +197,7 @@ async fn a_dropped_wait_takes_nothing() {
 #[tokio::test(start_paused = true)]
 async fn a_dropped_per_key_waiter_leaves_no_queue_behind() {
     let clock = TokioClock::new();
-    let l = KeyedTokenBucket::<u32, _>::builder(Rate::per_second(1).burst(1))
-        .clock(clock.clone())
-        .build()
-        .unwrap();
+    let l = keyed(Rate::per_second(1).burst(1), &clock);
     let queues = FairKeys::<u32>::new(2);
     let _ = l.check_key(&1);
     let w = Wait::new();
@@ -215,10 +219,7 @@ async fn a_dropped_per_key_waiter_leaves_no_queue_behind() {
 #[tokio::test(start_paused = true)]
 async fn per_key_queues_are_bounded_by_max_keys() {
     let clock = TokioClock::new();
-    let l = KeyedTokenBucket::<u32, _>::builder(Rate::per_second(1).burst(1))
-        .clock(clock.clone())
-        .build()
-        .unwrap();
+    let l = keyed(Rate::per_second(1).burst(1), &clock);
     let queues = Arc::new(FairKeys::<u32>::new(3));
     for k in 0..10 {
         let _ = l.check_key(&k);
@@ -295,6 +296,7 @@ async fn a_large_request_is_starved_by_small_ones_unless_waiting_is_fair() {
         "{unfair:?}"
     );
     let fair = large_among_small(true).await.expect("admitted in its turn");
+    println!("a large request among small ones: fair admitted after {fair:?}, unfair {unfair:?}");
     // Queued behind the one small request that arrived first, then 10 units.
     assert!(fair <= Duration::from_millis(1_100), "{fair:?}");
 }
@@ -421,12 +423,7 @@ enum Worker {
 async fn worker(mode: Worker) -> (u64, Duration) {
     let clock = TokioClock::new();
     let global = Arc::new(bucket(Rate::per_second(10).burst(10), &clock));
-    let per_customer = Arc::new(
-        KeyedTokenBucket::<u32, _>::builder(Rate::per_second(2).burst(2))
-            .clock(clock.clone())
-            .build()
-            .unwrap(),
-    );
+    let per_customer = Arc::new(keyed(Rate::per_second(2).burst(2), &clock));
     let queue = Arc::new(FairQueue::new());
     let denied = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
@@ -518,10 +515,7 @@ async fn the_issues_worker_global_and_per_customer_waited_on_together() {
 async fn an_all_or_nothing_wait_takes_from_neither_until_both_admit() {
     let clock = TokioClock::new();
     let global = bucket(Rate::per_second(10).burst(10), &clock);
-    let per_customer = KeyedTokenBucket::<u32, _>::builder(Rate::per_second(1).burst(1))
-        .clock(clock.clone())
-        .build()
-        .unwrap();
+    let per_customer = keyed(Rate::per_second(1).burst(1), &clock);
     let _ = per_customer.check_key(&7);
     let start = Instant::now();
     let limits: [&dyn Limit<_>; 2] = [&per_customer.with_key(&7), &global];
@@ -568,31 +562,21 @@ async fn every_limiter_kind_waits_through_the_one_call() {
     )
     .build()
     .unwrap();
+    let kinds: [(&str, &dyn Fn() -> ratewall::Decision); 7] = [
+        ("single", &|| single.check()),
+        ("striped", &|| striped.check()),
+        ("keyed", &|| keyed.check_key(&1)),
+        ("hot keys", &|| hot.check_key_n(&1, 1).unwrap()),
+        ("sliding log", &|| log.check_key(&1)),
+        ("policy, soft", &|| policy.check_key(&1)),
+        ("elastic", &|| elastic.check_key(&1)),
+    ];
     let start = std::time::Instant::now();
     for _ in 0..3 {
-        assert!(wait.until(|| single.check()).await.unwrap().is_allowed());
-        assert!(wait.until(|| striped.check()).await.unwrap().is_allowed());
-        assert!(wait
-            .until(|| keyed.check_key(&1))
-            .await
-            .unwrap()
-            .is_allowed());
-        assert!(wait
-            .until(|| hot.check_key_n(&1, 1))
-            .await
-            .unwrap()
-            .is_allowed());
-        assert!(wait.until(|| log.check_key(&1)).await.unwrap().is_allowed());
-        assert!(wait
-            .until(|| policy.check_key(&1))
-            .await
-            .unwrap()
-            .is_allowed());
-        assert!(wait
-            .until(|| elastic.check_key(&1))
-            .await
-            .unwrap()
-            .is_allowed());
+        for (name, try_once) in kinds {
+            let d = wait.until(try_once).await.unwrap();
+            assert!(d.is_allowed(), "{name}");
+        }
     }
     // Each kind admitted 3 in a row at 1 per ms: at least 2 ms of waiting.
     assert!(start.elapsed() >= 2 * MS, "{:?}", start.elapsed());

@@ -13,6 +13,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use support::redis_server::RedisServer;
 
+fn backend(server: &RedisServer) -> RedisBackend {
+    RedisBackend::builder(server.url())
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap()
+}
+
 fn limiter(b: &RedisBackend, name: &str, rate: Rate) -> RedisLimiter {
     RedisLimiter::builder(Policy::token_bucket(rate), b)
         .prefix("wait")
@@ -25,10 +32,7 @@ fn limiter(b: &RedisBackend, name: &str, rate: Rate) -> RedisLimiter {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_checks_wait_on_retry_after_with_deadlines_and_errors() {
     let server = RedisServer::start();
-    let b = RedisBackend::builder(server.url())
-        .timeout(Duration::from_secs(5))
-        .build()
-        .unwrap();
+    let b = backend(&server);
     // 20/s, burst 2: the 3rd to 6th admissions are 50 ms apart.
     let l = limiter(&b, "pace", Rate::per_second(20).burst(2));
     let wait = Wait::new().timeout(Duration::from_secs(5));
@@ -66,10 +70,7 @@ async fn redis_checks_wait_on_retry_after_with_deadlines_and_errors() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_global_and_a_per_customer_limit_in_redis_waited_on_together() {
     let server = RedisServer::start();
-    let b = RedisBackend::builder(server.url())
-        .timeout(Duration::from_secs(5))
-        .build()
-        .unwrap();
+    let b = backend(&server);
     let global = Arc::new(limiter(&b, "global", Rate::per_hour(100).burst(100)));
     let per_customer = Arc::new(limiter(&b, "customer", Rate::per_second(10).burst(1)));
     let queue = Arc::new(FairQueue::new());

@@ -7,7 +7,7 @@
 //! Dropping a waiting future leaves the queue (tokio's lock is
 //! cancellation-safe) and, at the head, hands the turn on.
 
-use super::{Attempt, Wait, WaitError};
+use super::{Attempt, Wait, WaitError, Waited};
 use crate::sync::{lock, Mutex};
 use std::collections::HashMap;
 use std::fmt;
@@ -75,7 +75,7 @@ impl FairQueue {
         &self,
         wait: &Wait,
         mut attempt: impl FnMut() -> A,
-    ) -> Result<A::Output, WaitError<A::Error>> {
+    ) -> Waited<A> {
         self.until_async(wait, || std::future::ready(attempt()))
             .await
     }
@@ -94,11 +94,7 @@ impl FairQueue {
     /// assert!(d.is_allowed());
     /// # }
     /// ```
-    pub async fn until_async<F, Fut>(
-        &self,
-        wait: &Wait,
-        attempt: F,
-    ) -> Result<<Fut::Output as Attempt>::Output, WaitError<<Fut::Output as Attempt>::Error>>
+    pub async fn until_async<F, Fut>(&self, wait: &Wait, attempt: F) -> Waited<Fut::Output>
     where
         F: FnMut() -> Fut,
         Fut: Future,
@@ -118,11 +114,7 @@ impl fmt::Debug for FairQueue {
 
 /// The one fair wait: take the queue's turn (within the deadline), then run
 /// the wait loop while holding it.
-async fn in_turn<F, Fut>(
-    queue: &Queue,
-    wait: &Wait,
-    attempt: F,
-) -> Result<<Fut::Output as Attempt>::Output, WaitError<<Fut::Output as Attempt>::Error>>
+async fn in_turn<F, Fut>(queue: &Queue, wait: &Wait, attempt: F) -> Waited<Fut::Output>
 where
     F: FnMut() -> Fut,
     Fut: Future,
@@ -223,7 +215,7 @@ impl<K: Hash + Eq + Clone> FairKeys<K> {
         key: &K,
         wait: &Wait,
         mut attempt: impl FnMut() -> A,
-    ) -> Result<A::Output, WaitError<A::Error>> {
+    ) -> Waited<A> {
         self.until_async(key, wait, || std::future::ready(attempt()))
             .await
     }
@@ -242,12 +234,7 @@ impl<K: Hash + Eq + Clone> FairKeys<K> {
     /// assert!(d.is_allowed());
     /// # }
     /// ```
-    pub async fn until_async<F, Fut>(
-        &self,
-        key: &K,
-        wait: &Wait,
-        attempt: F,
-    ) -> Result<<Fut::Output as Attempt>::Output, WaitError<<Fut::Output as Attempt>::Error>>
+    pub async fn until_async<F, Fut>(&self, key: &K, wait: &Wait, attempt: F) -> Waited<Fut::Output>
     where
         F: FnMut() -> Fut,
         Fut: Future,

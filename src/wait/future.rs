@@ -1,7 +1,7 @@
 //! The async wait (feature `wait`): the same step as the blocking loop, on
 //! tokio's timer (`tokio::time`, so `tokio::time::pause` drives it in tests).
 
-use super::{Attempt, Step, Wait, WaitError, Waiter, TOKEN};
+use super::{Attempt, Step, Wait, Waited, Waiter, TOKEN};
 use std::future::Future;
 use tokio::time::Instant;
 
@@ -28,10 +28,7 @@ impl Wait {
     /// }
     /// # Ok(()) }
     /// ```
-    pub async fn until<A: Attempt>(
-        &self,
-        mut attempt: impl FnMut() -> A,
-    ) -> Result<A::Output, WaitError<A::Error>> {
+    pub async fn until<A: Attempt>(&self, mut attempt: impl FnMut() -> A) -> Waited<A> {
         self.until_async(|| std::future::ready(attempt())).await
     }
 
@@ -53,10 +50,7 @@ impl Wait {
     /// }
     /// # Ok(()) }
     /// ```
-    pub async fn until_async<F, Fut>(
-        &self,
-        attempt: F,
-    ) -> Result<<Fut::Output as Attempt>::Output, WaitError<<Fut::Output as Attempt>::Error>>
+    pub async fn until_async<F, Fut>(&self, attempt: F) -> Waited<Fut::Output>
     where
         F: FnMut() -> Fut,
         Fut: Future,
@@ -75,7 +69,7 @@ impl Wait {
         &self,
         deadline: Option<Instant>,
         mut attempt: F,
-    ) -> Result<<Fut::Output as Attempt>::Output, WaitError<<Fut::Output as Attempt>::Error>>
+    ) -> Waited<Fut::Output>
     where
         F: FnMut() -> Fut,
         Fut: Future,

@@ -171,10 +171,7 @@ impl Wait {
     /// }
     /// # Ok::<(), ratewall::ConfigError>(())
     /// ```
-    pub fn blocking<A: Attempt>(
-        &self,
-        mut attempt: impl FnMut() -> A,
-    ) -> Result<A::Output, WaitError<A::Error>> {
+    pub fn blocking<A: Attempt>(&self, mut attempt: impl FnMut() -> A) -> Waited<A> {
         let deadline = self.timeout.and_then(|t| Instant::now().checked_add(t));
         let mut waiter = Waiter::new(self);
         loop {
@@ -341,6 +338,9 @@ impl Attempt for Result<Decision, InsufficientCapacity> {
         }
     }
 }
+
+/// What a wait whose tries are `A` returns.
+pub(crate) type Waited<A> = Result<<A as Attempt>::Output, WaitError<<A as Attempt>::Error>>;
 
 /// What the loop does after one try.
 pub(crate) enum Step<T, E> {
