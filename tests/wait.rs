@@ -217,6 +217,36 @@ async fn a_dropped_per_key_waiter_leaves_no_queue_behind() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn keys_do_not_wait_for_each_other() {
+    let clock = TokioClock::new();
+    let l = keyed(Rate::per_second(1).burst(1), &clock);
+    let queues = FairKeys::<u32>::new(8);
+    let _ = l.check_key(&1);
+    let start = Instant::now();
+    let w = Wait::new();
+    let slow = async {
+        assert!(queues
+            .until(&1, &w, || l.check_key(&1))
+            .await
+            .unwrap()
+            .is_allowed());
+        start.elapsed()
+    };
+    let fast = async {
+        tokio::time::sleep(MS).await;
+        assert_eq!(queues.queued_keys(), 1, "key 1 waits in its own queue");
+        assert!(queues
+            .until(&2, &w, || l.check_key(&2))
+            .await
+            .unwrap()
+            .is_allowed());
+        start.elapsed()
+    };
+    let (slow, fast) = tokio::join!(slow, fast);
+    assert_eq!((slow, fast), (Duration::from_secs(1), MS));
+}
+
+#[tokio::test(start_paused = true)]
 async fn per_key_queues_are_bounded_by_max_keys() {
     let clock = TokioClock::new();
     let l = keyed(Rate::per_second(1).burst(1), &clock);

@@ -13,6 +13,12 @@ impl Wait {
     /// nothing. Not fair: waiters released together race for the capacity
     /// (see [`FairQueue`](super::FairQueue)).
     ///
+    /// # Panics
+    ///
+    /// Outside a tokio runtime with time enabled, as every tokio timer does
+    /// (on another runtime, use [`blocking`](Self::blocking) on a blocking
+    /// thread).
+    ///
     /// ```
     /// use ratewall::wait::Wait;
     /// use ratewall::{KeyedTokenBucket, Rate};
