@@ -553,6 +553,7 @@ impl AttemptCore for Result<Reservation, Decision> {}
 impl Attempt for Result<Reservation, Decision> {
     type Output = Reservation;
     type Error = std::convert::Infallible;
+    #[inline]
     fn outcome(self, _: Token) -> Outcome<Reservation, Self::Error> {
         match self {
             Ok(r) => Outcome::Admitted(r),

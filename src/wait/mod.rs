@@ -72,10 +72,24 @@ pub use fair::{FairKeys, FairQueue};
 /// assert_eq!(wait.timeout_value(), Some(Duration::from_secs(2)));
 /// println!("{wait:?}");
 /// ```
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Default, PartialEq, Eq)]
 pub struct Wait {
     timeout: Option<Duration>,
     jitter: Duration,
+}
+
+// Every non-generic function of this module is `#[inline]`, so the
+// default build (which uses none of them) compiles no code from it: a new
+// codegen unit would change how rustc partitions the crate, and with it the
+// inlining on hot paths elsewhere (measured: `SlidingLog::step`).
+impl fmt::Debug for Wait {
+    #[inline]
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Wait")
+            .field("timeout", &self.timeout)
+            .field("jitter", &self.jitter)
+            .finish()
+    }
 }
 
 impl Wait {
@@ -85,6 +99,7 @@ impl Wait {
     /// # use ratewall::wait::Wait;
     /// assert_eq!(Wait::new().timeout_value(), None);
     /// ```
+    #[inline]
     pub const fn new() -> Self {
         Wait {
             timeout: None,
@@ -109,6 +124,7 @@ impl Wait {
     /// assert!(err.last_decision().unwrap().retry_after() > Duration::from_secs(59));
     /// ```
     #[must_use = "a Wait is a value: use the one this returns"]
+    #[inline]
     pub const fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = Some(timeout);
         self
@@ -126,6 +142,7 @@ impl Wait {
     /// assert_eq!(wait.jitter_value(), Duration::from_millis(50));
     /// ```
     #[must_use = "a Wait is a value: use the one this returns"]
+    #[inline]
     pub const fn jitter(mut self, max: Duration) -> Self {
         self.jitter = max;
         self
@@ -138,6 +155,7 @@ impl Wait {
     /// # use std::time::Duration;
     /// assert_eq!(Wait::new().timeout(Duration::from_secs(3)).timeout_value(), Some(Duration::from_secs(3)));
     /// ```
+    #[inline]
     pub const fn timeout_value(&self) -> Option<Duration> {
         self.timeout
     }
@@ -148,6 +166,7 @@ impl Wait {
     /// # use ratewall::wait::Wait;
     /// assert!(Wait::new().jitter_value().is_zero());
     /// ```
+    #[inline]
     pub const fn jitter_value(&self) -> Duration {
         self.jitter
     }
@@ -291,8 +310,15 @@ mod sealed {
     pub trait AttemptCore {}
 
     /// Proof that the caller is this crate.
-    #[derive(Clone, Copy, Debug)]
+    #[derive(Clone, Copy)]
     pub struct Token(pub(super) ());
+
+    impl std::fmt::Debug for Token {
+        #[inline]
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("Token")
+        }
+    }
 
     /// What one try said.
     #[derive(Debug)]
@@ -359,6 +385,7 @@ pub(crate) struct Waiter {
 }
 
 impl Waiter {
+    #[inline]
     pub(crate) fn new(wait: &Wait) -> Self {
         Waiter {
             jitter_ns: u64::try_from(wait.jitter.as_nanos()).unwrap_or(u64::MAX),
@@ -391,6 +418,7 @@ impl Waiter {
     }
 
     /// A random extra in `[0, jitter]`.
+    #[inline]
     fn jitter(&mut self) -> Duration {
         if self.jitter_ns == 0 {
             return Duration::ZERO;
@@ -412,6 +440,7 @@ impl Waiter {
 
 /// A per-wait seed: std's `RandomState` draws random keys once per thread
 /// and steps them for every new state, so two waits get different seeds.
+#[inline]
 fn seed() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
