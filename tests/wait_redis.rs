@@ -50,7 +50,10 @@ async fn redis_checks_wait_on_retry_after_with_deadlines_and_errors() {
     assert!(slow.check_key(b"k").await.unwrap().is_allowed());
     let start = Instant::now();
     let err = wait.until_async(|| slow.check_key(b"k")).await.unwrap_err();
-    assert!(start.elapsed() < Duration::from_millis(500));
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "a sleep would be 55 s or more"
+    );
     let last = err.last_decision().expect("the denial");
     assert!(last.retry_after() > Duration::from_secs(50), "{last:?}");
 
