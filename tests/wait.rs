@@ -194,12 +194,17 @@ async fn a_dropped_wait_takes_nothing() {
     assert_eq!(start.elapsed(), 600 * MS);
 }
 
+/// A keyed bucket of 1/s (burst 1) whose key 1 is drained, and per-key
+/// queues for `max_keys` keys.
+fn key_one_drained(max_keys: usize) -> (KeyedTokenBucket<u32, TokioClock>, FairKeys<u32>) {
+    let l = keyed(Rate::per_second(1).burst(1), &TokioClock::new());
+    assert!(l.check_key(&1).is_allowed());
+    (l, FairKeys::new(max_keys))
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_dropped_per_key_waiter_leaves_no_queue_behind() {
-    let clock = TokioClock::new();
-    let l = keyed(Rate::per_second(1).burst(1), &clock);
-    let queues = FairKeys::<u32>::new(2);
-    let _ = l.check_key(&1);
+    let (l, queues) = key_one_drained(2);
     let w = Wait::new();
     let waiting = queues.until(&1, &w, || l.check_key(&1));
     let cut = tokio::time::timeout(100 * MS, waiting).await;
@@ -218,29 +223,21 @@ async fn a_dropped_per_key_waiter_leaves_no_queue_behind() {
 
 #[tokio::test(start_paused = true)]
 async fn keys_do_not_wait_for_each_other() {
-    let clock = TokioClock::new();
-    let l = keyed(Rate::per_second(1).burst(1), &clock);
-    let queues = FairKeys::<u32>::new(8);
-    let _ = l.check_key(&1);
+    let (l, queues) = key_one_drained(8);
     let start = Instant::now();
-    let w = Wait::new();
-    let slow = async {
-        assert!(queues
-            .until(&1, &w, || l.check_key(&1))
-            .await
-            .unwrap()
-            .is_allowed());
-        start.elapsed()
+    let admitted_at = |key: u32| {
+        let (l, queues) = (&l, &queues);
+        async move {
+            let d = queues.until(&key, &Wait::new(), || l.check_key(&key)).await;
+            assert!(d.unwrap().is_allowed());
+            start.elapsed()
+        }
     };
+    let slow = admitted_at(1);
     let fast = async {
         tokio::time::sleep(MS).await;
         assert_eq!(queues.queued_keys(), 1, "key 1 waits in its own queue");
-        assert!(queues
-            .until(&2, &w, || l.check_key(&2))
-            .await
-            .unwrap()
-            .is_allowed());
-        start.elapsed()
+        admitted_at(2).await
     };
     let (slow, fast) = tokio::join!(slow, fast);
     assert_eq!((slow, fast), (Duration::from_secs(1), MS));
