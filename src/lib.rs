@@ -60,6 +60,7 @@ pub mod redis;
 mod soft;
 mod sync;
 mod text;
+pub mod wait;
 mod word;
 
 /// The algorithm types that parametrize [`Limiter`].

@@ -5,6 +5,7 @@ use crate::clock::{Clock, Timebase};
 use crate::decision::Decision;
 use crate::error::{ConfigError, InsufficientCapacity};
 use crate::sync::{lock, Mutex};
+use crate::wait::{Attempt, AttemptCore, Outcome, Token, Wait};
 use crate::word::ParamCell;
 use crossbeam_utils::CachePadded;
 use std::fmt;
@@ -524,6 +525,11 @@ impl<C: Clock> Limiter<LeakyGcra, C> {
 
     /// Blocking shaping: waits for a place in the queue (sleeping while it is
     /// full), then for the place's turn, and returns the total time waited.
+    /// The first half is the one blocking wait,
+    /// [`Wait::blocking`](crate::wait::Wait::blocking) over
+    /// [`reserve`](Self::reserve) (with no timeout); for a deadline, call
+    /// `Wait::new().timeout(t).blocking(|| leaky.reserve())` and sleep the
+    /// reservation's delay.
     ///
     /// ```
     /// # use ratewall::{LeakyBucket, Rate};
@@ -533,18 +539,25 @@ impl<C: Clock> Limiter<LeakyGcra, C> {
     /// assert!(waited.as_micros() > 0);
     /// ```
     pub fn acquire(&self) -> Duration {
-        let mut waited = Duration::ZERO;
-        loop {
-            match self.reserve() {
-                Ok(r) => {
-                    std::thread::sleep(r.delay());
-                    return waited + r.delay();
-                }
-                Err(d) => {
-                    std::thread::sleep(d.retry_after());
-                    waited += d.retry_after();
-                }
-            }
+        let start = std::time::Instant::now();
+        // No timeout, and a place of cost 1 always fits: the wait ends admitted.
+        if let Ok(r) = Wait::new().blocking(|| self.reserve()) {
+            std::thread::sleep(r.delay());
+        }
+        start.elapsed()
+    }
+}
+
+/// A place in the queue is one try of a wait: taken, or the queue is full.
+impl AttemptCore for Result<Reservation, Decision> {}
+impl Attempt for Result<Reservation, Decision> {
+    type Output = Reservation;
+    type Error = std::convert::Infallible;
+    #[inline]
+    fn outcome(self, _: Token) -> Outcome<Reservation, Self::Error> {
+        match self {
+            Ok(r) => Outcome::Admitted(r),
+            Err(d) => Outcome::Denied(d),
         }
     }
 }

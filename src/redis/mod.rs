@@ -67,6 +67,8 @@ mod script;
 mod testing;
 #[cfg(test)]
 mod tests;
+#[cfg(feature = "wait")]
+mod wait;
 mod wire;
 
 pub use backend::{
