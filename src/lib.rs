@@ -38,6 +38,7 @@
 
 mod algo;
 mod clock;
+mod concurrency;
 mod decision;
 mod elastic;
 mod error;
@@ -67,6 +68,10 @@ pub use clock::CoarseClock;
 #[cfg(feature = "quanta")]
 pub use clock::QuantaClock;
 pub use clock::{Clock, ManualClock, StdClock};
+pub use concurrency::{
+    Acquisition, Adaptive, ConcurrencyBuilder, ConcurrencyLimiter, Outcome, OwnedPermit, Permit,
+    Priority, MAX_ADAPTIVE, MAX_PERMITS,
+};
 pub use decision::{Decision, Tracking};
 pub use elastic::{ElasticBuilder, ElasticLimiter};
 pub use error::{ConfigError, InsufficientCapacity, InvalidPolicyName};
