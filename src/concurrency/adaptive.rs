@@ -119,9 +119,11 @@ impl Adaptive {
 
     /// TCP Vegas, as in Netflix's concurrency-limits: the queue at the
     /// backend is estimated as `limit × (1 − shortest latency / latency)`;
-    /// below `3·log10(limit)` the limit grows by `log10(limit)` per window,
-    /// above `6·log10(limit)` it shrinks by as much, and a drop shrinks it.
-    /// It settles a few permits above the backend's knee.
+    /// below `2·log10(limit)` the limit grows by `log10(limit)` per window,
+    /// above `4·log10(limit)` it shrinks by as much, and a drop shrinks it.
+    /// It settles a few permits above the backend's knee. (Netflix uses 3
+    /// and 6; 2 and 4 keep a shorter queue at the backend, which matters
+    /// most for small knees.)
     ///
     /// The shortest latency is never forgotten: a backend whose *unloaded*
     /// latency grows for good reads as a queue, and the limit falls to the
@@ -135,8 +137,8 @@ impl Adaptive {
     pub fn vegas(floor: u64, ceiling: u64) -> Self {
         Adaptive {
             algorithm: Algorithm::Vegas {
-                alpha: 3.0,
-                beta: 6.0,
+                alpha: 2.0,
+                beta: 4.0,
             },
             floor,
             ceiling,
