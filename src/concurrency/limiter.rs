@@ -193,7 +193,16 @@ fn check_max(max: u64) -> Result<(), ConfigError> {
 
 /// One permit in 16 per thread is timed for the mean hold time: a clock
 /// read costs as much as the rest of an acquire. A thread-local counter, so
-/// deciding writes no shared memory.
+/// deciding writes no shared memory. Under loom every permit is timed: a
+/// thread-local outlives loom's executions, and the model must repeat.
+#[cfg(ratewall_loom)]
+#[inline]
+fn sample_this_one() -> bool {
+    true
+}
+
+/// See the loom version above.
+#[cfg(not(ratewall_loom))]
 #[inline]
 fn sample_this_one() -> bool {
     use std::cell::Cell;
