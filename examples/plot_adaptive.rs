@@ -12,7 +12,6 @@ mod backend_sim;
 use backend_sim::{algorithms, run, Point, BASE, CLIENTS, EVERY_MS, INITIAL, PHASES, SETTLE_MS};
 use ratewall::{ConcurrencyLimiter, ManualClock};
 use std::fmt::Write as _;
-use std::time::Duration;
 
 fn main() {
     let mut runs = Vec::new();
@@ -28,14 +27,20 @@ fn main() {
         let mut from = 0;
         for p in PHASES {
             let (mean, lat) = backend_sim::settled(&points, p.until_ms - SETTLE_MS, p.until_ms);
+            let shed: u64 = points
+                .iter()
+                .filter(|q| q.t_ms > from && q.t_ms <= p.until_ms)
+                .map(|q| q.shed)
+                .sum();
             println!(
-                "  {:>5}-{:>5} ms knee {:>3}: limit settles at {:.1} ({:+.1}% of the knee), latency {:.1} ms",
+                "  {:>5}-{:>5} ms knee {:>3}: limit settles at {:.1} ({:+.1}% of the knee), latency {:.1} ms, {} attempts shed",
                 from,
                 p.until_ms,
                 p.knee,
                 mean,
                 (mean / p.knee as f64 - 1.0) * 100.0,
-                lat
+                lat,
+                shed
             );
             from = p.until_ms;
         }
@@ -85,6 +90,17 @@ fn svg(runs: &[(&str, Vec<Point>)]) -> String {
             );
             v += step;
         }
+    }
+    let mut t = 0;
+    while t as f64 <= end {
+        let _ = writeln!(
+            s,
+            r##"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"##,
+            x(t),
+            lat_top + plot_h + 15.0,
+            t / 1000
+        );
+        t += 5000;
     }
     let knee: Vec<String> = runs[0]
         .1

@@ -1,5 +1,7 @@
 //! `ConcurrencyLimiter`: how many requests are in flight, in one atomic
-//! word, and its builder.
+//! word, and its builder; admission (`try_admit`) and release. The public
+//! acquiring methods, which wrap an admission in a permit, are in
+//! `permit.rs`.
 //!
 //! An uncontended acquire plus release is two atomic read-modify-writes:
 //! the admission's compare-exchange (`AtomicWord::apply` in `try_admit`)
@@ -10,7 +12,6 @@
 //! every permit is, and each release adds the controller's compare-exchange).
 
 use super::adaptive::{Adaptive, Controller, Outcome};
-use super::permit::{Acquisition, Held, OwnedPermit, Permit};
 use super::priority::{Priority, Shares};
 use crate::algo::concurrency::{self as algo, InFlight, MAX_PERMITS};
 use crate::clock::Clock;
@@ -20,11 +21,19 @@ use crate::limiter::DefaultClock;
 use crate::sync::{AtomicU64, Ordering};
 use crate::word::AtomicWord;
 use crossbeam_utils::CachePadded;
-use std::sync::Arc;
 use std::time::Duration;
 
 /// A permit's `start` when it was not timed.
 const UNTIMED: u64 = u64::MAX;
+
+/// What a permit holds: its units, when it was taken (or `UNTIMED`), and
+/// the outcome its holder reported. The input of a release.
+#[derive(Debug)]
+pub(crate) struct Held {
+    pub(crate) units: u64,
+    pub(crate) start: u64,
+    pub(crate) outcome: Option<Outcome>,
+}
 
 /// A limit on how many requests are in flight at once: a database pool, a
 /// billing call, a GPU. Each admitted request holds a permit of `n` units
@@ -244,100 +253,10 @@ impl ConcurrencyLimiter<DefaultClock> {
 }
 
 impl<C: Clock> ConcurrencyLimiter<C> {
-    /// Takes `n` units if they fit, as a [`Priority::Normal`] request,
-    /// without waiting. A cost above what this class may ever hold at the
-    /// current maximum is an error, not a denial.
-    ///
-    /// ```
-    /// # use ratewall::{ConcurrencyLimiter, InsufficientCapacity};
-    /// let l = ConcurrencyLimiter::new(4)?;
-    /// let big = l.try_acquire(3).unwrap();
-    /// assert!(big.is_allowed());
-    /// assert!(!l.try_acquire(2).unwrap().is_allowed());
-    /// assert_eq!(l.try_acquire(5).unwrap_err(), InsufficientCapacity { requested: 5, capacity: 4 });
-    /// # Ok::<(), ratewall::ConfigError>(())
-    /// ```
-    #[inline]
-    pub fn try_acquire(&self, n: u64) -> Result<Acquisition<Permit<'_, C>>, InsufficientCapacity> {
-        self.try_acquire_with(n, Priority::Normal)
-    }
-
-    /// [`try_acquire`](Self::try_acquire) for a request of class `class`.
-    ///
-    /// ```
-    /// # use ratewall::{ConcurrencyLimiter, Priority};
-    /// let l = ConcurrencyLimiter::builder(10).reserve(Priority::Critical, 50).build()?;
-    /// let _held = l.try_acquire(5).unwrap();
-    /// assert!(!l.try_acquire(1).unwrap().is_allowed());
-    /// assert!(l.try_acquire_with(1, Priority::Critical).unwrap().is_allowed());
-    /// # Ok::<(), ratewall::ConfigError>(())
-    /// ```
-    #[inline]
-    pub fn try_acquire_with(
-        &self,
-        n: u64,
-        class: Priority,
-    ) -> Result<Acquisition<Permit<'_, C>>, InsufficientCapacity> {
-        let (decision, held) = self.try_admit(n, class)?;
-        Ok(Acquisition::new(
-            decision,
-            held.map(|held| Permit {
-                limiter: self,
-                held,
-            }),
-        ))
-    }
-
-    /// [`try_acquire`](Self::try_acquire) with a `'static` permit that owns
-    /// an `Arc` of the limiter: for spawned tasks and response bodies.
-    ///
-    /// ```
-    /// # use ratewall::ConcurrencyLimiter;
-    /// # use std::sync::Arc;
-    /// let l = Arc::new(ConcurrencyLimiter::new(1)?);
-    /// let p = l.try_acquire_owned(1).unwrap().into_permit().unwrap();
-    /// assert!(!l.try_acquire_owned(1).unwrap().is_allowed());
-    /// drop(p);
-    /// assert_eq!(l.in_flight(), 0);
-    /// # Ok::<(), ratewall::ConfigError>(())
-    /// ```
-    #[inline]
-    pub fn try_acquire_owned(
-        self: &Arc<Self>,
-        n: u64,
-    ) -> Result<Acquisition<OwnedPermit<C>>, InsufficientCapacity> {
-        self.try_acquire_owned_with(n, Priority::Normal)
-    }
-
-    /// [`try_acquire_owned`](Self::try_acquire_owned) for a request of class `class`.
-    ///
-    /// ```
-    /// # use ratewall::{ConcurrencyLimiter, Priority};
-    /// # use std::sync::Arc;
-    /// let l = Arc::new(ConcurrencyLimiter::new(1)?);
-    /// assert!(l.try_acquire_owned_with(1, Priority::Sheddable).unwrap().is_allowed());
-    /// # Ok::<(), ratewall::ConfigError>(())
-    /// ```
-    #[inline]
-    pub fn try_acquire_owned_with(
-        self: &Arc<Self>,
-        n: u64,
-        class: Priority,
-    ) -> Result<Acquisition<OwnedPermit<C>>, InsufficientCapacity> {
-        let (decision, held) = self.try_admit(n, class)?;
-        Ok(Acquisition::new(
-            decision,
-            held.map(|held| OwnedPermit {
-                limiter: Arc::clone(self),
-                held,
-            }),
-        ))
-    }
-
     /// The one admission path: one compare-exchange when admitted, none
     /// when denied.
     #[inline]
-    fn try_admit(
+    pub(crate) fn try_admit(
         &self,
         n: u64,
         class: Priority,
@@ -372,13 +291,20 @@ impl<C: Clock> ConcurrencyLimiter<C> {
         ))
     }
 
-    /// Gives a permit's units back (its `Drop`), then feeds its hold time to
-    /// the mean and to the adaptive controller.
+    /// Gives a permit's units back (its `Drop`): one `fetch_sub`; a timed
+    /// permit then feeds its hold time to the mean and the controller.
+    #[inline]
     pub(crate) fn release(&self, held: &Held) {
         let before = self.state.word.fetch_sub(algo::release_delta(held.units));
-        if held.start == UNTIMED {
-            return;
+        if held.start != UNTIMED {
+            self.record(held, before);
         }
+    }
+
+    /// The timed part of a release, out of line: one permit in 16, or every
+    /// permit of an adaptive limit.
+    #[inline(never)]
+    fn record(&self, held: &Held, before: u64) {
         let hold = self.clock.now().saturating_sub(held.start);
         // Relaxed load and store, not a read-modify-write: two racing
         // releases may lose one sample, which a hint can afford.

@@ -3,7 +3,8 @@
 //!
 //! - `limiter.rs`: [`ConcurrencyLimiter`] and [`ConcurrencyBuilder`]; the
 //!   admission and the release (the word arithmetic is `algo::concurrency`);
-//! - `permit.rs`: [`Acquisition`], [`Permit`], [`OwnedPermit`];
+//! - `permit.rs`: [`Acquisition`], [`Permit`], [`OwnedPermit`], and the
+//!   `try_acquire` methods that hand them out;
 //! - `adaptive.rs`: [`Adaptive`] (AIMD, Vegas) and the lock-free controller;
 //! - `priority.rs`: [`Priority`] and the reserved shares.
 //!

@@ -1,10 +1,13 @@
 //! What an acquisition returns: the decision, and a permit that gives its
-//! units back exactly once, when it is dropped.
+//! units back exactly once, when it is dropped; and the acquiring methods
+//! of `ConcurrencyLimiter` that hand them out.
 
 use super::adaptive::Outcome;
-use super::limiter::ConcurrencyLimiter;
+use super::limiter::{ConcurrencyLimiter, Held};
+use super::priority::Priority;
 use crate::clock::Clock;
 use crate::decision::Decision;
+use crate::error::InsufficientCapacity;
 use crate::limiter::DefaultClock;
 use std::fmt;
 use std::sync::Arc;
@@ -87,15 +90,6 @@ impl<P> fmt::Debug for Acquisition<P> {
             .field("permit", &self.permit.is_some())
             .finish()
     }
-}
-
-/// What a permit holds: its units, when it was taken (or `UNTIMED`), and
-/// the outcome its holder reported.
-#[derive(Debug)]
-pub(crate) struct Held {
-    pub(crate) units: u64,
-    pub(crate) start: u64,
-    pub(crate) outcome: Option<Outcome>,
 }
 
 /// A permit borrowed from a [`ConcurrencyLimiter`]: its units are in flight
@@ -197,3 +191,95 @@ macro_rules! permit_methods {
 
 permit_methods!(Permit<'a>);
 permit_methods!(OwnedPermit);
+
+impl<C: Clock> ConcurrencyLimiter<C> {
+    /// Takes `n` units if they fit, as a [`Priority::Normal`] request,
+    /// without waiting. A cost above what this class may ever hold at the
+    /// current maximum is an error, not a denial.
+    ///
+    /// ```
+    /// # use ratewall::{ConcurrencyLimiter, InsufficientCapacity};
+    /// let l = ConcurrencyLimiter::new(4)?;
+    /// let big = l.try_acquire(3).unwrap();
+    /// assert!(big.is_allowed());
+    /// assert!(!l.try_acquire(2).unwrap().is_allowed());
+    /// assert_eq!(l.try_acquire(5).unwrap_err(), InsufficientCapacity { requested: 5, capacity: 4 });
+    /// # Ok::<(), ratewall::ConfigError>(())
+    /// ```
+    #[inline]
+    pub fn try_acquire(&self, n: u64) -> Result<Acquisition<Permit<'_, C>>, InsufficientCapacity> {
+        self.try_acquire_with(n, Priority::Normal)
+    }
+
+    /// [`try_acquire`](Self::try_acquire) for a request of class `class`.
+    ///
+    /// ```
+    /// # use ratewall::{ConcurrencyLimiter, Priority};
+    /// let l = ConcurrencyLimiter::builder(10).reserve(Priority::Critical, 50).build()?;
+    /// let _held = l.try_acquire(5).unwrap();
+    /// assert!(!l.try_acquire(1).unwrap().is_allowed());
+    /// assert!(l.try_acquire_with(1, Priority::Critical).unwrap().is_allowed());
+    /// # Ok::<(), ratewall::ConfigError>(())
+    /// ```
+    #[inline]
+    pub fn try_acquire_with(
+        &self,
+        n: u64,
+        class: Priority,
+    ) -> Result<Acquisition<Permit<'_, C>>, InsufficientCapacity> {
+        let (decision, held) = self.try_admit(n, class)?;
+        Ok(Acquisition::new(
+            decision,
+            held.map(|held| Permit {
+                limiter: self,
+                held,
+            }),
+        ))
+    }
+
+    /// [`try_acquire`](Self::try_acquire) with a `'static` permit that owns
+    /// an `Arc` of the limiter: for spawned tasks and response bodies.
+    ///
+    /// ```
+    /// # use ratewall::ConcurrencyLimiter;
+    /// # use std::sync::Arc;
+    /// let l = Arc::new(ConcurrencyLimiter::new(1)?);
+    /// let p = l.try_acquire_owned(1).unwrap().into_permit().unwrap();
+    /// assert!(!l.try_acquire_owned(1).unwrap().is_allowed());
+    /// drop(p);
+    /// assert_eq!(l.in_flight(), 0);
+    /// # Ok::<(), ratewall::ConfigError>(())
+    /// ```
+    #[inline]
+    pub fn try_acquire_owned(
+        self: &Arc<Self>,
+        n: u64,
+    ) -> Result<Acquisition<OwnedPermit<C>>, InsufficientCapacity> {
+        self.try_acquire_owned_with(n, Priority::Normal)
+    }
+
+    /// [`try_acquire_owned`](Self::try_acquire_owned) for a request of class `class`.
+    ///
+    /// ```
+    /// # use ratewall::{ConcurrencyLimiter, Priority};
+    /// # use std::sync::Arc;
+    /// let l = Arc::new(ConcurrencyLimiter::new(1)?);
+    /// assert!(l.try_acquire_owned_with(1, Priority::Sheddable).unwrap().is_allowed());
+    /// # Ok::<(), ratewall::ConfigError>(())
+    /// ```
+    #[inline]
+    pub fn try_acquire_owned_with(
+        self: &Arc<Self>,
+        n: u64,
+        class: Priority,
+    ) -> Result<Acquisition<OwnedPermit<C>>, InsufficientCapacity> {
+        let (decision, held) = self.try_admit(n, class)?;
+        Ok(Acquisition::new(
+            decision,
+            held.map(|held| OwnedPermit {
+                limiter: Arc::clone(self),
+                held,
+            }),
+        ))
+    }
+}

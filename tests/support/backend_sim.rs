@@ -1,6 +1,7 @@
 //! A simulated backend behind a concurrency limiter, on a manual clock:
 //! shared by `tests/adaptive.rs` (the convergence bounds) and
-//! `examples/plot_adaptive.rs` (the figure in docs/concurrency.md).
+//! `examples/plot_adaptive.rs` (the figure in docs/concurrency.md), and the
+//! demo's concurrency row.
 //!
 //! The backend serves `knee` requests at once at its base latency; above
 //! that, requests share it, so a request admitted with `c` in flight takes
@@ -36,6 +37,8 @@ pub struct Point {
     pub latency_ms: f64,
     /// Requests shed (denied) in this period.
     pub shed: u64,
+    /// Requests that completed in this period.
+    pub served: u64,
 }
 
 /// Runs the phases and returns one point every `every_ms`.
@@ -91,6 +94,7 @@ pub fn run(
                     lat_sum as f64 / lat_n as f64 / 1e6
                 },
                 shed,
+                served: lat_n,
             });
             (lat_sum, lat_n, shed) = (0, 0, 0);
         }
