@@ -7,6 +7,7 @@
 //! output repeats exactly; CI regenerates it and fails on a difference.
 
 #[path = "../tests/support/backend_sim.rs"]
+#[allow(dead_code)] // the demo reads what this figure does not
 mod backend_sim;
 
 use backend_sim::{algorithms, run, Point, BASE, CLIENTS, EVERY_MS, INITIAL, PHASES, SETTLE_MS};

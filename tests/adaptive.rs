@@ -27,6 +27,18 @@ fn the_limit_settles_near_the_knee_and_recovers() {
                 "{name}: limit {limit:.1} is not within 20% of the knee {knee} before {} ms",
                 p.until_ms
             );
+            // Not too low either: the backend stays busy, serving at least
+            // 90% of what its knee allows (knee requests per base latency).
+            let settled_points = points
+                .iter()
+                .filter(|q| q.t_ms > p.until_ms - SETTLE_MS && q.t_ms <= p.until_ms);
+            let served: u64 = settled_points.map(|q| q.served).sum();
+            let capacity = p.knee * SETTLE_MS / BASE.as_millis() as u64;
+            assert!(
+                served * 10 >= capacity * 9,
+                "{name}: served {served} of {capacity} before {} ms",
+                p.until_ms
+            );
             // Held near the knee, the backend stays near its base latency.
             assert!(
                 latency_ms < 1.3 * BASE.as_millis() as f64,

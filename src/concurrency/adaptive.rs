@@ -43,9 +43,11 @@ const LOW_MASK: u64 = u32::MAX as u64;
 ///     .adaptive(Adaptive::aimd(2, 100, Duration::from_millis(50)))
 ///     .clock(ManualClock::new())
 ///     .build()?;
-/// let permit = l.try_acquire(1).unwrap().into_permit().unwrap();
-/// permit.release(Outcome::Dropped); // the backend refused or timed out: back off
-/// assert!(l.max() < 10);
+/// for _ in 0..10 {
+///     let permit = l.try_acquire(1).unwrap().into_permit().unwrap();
+///     permit.release(Outcome::Dropped); // the backend refused or timed out
+/// }
+/// assert_eq!(l.max(), 9); // x 0.9 per window of drops (10 of them at 10)
 /// # Ok::<(), ratewall::ConfigError>(())
 /// ```
 #[non_exhaustive]
@@ -178,9 +180,9 @@ impl Adaptive {
             });
         }
         match self.algorithm {
-            Algorithm::Aimd { threshold_ns, .. } if threshold_ns == 0 => {
-                Err(ConfigError::ZeroPeriod)
-            }
+            Algorithm::Aimd {
+                threshold_ns: 0, ..
+            } => Err(ConfigError::ZeroPeriod),
             Algorithm::Aimd { backoff, .. } if !(backoff > 0.0 && backoff < 1.0) => {
                 Err(ConfigError::Incompatible {
                     reason:
