@@ -10,20 +10,13 @@
 #[allow(dead_code)] // the demo reads what this figure does not
 mod backend_sim;
 
-use backend_sim::{algorithms, run, Point, BASE, CLIENTS, EVERY_MS, INITIAL, PHASES, SETTLE_MS};
-use ratewall::{ConcurrencyLimiter, ManualClock};
+use backend_sim::{algorithms, Point, PHASES, SETTLE_MS};
 use std::fmt::Write as _;
 
 fn main() {
     let mut runs = Vec::new();
     for (name, adaptive) in algorithms() {
-        let clock = ManualClock::new();
-        let l = ConcurrencyLimiter::builder(INITIAL)
-            .adaptive(adaptive)
-            .clock(clock.clone())
-            .build()
-            .expect("valid adaptive limit");
-        let points = run(&l, &clock, &PHASES, CLIENTS, BASE, EVERY_MS);
+        let (_, points) = backend_sim::scenario(adaptive);
         println!("{name}:");
         let mut from = 0;
         for p in PHASES {

@@ -11,13 +11,7 @@ use ratewall::{ConcurrencyLimiter, ManualClock};
 #[test]
 fn the_limit_settles_near_the_knee_and_recovers() {
     for (name, adaptive) in algorithms() {
-        let clock = ManualClock::new();
-        let l = ConcurrencyLimiter::builder(INITIAL)
-            .adaptive(adaptive)
-            .clock(clock.clone())
-            .build()
-            .unwrap();
-        let points = run(&l, &clock, &PHASES, CLIENTS, BASE, EVERY_MS);
+        let (l, points) = backend_sim::scenario(adaptive);
         assert_eq!(points.len() as u64, PHASES[2].until_ms / EVERY_MS);
         for p in PHASES {
             let (limit, latency_ms) = settled(&points, p.until_ms - SETTLE_MS, p.until_ms);

@@ -42,19 +42,24 @@ fn hold_once(l: &ConcurrencyLimiter<ManualClock>, holders: &AtomicU64) -> bool {
     }
 }
 
+/// Two threads, each running `hold_once` with one shared holder count.
+fn two_holders(l: &Arc<ConcurrencyLimiter<ManualClock>>) -> Vec<thread::JoinHandle<bool>> {
+    let holders = Arc::new(AtomicU64::new(0));
+    (0..2)
+        .map(|_| {
+            let (l, holders) = (Arc::clone(l), Arc::clone(&holders));
+            thread::spawn(move || hold_once(&l, &holders))
+        })
+        .collect()
+}
+
 /// Max 1, two threads: never two holders; every permit comes back once, so
 /// the count returns to 0 and the next acquire passes.
 #[test]
 fn racing_acquires_admit_one_at_a_time_and_release_once() {
     loom::model(|| {
         let l = limiter(1);
-        let holders = Arc::new(AtomicU64::new(0));
-        let handles: Vec<_> = (0..2)
-            .map(|_| {
-                let (l, holders) = (Arc::clone(&l), Arc::clone(&holders));
-                thread::spawn(move || hold_once(&l, &holders))
-            })
-            .collect();
+        let handles = two_holders(&l);
         let admitted = handles.into_iter().map(|h| h.join().unwrap());
         // Each one was admitted or denied; at least the first always is.
         assert!(admitted.fold(false, |any, a| any | a));
@@ -71,13 +76,7 @@ fn racing_acquires_admit_one_at_a_time_and_release_once() {
 fn lowering_the_maximum_racing_acquires_and_releases() {
     loom::model(|| {
         let l = limiter(2);
-        let holders = Arc::new(AtomicU64::new(0));
-        let handles: Vec<_> = (0..2)
-            .map(|_| {
-                let (l, holders) = (Arc::clone(&l), Arc::clone(&holders));
-                thread::spawn(move || hold_once(&l, &holders))
-            })
-            .collect();
+        let handles = two_holders(&l);
         l.set_max(1).unwrap();
         for h in handles {
             h.join().unwrap();

@@ -142,6 +142,19 @@ pub fn algorithms() -> [(&'static str, Adaptive); 2] {
     ]
 }
 
+/// The scenario (`PHASES`, from `INITIAL`) run for one adaptive limit:
+/// the limiter after the run, and its points.
+pub fn scenario(adaptive: Adaptive) -> (ConcurrencyLimiter<ManualClock>, Vec<Point>) {
+    let clock = ManualClock::new();
+    let l = ConcurrencyLimiter::builder(INITIAL)
+        .adaptive(adaptive)
+        .clock(clock.clone())
+        .build()
+        .expect("valid adaptive limit");
+    let points = run(&l, &clock, &PHASES, CLIENTS, BASE, EVERY_MS);
+    (l, points)
+}
+
 /// The mean limit and mean latency (ms) of the points in `(from_ms, to_ms]`.
 pub fn settled(points: &[Point], from_ms: u64, to_ms: u64) -> (f64, f64) {
     let s: Vec<&Point> = points
