@@ -363,6 +363,16 @@ fn ops(case: &str, n: u64) -> Result<(), String> {
     };
     match case {
         "noop" => run(n, |i| i & 1 == 0),
+        // A concurrency permit, acquire plus release (benches/concurrency.rs
+        // races the two in wall-clock time).
+        "rw-permit" => {
+            let l = ratewall::ConcurrencyLimiter::new(1024).unwrap();
+            run(n, |_| l.try_acquire(1).unwrap().into_permit().is_some())
+        }
+        "tokio-permit" => {
+            let s = tokio::sync::Semaphore::new(1024);
+            run(n, |_| s.try_acquire().is_ok())
+        }
         "rw-allow" => {
             let l = TokenBucket::new(allow_rate()).unwrap();
             run(n, |_| l.check().is_allowed())

@@ -31,6 +31,7 @@ fn main() {
     coarse_clock();
     keyed_million();
     soft_and_elastic();
+    concurrency();
     http_layer();
     http_on_redis();
 }
@@ -779,4 +780,44 @@ fn http_on_redis() {
 #[cfg(not(all(feature = "axum", feature = "redis")))]
 fn http_on_redis() {
     println!("The HTTP layer on Redis: `cargo run --release --example demo --all-features` shows two instances sharing one limit in Redis\n");
+}
+
+#[path = "../tests/support/backend_sim.rs"]
+#[allow(dead_code)]
+mod backend_sim;
+
+/// A slow resource behind a fixed concurrency limit and an adaptive one:
+/// what each served and shed (simulated time: deterministic, and instant).
+fn concurrency() {
+    use backend_sim::{run, Phase, BASE};
+    use ratewall::{Adaptive, ConcurrencyLimiter, ManualClock};
+    println!("concurrency: a slow resource (20 at once at 10 ms, shared above), 250 callers, 5 s simulated");
+    let phases = [Phase {
+        until_ms: 5_000,
+        knee: 20,
+    }];
+    let limits = [
+        ("fixed limit 60", ConcurrencyLimiter::builder(60)),
+        (
+            "adaptive (Vegas 2..200, from 60)",
+            ConcurrencyLimiter::builder(60),
+        ),
+    ];
+    for (i, (name, builder)) in limits.into_iter().enumerate() {
+        let clock = ManualClock::new();
+        let builder = if i == 1 {
+            builder.adaptive(Adaptive::vegas(2, 200))
+        } else {
+            builder
+        };
+        let l = builder.clock(clock.clone()).build().expect("valid limit");
+        let points = run(&l, &clock, &phases, 250, BASE, 100);
+        let served: u64 = points.iter().map(|p| p.served).sum();
+        let shed: u64 = points.iter().map(|p| p.shed).sum();
+        let (limit, latency) = backend_sim::settled(&points, 4_000, 5_000);
+        println!(
+            "  {name:<34} served {served:>6}, shed {shed:>7} attempts, last second: limit {limit:>5.1}, latency {latency:>5.1} ms"
+        );
+    }
+    println!();
 }

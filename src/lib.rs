@@ -44,6 +44,7 @@ mod algo;
 #[cfg(feature = "client")]
 pub mod client;
 mod clock;
+mod concurrency;
 mod decision;
 mod elastic;
 mod error;
@@ -74,6 +75,10 @@ pub use clock::CoarseClock;
 #[cfg(feature = "quanta")]
 pub use clock::QuantaClock;
 pub use clock::{Clock, ManualClock, StdClock};
+pub use concurrency::{
+    Acquisition, Adaptive, ConcurrencyBuilder, ConcurrencyLimiter, Outcome, OwnedPermit, Permit,
+    Priority, MAX_ADAPTIVE, MAX_PERMITS,
+};
 pub use decision::{Decision, Tracking};
 pub use elastic::{ElasticBuilder, ElasticLimiter};
 pub use error::{ConfigError, InsufficientCapacity, InvalidPolicyName};

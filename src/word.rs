@@ -42,6 +42,17 @@ impl AtomicWord {
         self.0.store(v, Ordering::Release);
     }
 
+    /// Subtracts `delta` in one read-modify-write: a concurrency permit's
+    /// release (`algo::concurrency`), which cannot fail and needs no step.
+    /// Release: pairs with the Acquire of the next admission's CAS, so the
+    /// next holder of these units sees what this holder did with them (the
+    /// usual semaphore contract); the count itself would need only Relaxed.
+    /// Returns the word before the subtraction.
+    #[inline]
+    pub(crate) fn fetch_sub(&self, delta: u64) -> u64 {
+        self.0.fetch_sub(delta, Ordering::Release)
+    }
+
     /// Runs `step` on the current value until its result is written, or until
     /// it asks for no write. Returns the step's outcome for the value that won.
     #[inline]

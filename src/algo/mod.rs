@@ -9,6 +9,7 @@ use crate::error::{ConfigError, InsufficientCapacity};
 use crate::word::{AtomicWord, ParamCell, Params};
 use std::fmt;
 
+pub(crate) mod concurrency;
 mod fixed;
 mod gcra;
 mod log;

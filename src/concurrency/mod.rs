@@ -1,0 +1,22 @@
+//! Concurrency limits: how many requests are in flight at once, beside the
+//! rate limits. One file per concern:
+//!
+//! - `limiter.rs`: [`ConcurrencyLimiter`] and [`ConcurrencyBuilder`]; the
+//!   admission and the release (the word arithmetic is `algo::concurrency`);
+//! - `permit.rs`: [`Acquisition`], [`Permit`], [`OwnedPermit`], and the
+//!   `try_acquire` methods that hand them out;
+//! - `adaptive.rs`: [`Adaptive`] (AIMD, Vegas) and the lock-free controller;
+//! - `priority.rs`: [`Priority`] and the reserved shares.
+//!
+//! See `docs/concurrency.md`.
+
+mod adaptive;
+mod limiter;
+mod permit;
+mod priority;
+
+pub use crate::algo::concurrency::MAX_PERMITS;
+pub use adaptive::{Adaptive, Outcome, MAX_ADAPTIVE};
+pub use limiter::{ConcurrencyBuilder, ConcurrencyLimiter};
+pub use permit::{Acquisition, OwnedPermit, Permit};
+pub use priority::Priority;
