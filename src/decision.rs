@@ -495,6 +495,34 @@ mod tests {
         );
     }
 
+    /// Issue 23: `t` follows draft -11 as the HTTP layer writes it.
+    #[test]
+    fn t_is_the_wait_when_denied_and_the_time_to_full_within_the_window_when_allowed() {
+        const S: u64 = 1_000_000_000;
+        let secs = |s: u64| Some(Duration::from_secs(s));
+        let allowed = Decision::allow(10, 3, 119 * S);
+        assert_eq!(allowed.ratelimit_t_secs(), 119);
+        assert_eq!(allowed.ratelimit_t_secs_within(None), 119);
+        assert_eq!(allowed.ratelimit_t_secs_within(secs(60)), 60);
+        assert_eq!(allowed.ratelimit_t_secs_within(secs(200)), 119);
+        // A window's fraction of a second rounds up; a whole one does not.
+        let half = Some(Duration::from_millis(59_500));
+        assert_eq!(allowed.ratelimit_t_secs_within(half), 60);
+        assert_eq!(allowed.ratelimit_t_secs_within(secs(59)), 59);
+        assert_eq!(allowed.ratelimit_t_secs_within(Some(Duration::MAX)), 119);
+        let denied = Decision::deny(10, 0, 65 * S, 119 * S);
+        assert_eq!(denied.ratelimit_t_secs(), 65);
+        assert_eq!(denied.ratelimit_t_secs_within(secs(60)), 65, "never capped");
+        assert_eq!(
+            denied.ratelimit_item("x", secs(60)).unwrap(),
+            "\"x\";r=0;t=65"
+        );
+        assert_eq!(
+            allowed.ratelimit_item("x", secs(60)).unwrap(),
+            "\"x\";r=3;t=60"
+        );
+    }
+
     /// Finding 5 of issue 15: a name with CR LF reached the header as is.
     #[test]
     fn header_refuses_control_and_non_ascii_characters() {

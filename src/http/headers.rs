@@ -498,3 +498,7 @@ mod tests {
         assert!(!closer_to_exhaustion(&s, &b));
     }
 }
+
+#[cfg(test)]
+#[path = "headers_tests.rs"]
+mod writer_tests;
