@@ -364,3 +364,26 @@ fn bare_mapped_addresses_and_v6_host_networks_parse() {
     assert_eq!(mask(1), 1 << 127);
     assert_eq!(mask(0), 0);
 }
+
+// Issue 23 item 3, the cargo-mutants run: the survivors it found.
+
+#[test]
+fn networks_print_as_written_and_errors_say_what_to_write() {
+    for (input, shown) in [
+        ("10.0.0.0/8", "10.0.0.0/8"),
+        ("10.1.2.3/8", "10.0.0.0/8"),
+        ("192.0.2.7", "192.0.2.7/32"),
+        ("::ffff:10.0.0.0/104", "10.0.0.0/8"),
+        ("2001:db8::/32", "2001:db8::/32"),
+        ("::/0", "::/0"),
+        ("0.0.0.0/0", "0.0.0.0/0"),
+    ] {
+        let net: Cidr = input.parse().unwrap();
+        assert_eq!(net.to_string(), shown, "{input}");
+        assert_eq!(format!("{net:?}"), shown, "{input}");
+    }
+    let err = "10.0.0.0/33".parse::<Cidr>().unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.starts_with("`10.0.0.0/33` is not a network"), "{msg}");
+    assert!(msg.contains("at most /32 for IPv4, /128 for IPv6"), "{msg}");
+}
