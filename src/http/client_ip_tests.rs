@@ -460,3 +460,28 @@ fn entries_longer_than_the_cap_are_not_addresses_even_when_they_parse() {
         Some("192.0.2.1".parse().unwrap())
     );
 }
+
+#[test]
+fn quotes_keep_commas_and_escapes_or_open_quotes_make_an_entry_malformed() {
+    let c =
+        ClientIp::behind_proxies(["10.0.0.0/8".parse().unwrap()]).header(ProxyHeader::Forwarded);
+    let p = peer("10.0.0.1");
+    let walk = |line: &[u8]| c.resolve(&headers("forwarded", &[line]), &p);
+    // A comma inside another parameter's quoted value does not split the
+    // element: its `for=` is still read.
+    assert_eq!(walk(b"for=192.0.2.60;by=\"a,b\""), ip("192.0.2.60"));
+    assert_eq!(
+        walk(b"for=6.6.6.6, for=192.0.2.60;by=\"a,b,c\";proto=http"),
+        ip("192.0.2.60")
+    );
+    // Quotes open and closed again: the elements around them still split.
+    assert_eq!(walk(b"for=\"192.0.2.61\", for=10.0.0.2"), ip("192.0.2.61"));
+    // An escape, or a quote left open, makes the element malformed even
+    // when its `for=` is fine: the walk stops at the hop that wrote it.
+    assert_eq!(walk(b"for=192.0.2.60;by=\"a\\\\b\""), unknown("10.0.0.1"));
+    assert_eq!(walk(b"for=192.0.2.60;by=\"x"), unknown("10.0.0.1"));
+    assert_eq!(
+        walk(b"for=6.6.6.6, for=192.0.2.60;by=\"x, for=10.0.0.2"),
+        unknown("10.0.0.2")
+    );
+}
