@@ -335,3 +335,16 @@ fn the_sha1_hasher_finishes_with_its_digests_first_bytes() {
     assert_eq!(h.finish(), u64::from_le_bytes(first));
     assert_ne!(h.finish(), 0);
 }
+
+#[cfg(not(feature = "redis"))]
+#[test]
+fn without_redis_a_rule_key_is_the_local_fingerprint() {
+    let fp = Fingerprint::new();
+    let (u, h, e) = (Uri::from_static("/x"), HeaderMap::new(), Extensions::new());
+    let p = parts(&u, &h, &e, Resolved::NoPeer);
+    // `in_redis` is ignored without the feature.
+    match Key::route().key_of(&p, &fp, true) {
+        Ok(k) => assert_eq!(k.into_local(), fp.of("/x")),
+        Err(e) => panic!("{e:?}"),
+    }
+}
