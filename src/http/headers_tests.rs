@@ -201,6 +201,7 @@ fn closest_to_exhaustion_and_legacy_name_the_rule_with_the_least_share_left() {
     let l = Admitted::of(Headers::Legacy, &b.rules, &entries, b.all_policy.as_ref());
     assert_eq!(l.legacy, Some([10, 2, 30]));
     assert_eq!((l.policy.as_ref(), l.ratelimit.as_ref()), (None, None));
+    assert!(!l.is_empty(), "the legacy trio alone is something to write");
     // Whatever the order of the entries.
     let mut reversed = entries;
     reversed.reverse();
