@@ -389,9 +389,9 @@ impl fmt::Debug for Policy {
     }
 }
 
-/// The `RateLimit` header needs the policy's window (its `t` is capped by
-/// it), and `decision.rs` sits below this file: the method lives here, its
-/// writer ([`Decision::ratelimit_item`]) and `t` there.
+// The `RateLimit` header needs the policy's window (its `t` is capped by
+// it), and `decision.rs` sits below this file: the method lives here, its
+// writer (`Decision::ratelimit_item`) and `t` there.
 impl Decision {
     /// The value of the `RateLimit` header field of
     /// draft-ietf-httpapi-ratelimit-headers-11 (the wire format of -10) for

@@ -30,6 +30,13 @@ fn build(rules: Vec<Rule>) -> Built {
     }
 }
 
+impl Built {
+    /// The headers `which` asks for, for these entries.
+    fn of(&self, which: Headers, entries: &[Entry]) -> Admitted {
+        Admitted::of(which, &self.rules, entries, self.all_policy.as_ref())
+    }
+}
+
 fn entry(rule: u16, decision: Option<Decision>) -> Entry {
     Entry {
         rule,
@@ -82,12 +89,7 @@ fn every_shown_rule_is_listed_in_order_and_the_built_value_reused() {
         entry(2, Some(Decision::allow(1000, 999, 3600 * S))),
         entry(3, Some(Decision::allow(10, 0, 60 * S))),
     ];
-    let a = Admitted::of(
-        Headers::Draft(Items::All),
-        &b.rules,
-        &entries,
-        b.all_policy.as_ref(),
-    );
+    let a = b.of(Headers::Draft(Items::All), &entries);
     assert_eq!(
         text(&a.ratelimit),
         Some("\"a\";r=19;t=1, \"b\";r=3;t=40, \"c\";r=999;t=3600")
@@ -109,12 +111,7 @@ fn one_shown_rule_reuses_its_own_item_and_a_subset_is_rendered() {
         entry(1, Some(Decision::allow(10, 9, 60 * S))),
         entry(3, Some(Decision::allow(10, 9, 60 * S))),
     ];
-    let a = Admitted::of(
-        Headers::Draft(Items::All),
-        &b.rules,
-        &entries,
-        b.all_policy.as_ref(),
-    );
+    let a = b.of(Headers::Draft(Items::All), &entries);
     assert_eq!(text(&a.ratelimit), Some("\"b\";r=9;t=60"));
     assert_eq!(text(&a.policy), Some("\"b\";q=10;w=60"));
     assert!(same_buffer(
@@ -126,12 +123,7 @@ fn one_shown_rule_reuses_its_own_item_and_a_subset_is_rendered() {
         entry(0, Some(Decision::allow(20, 20, 0))),
         entry(2, Some(Decision::allow(1000, 5, 7 * S))),
     ];
-    let a = Admitted::of(
-        Headers::Draft(Items::All),
-        &b.rules,
-        &entries,
-        b.all_policy.as_ref(),
-    );
+    let a = b.of(Headers::Draft(Items::All), &entries);
     assert_eq!(
         text(&a.policy),
         Some("\"a\";q=20;w=12, \"c\";q=1000;w=3600")
@@ -143,12 +135,7 @@ fn one_shown_rule_reuses_its_own_item_and_a_subset_is_rendered() {
         entry(1, Some(Decision::allow(10, 1, S))),
         entry(2, Some(Decision::allow(1000, 2, S))),
     ];
-    let a = Admitted::of(
-        Headers::Draft(Items::All),
-        &b.rules,
-        &entries,
-        b.all_policy.as_ref(),
-    );
+    let a = b.of(Headers::Draft(Items::All), &entries);
     assert_eq!(text(&a.ratelimit), Some("\"b\";r=1;t=1, \"c\";r=2;t=1"));
     assert_eq!(
         text(&a.policy),
@@ -168,7 +155,7 @@ fn nothing_shown_writes_nothing() {
         Headers::None,
     ] {
         for entries in [&hidden_only[..], &undecided[..], &[]] {
-            let a = Admitted::of(which, &b.rules, entries, b.all_policy.as_ref());
+            let a = b.of(which, entries);
             assert!(a.is_empty(), "{which:?}");
             let mut h = HeaderMap::new();
             a.write(&mut h);
@@ -177,7 +164,7 @@ fn nothing_shown_writes_nothing() {
     }
     // And `None` writes nothing even for shown rules.
     let shown = [entry(0, Some(Decision::allow(20, 1, S)))];
-    assert!(Admitted::of(Headers::None, &b.rules, &shown, b.all_policy.as_ref()).is_empty());
+    assert!(b.of(Headers::None, &shown).is_empty());
 }
 
 #[test]
@@ -189,23 +176,18 @@ fn closest_to_exhaustion_and_legacy_name_the_rule_with_the_least_share_left() {
         entry(2, Some(Decision::allow(1000, 700, 3600 * S))),
         entry(3, Some(Decision::allow(10, 0, 60 * S))), // hidden: never named
     ];
-    let a = Admitted::of(
-        Headers::Draft(Items::ClosestToExhaustion),
-        &b.rules,
-        &entries,
-        b.all_policy.as_ref(),
-    );
+    let a = b.of(Headers::Draft(Items::ClosestToExhaustion), &entries);
     assert_eq!(text(&a.ratelimit), Some("\"b\";r=2;t=30"));
     assert_eq!(text(&a.policy), Some("\"b\";q=10;w=60"));
     assert_eq!(a.legacy, None);
-    let l = Admitted::of(Headers::Legacy, &b.rules, &entries, b.all_policy.as_ref());
+    let l = b.of(Headers::Legacy, &entries);
     assert_eq!(l.legacy, Some([10, 2, 30]));
     assert_eq!((l.policy.as_ref(), l.ratelimit.as_ref()), (None, None));
     assert!(!l.is_empty(), "the legacy trio alone is something to write");
     // Whatever the order of the entries.
     let mut reversed = entries;
     reversed.reverse();
-    let l = Admitted::of(Headers::Legacy, &b.rules, &reversed, b.all_policy.as_ref());
+    let l = b.of(Headers::Legacy, &reversed);
     assert_eq!(l.legacy, Some([10, 2, 30]));
     // The legacy trio is written as three headers, t capped as in `RateLimit`.
     let mut h = HeaderMap::new();
@@ -224,12 +206,7 @@ fn draft_headers_are_written_under_their_names() {
         entry(0, Some(Decision::allow(20, 19, S))),
         entry(1, Some(Decision::allow(10, 9, 60 * S))),
     ];
-    let a = Admitted::of(
-        Headers::Draft(Items::All),
-        &b.rules,
-        &entries,
-        b.all_policy.as_ref(),
-    );
+    let a = b.of(Headers::Draft(Items::All), &entries);
     let mut h = HeaderMap::new();
     a.write(&mut h);
     assert_eq!(
@@ -259,12 +236,7 @@ fn more_rules_than_the_mask_holds_are_listed_too() {
     let entries: Vec<Entry> = (0..66)
         .map(|i| entry(i, Some(Decision::allow(10, u64::from(i % 10), S))))
         .collect();
-    let a = Admitted::of(
-        Headers::Draft(Items::All),
-        &b.rules,
-        &entries,
-        b.all_policy.as_ref(),
-    );
+    let a = b.of(Headers::Draft(Items::All), &entries);
     let policy = text(&a.policy).unwrap();
     let ratelimit = text(&a.ratelimit).unwrap();
     assert_eq!(policy.matches(";q=10;w=").count(), 66);
