@@ -9,8 +9,8 @@
 //! client), locally and then as two server instances on one Redis limit.
 
 use ratewall::{
-    check_all, FixedWindow, KeyedTokenBucket, LeakyBucket, ManualClock, Rate, SlidingWindowCounter,
-    SlidingWindowLog, TokenBucket, Window,
+    check_all, FixedWindow, KeyedTokenBucket, LeakyBucket, ManualClock, Policy, Rate,
+    SlidingWindowCounter, SlidingWindowLog, TokenBucket, Window,
 };
 use std::hint::black_box;
 use std::thread::sleep;
@@ -86,8 +86,11 @@ fn token_bucket() {
     println!(
         "  a denied client is told: Retry-After: {}   RateLimit: {}\n",
         d.retry_after_secs(),
-        d.ratelimit_header("default")
-            .expect("a printable policy name")
+        d.ratelimit_header(
+            "default",
+            &Policy::token_bucket(Rate::per_second(10).burst(5))
+        )
+        .expect("a printable policy name")
     );
 }
 

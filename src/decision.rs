@@ -279,43 +279,19 @@ impl Decision {
         self
     }
 
-    /// The value of the `RateLimit` header field of
-    /// draft-ietf-httpapi-ratelimit-headers-10 for a policy named `policy`:
-    /// `"policy";r=<remaining>;t=<seconds>`.
-    ///
-    /// `t` is when the quota the client sees next is available: for an
-    /// allowed decision [`reset_after_secs`](Self::reset_after_secs) (when
-    /// `remaining` is back to full), for a denial
-    /// [`retry_after_secs`](Self::retry_after_secs) (when the same request
-    /// can pass, the `Retry-After` of the 429). A denied token bucket is
-    /// full again only long after a retry can pass, so `t` is never later
-    /// than the `Retry-After` sent with it.
-    ///
-    /// The name becomes an RFC 9651 structured-field string: `"` and `\` are
-    /// escaped (`\"`, `\\`), and a name with any other character outside
-    /// printable ASCII (`0x20..=0x7E`: control characters such as CR and LF,
-    /// DEL, non-ASCII) is refused with [`InvalidPolicyName`], so that no
-    /// name can inject a header. `r` and `t` are capped at
-    /// 999,999,999,999,999, the largest RFC 9651 integer.
-    ///
-    /// ```
-    /// # use ratewall::{ManualClock, Rate, TokenBucket};
-    /// let bucket = TokenBucket::with_clock(Rate::per_minute(60), ManualClock::new()).unwrap();
-    /// let d = bucket.check();
-    /// assert_eq!(d.ratelimit_header("default").unwrap(), "\"default\";r=59;t=1");
-    /// assert_eq!(d.ratelimit_header("a\"b").unwrap(), "\"a\\\"b\";r=59;t=1");
-    /// assert!(d.ratelimit_header("a\r\nSet-Cookie: x=1").is_err());
-    /// for _ in 0..59 {
-    ///     let _ = bucket.check();
-    /// }
-    /// let denied = bucket.check();
-    /// assert_eq!(denied.reset_after_secs(), 60);
-    /// assert_eq!(denied.ratelimit_header("default").unwrap(), "\"default\";r=0;t=1");
-    /// ```
-    pub fn ratelimit_header(&self, policy: &str) -> Result<String, InvalidPolicyName> {
-        let mut out = String::with_capacity(policy.len() + 32);
+    /// The `RateLimit` item `"name";r=<remaining>;t=<seconds>` of
+    /// [`Decision::ratelimit_header`] (written in `policy.rs`, beside the
+    /// policy it reads), `t` capped at `window` when admitted
+    /// ([`Self::ratelimit_t_secs_within`]). The name is escaped or refused
+    /// as that method's docs say.
+    pub(crate) fn ratelimit_item(
+        &self,
+        name: &str,
+        window: Option<Duration>,
+    ) -> Result<String, InvalidPolicyName> {
+        let mut out = String::with_capacity(name.len() + 32);
         out.push('"');
-        for (position, character) in policy.char_indices() {
+        for (position, character) in name.char_indices() {
             match character {
                 '"' | '\\' => {
                     out.push('\\');
@@ -332,26 +308,48 @@ impl Decision {
         }
         out.push('"');
         // RFC 9651 integers have at most 15 digits: larger values (an
-        // unlimited `remaining`, a reset centuries away) are capped there.
+        // unlimited `remaining`, a wait centuries away) are capped there.
         // Writing to a String cannot fail.
         let _ = write!(
             out,
             ";r={};t={}",
             self.remaining().min(SF_INTEGER_MAX),
-            self.ratelimit_t_secs().min(SF_INTEGER_MAX)
+            self.ratelimit_t_secs_within(window).min(SF_INTEGER_MAX)
         );
         Ok(out)
     }
 
-    /// The `t` of a `RateLimit` item (see [`Self::ratelimit_header`]):
-    /// `reset_after_secs` when allowed, `retry_after_secs` (at least 1)
-    /// when denied.
+    /// The `t` of a `RateLimit` item, uncapped: `reset_after_secs` when
+    /// allowed, `retry_after_secs` (at least 1) when denied. Headers use
+    /// [`Self::ratelimit_t_secs_within`]; this orders rules by their wait.
     #[inline]
     pub(crate) fn ratelimit_t_secs(&self) -> u64 {
         if self.is_allowed() {
             self.reset_after_secs()
         } else {
             self.retry_after_secs()
+        }
+    }
+
+    /// The `t` of a `RateLimit` item under draft -11, the window within
+    /// which at most `r` more are available, for the HTTP layer's header
+    /// writer and [`Decision::ratelimit_header`] alike. Denied: the wait
+    /// until the request can pass (`retry_after_secs`, never capped: a
+    /// `Retry-After` must not be earlier). Allowed: the time until the
+    /// quota is back (`reset_after_secs`), capped at `window` (a window
+    /// policy's length, rounded up; `None` for a bucket). Only a
+    /// sliding-window counter needs the cap: its previous window weighs for
+    /// up to one more window, so its time to full is up to `2w`; a bucket
+    /// is full within the time to refill its burst, a fixed window at its
+    /// end, a log when its newest entry leaves.
+    #[inline]
+    pub(crate) fn ratelimit_t_secs_within(&self, window: Option<Duration>) -> u64 {
+        let t = self.ratelimit_t_secs();
+        match window {
+            Some(w) if self.allowed => {
+                t.min(w.as_secs().saturating_add(u64::from(w.subsec_nanos() > 0)))
+            }
+            _ => t,
         }
     }
 
@@ -485,15 +483,43 @@ mod tests {
     fn header_value_escapes_quotes_and_backslashes() {
         let d = Decision::allow(10, 3, 2_500_000_000);
         assert_eq!(
-            d.ratelimit_header("a\"b\\c").unwrap(),
+            d.ratelimit_item("a\"b\\c", None).unwrap(),
             "\"a\\\"b\\\\c\";r=3;t=3"
         );
-        assert_eq!(d.ratelimit_header("").unwrap(), "\"\";r=3;t=3");
-        assert_eq!(d.ratelimit_header(" ~").unwrap(), "\" ~\";r=3;t=3");
+        assert_eq!(d.ratelimit_item("", None).unwrap(), "\"\";r=3;t=3");
+        assert_eq!(d.ratelimit_item(" ~", None).unwrap(), "\" ~\";r=3;t=3");
         let unlimited = Decision::allow(u64::MAX, u64::MAX, u64::MAX);
         assert_eq!(
-            unlimited.ratelimit_header("x").unwrap(),
+            unlimited.ratelimit_item("x", None).unwrap(),
             "\"x\";r=999999999999999;t=18446744074"
+        );
+    }
+
+    /// Issue 23: `t` follows draft -11 as the HTTP layer writes it.
+    #[test]
+    fn t_is_the_wait_when_denied_and_the_time_to_full_within_the_window_when_allowed() {
+        const S: u64 = 1_000_000_000;
+        let secs = |s: u64| Some(Duration::from_secs(s));
+        let allowed = Decision::allow(10, 3, 119 * S);
+        assert_eq!(allowed.ratelimit_t_secs(), 119);
+        assert_eq!(allowed.ratelimit_t_secs_within(None), 119);
+        assert_eq!(allowed.ratelimit_t_secs_within(secs(60)), 60);
+        assert_eq!(allowed.ratelimit_t_secs_within(secs(200)), 119);
+        // A window's fraction of a second rounds up; a whole one does not.
+        let half = Some(Duration::from_millis(59_500));
+        assert_eq!(allowed.ratelimit_t_secs_within(half), 60);
+        assert_eq!(allowed.ratelimit_t_secs_within(secs(59)), 59);
+        assert_eq!(allowed.ratelimit_t_secs_within(Some(Duration::MAX)), 119);
+        let denied = Decision::deny(10, 0, 65 * S, 119 * S);
+        assert_eq!(denied.ratelimit_t_secs(), 65);
+        assert_eq!(denied.ratelimit_t_secs_within(secs(60)), 65, "never capped");
+        assert_eq!(
+            denied.ratelimit_item("x", secs(60)).unwrap(),
+            "\"x\";r=0;t=65"
+        );
+        assert_eq!(
+            allowed.ratelimit_item("x", secs(60)).unwrap(),
+            "\"x\";r=3;t=60"
         );
     }
 
@@ -502,14 +528,14 @@ mod tests {
     fn header_refuses_control_and_non_ascii_characters() {
         let d = Decision::allow(10, 3, 2_500_000_000);
         assert_eq!(
-            d.ratelimit_header("a\r\nSet-Cookie: x=1"),
+            d.ratelimit_item("a\r\nSet-Cookie: x=1", None),
             Err(InvalidPolicyName {
                 position: 1,
                 character: '\r'
             })
         );
         for bad in ["\u{0}", "\t", "\u{1f}", "\u{7f}", "é", "x\n"] {
-            let err = d.ratelimit_header(bad).unwrap_err();
+            let err = d.ratelimit_item(bad, None).unwrap_err();
             assert_eq!(Some(err.character), bad.chars().last());
         }
     }

@@ -206,10 +206,11 @@ impl std::error::Error for InsufficientCapacity {}
 /// [`Decision::ratelimit_header`](crate::Decision::ratelimit_header).
 ///
 /// ```
-/// use ratewall::{InvalidPolicyName, ManualClock, Rate, TokenBucket};
+/// use ratewall::{InvalidPolicyName, ManualClock, Policy, Rate, TokenBucket};
 ///
 /// let bucket = TokenBucket::with_clock(Rate::per_second(1), ManualClock::new()).unwrap();
-/// let err = bucket.check().ratelimit_header("a\nb").unwrap_err();
+/// let policy = Policy::token_bucket(Rate::per_second(1));
+/// let err = bucket.check().ratelimit_header("a\nb", &policy).unwrap_err();
 /// assert_eq!((err.position, err.character), (1, '\n'));
 /// let _: &InvalidPolicyName = &err;
 /// ```

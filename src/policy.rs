@@ -6,6 +6,7 @@
 
 use crate::algo::sealed::Core;
 use crate::algo::{FixedCounter, Gcra, LeakyGcra, SlidingCounter, SlidingLog};
+use crate::decision::Decision;
 use crate::error::ConfigError;
 use crate::quota::{Rate, Window};
 use crate::soft::{widened_error, Soft, Tolerance};
@@ -385,5 +386,70 @@ impl fmt::Debug for Policy {
             s.field("tolerance", &t);
         }
         s.finish()
+    }
+}
+
+// The `RateLimit` header needs the policy's window (its `t` is capped by
+// it), and `decision.rs` sits below this file: the method lives here, its
+// writer (`Decision::ratelimit_item`) and `t` there.
+impl Decision {
+    /// The value of the `RateLimit` header field of
+    /// draft-ietf-httpapi-ratelimit-headers-11 (the wire format of -10) for
+    /// a decision of `policy`, named `name`: `"name";r=<remaining>;t=<seconds>`,
+    /// as the HTTP layer writes it (docs/http.md has the table per
+    /// algorithm).
+    ///
+    /// `t` is the window within which at most `r` more are available. For
+    /// an allowed decision, the time until the quota is back
+    /// ([`reset_after_secs`](Self::reset_after_secs)), never more than the
+    /// window of a window policy (a sliding-window counter's previous
+    /// window weighs for up to one more window, so its time to full is up
+    /// to twice the window); for a denial, the time until the same request
+    /// can pass ([`retry_after_secs`](Self::retry_after_secs), the
+    /// `Retry-After` of the 429), never capped, so `t` never ends after
+    /// the `Retry-After` sent with it.
+    ///
+    /// The name becomes an RFC 9651 structured-field string: `"` and `\` are
+    /// escaped (`\"`, `\\`), and a name with any other character outside
+    /// printable ASCII (`0x20..=0x7E`: control characters such as CR and LF,
+    /// DEL, non-ASCII) is refused with [`InvalidPolicyName`](crate::InvalidPolicyName),
+    /// so that no name can inject a header. `r` and `t` are capped at
+    /// 999,999,999,999,999, the largest RFC 9651 integer.
+    ///
+    /// ```
+    /// use ratewall::{ManualClock, Policy, Rate, SlidingWindowCounter, TokenBucket, Window};
+    /// use std::time::Duration;
+    ///
+    /// let policy = Policy::token_bucket(Rate::per_minute(60));
+    /// let bucket = TokenBucket::with_clock(Rate::per_minute(60), ManualClock::new()).unwrap();
+    /// let d = bucket.check();
+    /// assert_eq!(d.ratelimit_header("default", &policy).unwrap(), "\"default\";r=59;t=1");
+    /// assert_eq!(d.ratelimit_header("a\"b", &policy).unwrap(), "\"a\\\"b\";r=59;t=1");
+    /// assert!(d.ratelimit_header("a\r\nSet-Cookie: x=1", &policy).is_err());
+    /// for _ in 0..59 {
+    ///     let _ = bucket.check();
+    /// }
+    /// let denied = bucket.check();
+    /// assert_eq!(denied.reset_after_secs(), 60);
+    /// assert_eq!(denied.ratelimit_header("default", &policy).unwrap(), "\"default\";r=0;t=1");
+    ///
+    /// // A sliding-window counter: a request 1 s into a window still weighs
+    /// // through the next window, so the quota is back only 119 s later;
+    /// // `t` stops at the window.
+    /// let window = Window::per_minute(10);
+    /// let clock = ManualClock::new();
+    /// let counter = SlidingWindowCounter::with_clock(window, clock.clone()).unwrap();
+    /// clock.advance(Duration::from_secs(1));
+    /// let d = counter.check();
+    /// assert_eq!(d.reset_after_secs(), 119);
+    /// let policy = Policy::sliding_window_counter(window);
+    /// assert_eq!(d.ratelimit_header("api", &policy).unwrap(), "\"api\";r=9;t=60");
+    /// ```
+    pub fn ratelimit_header(
+        &self,
+        name: &str,
+        policy: &Policy,
+    ) -> Result<String, crate::error::InvalidPolicyName> {
+        self.ratelimit_item(name, policy.window().map(|w| w.length()))
     }
 }

@@ -4,8 +4,8 @@
 //! API on a `ManualClock`; each failed on the code before the fix.
 
 use ratewall::{
-    KeyedSlidingWindowLog, KeyedTokenBucket, ManualClock, Rate, TokenBucket, Tracking, WhenFull,
-    Window,
+    KeyedSlidingWindowLog, KeyedTokenBucket, ManualClock, Policy, Rate, TokenBucket, Tracking,
+    WhenFull, Window,
 };
 use std::time::Duration;
 
@@ -218,12 +218,15 @@ fn peek_predicts_check_on_a_full_table() {
 #[test]
 fn header_values_cannot_be_injected() {
     let bucket = TokenBucket::with_clock(Rate::per_second(10), ManualClock::new()).unwrap();
+    let policy = Policy::token_bucket(Rate::per_second(10));
     let d = bucket.check();
-    let err = d.ratelimit_header("a\r\nSet-Cookie: x=1").unwrap_err();
+    let err = d
+        .ratelimit_header("a\r\nSet-Cookie: x=1", &policy)
+        .unwrap_err();
     assert_eq!((err.position, err.character), (1, '\r'));
     assert!(err.to_string().contains("printable ASCII"));
     assert_eq!(
-        d.ratelimit_header(r#"we "quote" \ this"#).unwrap(),
+        d.ratelimit_header(r#"we "quote" \ this"#, &policy).unwrap(),
         r#""we \"quote\" \\ this";r=9;t=1"#
     );
 }

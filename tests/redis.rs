@@ -860,11 +860,11 @@ async fn soft_policies_admit_the_tolerance_and_report_the_nominal_limit() {
             assert_eq!(d.remaining(), 9u64.saturating_sub(j as u64), "{ctx}");
         }
         assert!(ds[0]
-            .ratelimit_header("api")
+            .ratelimit_header("api", &policy)
             .unwrap()
             .starts_with("\"api\";r=9;t="));
         assert!(ds[11]
-            .ratelimit_header("api")
+            .ratelimit_header("api", &policy)
             .unwrap()
             .starts_with("\"api\";r=0;t="));
         // The denial is cached, and read in nominal terms too.

@@ -240,7 +240,10 @@ fn the_issue_example_lets_ten_percent_over_and_marks_it() {
         .iter()
         .all(|d| d.is_above_limit() && d.remaining() == 0));
     assert!(d.iter().all(|d| d.limit() == 100));
-    assert_eq!(d[99].ratelimit_header("api").unwrap(), "\"api\";r=0;t=60");
+    assert_eq!(
+        d[99].ratelimit_header("api", &policy).unwrap(),
+        "\"api\";r=0;t=60"
+    );
     assert_eq!(d[110].retry_after(), Duration::from_secs(60));
     clock.advance(Duration::from_secs(60));
     assert!(!l.check_key("alice").is_above_limit());

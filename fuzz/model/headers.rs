@@ -1,12 +1,14 @@
 //! The header target: arbitrary policy names and decisions through
-//! `Decision::ratelimit_header`. Every `Ok` value must parse as an RFC 9651
+//! `Decision::ratelimit_header` (with the policy each decision came from). Every `Ok` value must parse as an RFC 9651
 //! structured-field item (a string with integer parameters `r` and `t`)
 //! whose string is the name and whose parameters are the decision's, and
 //! must hold no control character; every `Err` must point at the first
 //! character an RFC 9651 string cannot carry.
 
 use arbitrary::{Arbitrary, Unstructured};
-use ratewall::{check_all, Decision, FixedWindow, Limit, ManualClock, Rate, TokenBucket, Window};
+use ratewall::{
+    check_all, Decision, FixedWindow, Limit, ManualClock, Policy, Rate, TokenBucket, Window,
+};
 use std::time::Duration;
 
 /// The largest RFC 9651 integer: 15 decimal digits.
@@ -33,7 +35,9 @@ enum Source {
     Empty,
 }
 
-fn decision(source: &Source) -> Option<Decision> {
+/// A decision and the policy it was made under (the check over no limits:
+/// a bucket's, which caps nothing).
+fn decision(source: &Source) -> Option<(Decision, Policy)> {
     let clock = ManualClock::new();
     Some(match *source {
         Source::Bucket {
@@ -53,23 +57,25 @@ fn decision(source: &Source) -> Option<Decision> {
             if takes & 1 == 1 {
                 d = b.check();
             }
-            d
+            (d, Policy::token_bucket(rate))
         }
         Source::Fixed {
             limit,
             length_ns,
             takes,
         } => {
-            let w =
-                FixedWindow::with_clock(Window::new(limit, Duration::from_nanos(length_ns)), clock)
-                    .ok()?;
+            let window = Window::new(limit, Duration::from_nanos(length_ns));
+            let w = FixedWindow::with_clock(window, clock).ok()?;
             let mut d = w.check();
             for _ in 0..takes % 16 {
                 d = w.check();
             }
-            d
+            (d, Policy::fixed_window(window))
         }
-        Source::Empty => check_all::<ManualClock>(&[] as &[&dyn Limit<ManualClock>]),
+        Source::Empty => (
+            check_all::<ManualClock>(&[] as &[&dyn Limit<ManualClock>]),
+            Policy::token_bucket(Rate::per_second(1)),
+        ),
     })
 }
 
@@ -149,7 +155,7 @@ pub fn run_headers(data: &[u8]) {
     let Ok(source) = Source::arbitrary(&mut u) else {
         return;
     };
-    let Some(d) = decision(&source) else {
+    let Some((d, policy)) = decision(&source) else {
         return;
     };
     for name in tail.split(|&b| b == 0xFF).take(16) {
@@ -158,7 +164,7 @@ pub fn run_headers(data: &[u8]) {
         let bad = name
             .char_indices()
             .find(|&(_, c)| !(' '..='~').contains(&c));
-        match (d.ratelimit_header(name), bad) {
+        match (d.ratelimit_header(name, &policy), bad) {
             (Ok(value), None) => {
                 assert!(
                     !value.chars().any(|c| c.is_control()),
@@ -169,13 +175,16 @@ pub fn run_headers(data: &[u8]) {
                 assert_eq!(&parsed, name, "{value:?}");
                 let want = vec![
                     ("r".to_string(), d.remaining().min(SF_INT_MAX)),
-                    // `t`: time to full when allowed, the retry wait when denied.
+                    // `t`: time to full when allowed (at most a window
+                    // policy's length, rounded up), the retry wait when denied.
                     (
                         "t".to_string(),
-                        if d.is_allowed() {
-                            d.reset_after_secs()
-                        } else {
-                            d.retry_after_secs()
+                        match (d.is_allowed(), policy.window()) {
+                            (true, Some(w)) => d
+                                .reset_after_secs()
+                                .min(w.length().as_nanos().div_ceil(1_000_000_000) as u64),
+                            (true, None) => d.reset_after_secs(),
+                            (false, _) => d.retry_after_secs(),
                         }
                         .min(SF_INT_MAX),
                     ),

@@ -101,8 +101,11 @@ impl fmt::Debug for Cidr {
 impl fmt::Display for Cidr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let v6 = Ipv6Addr::from(self.bits);
-        match v6.to_ipv4_mapped() {
-            Some(v4) if self.len >= 96 => write!(f, "{v4}/{}", self.len - 96),
+        // Only an IPv4 network has mapped bits (a shorter prefix clears
+        // some of the `ffff`), so the length check never fails; it keeps
+        // the subtraction from underflowing without a guard to trust.
+        match (v6.to_ipv4_mapped(), self.len.checked_sub(96)) {
+            (Some(v4), Some(len)) => write!(f, "{v4}/{len}"),
             _ => write!(f, "{v6}/{}", self.len),
         }
     }

@@ -364,3 +364,124 @@ fn bare_mapped_addresses_and_v6_host_networks_parse() {
     assert_eq!(mask(1), 1 << 127);
     assert_eq!(mask(0), 0);
 }
+
+// Issue 23 item 3, the cargo-mutants run: the survivors it found.
+
+#[test]
+fn networks_print_as_written_and_errors_say_what_to_write() {
+    for (input, shown) in [
+        ("10.0.0.0/8", "10.0.0.0/8"),
+        ("10.1.2.3/8", "10.0.0.0/8"),
+        ("192.0.2.7", "192.0.2.7/32"),
+        ("::ffff:10.0.0.0/104", "10.0.0.0/8"),
+        ("2001:db8::/32", "2001:db8::/32"),
+        ("::/0", "::/0"),
+        ("0.0.0.0/0", "0.0.0.0/0"),
+    ] {
+        let net: Cidr = input.parse().unwrap();
+        assert_eq!(net.to_string(), shown, "{input}");
+        assert_eq!(format!("{net:?}"), shown, "{input}");
+    }
+    let err = "10.0.0.0/33".parse::<Cidr>().unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.starts_with("`10.0.0.0/33` is not a network"), "{msg}");
+    assert!(msg.contains("at most /32 for IPv4, /128 for IPv6"), "{msg}");
+}
+
+/// `n` entries `10.0.0.1 .. 10.0.0.n`, left to right.
+fn chain_of(n: u8) -> HeaderMap {
+    let list: Vec<String> = (1..=n).map(|i| format!("10.0.0.{i}")).collect();
+    headers("x-forwarded-for", &[list.join(", ").as_bytes()])
+}
+
+#[test]
+fn the_walk_reads_exactly_max_hops_entries() {
+    // Every entry trusted: 32 entries are walked to the left-most; a 33rd
+    // makes the chain too long, and the nearest trusted hop is the 32nd
+    // from the right.
+    let all = ClientIp::behind_proxies(["10.0.0.0/8".parse().unwrap()]);
+    let p = peer("10.9.9.9");
+    assert_eq!(MAX_HOPS, 32);
+    assert_eq!(all.resolve(&chain_of(31), &p), ip("10.0.0.1"));
+    assert_eq!(all.resolve(&chain_of(32), &p), ip("10.0.0.1"));
+    assert_eq!(all.resolve(&chain_of(33), &p), unknown("10.0.0.2"));
+    assert_eq!(all.resolve(&chain_of(40), &p), unknown("10.0.0.9"));
+    // A hop count past the cap: the same bound.
+    for hops in [32, 33, 40, 100] {
+        let c = ClientIp::behind_hops(hops);
+        assert_eq!(c.resolve(&chain_of(32), &p), ip("10.0.0.1"), "{hops}");
+    }
+    assert_eq!(
+        ClientIp::behind_hops(33).resolve(&chain_of(33), &p),
+        unknown("10.0.0.2")
+    );
+    assert_eq!(
+        ClientIp::behind_hops(40).resolve(&chain_of(40), &p),
+        unknown("10.0.0.9")
+    );
+    assert_eq!(
+        ClientIp::behind_hops(32).resolve(&chain_of(40), &p),
+        ip("10.0.0.9")
+    );
+}
+
+#[test]
+fn entries_longer_than_the_cap_are_not_addresses_even_when_they_parse() {
+    // A zone id pads a valid address to any length.
+    let padded = |len: usize| {
+        let mut s = b"fe80::1%".to_vec();
+        s.resize(len, b'z');
+        s
+    };
+    assert_eq!(MAX_NODE_LEN, 96);
+    assert_eq!(parse_node(&padded(96)), Some("fe80::1".parse().unwrap()));
+    assert_eq!(parse_node(&padded(97)), None);
+    assert_eq!(parse_node(&padded(300)), None);
+    // Obfuscated ports: `_` and at least one more allowed character.
+    assert_eq!(
+        parse_node(b"[2001:db8::1]:_a.b-c_9"),
+        Some("2001:db8::1".parse().unwrap())
+    );
+    for bad in [
+        &b"[2001:db8::1]:_"[..],
+        b"[2001:db8::1]:_a/b",
+        b"[2001:db8::1]:_a b",
+        b"192.0.2.1:_",
+        b"192.0.2.1:1_",
+    ] {
+        assert_eq!(parse_node(bad), None, "{}", String::from_utf8_lossy(bad));
+    }
+    assert_eq!(
+        parse_node(b"192.0.2.1:65535"),
+        Some("192.0.2.1".parse().unwrap())
+    );
+    assert_eq!(
+        parse_node(b"192.0.2.1:_x"),
+        Some("192.0.2.1".parse().unwrap())
+    );
+}
+
+#[test]
+fn quotes_keep_commas_and_escapes_or_open_quotes_make_an_entry_malformed() {
+    let c =
+        ClientIp::behind_proxies(["10.0.0.0/8".parse().unwrap()]).header(ProxyHeader::Forwarded);
+    let p = peer("10.0.0.1");
+    let walk = |line: &[u8]| c.resolve(&headers("forwarded", &[line]), &p);
+    // A comma inside another parameter's quoted value does not split the
+    // element: its `for=` is still read.
+    assert_eq!(walk(b"for=192.0.2.60;by=\"a,b\""), ip("192.0.2.60"));
+    assert_eq!(
+        walk(b"for=6.6.6.6, for=192.0.2.60;by=\"a,b,c\";proto=http"),
+        ip("192.0.2.60")
+    );
+    // Quotes open and closed again: the elements around them still split.
+    assert_eq!(walk(b"for=\"192.0.2.61\", for=10.0.0.2"), ip("192.0.2.61"));
+    // An escape, or a quote left open, makes the element malformed even
+    // when its `for=` is fine: the walk stops at the hop that wrote it.
+    assert_eq!(walk(b"for=192.0.2.60;by=\"a\\\\b\""), unknown("10.0.0.1"));
+    assert_eq!(walk(b"for=192.0.2.60;by=\"x"), unknown("10.0.0.1"));
+    assert_eq!(
+        walk(b"for=6.6.6.6, for=192.0.2.60;by=\"x, for=10.0.0.2"),
+        unknown("10.0.0.2")
+    );
+}

@@ -239,21 +239,11 @@ fn ceil_secs(span: Duration) -> u64 {
 }
 
 /// `t` of a rule's `RateLimit` item and its `X-RateLimit-Reset` (see the
-/// module docs): a denial's wait, rounded up; for an admitted request the
-/// time until the quota is back, rounded up and never past `w`.
-///
-/// Only a window can need the cap: a sliding-window counter's previous
-/// window still weighs for up to one more window, so its time to full is
-/// up to `2w`. A bucket is full again within its `w` (the time to refill
-/// its burst), a fixed window at its end and a log when its newest entry
-/// leaves, both within `w`.
+/// module docs): [`Decision::ratelimit_t_secs_within`] the policy's window,
+/// the one `t` that `Decision::ratelimit_header` writes too.
 #[inline]
 pub(super) fn t_secs(d: &Decision, policy: &Policy) -> u64 {
-    let t = d.ratelimit_t_secs();
-    match policy.window() {
-        Some(w) if d.is_allowed() => t.min(ceil_secs(w.length())),
-        _ => t,
-    }
+    d.ratelimit_t_secs_within(policy.window().map(|w| w.length()))
 }
 
 /// Whether `a` has a smaller share of its quota left than `b`
@@ -508,3 +498,7 @@ mod tests {
         assert!(!closer_to_exhaustion(&s, &b));
     }
 }
+
+#[cfg(test)]
+#[path = "headers_tests.rs"]
+mod writer_tests;
