@@ -674,6 +674,8 @@ impl<C: Clock + 'static> Shared<C> {
             if entries[i].decision.map(|d| d.tracking()) == Some(Tracking::Untracked) {
                 bump(&c.untracked);
             }
+            #[cfg(feature = "metrics")]
+            stats::observe(c, entries[i].decision, rule_of(&entries[i]).local());
         }
         drop(triples);
         // 3. Shadow rules, local then Redis, never rejecting.

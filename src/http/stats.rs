@@ -365,6 +365,9 @@ pub(super) fn bump(c: &Counter) {
 /// `key`, and the key among the rule's top offenders. `decision`: the
 /// rule's decision, if there is one (a full table's rejection is counted
 /// apart too, with the `metrics` feature).
+// Out of line and cold: the admitted path's code stays as it was.
+#[cold]
+#[inline(never)]
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
 pub(super) fn denied(c: &Counters, key: u128, shadow: bool, decision: Option<Decision>) {
     bump(if shadow { &c.shadow_denied } else { &c.denied });
