@@ -5,12 +5,17 @@
 //!
 //! # Protocol
 //!
-//! One word per limiter, 0 (Redis answers) or 1 (failing over). Every
-//! check the failure policy answers swaps in 1; the one swap that sees 0
-//! reports [`StoreEvent::Failing`]. Every check Redis answers loads the
-//! word (one relaxed load on the healthy path) and, seeing 1, swaps in 0;
-//! the one swap that sees 1 reports [`StoreEvent::Recovered`]. So however
-//! many checks run during an outage, each transition is reported once.
+//! One word per limiter, 0 (Redis answers) or 1 (failing over), written
+//! only under the limiter's outage lock. A check the failure policy
+//! answers reads the word (one relaxed load while already failing) and,
+//! seeing 0, takes the lock, reads it again, and if still 0 writes 1 and
+//! reports [`StoreEvent::Failing`] before letting go of the lock. A check
+//! Redis answers does the same the other way (one relaxed load on the
+//! healthy path) and reports [`StoreEvent::Recovered`]. So however many
+//! checks run during an outage, each transition is reported once, and
+//! because a transition and its report happen under one lock, the events
+//! alternate (`Failing`, `Recovered`, `Failing`, ...) even when a failing
+//! call and an answered one race.
 //!
 //! # Where events go
 //!
@@ -174,33 +179,50 @@ impl Watch {
     pub(crate) fn unavailable(&self, cause: &str) {
         // Relaxed: a count, read at recovery; it publishes nothing.
         self.local.fetch_add(1, Ordering::Relaxed);
-        // Relaxed: read-modify-writes of one word are totally ordered, so
-        // exactly one swap sees 0; the outage's details are under the lock.
-        if self.failing.swap(1, Ordering::Relaxed) == 0 {
-            *lock(&self.outage) = Some(Outage {
-                since: Instant::now(),
-            });
-            self.report(&StoreEvent::Failing {
-                limiter: self.name.clone(),
-                policy: self.policy,
-                cause: cause.to_owned(),
-            });
+        // Relaxed: a hint; the word is written only under the lock, and
+        // read again there before a transition.
+        if self.failing.load(Ordering::Relaxed) == 0 {
+            self.failed(cause);
         }
+    }
+
+    #[cold]
+    fn failed(&self, cause: &str) {
+        let mut outage = lock(&self.outage);
+        // Relaxed: under the lock, which orders every write of the word.
+        if self.failing.load(Ordering::Relaxed) == 1 {
+            return; // another check reported it first
+        }
+        self.failing.store(1, Ordering::Relaxed);
+        *outage = Some(Outage {
+            since: Instant::now(),
+        });
+        // Reported under the lock: the next transition's event follows it.
+        self.report(&StoreEvent::Failing {
+            limiter: self.name.clone(),
+            policy: self.policy,
+            cause: cause.to_owned(),
+        });
     }
 
     /// A check Redis answered.
     #[inline]
     pub(crate) fn answered(&self) {
         // Relaxed: as in `unavailable`; the healthy path is this one load.
-        if self.failing.load(Ordering::Relaxed) == 1 && self.failing.swap(0, Ordering::Relaxed) == 1
-        {
+        if self.failing.load(Ordering::Relaxed) == 1 {
             self.recovered();
         }
     }
 
     #[cold]
     fn recovered(&self) {
-        let since = lock(&self.outage).take().map(|o| o.since);
+        let mut outage = lock(&self.outage);
+        // Relaxed: under the lock, as in `failed`.
+        if self.failing.load(Ordering::Relaxed) == 0 {
+            return; // another check reported it first
+        }
+        self.failing.store(0, Ordering::Relaxed);
+        let since = outage.take().map(|o| o.since);
         // Relaxed: see `unavailable`.
         let answered_locally = self.local.swap(0, Ordering::Relaxed);
         self.report(&StoreEvent::Recovered {
@@ -283,6 +305,31 @@ mod tests {
             StoreEvent::Recovered { answered_locally: 1000, ref limiter, .. } if limiter == "api"
         ));
         assert!(seen[1].to_string().contains("1000 checks"), "{}", seen[1]);
+    }
+
+    /// Failing and answered checks racing: the events still alternate,
+    /// and the last one says what the state is.
+    #[test]
+    fn racing_transitions_alternate() {
+        let (w, seen) = watched();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for _ in 0..2000 {
+                    w.unavailable("timeout");
+                }
+            });
+            s.spawn(|| {
+                for _ in 0..2000 {
+                    w.answered();
+                }
+            });
+        });
+        let seen = seen.lock().unwrap();
+        for (i, e) in seen.iter().enumerate() {
+            let failing = matches!(e, StoreEvent::Failing { .. });
+            assert_eq!(failing, i % 2 == 0, "event {i} out of turn: {seen:?}");
+        }
+        assert_eq!(w.is_failing(), seen.len() % 2 == 1);
     }
 
     #[test]
