@@ -193,6 +193,13 @@ fn run_ops(f: &mut OneRequest, n: u64) {
 /// instruction counts under callgrind (`sh benches/http.sh callgrind`).
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    // With the `metrics` feature, the layers count into a real recorder
+    // (metrics-util's debugging one keeps an atomic per counter, as
+    // exporters do), so the counts include the facade's increments.
+    #[cfg(feature = "metrics")]
+    metrics_util::debugging::DebuggingRecorder::new()
+        .install()
+        .unwrap();
     if let Some(i) = args.iter().position(|a| a == "--ops") {
         let (name, n) = (&args[i + 1], args[i + 2].parse::<u64>().unwrap());
         let (_, mut f) = contenders()

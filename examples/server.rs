@@ -17,6 +17,15 @@
 //! `RATEWALL_REDIS_URL=redis://127.0.0.1:6379 cargo run --example server --features axum,redis`.
 //! If Redis stops answering, each instance limits with its local share.
 //!
+//! Operators' routes sit beside the API, off the rate-limited paths:
+//! `GET /admin/limits` (JSON: each rule's counters and top offenders) and,
+//! with the `metrics` feature, `GET /metrics` (Prometheus text, through
+//! `metrics-exporter-prometheus`). Bind them to a private address in
+//! production: the top offenders name client addresses. With the `tracing`
+//! feature the layer's warnings and the store's failover events go to
+//! `tracing`, so `main` installs a subscriber (`RUST_LOG` is not read: all
+//! events at `info` and above are printed).
+//!
 //! With both set (features `serde` and `redis`), the file's rules that say
 //! `store = "redis"` are kept in that Redis, the others locally
 //! (`examples/http_limits_redis.toml` is the Redis variant of the limits):
@@ -144,8 +153,84 @@ pub fn limits_from_file_on_redis(
     Ok(layer)
 }
 
-/// The API behind the limits.
+/// The API behind the limits, and the operators' routes beside them
+/// (not rate-limited: [`admin`]).
 pub fn router<C: Clock + Clone + 'static>(limits: RateLimitLayer<C>) -> Router {
+    api(limits.clone()).merge(admin(limits))
+}
+
+/// The operators' routes: `/admin/limits` and (feature `metrics`, once
+/// [`install_metrics`] ran) `/metrics`.
+pub fn admin<C: Clock + Clone + 'static>(limits: RateLimitLayer<C>) -> Router {
+    let router = Router::new().route(
+        "/admin/limits",
+        get(move || {
+            let stats = limits.stats();
+            async move { axum::Json(limits_json(&stats)) }
+        }),
+    );
+    #[cfg(feature = "metrics")]
+    let router = router.route(
+        "/metrics",
+        get(|| async {
+            match PROMETHEUS.get() {
+                Some(handle) => (StatusCode::OK, handle.render()),
+                None => (
+                    StatusCode::NOT_FOUND,
+                    "no metrics recorder installed\n".to_string(),
+                ),
+            }
+        }),
+    );
+    router
+}
+
+/// Each rule's counters and top offenders, as JSON.
+pub fn limits_json(stats: &[ratewall::http::RuleStats]) -> serde_json::Value {
+    let rules: Vec<serde_json::Value> = stats
+        .iter()
+        .map(|s| {
+            serde_json::json!({
+                "name": s.name(),
+                "allowed": s.allowed(),
+                "denied": s.denied(),
+                "shadow_denied": s.shadow_denied(),
+                "missing_key": s.missing_key(),
+                "unknown_client": s.unknown_client(),
+                "errors": s.errors(),
+                "fallbacks": s.fallbacks(),
+                "untracked": s.untracked(),
+                "refunded": s.refunded(),
+                "offender_denials": s.offender_denials(),
+                "top_offenders": s.top_offenders().iter().take(10).map(|o| serde_json::json!({
+                    "key": o.key(),
+                    "count": o.count(),
+                    "error": o.error(),
+                })).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    serde_json::json!({ "rules": rules })
+}
+
+/// The Prometheus recorder's handle, once installed.
+#[cfg(feature = "metrics")]
+static PROMETHEUS: std::sync::OnceLock<metrics_exporter_prometheus::PrometheusHandle> =
+    std::sync::OnceLock::new();
+
+/// Installs the Prometheus recorder (feature `metrics`), once per process:
+/// before the limits are built, which register their metrics then.
+#[cfg(feature = "metrics")]
+pub fn install_metrics() {
+    PROMETHEUS.get_or_init(|| {
+        metrics_exporter_prometheus::PrometheusBuilder::new()
+            .install_recorder()
+            .expect("no other metrics recorder installed")
+    });
+}
+
+/// The API itself, behind the limits.
+fn api<C: Clock + Clone + 'static>(limits: RateLimitLayer<C>) -> Router {
     Router::new()
         .route("/", get(|| async { "hello\n" }))
         .route("/health", get(|| async { "ok\n" }))
@@ -168,6 +253,15 @@ async fn login(headers: HeaderMap) -> StatusCode {
 #[allow(dead_code)] // the demo includes this file for `limits` and `router`
 #[tokio::main]
 async fn main() {
+    // A library's warnings go to `tracing` when its feature is on: they
+    // reach the person running the server only through a subscriber.
+    #[cfg(feature = "tracing")]
+    tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::INFO)
+        .init();
+    // Before the limits are built: they register their metrics then.
+    #[cfg(feature = "metrics")]
+    install_metrics();
     let port: u16 = std::env::var("PORT")
         .ok()
         .and_then(|p| p.parse().ok())
@@ -245,6 +339,7 @@ async fn main() {
         .await
         .expect("bind 127.0.0.1");
     println!("listening on http://{}", listener.local_addr().unwrap());
+    println!("operators: /admin/limits, and /metrics with the `metrics` feature");
     let app = router(layer);
     axum::serve(
         listener,

@@ -53,7 +53,11 @@ pub mod http;
 mod keyed;
 mod lease;
 mod limiter;
+#[cfg(feature = "metrics")]
+mod metrics;
 mod multi;
+#[cfg(feature = "tower")]
+mod offenders;
 mod policy;
 mod quota;
 #[cfg(feature = "redis")]

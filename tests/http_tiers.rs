@@ -69,6 +69,19 @@ async fn premium_keys_get_ten_times_normal_keys_one_and_headers_say_which() {
         (stats[0].name(), stats[0].allowed(), stats[0].denied()),
         ("api", 220, 5)
     );
+    // The top offenders of every tier, as one summary: four keys (two per
+    // tier), exact (fewer keys than slots), gold-2 first with its two
+    // denials; keys from a header are shown only as fingerprints.
+    let top = stats[0].top_offenders();
+    assert_eq!(stats[0].offender_denials(), 5);
+    assert_eq!(top.len(), 4, "{top:?}");
+    assert_eq!(
+        top.iter().map(|o| o.count()).collect::<Vec<_>>(),
+        [2, 1, 1, 1]
+    );
+    assert!(top
+        .iter()
+        .all(|o| o.error() == 0 && o.key().starts_with('#')));
 }
 
 #[tokio::test]

@@ -674,13 +674,18 @@ fn compile<C: Clock>(
     base: u16,
     lockout: Option<Lockout<C>>,
 ) -> Compiled<C> {
+    let max_keys = match &limit {
+        RuleLimit::Local(l) => Some(l.max_keys()),
+        #[cfg(feature = "redis")]
+        RuleLimit::Redis(_) => None,
+    };
     let mut item = Buf::new();
     item.policy_item(&rule.name, &rule.policy);
     Compiled {
         limit,
         policy_item: item.value(),
         ratelimit_prefix: format!("\"{}\";r=", rule.name).into_bytes().into(),
-        counters: CachePadded::new(Counters::default()),
+        counters: CachePadded::new(Counters::new(&rule.name, rule.key.shown(), max_keys)),
         always: rule.mode != Mode::Off && rule.matcher.matches_all(),
         base,
         tiers: None,

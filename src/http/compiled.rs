@@ -15,7 +15,6 @@ use crate::decision::Decision;
 use crate::keyed::KeyedPolicyLimiter;
 #[cfg(feature = "redis")]
 use crate::redis::RedisLimiter;
-use crate::sync::Ordering;
 use crossbeam_utils::CachePadded;
 use http::HeaderValue;
 use smallvec::SmallVec;
@@ -88,27 +87,11 @@ pub(super) fn stats<C: Clock>(rules: &[Compiled<C>]) -> Vec<RuleStats> {
             let tiers = rules
                 .iter()
                 .filter(|t| usize::from(t.base) == i && !std::ptr::eq(*t, r));
-            if r.tiers.is_none() {
-                return r.counters.snapshot(r.rule.name.clone());
+            let mut sum = r.counters.snapshot(r.rule.name.clone());
+            for t in tiers {
+                sum.absorb(t.counters.snapshot(r.rule.name.clone()));
             }
-            let sum = Counters::default();
-            for c in std::iter::once(r).chain(tiers).map(|t| &t.counters) {
-                for (to, from) in [
-                    (&sum.allowed, &c.allowed),
-                    (&sum.denied, &c.denied),
-                    (&sum.shadow_denied, &c.shadow_denied),
-                    (&sum.missing_key, &c.missing_key),
-                    (&sum.unknown_client, &c.unknown_client),
-                    (&sum.errors, &c.errors),
-                    (&sum.fallbacks, &c.fallbacks),
-                    (&sum.untracked, &c.untracked),
-                    (&sum.refunded, &c.refunded),
-                ] {
-                    // Relaxed: independent counters, as in `Counters::snapshot`.
-                    to.fetch_add(from.load(Ordering::Relaxed), Ordering::Relaxed);
-                }
-            }
-            sum.snapshot(r.rule.name.clone())
+            sum
         })
         .collect()
 }

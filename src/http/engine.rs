@@ -19,7 +19,7 @@ use super::info::RateLimitInfo;
 use super::key::{Absent, Fingerprint, RequestParts, RuleKey};
 use super::response::{self, Responder};
 use super::rule::{Missing, Mode, UnknownClient};
-use super::stats::bump;
+use super::stats::{self, bump};
 use crate::clock::Clock;
 use crate::decision::{Decision, Tracking};
 use crate::error::InsufficientCapacity;
@@ -476,7 +476,8 @@ impl<C: Clock + 'static> Shared<C> {
             entries,
             map: map.as_deref(),
             unit_costs: self.unit_costs,
-            keep,
+            // With metrics, an admitted request's decisions are read too.
+            keep: keep || cfg!(feature = "metrics"),
         };
         let allowed = match check_set(&mut set) {
             Ok(allowed) => allowed,
@@ -497,8 +498,10 @@ impl<C: Clock + 'static> Shared<C> {
                 if e.untracked {
                     bump(&c.untracked);
                 }
+                #[cfg(feature = "metrics")]
+                stats::observe(c, e.decision, self.rules[usize::from(e.rule)].local());
             } else if e.decision.is_some_and(|d| !d.is_allowed()) {
-                bump(&c.denied);
+                stats::denied(c, e.key, false, e.decision);
             }
         }
         Ok(allowed)
@@ -557,14 +560,14 @@ impl<C: Clock + 'static> Shared<C> {
             let Some(local) = r.local() else { continue };
             match local.check_key_n(&e.key, e.cost) {
                 Ok(d) => {
-                    bump(if d.is_allowed() {
-                        &r.counters.allowed
+                    if d.is_allowed() {
+                        bump(&r.counters.allowed);
                     } else {
-                        &r.counters.shadow_denied
-                    });
+                        stats::denied(&r.counters, e.key, true, Some(d));
+                    }
                     e.decision = Some(d);
                 }
-                Err(_) => bump(&r.counters.shadow_denied),
+                Err(_) => stats::denied(&r.counters, e.key, true, None),
             }
         }
     }
@@ -687,9 +690,15 @@ impl<C: Clock + 'static> Shared<C> {
                         self.count_source(rule_of(&entries[i]), d.source());
                     }
                     if !allowed {
-                        for &i in &idx {
+                        for (&i, &(_, k, _)) in idx.iter().zip(&triples) {
                             if entries[i].decision.is_some_and(|d| !d.is_allowed()) {
-                                bump(&rule_of(&entries[i]).counters.denied);
+                                let c = &rule_of(&entries[i]).counters;
+                                stats::denied(
+                                    c,
+                                    c.remote_key(k, &self.fp),
+                                    false,
+                                    entries[i].decision,
+                                );
                             }
                         }
                         return (Verdict::Reject(self.reject(grpc, &entries)), None);
@@ -738,6 +747,8 @@ impl<C: Clock + 'static> Shared<C> {
             if entries[i].decision.map(|d| d.tracking()) == Some(Tracking::Untracked) {
                 bump(&c.untracked);
             }
+            #[cfg(feature = "metrics")]
+            stats::observe(c, entries[i].decision, rule_of(&entries[i]).local());
         }
         drop(triples);
         // 3. Shadow rules, local then Redis, never rejecting.
@@ -753,15 +764,15 @@ impl<C: Clock + 'static> Shared<C> {
         if !shadow.is_empty() {
             let results =
                 join_all(shadow.iter().map(|&(_, l, k, cost)| l.check_key_n(k, cost))).await;
-            for (&(i, ..), r) in shadow.iter().zip(results) {
+            for (&(i, _, k, _), r) in shadow.iter().zip(results) {
                 let c = &rule_of(&entries[i]).counters;
                 match r {
                     Ok(d) => {
-                        bump(if d.is_allowed() {
-                            &c.allowed
+                        if d.is_allowed() {
+                            bump(&c.allowed);
                         } else {
-                            &c.shadow_denied
-                        });
+                            stats::denied(c, c.remote_key(k, &self.fp), true, Some(d.decision()));
+                        }
                         self.count_source(rule_of(&entries[i]), d.source());
                         entries[i].decision = Some(d.decision());
                         sources.push((i, d.source()));

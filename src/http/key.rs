@@ -13,6 +13,17 @@ use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
 
+/// How a rule's keys are shown to operators (top offenders): client
+/// addresses in full, anything else (header values such as API keys or
+/// tokens, extensions, routes, composites) only as a fingerprint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Shown {
+    /// A client address (or its prefix) keyed by `ip_key`.
+    Ip { v4_prefix: u8, v6_prefix: u8 },
+    /// The first 64 bits of the layer's 128-bit fingerprint, in hex.
+    Fingerprint,
+}
+
 /// What a rule counts requests under.
 ///
 /// # Example
@@ -183,6 +194,22 @@ impl Key {
             KeyKind::ClientIp { .. } => true,
             KeyKind::Composite(keys) => keys.iter().any(Key::needs_client_ip),
             _ => false,
+        }
+    }
+
+    /// How operators see this key's values among the top offenders: a
+    /// client address in full, anything else (it may be a secret) as a
+    /// fingerprint.
+    pub(super) fn shown(&self) -> Shown {
+        match self.0 {
+            KeyKind::ClientIp {
+                v4_prefix,
+                v6_prefix,
+            } => Shown::Ip {
+                v4_prefix,
+                v6_prefix,
+            },
+            _ => Shown::Fingerprint,
         }
     }
 

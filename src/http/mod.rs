@@ -72,7 +72,7 @@
 //! | `headers.rs` | [`Headers`], [`Items`]: the `RateLimit` and legacy headers |
 //! | `response.rs` | the 429 and other answers, [`Rejection`], [`ResponseBody`] |
 //! | `info.rs` | [`RateLimitInfo`]: the decisions extension |
-//! | `stats.rs` | [`RuleStats`]: each rule's counters |
+//! | `stats.rs` | [`RuleStats`], [`Offender`]: each rule's counters and top offenders (and, feature `metrics`, their facade handles) |
 //! | `tier.rs` | premium tiers: a rule's other policies and how a request picks one |
 //! | `lockout.rs` | lockouts after a breach: the blocked keys of a local rule |
 //! | `service.rs` | [`RateLimitLayer`], [`RateLimitService`], [`ResponseFuture`] |
@@ -103,4 +103,4 @@ pub use key::Key;
 pub use response::{Rejection, ResponseBody, RuleDecision};
 pub use rule::{Missing, Mode, Rule, UnknownClient};
 pub use service::{RateLimitLayer, RateLimitService, ResponseFuture};
-pub use stats::RuleStats;
+pub use stats::{Offender, RuleStats};

@@ -76,6 +76,7 @@ struct Inner {
 #[derive(Debug, Clone)]
 pub struct RedisBackendBuilder {
     url: String,
+    name: String,
     cluster: Option<Vec<String>>,
     timeout: Duration,
     connect_timeout: Duration,
@@ -101,6 +102,7 @@ impl RedisBackend {
     pub fn builder(url: impl Into<String>) -> RedisBackendBuilder {
         RedisBackendBuilder {
             url: url.into(),
+            name: "redis".into(),
             cluster: None,
             timeout: DEFAULT_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
@@ -266,6 +268,20 @@ impl RedisBackendBuilder {
         self
     }
 
+    /// The backend's name in its metrics' `backend` label (feature
+    /// `metrics`; default `redis`): calls, errors, latency, batch sizes
+    /// and the breaker's state are per backend, since every limiter on it
+    /// shares one connection, its batches and one breaker.
+    ///
+    /// ```
+    /// # use ratewall::redis::RedisBackend;
+    /// let b = RedisBackend::builder("redis://127.0.0.1").name("sessions");
+    /// ```
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
     /// How many batches may be on the wire at once (default
     /// [`DEFAULT_IN_FLIGHT`], 2; at least 1). More lets more calls overlap
     /// with fewer per batch; while all are in flight, new calls queue (the
@@ -326,7 +342,13 @@ impl RedisBackendBuilder {
     }
 
     fn finish(self, conn: Conn) -> RedisBackend {
-        let link = Arc::new(Link::new(conn, self.timeout, self.failures, self.cool_down));
+        let link = Arc::new(Link::new(
+            conn,
+            &self.name,
+            self.timeout,
+            self.failures,
+            self.cool_down,
+        ));
         let batcher = (self.max_batch > 1)
             .then(|| Batcher::new(link.clone(), self.max_batch, self.in_flight));
         RedisBackend {

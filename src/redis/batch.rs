@@ -260,6 +260,8 @@ impl Runner {
 
     /// One script call for `batch` (keys on one server or one slot).
     async fn send_one(&self, mut batch: Vec<Queued>) {
+        #[cfg(feature = "metrics")]
+        self.link.metrics().batch(batch.len());
         if batch.len() == 1 {
             let q = batch.pop().expect("one call");
             let reply = self.link.send(&q.call).await;

@@ -37,6 +37,10 @@ pub(crate) struct Breaker {
     threshold: u32,
     cool_down: Duration,
     probe_timeout: Duration,
+    /// The state as a metric (feature `metrics`): 0 closed, 1 open, 2
+    /// half-open; set at each change, under the lock.
+    #[cfg(feature = "metrics")]
+    gauge: Option<metrics::Gauge>,
 }
 
 impl Breaker {
@@ -46,6 +50,30 @@ impl Breaker {
             threshold: threshold.max(1),
             cool_down,
             probe_timeout,
+            #[cfg(feature = "metrics")]
+            gauge: None,
+        }
+    }
+
+    /// The breaker, reporting its state to `gauge`.
+    #[cfg(feature = "metrics")]
+    pub(crate) fn with_gauge(mut self, gauge: metrics::Gauge) -> Self {
+        gauge.set(0.0);
+        self.gauge = Some(gauge);
+        self
+    }
+
+    /// Reports a change of state to the gauge (feature `metrics`).
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    #[inline]
+    fn changed(&self, to: &State) {
+        #[cfg(feature = "metrics")]
+        if let Some(g) = &self.gauge {
+            g.set(match to {
+                State::Closed { .. } => 0.0,
+                State::Open { .. } => 1.0,
+                State::HalfOpen { .. } => 2.0,
+            });
         }
     }
 
@@ -62,13 +90,18 @@ impl Breaker {
             // Cool-down over, or the last probe went silent: this call probes.
             State::Open { .. } | State::HalfOpen { .. } => {
                 *state = State::HalfOpen { since: now };
+                self.changed(&state);
                 Permit::Call
             }
         }
     }
 
     pub(crate) fn success(&self) {
-        *lock(&self.state) = State::Closed { failures: 0 };
+        let mut state = lock(&self.state);
+        if !matches!(*state, State::Closed { .. }) {
+            self.changed(&State::Closed { failures: 0 });
+        }
+        *state = State::Closed { failures: 0 };
     }
 
     pub(crate) fn failure(&self, now: Instant) {
@@ -82,6 +115,9 @@ impl Breaker {
                 until: now + self.cool_down,
             },
         };
+        if matches!(*state, State::Open { until } if until == now + self.cool_down) {
+            self.changed(&state);
+        }
     }
 
     /// Whether calls are going to Redis now (closed), for reports.

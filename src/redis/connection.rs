@@ -19,15 +19,38 @@ pub(crate) struct Link {
     conn: Conn,
     timeout: Duration,
     breaker: Breaker,
+    #[cfg(feature = "metrics")]
+    metrics: crate::metrics::StoreMetrics,
 }
 
 impl Link {
-    pub(crate) fn new(conn: Conn, timeout: Duration, failures: u32, cool_down: Duration) -> Link {
+    /// The link of the backend named `name` (its metrics' label).
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    pub(crate) fn new(
+        conn: Conn,
+        name: &str,
+        timeout: Duration,
+        failures: u32,
+        cool_down: Duration,
+    ) -> Link {
+        #[cfg(feature = "metrics")]
+        let metrics = crate::metrics::StoreMetrics::new(name);
         Link {
             conn,
             timeout,
+            #[cfg(feature = "metrics")]
+            breaker: Breaker::new(failures, cool_down, timeout).with_gauge(metrics.breaker.clone()),
+            #[cfg(not(feature = "metrics"))]
             breaker: Breaker::new(failures, cool_down, timeout),
+            #[cfg(feature = "metrics")]
+            metrics,
         }
+    }
+
+    /// The backend's metric handles (feature `metrics`).
+    #[cfg(feature = "metrics")]
+    pub(crate) fn metrics(&self) -> &crate::metrics::StoreMetrics {
+        &self.metrics
     }
 
     pub(crate) fn breaker(&self) -> &Breaker {
@@ -108,7 +131,10 @@ impl Link {
         if tokio::runtime::Handle::try_current().is_err() {
             return Err(RedisError::NoRuntime);
         }
-        if let Permit::Rejected { retry_in } = self.breaker.acquire(Instant::now()) {
+        let start = Instant::now();
+        if let Permit::Rejected { retry_in } = self.breaker.acquire(start) {
+            #[cfg(feature = "metrics")]
+            self.metrics.call(crate::metrics::CallEnd::BreakerOpen, 0.0);
             return Err(RedisError::Unavailable {
                 retry_in,
                 cause: "circuit open after repeated failures".into(),
@@ -128,7 +154,17 @@ impl Link {
                 other => other,
             }
         };
-        match tokio::time::timeout(self.timeout, attempt).await {
+        let result = tokio::time::timeout(self.timeout, attempt).await;
+        #[cfg(feature = "metrics")]
+        self.metrics.call(
+            match &result {
+                Ok(Ok(_)) => crate::metrics::CallEnd::Replied { error: false },
+                Ok(Err(e)) if !is_outage(e) => crate::metrics::CallEnd::Replied { error: true },
+                _ => crate::metrics::CallEnd::Outage,
+            },
+            start.elapsed().as_secs_f64(),
+        );
+        match result {
             Ok(Ok(value)) => {
                 self.breaker.success();
                 Ok(value)

@@ -326,10 +326,17 @@ impl RedisElasticLimiter {
         qk.extend_from_slice(b":t");
         let invocation = elastic_call([&gk, &hk, &pk, &qk], n, &self.g, &self.h, &pool, extra);
         match self.backend.invoke(&invocation).await {
-            Ok(reply) => Ok(RedisDecision {
-                decision: parse_elastic(&reply)?,
-                source: DecisionSource::Redis,
-            }),
+            Ok(reply) => {
+                let d = RedisDecision {
+                    decision: parse_elastic(&reply)?,
+                    source: DecisionSource::Redis,
+                };
+                // Redis answers: a recovery if it did not before.
+                self.failover.watch().answered();
+                #[cfg(feature = "metrics")]
+                self.failover.watch().decided(&d);
+                Ok(d)
+            }
             Err(RedisError::Unavailable { retry_in, cause }) => {
                 self.unavailable(key, n, retry_in, cause)
             }
@@ -406,7 +413,7 @@ let b = || RedisElasticLimiter::builder(\"1/s\".parse().unwrap(), \"2/s\".parse(
         };
         let (prefix, name) = self.options.names(default_name)?;
         let base = format!("{prefix}:{{{name}}}:").into_bytes();
-        let failover = self.options.failover(|instances| {
+        let failover = self.options.failover(&name, |instances| {
             self.options.elastic(
                 share(&self.guarantee, instances),
                 share(&self.ceiling, instances),

@@ -2,11 +2,14 @@
 //! [`FailurePolicy`], the local fallback it builds (this instance's share
 //! of the policy, or a policy of its own), the answer to a call Redis could
 //! not take, and the builder options every Redis limiter shares (`prefix`,
-//! `name`, `on_failure`, `fallback_max_keys`). Used by
+//! `name`, `on_failure`, `fallback_max_keys`, `on_store_event`). The
+//! transitions into and out of failing over are reported by its
+//! [`Watch`] (`events.rs`). Used by
 //! [`RedisLimiter`](super::RedisLimiter) (and so by
 //! [`RedisLeaseLimiter`](super::RedisLeaseLimiter), which fails over
 //! through its limiter) and [`RedisElasticLimiter`](super::RedisElasticLimiter).
 
+use super::events::{Hook, Watch};
 use super::key;
 use super::{DecisionSource, RedisDecision, RedisError};
 use crate::decision::Decision;
@@ -127,6 +130,9 @@ pub(crate) struct Options {
     /// The local fallback's table (default: 65,536 keys, the least
     /// recently active evicted when full).
     pub(crate) fallback_table: TableOptions,
+    /// Where store events go besides `tracing` (none: standard error,
+    /// unless `tracing` is on).
+    pub(crate) hook: Option<Hook>,
 }
 
 impl Default for Options {
@@ -138,6 +144,7 @@ impl Default for Options {
             fallback_table: TableOptions::new()
                 .max_keys(65_536)
                 .when_full(WhenFull::EvictLeastRecent),
+            hook: None,
         }
     }
 }
@@ -158,12 +165,13 @@ impl Options {
         Ok((&self.prefix, name))
     }
 
-    /// The failover these options ask for. `share` builds the local
-    /// limiter of [`FailurePolicy::FallbackShare`] from the number of
-    /// instances; [`FailurePolicy::Fallback`] gets a keyed limiter of its
-    /// policy.
+    /// The failover these options ask for, for the limiter named `name`.
+    /// `share` builds the local limiter of [`FailurePolicy::FallbackShare`]
+    /// from the number of instances; [`FailurePolicy::Fallback`] gets a
+    /// keyed limiter of its policy.
     pub(crate) fn failover(
         &self,
+        name: &str,
         share: impl FnOnce(u32) -> Result<Local, RedisError>,
     ) -> Result<Failover, RedisError> {
         let local = match self.failure {
@@ -174,6 +182,7 @@ impl Options {
         Ok(Failover {
             failure: self.failure,
             local,
+            watch: Watch::new(name, self.failure, self.hook.clone()),
         })
     }
 
@@ -283,6 +292,30 @@ macro_rules! option_methods {
             self.options.fallback_table = options;
             self
         }
+
+        /// Calls `hook` once when Redis stops answering this limiter's
+        /// checks (its failure policy answers from then on) and once when
+        /// Redis answers again: one [`StoreEvent`]($crate::redis::StoreEvent)
+        /// per transition, never one per check. The events also go to
+        /// `tracing` (feature `tracing`); with neither a hook nor `tracing`,
+        /// each is one line on standard error. The hook runs on the
+        /// checking task: keep it short (send it on, count it).
+        ///
+        /// ```
+        /// use ratewall::redis::StoreEvent;
+        #[doc = $setup]
+        /// let l = b()
+        ///     .on_store_event(|e: &StoreEvent| eprintln!("{e}"))
+        ///     .build()?;
+        /// # Ok::<(), Box<dyn std::error::Error>>(()) }).unwrap();
+        /// ```
+        pub fn on_store_event(
+            mut self,
+            hook: impl Fn(&$crate::redis::StoreEvent) + Send + Sync + 'static,
+        ) -> Self {
+            self.options.hook = Some($crate::redis::events::Hook(std::sync::Arc::new(hook)));
+            self
+        }
     };
 }
 pub(crate) use option_methods;
@@ -298,11 +331,19 @@ pub(crate) enum Local {
 pub(crate) struct Failover {
     failure: FailurePolicy,
     local: Option<Local>,
+    /// Reports the transitions into and out of failing over.
+    watch: Watch,
 }
 
 impl Failover {
     pub(crate) fn policy(&self) -> FailurePolicy {
         self.failure
+    }
+
+    /// The transitions' reporter (and, feature `metrics`, the limiter's
+    /// handles).
+    pub(crate) fn watch(&self) -> &Watch {
+        &self.watch
     }
 
     /// The local elastic limiter of a `FallbackShare`, if that is the one.
@@ -325,23 +366,34 @@ impl Failover {
         retry_in: Duration,
         cause: String,
     ) -> Result<RedisDecision, RedisError> {
+        self.watch.unavailable(&cause);
         let decision = match &self.local {
             Some(Local::Keyed(local)) if consume => local.check_key_n(key, cost)?,
             Some(Local::Keyed(local)) => local.peek_key_n(key, cost)?,
             // An elastic limit has no peek.
             Some(Local::Elastic(local)) => local.check_key_n(key, cost)?,
             None if self.failure == FailurePolicy::Open => {
-                return Ok(RedisDecision {
+                let d = RedisDecision {
                     decision: open(),
                     source: DecisionSource::FailOpen,
-                });
+                };
+                #[cfg(feature = "metrics")]
+                self.watch.decided(&d);
+                return Ok(d);
             }
-            None => return Err(RedisError::Unavailable { retry_in, cause }),
+            None => {
+                #[cfg(feature = "metrics")]
+                self.watch.metrics().unavailable();
+                return Err(RedisError::Unavailable { retry_in, cause });
+            }
         };
-        Ok(RedisDecision {
+        let d = RedisDecision {
             decision,
             source: DecisionSource::Fallback,
-        })
+        };
+        #[cfg(feature = "metrics")]
+        self.watch.decided(&d);
+        Ok(d)
     }
 
     /// A refund of `n` for `key` that Redis could not take: the local

@@ -553,6 +553,7 @@ impl RedisLeaseLimiter {
             Ok(reply) => {
                 let r = parse_lease(&reply)?;
                 self.limiter.note(&rkey, n, &r.decision);
+                self.limiter.redis_answered();
                 Ok(RedisDecision {
                     decision: r.decision,
                     source: DecisionSource::Redis,
@@ -808,6 +809,7 @@ impl RedisLeaseLimiter {
         match parsed {
             Ok(r) => {
                 self.limiter.note(rkey, 1, &r.decision);
+                self.limiter.redis_answered();
                 Ok(RedisDecision {
                     decision: r.decision,
                     source: DecisionSource::Redis,

@@ -389,10 +389,13 @@ impl RedisLimiter {
         #[cfg(test)]
         let cache = cache.filter(|_| super::testing::now_us().is_none());
         if let Some(left) = cache.and_then(|c| c.denied_for(&rkey)) {
-            return Ok(RedisDecision {
+            let d = RedisDecision {
                 decision: Decision::deny(self.policy.limit(), 0, left, left),
                 source: DecisionSource::DenyCache,
-            });
+            };
+            #[cfg(feature = "metrics")]
+            self.failover.watch().decided(&d);
+            return Ok(d);
         }
         let mode = if consume { Mode::Check } else { Mode::Peek };
         // The key goes into the call; a copy stays only for the cache.
@@ -406,10 +409,7 @@ impl RedisLimiter {
                 if let Some(rkey) = &kept {
                     self.note(rkey, cost, &raw);
                 }
-                Ok(RedisDecision {
-                    decision: self.nominal(raw),
-                    source: DecisionSource::Redis,
-                })
+                Ok(self.answered(raw))
             }
             Err(RedisError::Unavailable { retry_in, cause }) => {
                 self.unavailable(key, cost, consume, retry_in, cause)
@@ -434,6 +434,45 @@ impl RedisLimiter {
         };
         self.failover
             .unavailable(key, cost, consume, open, retry_in, cause)
+    }
+
+    /// A decision Redis made (the script's own, `raw`): in nominal terms,
+    /// and reported (Redis answers: a recovery if it did not before; with
+    /// the `metrics` feature, counted).
+    #[inline]
+    pub(crate) fn answered(&self, raw: Decision) -> RedisDecision {
+        self.redis_answered();
+        let d = RedisDecision {
+            decision: self.nominal(raw),
+            source: DecisionSource::Redis,
+        };
+        #[cfg(feature = "metrics")]
+        self.failover.watch().decided(&d);
+        d
+    }
+
+    /// Redis answered a call of this limiter (a recovery if it did not
+    /// before).
+    #[inline]
+    pub(crate) fn redis_answered(&self) {
+        self.failover.watch().answered();
+    }
+
+    /// Whether this limiter is failing over now: Redis did not answer its
+    /// last check (its [`FailurePolicy`] answered), and has not answered
+    /// one since. The [`StoreEvent`](super::StoreEvent)s report each change.
+    ///
+    /// ```
+    /// # use ratewall::redis::{RedisBackend, RedisLimiter};
+    /// # use ratewall::{Policy, Rate};
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// # let redis = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
+    /// let l = RedisLimiter::builder(Policy::token_bucket(Rate::per_second(5)), &redis).build()?;
+    /// assert!(!l.is_failing_over()); // nothing checked yet
+    /// # Ok::<(), ratewall::redis::RedisError>(()) }).unwrap();
+    /// ```
+    pub fn is_failing_over(&self) -> bool {
+        self.failover.watch().is_failing()
     }
 
     /// A decision of the script (run with the widened capacity of a soft
@@ -591,9 +630,9 @@ let b = || RedisLimiter::builder(Policy::token_bucket(Rate::per_second(5)), &red
         let (prefix, name) = self.options.names(|| program.default_name())?;
         let base = format!("{prefix}:{name}:").into_bytes();
         let policy = self.policy;
-        let failover = self
-            .options
-            .failover(|instances| self.options.keyed(share(&policy, instances)))?;
+        let failover = self.options.failover(&name, |instances| {
+            self.options.keyed(share(&policy, instances))
+        })?;
         Ok(RedisLimiter {
             policy: self.policy,
             soft,

@@ -9,7 +9,9 @@
 //!   (the verbs of the local keyed limiters), each one round trip.
 //! - [`RedisDecision`]: a [`Decision`] plus where it came from
 //!   ([`DecisionSource`]): Redis, the local fallback, or fail-open.
-//! - [`FailurePolicy`]: what to answer when Redis cannot.
+//! - [`FailurePolicy`]: what to answer when Redis cannot, and
+//!   [`StoreEvent`]: one report when a limiter starts failing over and one
+//!   when Redis answers again.
 //! - [`RedisElasticLimiter`]: an elastic limit (guarantee, ceiling and a
 //!   shared pool), one script call per check, all or nothing.
 //! - [`RedisLeaseLimiter`]: a [`RedisLimiter`] (token or leaky bucket,
@@ -56,6 +58,7 @@ mod connection;
 mod deny_cache;
 mod elastic;
 mod error;
+mod events;
 mod failover;
 mod key;
 mod lease;
@@ -77,6 +80,7 @@ pub use backend::{
 };
 pub use elastic::{RedisElasticBuilder, RedisElasticLimiter};
 pub use error::RedisError;
+pub use events::StoreEvent;
 pub use failover::FailurePolicy;
 pub use lease::{RedisLeaseLimiter, RedisLeaseOptions};
 pub use limiter::{RedisLimiter, RedisLimiterBuilder};

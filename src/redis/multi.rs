@@ -123,10 +123,7 @@ async fn one_script(
             let mut decisions = Vec::with_capacity(limits.len());
             for (i, (&(limit, _, cost), raw)) in limits.iter().zip(raw).enumerate() {
                 limit.note(&rkeys[i], cost, &raw);
-                decisions.push(RedisDecision {
-                    decision: limit.nominal(raw),
-                    source: DecisionSource::Redis,
-                });
+                decisions.push(limit.answered(raw));
             }
             Ok((all, decisions))
         }

@@ -1,0 +1,304 @@
+//! What operators see (issue 22): metrics through the `metrics` facade
+//! (checked with metrics-util's debugging recorder against what a real
+//! client saw on loopback), each rule's top offenders (addresses in full,
+//! header keys only as a fingerprint), and one store event per transition
+//! when a real redis-server is killed and restarted.
+#![cfg(all(feature = "axum", feature = "redis", feature = "metrics"))]
+
+mod support;
+
+use axum::routing::get;
+use axum::Router;
+use http::StatusCode;
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use ratewall::http::{Key, RateLimitLayer, Rule};
+use ratewall::redis::{DecisionSource, FailurePolicy, RedisBackend, RedisLimiter, StoreEvent};
+use ratewall::{Policy, Rate};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use support::http_client::{fetch, serve};
+use support::redis_server::RedisServer;
+
+/// One snapshot of the recorder (taking it drains the recorder: counters
+/// and gauges read 0 after, so each stage takes one and reads it).
+struct Snap(Vec<(metrics_util::CompositeKey, DebugValue)>);
+
+fn take(snap: &Snapshotter) -> Snap {
+    Snap(
+        snap.snapshot()
+            .into_vec()
+            .into_iter()
+            .map(|(k, _, _, v)| (k, v))
+            .collect(),
+    )
+}
+
+impl Snap {
+    /// The value of the metric `name` whose labels include all of `labels`.
+    fn value(&self, name: &str, labels: &[(&str, &str)]) -> Option<&DebugValue> {
+        self.0.iter().find_map(|(key, v)| {
+            let k = key.key();
+            let ok = k.name() == name
+                && labels
+                    .iter()
+                    .all(|(l, want)| k.labels().any(|x| x.key() == *l && x.value() == *want));
+            ok.then_some(v)
+        })
+    }
+
+    fn count(&self, name: &str, labels: &[(&str, &str)]) -> u64 {
+        match self.value(name, labels) {
+            Some(DebugValue::Counter(n)) => *n,
+            None => 0,
+            other => panic!("{name} {labels:?} is not a counter: {other:?}"),
+        }
+    }
+
+    fn gauge(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        match self.value(name, labels) {
+            Some(DebugValue::Gauge(g)) => Some(g.into_inner()),
+            _ => None,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_metrics_and_top_offenders_match_what_the_client_saw() {
+    let recorder = DebuggingRecorder::new();
+    let snap = recorder.snapshotter();
+    // Handles are registered at build: build under the recorder.
+    let layer = metrics::with_local_recorder(&recorder, || {
+        RateLimitLayer::builder()
+            .rule(Rule::per_ip(
+                "ip",
+                Policy::token_bucket(Rate::per_minute(5)),
+            ))
+            .rule(Rule::new(
+                "api-key",
+                Key::header("x-api-key"),
+                Policy::token_bucket(Rate::per_minute(3)),
+            ))
+            .build()
+            .unwrap()
+    });
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer.clone());
+    let (addr, stop, server) = serve("127.0.0.1:0", app).await;
+    let (mut ok, mut limited) = (0u64, 0u64);
+    for i in 0..40 {
+        // Two keys: a noisy one (3 in 4 requests) and a quiet one.
+        let key = if i % 4 == 3 {
+            "quiet-secret"
+        } else {
+            "noisy-secret-token"
+        };
+        let got = fetch(addr, "GET", "/", &[("x-api-key", key)]).await;
+        match got.status {
+            StatusCode::OK => ok += 1,
+            StatusCode::TOO_MANY_REQUESTS => limited += 1,
+            s => panic!("unexpected {s}"),
+        }
+    }
+    drop(stop);
+    server.await.unwrap();
+    // The layer's own counters agree with the client.
+    let stats = layer.stats();
+    let (ip, api) = (&stats[0], &stats[1]);
+    assert_eq!(ok, 5, "the per-IP limit admits its burst of 5");
+    assert_eq!(limited, 35);
+    assert_eq!((ip.allowed(), api.allowed()), (ok, ok), "{stats:?}");
+    // Every rejected request was denied by at least one rule.
+    assert!(ip.denied() + api.denied() >= limited, "{stats:?}");
+    // And the metrics agree with the counters, label by label.
+    let snap = take(&snap);
+    for s in &stats {
+        for (outcome, n) in [("allowed", s.allowed()), ("denied", s.denied())] {
+            let got = snap.count(
+                "ratewall_http_requests_total",
+                &[("rule", s.name()), ("outcome", outcome)],
+            );
+            assert_eq!(got, n, "{} {outcome}", s.name());
+        }
+    }
+    // No label holds a key.
+    for (key, _) in &snap.0 {
+        for l in key.key().labels() {
+            assert!(
+                !l.value().contains("secret") && l.value() != "127.0.0.1",
+                "{l:?}"
+            );
+        }
+    }
+    assert!(snap
+        .gauge("ratewall_http_table_capacity", &[("rule", "ip")])
+        .is_some_and(|c| c >= 1.0));
+    assert_eq!(
+        snap.gauge("ratewall_http_table_keys", &[("rule", "ip")]),
+        Some(1.0)
+    );
+    // Top offenders: the address in full, with its exact count (one key,
+    // far below the summary's 64: no error).
+    let top = ip.top_offenders();
+    assert_eq!(top.len(), 1, "{top:?}");
+    assert_eq!(
+        (top[0].key(), top[0].count(), top[0].error()),
+        ("127.0.0.1", ip.denied(), 0)
+    );
+    assert_eq!(ip.offender_denials(), ip.denied());
+    // The API keys only as fingerprints: never the key itself.
+    for o in api.top_offenders() {
+        assert!(o.key().starts_with('#') && o.key().len() == 17, "{o:?}");
+        assert!(!o.key().contains("secret"));
+    }
+    assert_eq!(
+        api.top_offenders().iter().map(|o| o.count()).sum::<u64>(),
+        api.denied()
+    );
+}
+
+type Seen = Arc<Mutex<Vec<StoreEvent>>>;
+
+fn recording() -> (Seen, impl Fn(&StoreEvent) + Send + Sync + 'static) {
+    let seen: Seen = Arc::default();
+    let s = seen.clone();
+    (seen, move |e: &StoreEvent| {
+        s.lock().unwrap().push(e.clone())
+    })
+}
+
+/// Issue 22 item 3: a Redis outage under load is one `Failing` event and
+/// one `Recovered` event per limiter, never one per check, whatever the
+/// failure policy; the gauge and the decision metrics follow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_is_one_failing_and_one_recovered_event() {
+    let mut server = RedisServer::start();
+    let recorder = DebuggingRecorder::new();
+    let snap = recorder.snapshotter();
+    let cool_down = Duration::from_millis(200);
+    let policies = [
+        ("open", FailurePolicy::Open),
+        ("closed", FailurePolicy::Closed),
+        ("share", FailurePolicy::FallbackShare { instances: 2 }),
+    ];
+    let mut limiters = Vec::new();
+    let mut seen = Vec::new();
+    {
+        // Built under the local recorder; the handles keep recording after.
+        let _guard = metrics::set_default_local_recorder(&recorder);
+        let redis = RedisBackend::builder(server.url())
+            .name("main")
+            .timeout(Duration::from_millis(100))
+            .breaker(3, cool_down)
+            .build()
+            .unwrap();
+        for (name, failure) in policies {
+            let (events, hook) = recording();
+            limiters.push(
+                RedisLimiter::builder(Policy::token_bucket(Rate::per_second(1_000_000)), &redis)
+                    .prefix("ops")
+                    .name(name)
+                    .on_failure(failure)
+                    .on_store_event(hook)
+                    .build()
+                    .unwrap(),
+            );
+            seen.push(events);
+        }
+    }
+    for l in &limiters {
+        assert_eq!(
+            l.check_key(b"k").await.unwrap().source(),
+            DecisionSource::Redis
+        );
+        assert!(!l.is_failing_over());
+    }
+    assert!(seen.iter().all(|s| s.lock().unwrap().is_empty()));
+
+    server.kill9();
+    for _ in 0..1000 {
+        for l in &limiters {
+            match l.check_key(b"k").await {
+                Ok(d) => assert_ne!(d.source(), DecisionSource::Redis),
+                Err(e) => assert!(l.failure_policy() == FailurePolicy::Closed, "{e}"),
+            }
+        }
+    }
+    let outage = take(&snap);
+    for (l, s) in limiters.iter().zip(&seen) {
+        assert!(l.is_failing_over());
+        let s = s.lock().unwrap();
+        assert_eq!(s.len(), 1, "{}: {s:?}", l.name());
+        assert!(matches!(&s[0], StoreEvent::Failing { limiter, .. } if limiter == l.name()));
+        assert_eq!(
+            outage.gauge("ratewall_redis_failing", &[("limiter", l.name())]),
+            Some(1.0)
+        );
+    }
+    assert_eq!(
+        outage.gauge("ratewall_redis_breaker_state", &[("backend", "main")]),
+        Some(1.0)
+    );
+
+    server.restart();
+    // Redis answers again within a cool-down or so; check until it does.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for l in &limiters {
+        while l.check_key(b"k").await.map(|d| d.source()).ok() != Some(DecisionSource::Redis) {
+            assert!(Instant::now() < deadline, "{} never recovered", l.name());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        for _ in 0..100 {
+            let _ = l.check_key(b"k").await;
+        }
+    }
+    let after = take(&snap);
+    for (l, s) in limiters.iter().zip(&seen) {
+        assert!(!l.is_failing_over());
+        let s = s.lock().unwrap();
+        assert_eq!(s.len(), 2, "{}: {s:?}", l.name());
+        match &s[1] {
+            StoreEvent::Recovered {
+                limiter,
+                answered_locally,
+                policy,
+                ..
+            } => {
+                assert_eq!(limiter, l.name());
+                assert_eq!(*policy, l.failure_policy());
+                assert!(*answered_locally >= 1000, "{answered_locally}");
+            }
+            e => panic!("{e:?}"),
+        }
+    }
+    // The decision metrics say where the decisions came from (summed over
+    // both snapshots).
+    let total = |name: &str, labels: &[(&str, &str)]| {
+        outage.count(name, labels) + after.count(name, labels)
+    };
+    let by = |limiter: &str, source: &str| {
+        total(
+            "ratewall_redis_decisions_total",
+            &[
+                ("limiter", limiter),
+                ("source", source),
+                ("outcome", "allowed"),
+            ],
+        )
+    };
+    assert!(by("open", "fail_open") >= 1000);
+    assert!(by("share", "fallback") >= 1000);
+    assert!(by("open", "redis") >= 101 && by("share", "redis") >= 101);
+    assert!(total("ratewall_redis_unavailable_total", &[("limiter", "closed")]) >= 1000);
+    assert!(
+        outage.count(
+            "ratewall_redis_call_errors_total",
+            &[("backend", "main"), ("kind", "breaker_open")]
+        ) > 0
+    );
+    assert!(total("ratewall_redis_calls_total", &[("backend", "main")]) >= 3 * 101);
+    assert!(matches!(
+        after.value("ratewall_redis_call_seconds", &[("backend", "main")]),
+        Some(DebugValue::Histogram(h)) if !h.is_empty()
+    ));
+}
