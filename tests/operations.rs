@@ -302,3 +302,45 @@ async fn an_outage_is_one_failing_and_one_recovered_event() {
         Some(DebugValue::Histogram(h)) if !h.is_empty()
     ));
 }
+
+/// A lease limiter's decisions are counted under its `RedisLimiter`'s name:
+/// the lease script's answers as `redis`, admissions from a held lease as
+/// `lease`, so the series add up to the checks made.
+#[tokio::test]
+async fn a_lease_limiter_counts_its_local_admissions_as_lease() {
+    use ratewall::redis::{RedisLeaseLimiter, RedisLeaseOptions};
+    let server = RedisServer::start();
+    let recorder = DebuggingRecorder::new();
+    let snap = recorder.snapshotter();
+    let leased = {
+        let _guard = metrics::set_default_local_recorder(&recorder);
+        let redis = RedisBackend::builder(server.url()).build().unwrap();
+        let limiter = RedisLimiter::builder(Policy::token_bucket(Rate::per_second(1_000)), &redis)
+            .prefix("ops-lease")
+            .name("leased")
+            .build()
+            .unwrap();
+        RedisLeaseLimiter::new(limiter, RedisLeaseOptions::new()).unwrap()
+    };
+    let mut by_source = std::collections::HashMap::new();
+    for _ in 0..200 {
+        let d = leased.check_key(b"k").await.unwrap();
+        assert!(d.is_allowed());
+        *by_source.entry(d.source()).or_insert(0u64) += 1;
+    }
+    let local = by_source.get(&DecisionSource::Lease).copied().unwrap_or(0);
+    let remote = by_source.get(&DecisionSource::Redis).copied().unwrap_or(0);
+    assert!(local > 0 && remote > 0, "{by_source:?}");
+    let s = take(&snap);
+    let count = |source: &str| {
+        s.count(
+            "ratewall_redis_decisions_total",
+            &[
+                ("limiter", "leased"),
+                ("source", source),
+                ("outcome", "allowed"),
+            ],
+        )
+    };
+    assert_eq!((count("lease"), count("redis")), (local, remote));
+}

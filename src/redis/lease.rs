@@ -487,7 +487,7 @@ impl RedisLeaseLimiter {
         loop {
             let step = self.step(&rkey);
             match step {
-                Step::Done(d) => return Ok(d),
+                Step::Done(d) => return Ok(self.limiter.counted(d)),
                 Step::Wait(mut rx) => {
                     let outcome = rx
                         .wait_for(Option::is_some)
@@ -508,10 +508,10 @@ impl RedisLeaseLimiter {
                                 continue;
                             }
                             let reset = (d.reset_after().as_nanos() as u64).saturating_sub(gone);
-                            return Ok(RedisDecision {
+                            return Ok(self.limiter.counted(RedisDecision {
                                 decision: Decision::deny(d.limit(), 0, retry, reset.max(retry)),
                                 source: DecisionSource::Redis,
-                            });
+                            }));
                         }
                         Some(Outcome::Failed(RedisError::Unavailable { retry_in, cause })) => {
                             return self.limiter.unavailable(key, 1, true, retry_in, cause);
@@ -544,20 +544,20 @@ impl RedisLeaseLimiter {
         self.limiter.validate(key, n)?;
         let rkey = self.limiter.redis_key(key)?;
         if let Some(left) = self.limiter.denied_for(&rkey) {
-            return Ok(RedisDecision {
+            return Ok(self.limiter.counted(RedisDecision {
                 decision: Decision::deny(self.limiter.program().limit, 0, left, left),
                 source: DecisionSource::DenyCache,
-            });
+            }));
         }
         match self.call(&rkey, "t", n, 0, 0, None).await {
             Ok(reply) => {
                 let r = parse_lease(&reply)?;
                 self.limiter.note(&rkey, n, &r.decision);
                 self.limiter.redis_answered();
-                Ok(RedisDecision {
+                Ok(self.limiter.counted(RedisDecision {
                     decision: r.decision,
                     source: DecisionSource::Redis,
-                })
+                }))
             }
             Err(RedisError::Unavailable { retry_in, cause }) => {
                 self.limiter.unavailable(key, n, true, retry_in, cause)
@@ -810,10 +810,10 @@ impl RedisLeaseLimiter {
             Ok(r) => {
                 self.limiter.note(rkey, 1, &r.decision);
                 self.limiter.redis_answered();
-                Ok(RedisDecision {
+                Ok(self.limiter.counted(RedisDecision {
                     decision: r.decision,
                     source: DecisionSource::Redis,
-                })
+                }))
             }
             Err(RedisError::Unavailable { retry_in, cause }) => {
                 self.limiter.unavailable(key, 1, true, retry_in, cause)

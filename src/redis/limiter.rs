@@ -451,6 +451,16 @@ impl RedisLimiter {
         d
     }
 
+    /// `d`, a decision made for this limiter outside its own check (a
+    /// lease's local admission or its script's reply), counted (feature
+    /// `metrics`; otherwise `d` as it is).
+    #[inline]
+    pub(crate) fn counted(&self, d: RedisDecision) -> RedisDecision {
+        #[cfg(feature = "metrics")]
+        self.failover.watch().decided(&d);
+        d
+    }
+
     /// Redis answered a call of this limiter (a recovery if it did not
     /// before).
     #[inline]
