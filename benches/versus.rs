@@ -15,7 +15,7 @@
 //! each child builds only its own table, runs one unmeasured pass and one
 //! measured run, and prints its ops/s), or both, one after the other per
 //! row (`both`; `benches/versus.sh` runs this). `--big` adds the 10M-key
-//! rows (slow: the tables take about 3 GB and seconds to fill, per child).
+//! rows (slow: both tables take 0.9 GB and seconds to fill, per child).
 //!
 //! Rates are per second *on a CPU* (each thread's `schedstat` run time,
 //! Linux), so that a round in which the shared machine kept a thread off
