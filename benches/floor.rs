@@ -30,6 +30,9 @@
 //! ticks: use it only with runs of a second or more). Reported: ns per operation, the median of the rounds
 //! and their min-max, and the median of the per-round ratios 16 B / 8 B.
 
+mod common;
+
+use common::{cpu_name, flag_num, median, splitmix64, thread_cpu_ns};
 use portable_atomic::AtomicU128;
 use std::hint::black_box;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -38,25 +41,10 @@ use std::time::Instant;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// splitmix64: the order slots are visited in.
-#[inline(always)]
-fn splitmix64(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 /// The `c`-th slot of a stream over `0..n` (multiply-high, no division).
 #[inline(always)]
 fn index(c: u64, n: usize) -> usize {
     ((u128::from(splitmix64(c)) * n as u128) >> 64) as usize
-}
-
-/// Nanoseconds this thread has spent on a CPU, or `None` where unknown.
-fn thread_cpu_ns() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
-    s.split_whitespace().next()?.parse().ok()
 }
 
 /// Whether times are on-CPU (`--on-cpu`) rather than wall.
@@ -99,51 +87,67 @@ impl Op {
     }
 }
 
-fn run8(op: Op, a: &[AtomicU64], ops: u64) -> f64 {
-    let n = a.len();
-    match op {
-        Op::Index => time_ns(n, ops, |i| i as u64),
-        // Acquire: as the table's slot load (a slot's state is read with it).
-        Op::Load => time_ns(n, ops, |i| a[i].load(Ordering::Acquire)),
-        // AcqRel/Acquire: as the table's exchange; the ordering does not
-        // change the instruction on x86 (every locked RMW is a full barrier).
-        Op::Cas => time_ns(n, ops, |i| {
-            u64::from(
-                a[i].compare_exchange(0, 0, Ordering::AcqRel, Ordering::Acquire)
-                    .is_ok(),
-            )
-        }),
-        Op::Check => time_ns(n, ops, |i| {
-            // Acquire then AcqRel/Acquire: the keyed check's load and exchange.
-            let v = a[i].load(Ordering::Acquire);
-            u64::from(
-                a[i].compare_exchange(v, v.wrapping_add(1), Ordering::AcqRel, Ordering::Acquire)
-                    .is_ok(),
-            )
-        }),
+/// One slot width: the 8-byte `AtomicU64` or the 16-byte `AtomicU128`.
+trait Slot: Sync {
+    fn new() -> Self;
+    /// Acquire: as the table's slot load (a slot's state is read with it).
+    fn load(&self) -> u64;
+    /// `compare_exchange(cur, new)` with the table's AcqRel/Acquire (the
+    /// ordering does not change the instruction on x86: every locked
+    /// read-modify-write is a full barrier); true if it won.
+    fn cas(&self, cur: u64, new: u64) -> bool;
+}
+
+impl Slot for AtomicU64 {
+    fn new() -> Self {
+        AtomicU64::new(0)
+    }
+    #[inline(always)]
+    fn load(&self) -> u64 {
+        // Acquire: see the trait.
+        AtomicU64::load(self, Ordering::Acquire)
+    }
+    #[inline(always)]
+    fn cas(&self, cur: u64, new: u64) -> bool {
+        // AcqRel/Acquire: see the trait.
+        self.compare_exchange(cur, new, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
     }
 }
 
-fn run16(op: Op, a: &[AtomicU128], ops: u64) -> f64 {
+impl Slot for AtomicU128 {
+    fn new() -> Self {
+        AtomicU128::new(0)
+    }
+    #[inline(always)]
+    fn load(&self) -> u64 {
+        // Acquire: see the trait. The low half is the table's state word.
+        AtomicU128::load(self, Ordering::Acquire) as u64
+    }
+    #[inline(always)]
+    fn cas(&self, cur: u64, new: u64) -> bool {
+        // AcqRel/Acquire: see the trait. The high half (the table's
+        // fingerprint) stays 0, so the exchange compares all 16 bytes.
+        self.compare_exchange(
+            u128::from(cur),
+            u128::from(new),
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        )
+        .is_ok()
+    }
+}
+
+fn run<S: Slot>(op: Op, a: &[S], ops: u64) -> f64 {
     let n = a.len();
     match op {
         Op::Index => time_ns(n, ops, |i| i as u64),
-        // Acquire: as the table's slot load.
-        Op::Load => time_ns(n, ops, |i| a[i].load(Ordering::Acquire) as u64),
-        // AcqRel/Acquire: as the table's exchange (`lock cmpxchg16b` either way).
-        Op::Cas => time_ns(n, ops, |i| {
-            u64::from(
-                a[i].compare_exchange(0, 0, Ordering::AcqRel, Ordering::Acquire)
-                    .is_ok(),
-            )
-        }),
+        Op::Load => time_ns(n, ops, |i| a[i].load()),
+        Op::Cas => time_ns(n, ops, |i| u64::from(a[i].cas(0, 0))),
         Op::Check => time_ns(n, ops, |i| {
-            // Acquire then AcqRel/Acquire: the keyed check's load and exchange.
-            let v = a[i].load(Ordering::Acquire);
-            u64::from(
-                a[i].compare_exchange(v, v.wrapping_add(1), Ordering::AcqRel, Ordering::Acquire)
-                    .is_ok(),
-            )
+            // The keyed check's load, then its exchange from the value read.
+            let v = a[i].load();
+            u64::from(a[i].cas(v, v.wrapping_add(1)))
         }),
     }
 }
@@ -173,10 +177,10 @@ fn parse() -> Result<Opts, String> {
     while let Some(a) = args.next() {
         let mut val = || args.next().ok_or(format!("{a} needs a value"));
         match a.as_str() {
-            "--rounds" => o.rounds = val()?.parse().map_err(|e| format!("--rounds: {e}"))?,
-            "--ops" => o.ops = val()?.parse().map_err(|e| format!("--ops: {e}"))?,
+            "--rounds" => o.rounds = flag_num("--rounds", val())?,
+            "--ops" => o.ops = flag_num("--ops", val())?,
             "--sizes" => o.sizes = list(val()?),
-            "--dram-mib" => o.dram_mib = val()?.parse().map_err(|e| format!("--dram-mib: {e}"))?,
+            "--dram-mib" => o.dram_mib = flag_num("--dram-mib", val())?,
             "--only" => o.only = list(val()?),
             "--md" => o.md = Some(val()?),
             // Relaxed: a setting written before any measurement.
@@ -212,17 +216,6 @@ fn bytes_of(name: &str, dram_mib: usize) -> Option<usize> {
     })
 }
 
-fn median(v: &[f64]) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    let m = v.len() / 2;
-    if v.len() % 2 == 1 {
-        v[m]
-    } else {
-        (v[m - 1] + v[m]) / 2.0
-    }
-}
-
 fn range(v: &[f64]) -> (f64, f64) {
     let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
     let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -237,15 +230,7 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|m| m.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown CPU".into());
+    let cpu = cpu_name();
     let ops_list = [Op::Index, Op::Load, Op::Cas, Op::Check];
     let want = |op: Op| o.only.is_empty() || o.only.iter().any(|w| w == op.name());
     let mut md = format!(
@@ -264,10 +249,8 @@ fn main() {
     let started = Instant::now();
     for size in &o.sizes {
         let bytes = bytes_of(size, o.dram_mib).expect("checked in parse");
-        let a8: Vec<AtomicU64> = (0..(bytes / 8).max(1)).map(|_| AtomicU64::new(0)).collect();
-        let a16: Vec<AtomicU128> = (0..(bytes / 16).max(1))
-            .map(|_| AtomicU128::new(0))
-            .collect();
+        let a8: Vec<AtomicU64> = (0..(bytes / 8).max(1)).map(|_| Slot::new()).collect();
+        let a16: Vec<AtomicU128> = (0..(bytes / 16).max(1)).map(|_| Slot::new()).collect();
         // The line case visits one slot only.
         let (s8, s16) = if size == "line" {
             (&a8[..1], &a16[..1])
@@ -277,16 +260,16 @@ fn main() {
         for op in ops_list.into_iter().filter(|&op| want(op)) {
             // One unmeasured pass each: page faults, caches warmed to the set.
             let warm = o.ops.min(1 << 20).max((bytes / 64) as u64);
-            let _ = (run8(op, s8, warm), run16(op, s16, warm));
+            let _ = (run(op, s8, warm), run(op, s16, warm));
             let mut r8 = Vec::new();
             let mut r16 = Vec::new();
             for r in 0..o.rounds {
                 let (a, b) = if r % 2 == 0 {
-                    let a = run8(op, s8, o.ops);
-                    (a, run16(op, s16, o.ops))
+                    let a = run(op, s8, o.ops);
+                    (a, run(op, s16, o.ops))
                 } else {
-                    let b = run16(op, s16, o.ops);
-                    (run8(op, s8, o.ops), b)
+                    let b = run(op, s16, o.ops);
+                    (run(op, s8, o.ops), b)
                 };
                 eprintln!(
                     "  {size:>5} {:<6} round {r}: 8 B {a:>7.2} ns, 16 B {b:>7.2} ns",

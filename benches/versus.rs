@@ -39,6 +39,9 @@
 //! tracks N distinct keys under every `WhenFull` policy) and the table's own
 //! memory per requested key.
 
+mod common;
+
+use common::{cpu_name, flag_num, median, splitmix64, thread_cpu_ns};
 use governor::clock::QuantaUpkeepClock;
 use governor::{Quota, RateLimiter};
 use ratewall::{CoarseClock, KeyedTokenBucket, Rate, TokenBucket, WhenFull};
@@ -69,26 +72,10 @@ fn gov_deny() -> Quota {
     Quota::per_hour(NonZeroU32::new(1).unwrap())
 }
 
-/// splitmix64: the order keys are checked in.
-#[inline(always)]
-fn splitmix64(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 /// The `c`-th key of a stream over `0..n` (multiply-high, no division).
 #[inline(always)]
 fn key_at(c: u64, n: u64) -> u64 {
     ((u128::from(splitmix64(c)) * u128::from(n)) >> 64) as u64
-}
-
-/// Nanoseconds this thread has spent on a CPU (Linux `schedstat`), or
-/// `None` where that is not available.
-fn thread_cpu_ns() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
-    s.split_whitespace().next()?.parse().ok()
 }
 
 /// Whether rates are per on-CPU second (the default) or per wall second.
@@ -158,20 +145,10 @@ impl Rounds {
         r.sort_by(f64::total_cmp);
         r
     }
-    fn median(v: &[f64]) -> f64 {
-        let mut v = v.to_vec();
-        v.sort_by(f64::total_cmp);
-        let m = v.len() / 2;
-        if v.len() % 2 == 1 {
-            v[m]
-        } else {
-            (v[m - 1] + v[m]) / 2.0
-        }
-    }
     /// (median ratio, min, max, spread = (max - min) / median)
     fn summary(&self) -> (f64, f64, f64, f64) {
         let r = self.ratios();
-        let med = Self::median(&r);
+        let med = median(&r);
         let (lo, hi) = (r[0], r[r.len() - 1]);
         (med, lo, hi, (hi - lo) / med)
     }
@@ -257,8 +234,8 @@ fn parse() -> Result<Opts, String> {
     while let Some(a) = args.next() {
         let mut val = || args.next().ok_or(format!("{a} needs a value"));
         match a.as_str() {
-            "--rounds" => o.rounds = val()?.parse().map_err(|e| format!("--rounds: {e}"))?,
-            "--secs" => o.secs = val()?.parse().map_err(|e| format!("--secs: {e}"))?,
+            "--rounds" => o.rounds = flag_num("--rounds", val())?,
+            "--secs" => o.secs = flag_num("--secs", val())?,
             "--only" => o.only = Some(val()?),
             "--md" => o.md = Some(val()?),
             "--no-promise" => o.promise = false,
@@ -272,9 +249,9 @@ fn parse() -> Result<Opts, String> {
                 }
             }
             "--child" => side = Some(val()?),
-            "--keys" => c.keys = val()?.parse().map_err(|e| format!("--keys: {e}"))?,
-            "--cap" => c.cap = val()?.parse().map_err(|e| format!("--cap: {e}"))?,
-            "--threads" => c.threads = val()?.parse().map_err(|e| format!("--threads: {e}"))?,
+            "--keys" => c.keys = flag_num("--keys", val())?,
+            "--cap" => c.cap = flag_num("--cap", val())?,
+            "--threads" => c.threads = flag_num("--threads", val())?,
             "--hot" => c.hot = true,
             // Relaxed: set before any measuring thread starts.
             "--wall" => WALL.store(true, Ordering::Relaxed),
@@ -424,30 +401,18 @@ impl KeyedRow {
         gv
     }
 
-    fn run_ratewall(self, rw: &KeyedTokenBucket<u64>, secs: f64) -> f64 {
-        let n = self.n;
+    /// Runs the row's workload for `secs` on its threads, each check
+    /// `check(key)`; aggregate ops/s (see `measure`).
+    fn run(self, secs: f64, check: impl Fn(u64) -> bool + Sync) -> f64 {
+        let (n, check) = (self.n, &check);
         if self.hot {
-            return measure(self.threads, secs, |_| || rw.check_key(&7).is_allowed());
+            return measure(self.threads, secs, |_| move || check(7));
         }
         measure(self.threads, secs, |i| {
             let mut c = stream(i);
             move || {
                 c += 1;
-                rw.check_key(&key_at(c, n)).is_allowed()
-            }
-        })
-    }
-
-    fn run_governor(self, gv: &governor::DefaultKeyedRateLimiter<u64>, secs: f64) -> f64 {
-        let n = self.n;
-        if self.hot {
-            return measure(self.threads, secs, |_| || gv.check_key(&7).is_ok());
-        }
-        measure(self.threads, secs, |i| {
-            let mut c = stream(i);
-            move || {
-                c += 1;
-                gv.check_key(&key_at(c, n)).is_ok()
+                check(key_at(c, n))
             }
         })
     }
@@ -494,8 +459,8 @@ fn keyed(o: &Opts, row: KeyedRow) -> Vec<(f64, f64)> {
     alternate(
         o.rounds,
         &name,
-        || row.run_ratewall(&rw, o.secs),
-        || row.run_governor(&gv, o.secs),
+        || row.run(o.secs, |k| rw.check_key(&k).is_allowed()),
+        || row.run(o.secs, |k| gv.check_key(&k).is_ok()),
     )
 }
 
@@ -544,13 +509,15 @@ fn child(side: &str, args: &ChildArgs, secs: f64) -> Result<f64, String> {
     match side {
         "ratewall" => {
             let rw = row.ratewall();
-            let _ = row.run_ratewall(&rw, warm);
-            Ok(row.run_ratewall(&rw, secs))
+            let check = |k| rw.check_key(&k).is_allowed();
+            let _ = row.run(warm, check);
+            Ok(row.run(secs, check))
         }
         "governor" => {
             let gv = row.governor();
-            let _ = row.run_governor(&gv, warm);
-            Ok(row.run_governor(&gv, secs))
+            let check = |k| gv.check_key(&k).is_ok();
+            let _ = row.run(warm, check);
+            Ok(row.run(secs, check))
         }
         other => Err(format!("--child {other}: use ratewall or governor")),
     }
@@ -661,8 +628,8 @@ fn main() {
     md.push_str("|---|---:|---:|---:|---:|---:|---|---|\n");
     for r in &out {
         let (med, lo, hi, spread) = r.summary();
-        let rw = Rounds::median(&r.rounds.iter().map(|x| x.0).collect::<Vec<_>>());
-        let gv = Rounds::median(&r.rounds.iter().map(|x| x.1).collect::<Vec<_>>());
+        let rw = median(&r.rounds.iter().map(|x| x.0).collect::<Vec<_>>());
+        let gv = median(&r.rounds.iter().map(|x| x.1).collect::<Vec<_>>());
         let met = med >= r.target && (r.max_spread == 0.0 || spread < r.max_spread);
         let target = if r.target == 0.0 {
             "-".to_string()
@@ -711,16 +678,4 @@ fn main() {
     if let Some(path) = &o.md {
         std::fs::write(path, &md).expect("write --md");
     }
-}
-
-/// The CPU's model name (`/proc/cpuinfo`), for every table this prints.
-fn cpu_name() -> String {
-    let model = std::fs::read_to_string("/proc/cpuinfo").ok().and_then(|s| {
-        s.lines()
-            .find(|l| l.starts_with("model name"))
-            .and_then(|l| l.split(':').nth(1))
-            .map(|m| m.trim().to_string())
-    });
-    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
-    format!("{}, {cpus} CPUs", model.as_deref().unwrap_or("unknown CPU"))
 }
