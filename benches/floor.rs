@@ -8,7 +8,7 @@
 //! ```text
 //! cargo bench --bench floor -- [--rounds 7] [--ops 4000000] [--sizes line,l1,l2,l3,dram]
 //!                              [--dram-mib 1024] [--only load,cas,check] [--md out.md]
-//!                              [--on-cpu]
+//!                              [--on-cpu] [--width 8|16]
 //! ```
 //!
 //! Each access goes to a slot picked by splitmix64 of a counter (the next
@@ -29,6 +29,12 @@
 //! `/proc/thread-self/schedstat`, which on a KVM guest may advance in 4 ms
 //! ticks: use it only with runs of a second or more). Reported: ns per operation, the median of the rounds
 //! and their min-max, and the median of the per-round ratios 16 B / 8 B.
+//!
+//! `--width 8|16` runs one side only (the other reads NaN), for exact
+//! instruction counts: under callgrind, (Ir at `--ops 2N` - Ir at `--ops N`)
+//! / N with `--rounds 1` is one operation plus the loop (`index`), the
+//! unmeasured pass being the same `min(ops, 2^20)` both times when
+//! `N >= 2^20`; `sh benches/floor-ir.sh` prints them.
 
 mod common;
 
@@ -138,8 +144,12 @@ impl Slot for AtomicU128 {
     }
 }
 
+/// ns per operation; NaN for a side left out (`--width`: an empty slice).
 fn run<S: Slot>(op: Op, a: &[S], ops: u64) -> f64 {
     let n = a.len();
+    if n == 0 {
+        return f64::NAN;
+    }
     match op {
         Op::Index => time_ns(n, ops, |i| i as u64),
         Op::Load => time_ns(n, ops, |i| a[i].load()),
@@ -159,6 +169,8 @@ struct Opts {
     dram_mib: usize,
     only: Vec<String>,
     md: Option<String>,
+    /// Only one side (8 or 16 bytes), for callgrind; 0 = both.
+    width: u32,
 }
 
 fn parse() -> Result<Opts, String> {
@@ -171,6 +183,7 @@ fn parse() -> Result<Opts, String> {
         dram_mib: 1024,
         only: Vec::new(),
         md: None,
+        width: 0,
     };
     let list = |s: String| s.split(',').map(str::to_string).collect::<Vec<_>>();
     let mut args = std::env::args().skip(1);
@@ -183,11 +196,15 @@ fn parse() -> Result<Opts, String> {
             "--dram-mib" => o.dram_mib = flag_num("--dram-mib", val())?,
             "--only" => o.only = list(val()?),
             "--md" => o.md = Some(val()?),
+            "--width" => o.width = flag_num("--width", val())?,
             // Relaxed: a setting written before any measurement.
             "--on-cpu" => ON_CPU.store(true, Ordering::Relaxed),
             "--bench" => {} // passed by `cargo bench`
             other => return Err(format!("unknown argument {other}")),
         }
+    }
+    if ![0, 8, 16].contains(&o.width) {
+        return Err(format!("--width {}: use 8 or 16", o.width));
     }
     if o.rounds == 0 || o.ops == 0 {
         return Err("--rounds and --ops must be at least 1".into());
@@ -251,12 +268,17 @@ fn main() {
         let bytes = bytes_of(size, o.dram_mib).expect("checked in parse");
         let a8: Vec<AtomicU64> = (0..(bytes / 8).max(1)).map(|_| Slot::new()).collect();
         let a16: Vec<AtomicU128> = (0..(bytes / 16).max(1)).map(|_| Slot::new()).collect();
-        // The line case visits one slot only.
-        let (s8, s16) = if size == "line" {
+        // The line case visits one slot only; `--width` leaves a side empty.
+        let (mut s8, mut s16) = if size == "line" {
             (&a8[..1], &a16[..1])
         } else {
             (&a8[..], &a16[..])
         };
+        match o.width {
+            8 => s16 = &[],
+            16 => s8 = &[],
+            _ => {}
+        }
         for op in ops_list.into_iter().filter(|&op| want(op)) {
             // One unmeasured pass each: page faults, caches warmed to the set.
             let warm = o.ops.min(1 << 20).max((bytes / 64) as u64);
