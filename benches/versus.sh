@@ -8,8 +8,9 @@
 #     sh benches/versus.sh [--big] [--rounds 7] [--secs 0.3] [--only NAME]
 #
 # Without --big (10k, 100k, 1M keys; tables for N and 2N; 1 and 2 threads;
-# the one-limiter and hot-key rows): about 4 minutes on the 2-core bench
-# machine after the build at 7 rounds (110 s at --rounds 5 --secs 0.2).
+# the one-limiter and hot-key rows): about 3.5 minutes on the 2-core bench
+# machine after the build at 7 rounds (3 min 14 s; 110 s at --rounds 5
+# --secs 0.2).
 # --big adds the 10M-key rows and the 10M promise check: up to 0.9 GB per
 # process, about 6 minutes more (each child fills its own table, 3-4 s).
 set -eu
