@@ -26,4 +26,7 @@ cargo bench --bench sweep -- --secs 1 --threads 1,2,4 \
     --md "$out/report.md"
 # ratewall against governor, alternating rounds, median of the ratios (issue 12).
 cargo bench --bench versus -- --rounds 9 --secs 0.3 --md "$out/versus.md"
-echo "report: $out/report.md, $out/versus.md, $out/sweep.csv, docs/sweep.svg"
+# The floor of a keyed check: 8- against 16-byte atomics per cache level
+# (issue 24; about 40 s). Both versus modes: sh benches/versus.sh.
+cargo bench --bench floor -- --md "$out/floor.md"
+echo "report: $out/report.md, $out/versus.md, $out/floor.md, $out/sweep.csv, docs/sweep.svg"

@@ -6,7 +6,16 @@
 //! ```text
 //! cargo bench --bench versus -- [--rounds 5] [--secs 0.5] [--only NAME]
 //!                               [--md out.md] [--no-promise] [--wall]
+//!                               [--mode in|procs|both] [--big]
 //! ```
+//!
+//! `--mode`: the keyed rows measured with both sides in this process (`in`,
+//! the default), with each side in its own process and wall time (`procs`:
+//! every round starts this binary twice with `--child ratewall|governor`,
+//! each child builds only its own table, runs one unmeasured pass and one
+//! measured run, and prints its ops/s), or both, one after the other per
+//! row (`both`; `benches/versus.sh` runs this). `--big` adds the 10M-key
+//! rows (slow: both tables take 0.9 GB and seconds to fill, per child).
 //!
 //! Rates are per second *on a CPU* (each thread's `schedstat` run time,
 //! Linux), so that a round in which the shared machine kept a thread off
@@ -19,15 +28,20 @@
 //!   hour, already spent;
 //! - `... cached clocks`: ratewall's `CoarseClock` against governor's
 //!   `QuantaUpkeepClock`, both updated every 1 ms;
-//! - `keyed, N keys, T threads`: `u64` keys `0..N`, all inserted before
+//! - `keyed, N keys, table for N|2N, T threads` (N = 10k, 100k, 1M; 10M
+//!   with `--big`; 1 and 2 threads): `u64` keys `0..N`, all inserted before
 //!   timing, checked in a splitmix64 order (thread `i` runs its own stream);
-//!   ratewall's table built for `2N` keys, governor's default keyed limiter;
+//!   ratewall's table built for `N` or `2N` keys (`max_keys`), governor's
+//!   default keyed limiter; targets from issue 24;
 //! - `hot key, 2 threads`: both threads check the same key.
 //!
 //! Then, unless `--no-promise`: the `max_keys` promise (a table built for N
 //! tracks N distinct keys under every `WhenFull` policy) and the table's own
 //! memory per requested key.
 
+mod common;
+
+use common::{cpu_name, flag_num, median, splitmix64, thread_cpu_ns};
 use governor::clock::QuantaUpkeepClock;
 use governor::{Quota, RateLimiter};
 use ratewall::{CoarseClock, KeyedTokenBucket, Rate, TokenBucket, WhenFull};
@@ -58,26 +72,10 @@ fn gov_deny() -> Quota {
     Quota::per_hour(NonZeroU32::new(1).unwrap())
 }
 
-/// splitmix64: the order keys are checked in.
-#[inline(always)]
-fn splitmix64(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 /// The `c`-th key of a stream over `0..n` (multiply-high, no division).
 #[inline(always)]
 fn key_at(c: u64, n: u64) -> u64 {
     ((u128::from(splitmix64(c)) * u128::from(n)) >> 64) as u64
-}
-
-/// Nanoseconds this thread has spent on a CPU (Linux `schedstat`), or
-/// `None` where that is not available.
-fn thread_cpu_ns() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
-    s.split_whitespace().next()?.parse().ok()
 }
 
 /// Whether rates are per on-CPU second (the default) or per wall second.
@@ -147,20 +145,10 @@ impl Rounds {
         r.sort_by(f64::total_cmp);
         r
     }
-    fn median(v: &[f64]) -> f64 {
-        let mut v = v.to_vec();
-        v.sort_by(f64::total_cmp);
-        let m = v.len() / 2;
-        if v.len() % 2 == 1 {
-            v[m]
-        } else {
-            (v[m - 1] + v[m]) / 2.0
-        }
-    }
     /// (median ratio, min, max, spread = (max - min) / median)
     fn summary(&self) -> (f64, f64, f64, f64) {
         let r = self.ratios();
-        let med = Self::median(&r);
+        let med = median(&r);
         let (lo, hi) = (r[0], r[r.len() - 1]);
         (med, lo, hi, (hi - lo) / med)
     }
@@ -201,6 +189,27 @@ struct Opts {
     only: Option<String>,
     md: Option<String>,
     promise: bool,
+    /// Also the 10M-key rows (`--big`).
+    big: bool,
+    /// Keyed rows in one process, in one process per side, or both.
+    mode: Mode,
+    /// `--child SIDE` and its row.
+    child: Option<(String, ChildArgs)>,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Mode {
+    In,
+    Procs,
+    Both,
+}
+
+#[derive(Default)]
+struct ChildArgs {
+    keys: u64,
+    cap: u64,
+    threads: usize,
+    hot: bool,
 }
 
 fn parse() -> Result<Opts, String> {
@@ -210,16 +219,40 @@ fn parse() -> Result<Opts, String> {
         only: None,
         md: None,
         promise: true,
+        big: false,
+        mode: Mode::In,
+        child: None,
     };
+    let mut c = ChildArgs {
+        keys: 100_000,
+        cap: 2,
+        threads: 1,
+        hot: false,
+    };
+    let mut side = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut val = || args.next().ok_or(format!("{a} needs a value"));
         match a.as_str() {
-            "--rounds" => o.rounds = val()?.parse().map_err(|e| format!("--rounds: {e}"))?,
-            "--secs" => o.secs = val()?.parse().map_err(|e| format!("--secs: {e}"))?,
+            "--rounds" => o.rounds = flag_num("--rounds", val())?,
+            "--secs" => o.secs = flag_num("--secs", val())?,
             "--only" => o.only = Some(val()?),
             "--md" => o.md = Some(val()?),
             "--no-promise" => o.promise = false,
+            "--big" => o.big = true,
+            "--mode" => {
+                o.mode = match val()?.as_str() {
+                    "in" => Mode::In,
+                    "procs" => Mode::Procs,
+                    "both" => Mode::Both,
+                    m => return Err(format!("--mode {m}: use in, procs or both")),
+                }
+            }
+            "--child" => side = Some(val()?),
+            "--keys" => c.keys = flag_num("--keys", val())?,
+            "--cap" => c.cap = flag_num("--cap", val())?,
+            "--threads" => c.threads = flag_num("--threads", val())?,
+            "--hot" => c.hot = true,
             // Relaxed: set before any measuring thread starts.
             "--wall" => WALL.store(true, Ordering::Relaxed),
             "--bench" => {} // passed by `cargo bench`
@@ -227,6 +260,10 @@ fn parse() -> Result<Opts, String> {
         }
     }
     o.rounds = o.rounds.max(1);
+    if c.keys == 0 || c.cap == 0 || c.threads == 0 {
+        return Err("--keys, --cap and --threads must be at least 1".into());
+    }
+    o.child = side.map(|s| (s, c));
     Ok(o)
 }
 
@@ -304,82 +341,186 @@ fn one_limiter(o: &Opts, out: &mut Vec<Rounds>) {
     }
 }
 
-/// Keyed: `n` keys inserted, then checked by `threads` threads in
-/// splitmix64 order (`hot` = every thread checks key 7).
-fn keyed(o: &Opts, out: &mut Vec<Rounds>, n: u64, threads: usize, hot: bool) -> Option<()> {
-    let name = if hot {
-        format!("hot key, {threads} threads")
-    } else {
+/// A keyed row: `n` keys, a ratewall table built for `cap * n` keys,
+/// `threads` threads (`hot`: every thread checks key 7).
+#[derive(Clone, Copy)]
+struct KeyedRow {
+    n: u64,
+    cap: u64,
+    threads: usize,
+    hot: bool,
+}
+
+impl KeyedRow {
+    fn name(self) -> String {
+        let plural = if self.threads == 1 { "" } else { "s" };
+        if self.hot {
+            return format!("hot key, {} thread{plural}", self.threads);
+        }
+        let keys = if self.n >= 1_000_000 {
+            format!("{}M", self.n / 1_000_000)
+        } else {
+            format!("{}k", self.n / 1000)
+        };
+        let table = if self.cap == 1 { "N" } else { "2N" };
         format!(
-            "keyed, {} keys, {threads} thread{}",
-            if n >= 1_000_000 {
-                format!("{}M", n / 1_000_000)
-            } else {
-                format!("{}k", n / 1000)
-            },
-            if threads == 1 { "" } else { "s" }
+            "keyed, {keys} keys, table for {table}, {} thread{plural}",
+            self.threads
         )
-    };
-    if !o.only.as_deref().map_or(true, |w| name.contains(w)) {
-        return None;
     }
-    let (target, max_spread) = match (hot, n, threads) {
-        (true, _, _) => (2.0, 0.0),
-        (false, 1_000_000, _) => (2.5, 0.0),
-        (false, _, 1) => (1.5, 0.15),
-        (false, _, _) => (2.0, 0.0),
-    };
-    let rw = KeyedTokenBucket::<u64>::builder(rw_allow())
-        .max_keys((2 * n) as usize)
-        .build()
-        .unwrap();
-    let gv = RateLimiter::keyed(gov_allow());
-    for k in 0..n {
-        let _ = rw.check_key(&k);
-        let _ = gv.check_key(&k);
+
+    /// Issue 24's targets: (ratio, max spread; 0 = none).
+    fn target(self) -> (f64, f64) {
+        match (self.hot, self.n, self.threads) {
+            (true, _, _) => (2.0, 0.0),
+            (false, 10_000_000, 1) => (2.5, 0.0),
+            (false, 1_000_000, 1) => (2.0, 0.0),
+            (false, _, 1) => (1.3, 0.0),
+            (false, 10_000, _) => (0.0, 0.0),
+            (false, _, _) => (2.0, 0.0),
+        }
     }
-    assert_eq!(rw.len() as u64, n, "every key tracked");
-    let secs = o.secs;
-    // Each thread's stream starts far from the others'.
-    let stream = |i: usize| (i as u64) << 40;
-    let r = if hot {
-        alternate(
-            o.rounds,
-            &name,
-            || measure(threads, secs, |_| || rw.check_key(&7).is_allowed()),
-            || measure(threads, secs, |_| || gv.check_key(&7).is_ok()),
-        )
-    } else {
-        alternate(
-            o.rounds,
-            &name,
-            || {
-                measure(threads, secs, |i| {
-                    let (mut c, rw) = (stream(i), &rw);
-                    move || {
-                        c += 1;
-                        rw.check_key(&key_at(c, n)).is_allowed()
-                    }
-                })
-            },
-            || {
-                measure(threads, secs, |i| {
-                    let (mut c, gv) = (stream(i), &gv);
-                    move || {
-                        c += 1;
-                        gv.check_key(&key_at(c, n)).is_ok()
-                    }
-                })
-            },
-        )
-    };
-    out.push(Rounds {
-        name,
-        target,
-        max_spread,
-        rounds: r,
+
+    fn ratewall(self) -> KeyedTokenBucket<u64> {
+        let rw = KeyedTokenBucket::<u64>::builder(rw_allow())
+            .max_keys((self.cap * self.n) as usize)
+            .build()
+            .unwrap();
+        for k in 0..self.n {
+            let _ = rw.check_key(&k);
+        }
+        assert_eq!(rw.len() as u64, self.n, "every key tracked");
+        rw
+    }
+
+    fn governor(self) -> governor::DefaultKeyedRateLimiter<u64> {
+        let gv = RateLimiter::keyed(gov_allow());
+        for k in 0..self.n {
+            let _ = gv.check_key(&k);
+        }
+        gv
+    }
+
+    /// Runs the row's workload for `secs` on its threads, each check
+    /// `check(key)`; aggregate ops/s (see `measure`).
+    fn run(self, secs: f64, check: impl Fn(u64) -> bool + Sync) -> f64 {
+        let (n, check) = (self.n, &check);
+        if self.hot {
+            return measure(self.threads, secs, |_| move || check(7));
+        }
+        measure(self.threads, secs, |i| {
+            let mut c = stream(i);
+            move || {
+                c += 1;
+                check(key_at(c, n))
+            }
+        })
+    }
+}
+
+/// Each thread's key stream starts far from the others'.
+fn stream(i: usize) -> u64 {
+    (i as u64) << 40
+}
+
+/// The keyed rows, in the table's order; `big` adds the 10M rows.
+fn keyed_rows(big: bool) -> Vec<KeyedRow> {
+    let mut sizes = vec![10_000, 100_000, 1_000_000];
+    if big {
+        sizes.push(10_000_000);
+    }
+    let mut rows = Vec::new();
+    for n in sizes {
+        for cap in [1, 2] {
+            for threads in [1, 2] {
+                rows.push(KeyedRow {
+                    n,
+                    cap,
+                    threads,
+                    hot: false,
+                });
+            }
+        }
+    }
+    rows.push(KeyedRow {
+        n: 1,
+        cap: 2,
+        threads: 2,
+        hot: true,
     });
-    Some(())
+    rows
+}
+
+/// One keyed row, both sides in this process: the tables built once, then
+/// alternating rounds.
+fn keyed(o: &Opts, row: KeyedRow) -> Vec<(f64, f64)> {
+    let name = row.name();
+    let (rw, gv) = (row.ratewall(), row.governor());
+    alternate(
+        o.rounds,
+        &name,
+        || row.run(o.secs, |k| rw.check_key(&k).is_allowed()),
+        || row.run(o.secs, |k| gv.check_key(&k).is_ok()),
+    )
+}
+
+/// One keyed row, each side in its own process (this binary with
+/// `--child`), wall time: every round starts two fresh processes, each
+/// building only its own table, so neither side's allocations, page faults
+/// or cache state are the other's, and no figure depends on this harness's
+/// process.
+fn keyed_procs(o: &Opts, row: KeyedRow) -> Vec<(f64, f64)> {
+    let name = format!("{} [procs]", row.name());
+    let child = |side: &str| -> f64 {
+        let exe = std::env::current_exe().expect("own executable");
+        let out = std::process::Command::new(exe)
+            .args(["--child", side])
+            .args(["--keys", &row.n.to_string(), "--cap", &row.cap.to_string()])
+            .args(["--threads", &row.threads.to_string()])
+            .args(["--secs", &o.secs.to_string()])
+            .args(if row.hot { &["--hot"][..] } else { &[][..] })
+            .output()
+            .expect("start a child");
+        let text = String::from_utf8_lossy(&out.stdout);
+        match text.trim().parse() {
+            Ok(v) if out.status.success() => v,
+            _ => panic!(
+                "child {side} failed: {}{}",
+                text,
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        }
+    };
+    alternate(o.rounds, &name, || child("ratewall"), || child("governor"))
+}
+
+/// `--child SIDE`: builds one side's table, one unmeasured pass, then one
+/// measured run in wall time; prints its ops/s.
+fn child(side: &str, args: &ChildArgs, secs: f64) -> Result<f64, String> {
+    // Relaxed: set before any measuring thread starts.
+    WALL.store(true, Ordering::Relaxed);
+    let row = KeyedRow {
+        n: args.keys,
+        cap: args.cap,
+        threads: args.threads,
+        hot: args.hot,
+    };
+    let warm = (secs / 3.0).min(0.1);
+    match side {
+        "ratewall" => {
+            let rw = row.ratewall();
+            let check = |k| rw.check_key(&k).is_allowed();
+            let _ = row.run(warm, check);
+            Ok(row.run(secs, check))
+        }
+        "governor" => {
+            let gv = row.governor();
+            let check = |k| gv.check_key(&k).is_ok();
+            let _ = row.run(warm, check);
+            Ok(row.run(secs, check))
+        }
+        other => Err(format!("--child {other}: use ratewall or governor")),
+    }
 }
 
 /// The `max_keys` promise: distinct keys tracked by a table built for `n`,
@@ -421,17 +562,64 @@ fn main() {
             std::process::exit(2);
         }
     };
+    if let Some((side, args)) = &o.child {
+        match child(side, args, o.secs) {
+            Ok(v) => println!("{v}"),
+            Err(e) => {
+                eprintln!("versus: {e}");
+                std::process::exit(2);
+            }
+        }
+        return;
+    }
     let started = Instant::now();
     let mut out = Vec::new();
-    one_limiter(&o, &mut out);
-    for (n, t) in [(100_000, 1), (100_000, 2), (1_000_000, 1), (1_000_000, 2)] {
-        keyed(&o, &mut out, n, t, false);
+    if o.mode != Mode::Procs {
+        one_limiter(&o, &mut out);
     }
-    keyed(&o, &mut out, 1, 2, true);
+    let want = |name: &str| o.only.as_deref().map_or(true, |w| name.contains(w));
+    for row in keyed_rows(o.big) {
+        let (target, max_spread) = row.target();
+        // Both modes: one row's two modes back to back, in-process first
+        // on even rows, so the machine's state drifts over both alike.
+        let mut modes = match o.mode {
+            Mode::In => vec![Mode::In],
+            Mode::Procs => vec![Mode::Procs],
+            Mode::Both => vec![Mode::In, Mode::Procs],
+        };
+        if out.len() % 2 == 1 {
+            modes.reverse();
+        }
+        let mut got = Vec::new();
+        for m in modes {
+            let name = if m == Mode::In {
+                row.name()
+            } else {
+                format!("{} [procs]", row.name())
+            };
+            if !want(&name) {
+                continue;
+            }
+            let rounds = if m == Mode::In {
+                keyed(&o, row)
+            } else {
+                keyed_procs(&o, row)
+            };
+            got.push(Rounds {
+                name,
+                target,
+                max_spread,
+                rounds,
+            });
+        }
+        got.sort_by(|a, b| a.name.cmp(&b.name));
+        out.extend(got);
+    }
 
     let mut md = String::new();
     md.push_str(&format!(
-        "{} rounds of {} s per side, alternating; ratio = ratewall ops/s over governor ops/s in the same round; rates per {} second.\n\n",
+        "{}; {} rounds of {} s per side, alternating; ratio = ratewall ops/s over governor ops/s in the same round; rates per {} second ([procs]: each side in its own process, per wall second).\n\n",
+        cpu_name(),
         o.rounds, o.secs,
         // Relaxed: a setting.
         if WALL.load(Ordering::Relaxed) || thread_cpu_ns().is_none() { "wall-clock" } else { "on-CPU" }
@@ -440,10 +628,12 @@ fn main() {
     md.push_str("|---|---:|---:|---:|---:|---:|---|---|\n");
     for r in &out {
         let (med, lo, hi, spread) = r.summary();
-        let rw = Rounds::median(&r.rounds.iter().map(|x| x.0).collect::<Vec<_>>());
-        let gv = Rounds::median(&r.rounds.iter().map(|x| x.1).collect::<Vec<_>>());
+        let rw = median(&r.rounds.iter().map(|x| x.0).collect::<Vec<_>>());
+        let gv = median(&r.rounds.iter().map(|x| x.1).collect::<Vec<_>>());
         let met = med >= r.target && (r.max_spread == 0.0 || spread < r.max_spread);
-        let target = if r.max_spread > 0.0 {
+        let target = if r.target == 0.0 {
+            "-".to_string()
+        } else if r.max_spread > 0.0 {
             format!(">= {:.1}x, spread < {:.0}%", r.target, r.max_spread * 100.0)
         } else {
             format!(">= {:.1}x", r.target)
@@ -458,7 +648,13 @@ fn main() {
             hi,
             spread * 100.0,
             target,
-            if met { "yes" } else { "**no**" }
+            if r.target == 0.0 {
+                "-"
+            } else if met {
+                "yes"
+            } else {
+                "**no**"
+            }
         ));
     }
     if o.promise && o.only.is_none() {
@@ -466,7 +662,11 @@ fn main() {
             "\n| max_keys | policy | tracked | not tracked | table bytes per requested key |\n",
         );
         md.push_str("|---:|---|---:|---:|---:|\n");
-        for n in [1_000, 100_000, 1_000_000] {
+        let mut sizes = vec![1_000, 100_000, 1_000_000];
+        if o.big {
+            sizes.push(10_000_000);
+        }
+        for n in sizes {
             md.push_str(&promise(n));
         }
     }

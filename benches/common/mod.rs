@@ -109,3 +109,55 @@ pub fn rss_bytes() -> u64 {
         .unwrap_or(0);
     pages * 4096
 }
+
+/// splitmix64: the order keys (or slots) are visited in by `versus` and `floor`.
+#[inline(always)]
+pub fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Nanoseconds this thread has spent on a CPU (Linux `schedstat`), or
+/// `None` where that is not available.
+pub fn thread_cpu_ns() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    s.split_whitespace().next()?.parse().ok()
+}
+
+/// The median of `v` (the mean of the middle two for an even length).
+pub fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    let m = v.len() / 2;
+    if v.len() % 2 == 1 {
+        v[m]
+    } else {
+        (v[m - 1] + v[m]) / 2.0
+    }
+}
+
+/// The CPU's model name (`/proc/cpuinfo`) and how many CPUs this process
+/// may use, for every table a bench prints.
+pub fn cpu_name() -> String {
+    let model = std::fs::read_to_string("/proc/cpuinfo").ok().and_then(|s| {
+        s.lines()
+            .find(|l| l.starts_with("model name"))
+            .and_then(|l| l.split(':').nth(1))
+            .map(|m| m.trim().to_string())
+    });
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    format!("{}, {cpus} CPUs", model.as_deref().unwrap_or("unknown CPU"))
+}
+
+/// A command-line flag's value parsed as a number, or what to change.
+pub fn flag_num<T: std::str::FromStr>(
+    flag: &str,
+    value: Result<String, String>,
+) -> Result<T, String>
+where
+    T::Err: std::fmt::Display,
+{
+    value?.parse().map_err(|e| format!("{flag}: {e}"))
+}
