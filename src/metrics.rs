@@ -26,10 +26,10 @@ pub(crate) const HTTP_REQUESTS: &str = "ratewall_http_requests_total";
 #[cfg(feature = "tower")]
 pub(crate) const HTTP_EVICTIONS: &str = "ratewall_http_evictions_total";
 /// Keys a rule's table holds, sampled every [`OCCUPANCY_EVERY`] admitted
-/// requests (`rule`).
+/// requests (`rule`, `tier`).
 #[cfg(feature = "tower")]
 pub(crate) const HTTP_TABLE_KEYS: &str = "ratewall_http_table_keys";
-/// The most keys a rule's table holds (`rule`), set once at build.
+/// The most keys a rule's table holds (`rule`, `tier`), set once at build.
 #[cfg(feature = "tower")]
 pub(crate) const HTTP_TABLE_CAPACITY: &str = "ratewall_http_table_capacity";
 /// Decisions of a Redis limiter (`limiter`, `source`, `outcome`).
@@ -81,15 +81,20 @@ pub(crate) struct HttpExtra {
 
 #[cfg(feature = "tower")]
 impl HttpExtra {
-    pub(crate) fn new(rule: &str, max_keys: Option<usize>) -> HttpExtra {
+    /// `tier`: which of the rule's tables this is (`""`: the rule's own
+    /// policy; a premium tier has a table of its own, so its occupancy is
+    /// its own gauge).
+    pub(crate) fn new(rule: &str, tier: &str, max_keys: Option<usize>) -> HttpExtra {
+        let table =
+            |name: &'static str| gauge!(name, "rule" => rule.to_owned(), "tier" => tier.to_owned());
         if let Some(max) = max_keys {
-            gauge!(HTTP_TABLE_CAPACITY, "rule" => rule.to_owned()).set(max as f64);
+            table(HTTP_TABLE_CAPACITY).set(max as f64);
         }
         HttpExtra {
             above_limit: http_outcome(rule, "above_limit"),
             rejected_full: http_outcome(rule, "rejected_full"),
             evictions: counter!(HTTP_EVICTIONS, "rule" => rule.to_owned()),
-            keys: gauge!(HTTP_TABLE_KEYS, "rule" => rule.to_owned()),
+            keys: table(HTTP_TABLE_KEYS),
         }
     }
 

@@ -344,3 +344,34 @@ async fn a_lease_limiter_counts_its_local_admissions_as_lease() {
     };
     assert_eq!((count("lease"), count("redis")), (local, remote));
 }
+
+/// A rule with premium tiers has a table per tier: each reports its own
+/// capacity under the rule's name and its tier (`""`: the rule's own).
+#[test]
+fn a_tiered_rule_reports_each_table_under_its_tier() {
+    let recorder = DebuggingRecorder::new();
+    let snap = recorder.snapshotter();
+    let _layer = {
+        let _guard = metrics::set_default_local_recorder(&recorder);
+        let rule = Rule::per_header(
+            "api",
+            "x-api-key",
+            Policy::token_bucket(Rate::per_minute(10)),
+        )
+        .tier("gold", Policy::token_bucket(Rate::per_minute(100)))
+        .tier_by_header("x-plan")
+        .max_keys(1_000);
+        RateLimitLayer::builder().rule(rule).build().unwrap()
+    };
+    let s = take(&snap);
+    let capacity = |tier: &str| {
+        s.gauge(
+            "ratewall_http_table_capacity",
+            &[("rule", "api"), ("tier", tier)],
+        )
+    };
+    assert_eq!(
+        (capacity(""), capacity("gold")),
+        (Some(1_000.0), Some(1_000.0))
+    );
+}

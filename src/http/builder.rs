@@ -478,7 +478,7 @@ impl<C: Clock + Clone> RateLimitBuilder<C> {
             };
             // Fits: at most u16::MAX rules (checked above).
             let base = i as u16;
-            rules.push(compile(rule, limit, base, lockout));
+            rules.push(compile(rule, limit, base, lockout, ""));
         }
         // Each tier's limit, after every rule.
         for i in 0..rules.len() {
@@ -501,7 +501,7 @@ impl<C: Clock + Clone> RateLimitBuilder<C> {
                     return Err(HttpConfigError::TooManyRules);
                 }
                 // Fits: `i` is a rule's index.
-                rules.push(compile(t, limit, i as u16, None));
+                rules.push(compile(t, limit, i as u16, None, tier));
             }
             rules[i].tiers = Some(Box::new(pick));
         }
@@ -673,6 +673,7 @@ fn compile<C: Clock>(
     limit: RuleLimit<C>,
     base: u16,
     lockout: Option<Lockout<C>>,
+    tier: &str,
 ) -> Compiled<C> {
     let max_keys = match &limit {
         RuleLimit::Local(l) => Some(l.max_keys()),
@@ -685,7 +686,7 @@ fn compile<C: Clock>(
         limit,
         policy_item: item.value(),
         ratelimit_prefix: format!("\"{}\";r=", rule.name).into_bytes().into(),
-        counters: CachePadded::new(Counters::new(&rule.name, rule.key.shown(), max_keys)),
+        counters: CachePadded::new(Counters::new(&rule.name, tier, rule.key.shown(), max_keys)),
         always: rule.mode != Mode::Off && rule.matcher.matches_all(),
         base,
         tiers: None,

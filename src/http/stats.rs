@@ -303,10 +303,11 @@ pub(super) struct Counters {
 }
 
 impl Counters {
-    /// The counters of the rule named `name`, whose keys are shown as
-    /// `shown`; `max_keys`: its table's capacity (none for a Redis rule).
+    /// The counters of the rule named `name` (of its premium tier `tier`,
+    /// `""` for its own policy), whose keys are shown as `shown`;
+    /// `max_keys`: its table's capacity (none for a Redis rule).
     #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-    pub(super) fn new(name: &str, shown: Shown, max_keys: Option<usize>) -> Counters {
+    pub(super) fn new(name: &str, tier: &str, shown: Shown, max_keys: Option<usize>) -> Counters {
         Counters {
             allowed: Counter::new(name, "allowed"),
             denied: Counter::new(name, "denied"),
@@ -320,7 +321,7 @@ impl Counters {
             shown,
             offenders: TopOffenders::new(TOP_OFFENDERS),
             #[cfg(feature = "metrics")]
-            extra: crate::metrics::HttpExtra::new(name, max_keys),
+            extra: crate::metrics::HttpExtra::new(name, tier, max_keys),
         }
     }
 
