@@ -39,8 +39,16 @@
 //! ```
 
 mod announce;
+mod layer;
+mod pacer;
 mod partition;
+mod service;
 mod sf;
 
 pub use announce::{Announcement, Quota, Remaining, DEFAULT_PAUSE, MAX_PAUSE, MAX_WINDOW};
+pub use layer::{
+    PacingBuilder, PacingConfigError, PacingError, PacingLayer, DEFAULT_PARTITIONS,
+    DEFAULT_TIMEOUT, MAX_RETRIES,
+};
 pub use partition::{PartitionView, Partitions, PartitionsError, MAX_PARTITIONS};
+pub use service::PacingService;
