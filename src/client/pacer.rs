@@ -77,3 +77,110 @@ impl<C: Clock + Clone> Pacer<C> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::announce::{Announcement, Quota};
+    use super::super::partition::Partition;
+    use super::*;
+    use crate::clock::ManualClock;
+    use proptest::prelude::*;
+
+    fn quota(limit: u64, window_ms: u64) -> Announcement {
+        Announcement {
+            quota: Some(Quota {
+                limit,
+                window: Some(Duration::from_millis(window_ms)),
+            }),
+            ..Announcement::default()
+        }
+    }
+
+    fn admit(p: &Partition<ManualClock>, clock: &ManualClock, user: Option<Rate>) -> Decision {
+        p.admit(clock.now(), user, clock)
+    }
+
+    #[test]
+    fn no_pace_admits_everything_and_a_pause_denies_taking_nothing() {
+        let clock = ManualClock::new();
+        let p = Partition::default();
+        assert!((0..100).all(|_| admit(&p, &clock, None).is_allowed()));
+        let user = Some(Rate::per_second(10).burst(1));
+        p.learn(
+            clock.now(),
+            &Announcement {
+                retry_after: Some(Duration::from_secs(2)),
+                too_many_requests: true,
+                ..Announcement::default()
+            },
+        );
+        for _ in 0..3 {
+            let d = admit(&p, &clock, user);
+            assert!(!d.is_allowed());
+            assert_eq!(d.retry_after(), Duration::from_secs(2));
+        }
+        clock.advance(Duration::from_secs(2));
+        // The pause took nothing: the one-unit burst is still there.
+        assert!(admit(&p, &clock, user).is_allowed());
+        assert!(!admit(&p, &clock, user).is_allowed());
+    }
+
+    #[test]
+    fn a_tighter_announcement_rescales_the_bucket_without_a_fresh_burst() {
+        let clock = ManualClock::new();
+        let p = Partition::default();
+        let user = Some(Rate::per_second(100).burst(10));
+        assert_eq!(
+            (0..20)
+                .filter(|_| admit(&p, &clock, user).is_allowed())
+                .count(),
+            10
+        );
+        p.learn(clock.now(), &quota(10, 1000));
+        let d = admit(&p, &clock, user);
+        assert!(!d.is_allowed());
+        assert!(d.retry_after() > Duration::ZERO && d.retry_after() <= Duration::from_millis(100));
+        clock.advance(d.retry_after());
+        assert!(admit(&p, &clock, user).is_allowed());
+        assert!(!admit(&p, &clock, user).is_allowed());
+        // A looser announcement never raises the user's pace.
+        p.learn(clock.now(), &quota(1000, 1000));
+        clock.advance(Duration::from_secs(1));
+        assert_eq!(
+            (0..20)
+                .filter(|_| admit(&p, &clock, user).is_allowed())
+                .count(),
+            10
+        );
+    }
+
+    proptest! {
+        /// Against the reference: at most `q` admissions in any window of
+        /// length `w`, whatever the user's (faster) pace and the tries' timing.
+        #[test]
+        fn an_announced_quota_bounds_every_window(
+            q in 1u64..20,
+            w_ms in 100u64..2000,
+            steps in proptest::collection::vec((0u64..40, 1usize..4), 1..300),
+        ) {
+            let clock = ManualClock::new();
+            let p = Partition::default();
+            p.learn(clock.now(), &quota(q, w_ms));
+            let user = Some(Rate::per_second(1000).burst(50));
+            let mut admitted = Vec::new();
+            for (advance_ms, tries) in steps {
+                clock.advance(Duration::from_millis(advance_ms));
+                for _ in 0..tries {
+                    if admit(&p, &clock, user).is_allowed() {
+                        admitted.push(clock.now());
+                    }
+                }
+            }
+            let w = w_ms * 1_000_000;
+            for (i, &t) in admitted.iter().enumerate() {
+                let within = admitted[i..].iter().take_while(|&&u| u < t + w).count();
+                prop_assert!(within as u64 <= q, "{within} admitted in {w_ms} ms from {t}");
+            }
+        }
+    }
+}

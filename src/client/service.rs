@@ -215,3 +215,135 @@ where
         }),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::layer::PacingLayer;
+    use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering as O};
+    use tower::ServiceExt;
+    use tower_layer::Layer;
+
+    /// A client that answers every request with `status` and counts calls.
+    fn upstream(
+        status: StatusCode,
+        calls: Arc<AtomicU64>,
+    ) -> impl Service<
+        Request<String>,
+        Response = Response<()>,
+        Error = std::convert::Infallible,
+        Future = impl Send,
+    > + Clone
+           + Send
+           + 'static {
+        tower::service_fn(move |_req: Request<String>| {
+            calls.fetch_add(1, O::SeqCst);
+            let mut res = Response::new(());
+            *res.status_mut() = status;
+            // Retry at once: the tests count calls, not time.
+            res.headers_mut()
+                .insert("retry-after", http::HeaderValue::from_static("0"));
+            async move { Ok(res) }
+        })
+    }
+
+    async fn calls_for(method: Method, body: &str, status: StatusCode, retries: u32) -> u64 {
+        let calls = Arc::new(AtomicU64::new(0));
+        let layer = PacingLayer::builder().retries(retries).build().unwrap();
+        let svc = layer.layer(upstream(status, calls.clone()));
+        let req = Request::builder()
+            .method(method)
+            .uri("http://api.example.com/x")
+            .body(body.to_owned())
+            .unwrap();
+        let res = svc.oneshot(req).await.unwrap();
+        assert_eq!(res.status(), status);
+        assert_eq!(layer.retries_made(), calls.load(O::SeqCst) - 1);
+        calls.load(O::SeqCst)
+    }
+
+    #[tokio::test]
+    async fn retries_only_idempotent_empty_requests_after_429_or_503_and_at_most_n_times() {
+        let too_many = StatusCode::TOO_MANY_REQUESTS;
+        assert_eq!(calls_for(Method::GET, "", too_many, 3).await, 4);
+        assert_eq!(
+            calls_for(Method::DELETE, "", StatusCode::SERVICE_UNAVAILABLE, 2).await,
+            3
+        );
+        assert_eq!(
+            calls_for(Method::GET, "", too_many, 0).await,
+            1,
+            "off by default"
+        );
+        assert_eq!(
+            calls_for(Method::POST, "", too_many, 3).await,
+            1,
+            "not idempotent"
+        );
+        assert_eq!(
+            calls_for(Method::PATCH, "", too_many, 3).await,
+            1,
+            "not idempotent"
+        );
+        assert_eq!(
+            calls_for(Method::PUT, "body", too_many, 3).await,
+            1,
+            "a body to replay"
+        );
+        assert_eq!(calls_for(Method::GET, "", StatusCode::OK, 3).await, 1);
+        assert_eq!(
+            calls_for(Method::GET, "", StatusCode::BAD_GATEWAY, 3).await,
+            1
+        );
+    }
+
+    #[tokio::test]
+    async fn partitions_by_authority_or_by_the_key_function() {
+        let calls = Arc::new(AtomicU64::new(0));
+        let by_host = PacingLayer::builder().build().unwrap();
+        let by_path = PacingLayer::builder()
+            .key_fn(|parts| parts.uri.path().to_owned())
+            .build()
+            .unwrap();
+        for uri in ["http://a.example:8080/one", "http://b.example/two", "/two"] {
+            let req = |uri: &str| {
+                Request::builder()
+                    .uri(uri)
+                    .header("host", "b.example")
+                    .body(String::new())
+                    .unwrap()
+            };
+            let a = by_host.layer(upstream(StatusCode::OK, calls.clone()));
+            let b = by_path.layer(upstream(StatusCode::OK, calls.clone()));
+            a.oneshot(req(uri)).await.unwrap();
+            b.oneshot(req(uri)).await.unwrap();
+        }
+        let mut hosts: Vec<String> = by_host.views().into_iter().map(|(k, _)| k).collect();
+        hosts.sort();
+        assert_eq!(hosts, ["a.example:8080", "b.example"]);
+        let mut paths: Vec<String> = by_path.views().into_iter().map(|(k, _)| k).collect();
+        paths.sort();
+        assert_eq!(paths, ["/one", "/two"]);
+        assert_eq!(calls.load(O::SeqCst), 6);
+    }
+
+    #[tokio::test]
+    async fn errors_say_what_to_change_and_the_inner_error_is_kept() {
+        let failing = tower::service_fn(|_req: Request<String>| async {
+            Err::<Response<()>, _>(std::io::Error::other("refused"))
+        });
+        let layer = PacingLayer::builder().build().unwrap();
+        let err = layer
+            .layer(failing)
+            .oneshot(Request::new(String::new()))
+            .await
+            .unwrap_err();
+        assert!(matches!(&err, PacingError::Inner(e) if e.to_string() == "refused"));
+        assert!(std::error::Error::source(&err).is_some());
+        let deadline: PacingError<std::io::Error> = PacingError::Deadline {
+            last: None,
+            paused_for: Some(std::time::Duration::from_secs(3)),
+        };
+        assert!(deadline.to_string().contains("pause of 3s"), "{deadline}");
+    }
+}
