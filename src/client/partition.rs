@@ -24,6 +24,8 @@
 //! are atomics (a pacing layer holding the partition checks them without
 //! the table's lock); its quota and remaining count sit under its own
 //! small mutex, so the two numbers of a quota are always read together.
+//! A partition also holds its local pace (`pacer.rs`, made on first use by
+//! a pacing layer), so evicting it forgets the pace with what was learned.
 
 use super::announce::{Announcement, Quota, Remaining, MAX_PAUSE};
 use super::pacer::{come_back_in, Pacer};
