@@ -628,6 +628,16 @@ fn show(
     }
 }
 
+/// The examples' tokio runtime: two workers, I/O and time.
+#[cfg(feature = "axum")]
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
 /// Serves `app` on a free port of 127.0.0.1 until the sender is dropped.
 #[cfg(feature = "axum")]
 async fn serve(
@@ -668,11 +678,7 @@ fn http_layer() {
 
     println!("The HTTP layer: examples/server.rs on 127.0.0.1, a real client");
     println!("  rules: ip 60/min burst 20, key 600/min (x-api-key), login 5 failures/min (hidden)");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let rt = runtime();
     rt.block_on(async {
         let app = server::router(server::limits(ratewall::DefaultClock::default()));
         let (addr, stop, serving) = serve(app).await;
@@ -713,11 +719,7 @@ fn http_on_redis() {
         return;
     };
     let url = redis.url();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let rt = runtime();
     rt.block_on(async {
         // The limits of examples/http_limits_redis.toml (`store = "redis"`
         // rules) with `serde`, else the same limits set in Rust.
@@ -839,11 +841,7 @@ fn client_pacing() {
     println!(
         "The client pacing layer: a hyper-util client calling a server limited to 20/s per client"
     );
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let rt = runtime();
     rt.block_on(async {
         let app = || {
             let limit = RateLimitLayer::builder()

@@ -1,8 +1,8 @@
 //! [`PacingLayer`]: the client pacing layer, its builder, its errors and
-//! what it exposes. The service and its request loop are in `service.rs`.
+//! what it exposes. The service, its request loop and the `Layer` impl are
+//! in `service.rs`.
 
 use super::partition::{PartitionView, Partitions, PartitionsError};
-use super::service::PacingService;
 use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::error::ConfigError;
@@ -90,7 +90,7 @@ impl<K, C: Clock> Shared<K, C> {
 /// # Ok::<(), ratewall::client::PacingConfigError>(())
 /// ```
 pub struct PacingLayer<K = String, C: Clock = DefaultClock> {
-    shared: Arc<Shared<K, C>>,
+    pub(crate) shared: Arc<Shared<K, C>>,
 }
 
 impl<K, C: Clock> Clone for PacingLayer<K, C> {
@@ -188,14 +188,6 @@ impl<K, C: Clock> PacingLayer<K, C> {
     pub fn retries_made(&self) -> u64 {
         // Relaxed: a counter, read for display.
         self.shared.retried.load(Ordering::Relaxed)
-    }
-}
-
-impl<S, K, C: Clock> tower_layer::Layer<S> for PacingLayer<K, C> {
-    type Service = PacingService<S, K, C>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        PacingService::new(inner, Arc::clone(&self.shared))
     }
 }
 

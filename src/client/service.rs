@@ -4,7 +4,7 @@
 //! with an empty body, only when retries are on.
 
 use super::announce::Announcement;
-use super::layer::{PacingError, Shared};
+use super::layer::{PacingError, PacingLayer, Shared};
 use super::partition::Partition;
 use crate::clock::Clock;
 use http::{Method, Request, Response, StatusCode};
@@ -54,9 +54,14 @@ impl<S: fmt::Debug, K, C: Clock> fmt::Debug for PacingService<S, K, C> {
     }
 }
 
-impl<S, K, C: Clock> PacingService<S, K, C> {
-    pub(crate) fn new(inner: S, shared: Arc<Shared<K, C>>) -> Self {
-        PacingService { inner, shared }
+impl<S, K, C: Clock> tower_layer::Layer<S> for PacingLayer<K, C> {
+    type Service = PacingService<S, K, C>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        PacingService {
+            inner,
+            shared: Arc::clone(&self.shared),
+        }
     }
 }
 
@@ -218,7 +223,6 @@ where
 
 #[cfg(test)]
 mod tests {
-    use super::super::layer::PacingLayer;
     use super::*;
     use std::sync::atomic::{AtomicU64, Ordering as O};
     use tower::ServiceExt;
@@ -265,36 +269,32 @@ mod tests {
     #[tokio::test]
     async fn retries_only_idempotent_empty_requests_after_429_or_503_and_at_most_n_times() {
         let too_many = StatusCode::TOO_MANY_REQUESTS;
-        assert_eq!(calls_for(Method::GET, "", too_many, 3).await, 4);
-        assert_eq!(
-            calls_for(Method::DELETE, "", StatusCode::SERVICE_UNAVAILABLE, 2).await,
-            3
-        );
-        assert_eq!(
-            calls_for(Method::GET, "", too_many, 0).await,
-            1,
-            "off by default"
-        );
-        assert_eq!(
-            calls_for(Method::POST, "", too_many, 3).await,
-            1,
-            "not idempotent"
-        );
-        assert_eq!(
-            calls_for(Method::PATCH, "", too_many, 3).await,
-            1,
-            "not idempotent"
-        );
-        assert_eq!(
-            calls_for(Method::PUT, "body", too_many, 3).await,
-            1,
-            "a body to replay"
-        );
-        assert_eq!(calls_for(Method::GET, "", StatusCode::OK, 3).await, 1);
-        assert_eq!(
-            calls_for(Method::GET, "", StatusCode::BAD_GATEWAY, 3).await,
-            1
-        );
+        let unavailable = StatusCode::SERVICE_UNAVAILABLE;
+        // (method, body, status, retries, calls expected, why)
+        let cases = [
+            (Method::GET, "", too_many, 3, 4, "retried 3 times"),
+            (Method::DELETE, "", unavailable, 2, 3, "retried twice"),
+            (Method::GET, "", too_many, 0, 1, "off by default"),
+            (Method::POST, "", too_many, 3, 1, "not idempotent"),
+            (Method::PATCH, "", too_many, 3, 1, "not idempotent"),
+            (Method::PUT, "body", too_many, 3, 1, "a body to replay"),
+            (Method::GET, "", StatusCode::OK, 3, 1, "not refused"),
+            (
+                Method::GET,
+                "",
+                StatusCode::BAD_GATEWAY,
+                3,
+                1,
+                "not a 429 or 503",
+            ),
+        ];
+        for (method, body, status, retries, want, why) in cases {
+            assert_eq!(
+                calls_for(method, body, status, retries).await,
+                want,
+                "{why}"
+            );
+        }
     }
 
     #[tokio::test]
