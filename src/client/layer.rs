@@ -53,12 +53,10 @@ pub(crate) struct Shared<K, C: Clock> {
     pub(crate) retried: AtomicU64,
 }
 
-impl<K, C: Clock> Shared<K, C> {
-    /// Adds one to a counter.
-    pub(crate) fn count(counter: &AtomicU64) {
-        // Relaxed: a counter; it publishes no other memory.
-        counter.fetch_add(1, Ordering::Relaxed);
-    }
+/// Adds one to one of the layer's counters.
+pub(crate) fn count(counter: &AtomicU64) {
+    // Relaxed: a counter; it publishes no other memory.
+    counter.fetch_add(1, Ordering::Relaxed);
 }
 
 /// A tower [`Layer`](tower_layer::Layer) for outgoing HTTP that paces

@@ -4,7 +4,7 @@
 //! with an empty body, only when retries are on.
 
 use super::announce::Announcement;
-use super::layer::{PacingError, PacingLayer, Shared};
+use super::layer::{count, PacingError, PacingLayer, Shared};
 use super::partition::Partition;
 use crate::clock::Clock;
 use http::{Method, Request, Response, StatusCode};
@@ -169,7 +169,7 @@ where
         let said = Announcement::read(response.status(), response.headers());
         partition.learn(shared.partitions.clock().now(), &said);
         if said.too_many_requests {
-            Shared::<K, C>::count(&shared.too_many_requests);
+            count(&shared.too_many_requests);
         }
         let status = response.status();
         let refused =
@@ -177,7 +177,7 @@ where
         match &replay {
             Some(replay) if refused && retried < shared.retries => {
                 retried += 1;
-                Shared::<K, C>::count(&shared.retried);
+                count(&shared.retried);
                 req = replay.request();
                 std::future::poll_fn(|cx| inner.poll_ready(cx))
                     .await
@@ -207,7 +207,7 @@ where
             if !decision.is_allowed() && !waited {
                 waited = true;
                 partition.record_wait();
-                Shared::<K, C>::count(&shared.waits);
+                count(&shared.waits);
             }
             decision
         })
