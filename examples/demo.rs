@@ -6,7 +6,8 @@
 //! With `--features redis` it also shows three instances sharing one limit
 //! in a throwaway `redis-server` (started on a free port when installed),
 //! and with `--all-features` the HTTP layer (`examples/server.rs` and a real
-//! client), locally and then as two server instances on one Redis limit.
+//! client), locally and then as two server instances on one Redis limit,
+//! and the client pacing layer calling an in-process server.
 
 use ratewall::{
     check_all, FixedWindow, KeyedTokenBucket, LeakyBucket, ManualClock, Policy, Rate,
@@ -34,6 +35,7 @@ fn main() {
     concurrency();
     http_layer();
     http_on_redis();
+    client_pacing();
 }
 
 fn header(title: &str) {
@@ -630,6 +632,16 @@ fn show(
     }
 }
 
+/// The examples' tokio runtime: two workers, I/O and time.
+#[cfg(feature = "axum")]
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
 /// Serves `app` on a free port of 127.0.0.1 until the sender is dropped.
 #[cfg(feature = "axum")]
 async fn serve(
@@ -670,11 +682,7 @@ fn http_layer() {
 
     println!("The HTTP layer: examples/server.rs on 127.0.0.1, a real client");
     println!("  rules: ip 60/min burst 20, key 600/min (x-api-key), login 5 failures/min (hidden)");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let rt = runtime();
     rt.block_on(async {
         let app = server::router(server::limits(ratewall::DefaultClock::default()));
         let (addr, stop, serving) = serve(app).await;
@@ -715,11 +723,7 @@ fn http_on_redis() {
         return;
     };
     let url = redis.url();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let rt = runtime();
     rt.block_on(async {
         // The limits of examples/http_limits_redis.toml (`store = "redis"`
         // rules) with `serde`, else the same limits set in Rust.
@@ -823,4 +827,129 @@ fn concurrency() {
         );
     }
     println!();
+}
+
+/// The client pacing layer (`ratewall::client::PacingLayer`) over a real
+/// hyper-util client, calling an in-process server limited to 20/s per
+/// client: the same burst of 30 requests from 10 tasks, without the layer
+/// and through it.
+#[cfg(all(feature = "axum", feature = "client"))]
+fn client_pacing() {
+    use hyper_util::client::legacy::Client;
+    use ratewall::client::PacingLayer;
+    use ratewall::http::{RateLimitLayer, Rule};
+    use ratewall::Policy;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    use tower::{Service, ServiceExt};
+
+    type Body = http_body_util::Empty<bytes::Bytes>;
+
+    /// 30 GETs from 10 tasks; returns the time and the 429s.
+    async fn burst<S>(svc: S, addr: std::net::SocketAddr) -> (Duration, u64)
+    where
+        S: Service<http::Request<Body>, Response = http::Response<hyper::body::Incoming>>
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+        S::Future: Send,
+        S::Error: std::fmt::Debug,
+    {
+        use http_body_util::BodyExt;
+        let refused = Arc::new(AtomicU64::new(0));
+        let start = Instant::now();
+        let tasks: Vec<_> = (0..10)
+            .map(|_| {
+                let (svc, refused) = (svc.clone(), refused.clone());
+                tokio::spawn(async move {
+                    for _ in 0..3 {
+                        let req = http::Request::get(format!("http://{addr}/"))
+                            .body(Body::new())
+                            .expect("request");
+                        let res = svc.clone().oneshot(req).await.expect("response");
+                        if res.status() == http::StatusCode::TOO_MANY_REQUESTS {
+                            refused.fetch_add(1, Ordering::Relaxed);
+                        }
+                        res.into_body().collect().await.expect("body");
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.expect("task");
+        }
+        (start.elapsed(), refused.load(Ordering::Relaxed))
+    }
+
+    println!(
+        "The client pacing layer: a hyper-util client calling a server limited to 20/s per client"
+    );
+    let rt = runtime();
+    rt.block_on(async {
+        let app = || {
+            let limit = RateLimitLayer::builder()
+                .rule(Rule::per_ip(
+                    "ip",
+                    Policy::token_bucket(Rate::per_second(20)),
+                ))
+                .build()
+                .expect("limits");
+            axum::Router::new()
+                .route("/", axum::routing::get(|| async { "ok" }))
+                .layer(limit)
+        };
+        let client = || Client::builder(hyper_util::rt::TokioExecutor::new()).build_http::<Body>();
+
+        let (addr, stop, serving) = serve(app()).await;
+        let (took, refused) = burst(client(), addr).await;
+        println!(
+            "  without the layer: 30 requests from 10 tasks in {}, {refused} x 429",
+            fmt_ms(took)
+        );
+        drop(stop);
+        serving.await.expect("server task");
+
+        let (addr, stop, serving) = serve(app()).await;
+        // No pace of its own: it keeps the pace the server announces.
+        let pacing = PacingLayer::builder()
+            .jitter(Duration::from_millis(5))
+            .build()
+            .expect("pacing layer");
+        let paced = tower::ServiceBuilder::new()
+            .layer(pacing.clone())
+            .service(client());
+        // One request teaches it the quota; then the same burst.
+        burst_of_one(&paced, addr).await;
+        let (took, refused) = burst(paced, addr).await;
+        println!(
+            "  through the layer: 30 requests from 10 tasks in {}, {refused} x 429",
+            fmt_ms(took)
+        );
+        for (authority, view) in pacing.views() {
+            println!("  learned for {authority}: {view}");
+        }
+        drop(stop);
+        serving.await.expect("server task");
+    });
+    println!("  the layer keeps the announced pace (one request per w/q, no burst): slower than");
+    println!("  the server's burst allows, and no 429\n");
+
+    async fn burst_of_one<S>(svc: &S, addr: std::net::SocketAddr)
+    where
+        S: Service<http::Request<Body>, Response = http::Response<hyper::body::Incoming>> + Clone,
+        S::Error: std::fmt::Debug,
+    {
+        let req = http::Request::get(format!("http://{addr}/"))
+            .body(Body::new())
+            .expect("request");
+        let _ = svc.clone().oneshot(req).await.expect("response");
+    }
+}
+
+#[cfg(not(all(feature = "axum", feature = "client")))]
+fn client_pacing() {
+    println!(
+        "The client pacing layer: `cargo run --release --example demo --all-features` shows it\n"
+    );
 }

@@ -28,7 +28,8 @@
 //!
 //! With the `client` feature, `ratewall::client` reads what an upstream
 //! API announces about its limits and keeps what a client learns from it
-//! per partition (`docs/client.md`).
+//! per partition, and `client::PacingLayer` paces any tower HTTP client by
+//! it (`docs/client.md`).
 //!
 //! See `docs/design.md` for the bit layouts, the CAS protocol and the
 //! memory orderings.

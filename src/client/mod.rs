@@ -1,5 +1,6 @@
 //! The client side (feature `client`): what an upstream API announces about
-//! its limits, and what a client calling it learns per partition.
+//! its limits, what a client calling it learns per partition, and
+//! [`PacingLayer`], a tower layer that paces any HTTP client by both.
 //!
 //! - [`Announcement::read`] reads one response: `RateLimit-Policy` and
 //!   `RateLimit` (draft-ietf-httpapi-ratelimit-headers-10 and -11, one wire
@@ -14,6 +15,11 @@
 //!   table (least recently used evicted), with counters of waits and 429s
 //!   and a printable [`PartitionView`]. An announcement only ever slows
 //!   the pace the user set ([`Partitions::pace`]).
+//! - [`PacingLayer`] waits each request's turn per partition (not paused,
+//!   and one unit of the partition's pace free, through
+//!   [`Wait::until`](crate::wait::Wait::until)), learns from every
+//!   response, and retries idempotent empty-body requests after a 429 or
+//!   a 503 when asked to.
 //!
 //! docs/client.md ("What the client reads and trusts") gives every rule
 //! in one place.
@@ -23,6 +29,9 @@
 //! | `sf.rs` | the RFC 9651 structured-field subset (a List of Items with Parameters), bounded and allocation-free |
 //! | `announce.rs` | [`Announcement`], [`Quota`], [`Remaining`], the clamps |
 //! | `partition.rs` | [`Partitions`], [`PartitionView`], [`PartitionsError`] |
+//! | `pacer.rs` | one partition's local pace: a token bucket at the pace in force |
+//! | `layer.rs` | [`PacingLayer`], [`PacingBuilder`], [`PacingConfigError`], [`PacingError`] |
+//! | `service.rs` | [`PacingService`]: one request's loop (wait, send, learn, retry) |
 //!
 //! ```
 //! use http::{HeaderMap, HeaderValue, StatusCode};
@@ -39,8 +48,16 @@
 //! ```
 
 mod announce;
+mod layer;
+mod pacer;
 mod partition;
+mod service;
 mod sf;
 
 pub use announce::{Announcement, Quota, Remaining, DEFAULT_PAUSE, MAX_PAUSE, MAX_WINDOW};
+pub use layer::{
+    PacingBuilder, PacingConfigError, PacingError, PacingLayer, DEFAULT_PARTITIONS,
+    DEFAULT_TIMEOUT, MAX_RETRIES,
+};
 pub use partition::{PartitionView, Partitions, PartitionsError, MAX_PARTITIONS};
+pub use service::PacingService;

@@ -24,9 +24,13 @@
 //! are atomics (a pacing layer holding the partition checks them without
 //! the table's lock); its quota and remaining count sit under its own
 //! small mutex, so the two numbers of a quota are always read together.
+//! A partition also holds its local pace (`pacer.rs`, made on first use by
+//! a pacing layer), so evicting it forgets the pace with what was learned.
 
 use super::announce::{Announcement, Quota, Remaining, MAX_PAUSE};
+use super::pacer::{come_back_in, Pacer};
 use crate::clock::Clock;
+use crate::decision::Decision;
 use crate::limiter::DefaultClock;
 use crate::quota::Rate;
 use crate::sync::{lock, AtomicU64, Mutex, Ordering};
@@ -83,17 +87,30 @@ struct Learned {
     remaining: Option<(u64, Option<u64>)>,
 }
 
-/// One partition's learned state.
-#[derive(Debug, Default)]
-pub(crate) struct Partition {
+/// One partition's learned state, and its local pace.
+#[derive(Debug)]
+pub(crate) struct Partition<C: Clock> {
     /// When the pause ends, in ns on the table's clock (0: never paused).
     paused_until: AtomicU64,
     waits: AtomicU64,
     too_many_requests: AtomicU64,
     learned: Mutex<Learned>,
+    pacer: Pacer<C>,
 }
 
-impl Partition {
+impl<C: Clock> Default for Partition<C> {
+    fn default() -> Self {
+        Partition {
+            paused_until: AtomicU64::new(0),
+            waits: AtomicU64::new(0),
+            too_many_requests: AtomicU64::new(0),
+            learned: Mutex::new(Learned::default()),
+            pacer: Pacer::default(),
+        }
+    }
+}
+
+impl<C: Clock> Partition<C> {
     /// Applies one response's announcement, read at `now`.
     pub(crate) fn learn(&self, now: u64, said: &Announcement) {
         if said.too_many_requests {
@@ -138,6 +155,19 @@ impl Partition {
     pub(crate) fn pace(&self, user: Option<Rate>) -> Option<Rate> {
         let quota = lock(&self.learned).quota;
         slower_pace(user, quota)
+    }
+
+    /// Tries to admit one request at `now`: denied (nothing taken, come
+    /// back when the pause ends) while the partition is paused, else one
+    /// unit of its local pace ([`Partition::pace`] of `user`).
+    pub(crate) fn admit(&self, now: u64, user: Option<Rate>, clock: &C) -> Decision
+    where
+        C: Clone,
+    {
+        if let Some(pause) = self.paused_for(now) {
+            return come_back_in(pause);
+        }
+        self.pacer.admit(self.pace(user), clock)
     }
 
     fn view(&self, now: u64) -> PartitionView {
@@ -251,14 +281,14 @@ impl fmt::Display for PartitionView {
 
 /// A slot: the partition, and when it was last used (a tick of the table).
 #[derive(Debug)]
-struct Slot {
+struct Slot<C: Clock> {
     used: u64,
-    partition: Arc<Partition>,
+    partition: Arc<Partition<C>>,
 }
 
 #[derive(Debug)]
-struct Table<K> {
-    map: HashMap<K, Slot>,
+struct Table<K, C: Clock> {
+    map: HashMap<K, Slot<C>>,
     tick: u64,
 }
 
@@ -292,7 +322,7 @@ struct Table<K> {
 /// assert_eq!(pace, Rate::every(Duration::from_millis(200)));
 /// ```
 pub struct Partitions<K, C: Clock = DefaultClock> {
-    table: Mutex<Table<K>>,
+    table: Mutex<Table<K, C>>,
     capacity: usize,
     clock: C,
 }
@@ -378,9 +408,14 @@ impl<K: Hash + Eq + Clone, C: Clock> Partitions<K, C> {
         self.len() == 0
     }
 
+    /// The table's clock.
+    pub(crate) fn clock(&self) -> &C {
+        &self.clock
+    }
+
     /// The partition of `key`, marked used; inserted (evicting the least
     /// recently used one if the table is full) if absent.
-    pub(crate) fn partition(&self, key: &K) -> Arc<Partition> {
+    pub(crate) fn partition(&self, key: &K) -> Arc<Partition<C>> {
         let mut table = lock(&self.table);
         table.tick += 1;
         let tick = table.tick;
@@ -494,7 +529,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Partitions<K, C> {
     /// assert_eq!(partitions.views().len(), 2);
     /// ```
     pub fn views(&self) -> Vec<(K, PartitionView)> {
-        let all: Vec<(K, Arc<Partition>)> = lock(&self.table)
+        let all: Vec<(K, Arc<Partition<C>>)> = lock(&self.table)
             .map
             .iter()
             .map(|(k, slot)| (k.clone(), Arc::clone(&slot.partition)))
