@@ -224,7 +224,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicU64, Ordering as O};
+    use crate::sync::{AtomicU64, Ordering as O};
     use tower::ServiceExt;
     use tower_layer::Layer;
 
