@@ -260,7 +260,7 @@ impl fmt::Display for PartitionView {
             Some(Quota {
                 limit,
                 window: Some(w),
-            }) => write!(f, "quota {limit} per {w:?}")?,
+            }) => write!(f, "quota {limit} per {:?}", to_ms(w))?,
             Some(Quota { limit, .. }) => write!(f, "quota {limit}")?,
             None => f.write_str("no quota announced")?,
         }
@@ -268,15 +268,21 @@ impl fmt::Display for PartitionView {
             Some(Remaining {
                 available,
                 within: Some(w),
-            }) => write!(f, ", {available} left within {w:?}")?,
+            }) => write!(f, ", {available} left within {:?}", to_ms(w))?,
             Some(Remaining { available, .. }) => write!(f, ", {available} left")?,
             None => {}
         }
         if let Some(p) = self.paused_for {
-            write!(f, ", paused {p:?}")?;
+            write!(f, ", paused {:?}", to_ms(p))?;
         }
         write!(f, ", {} waits, {} 429s", self.waits, self.too_many_requests)
     }
+}
+
+/// `d` rounded to the nearest millisecond, for printing (`999.922025ms`
+/// reads as `1s`).
+fn to_ms(d: Duration) -> Duration {
+    Duration::from_millis(((d.as_micros() + 500) / 1000).min(u128::from(u64::MAX)) as u64)
 }
 
 /// A slot: the partition, and when it was last used (a tick of the table).

@@ -227,6 +227,23 @@ fn the_view_prints_what_was_learned() {
         t.view(&"b").unwrap().to_string(),
         "no quota announced, 0 waits, 0 429s"
     );
+    // Times print to the millisecond: 77.9 us into a 1 s pause reads
+    // 1s, 0.6 ms in 999ms.
+    let (t, clock) = table(4);
+    let pause = Announcement {
+        retry_after: Some(secs(1)),
+        too_many_requests: true,
+        ..Announcement::default()
+    };
+    t.learn(&"c", &pause);
+    clock.advance(Duration::from_nanos(77_978));
+    assert!(t.view(&"c").unwrap().to_string().contains(", paused 1s,"));
+    clock.advance(Duration::from_nanos(522_022));
+    assert!(t
+        .view(&"c")
+        .unwrap()
+        .to_string()
+        .contains(", paused 999ms,"));
 }
 
 #[test]
