@@ -761,12 +761,5 @@ impl fmt::Debug for RedisConcurrencyLimiter {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_member_names_its_units() {
-        assert_eq!(units_of("00ab.7:3"), 3);
-        assert_eq!(units_of("garbage"), 0);
-    }
-}
+#[path = "concurrency_tests.rs"]
+mod tests;
