@@ -351,6 +351,11 @@ impl RedisConcurrencyLimiter {
     /// the maximum is [`RedisError::InsufficientCapacity`]; a cost of 0 is
     /// admitted without a call and holds nothing.
     ///
+    /// A call that timed out, or whose future was dropped while it was in
+    /// flight, may have admitted a permit in Redis that no one holds: it is
+    /// never renewed, and lapses within the expiry (a cost in liveness, never
+    /// in the bound).
+    ///
     /// ```no_run
     /// # use ratewall::redis::{RedisBackend, RedisConcurrencyLimiter};
     /// # async fn f() -> Result<(), ratewall::redis::RedisError> {
