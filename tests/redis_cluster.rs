@@ -7,7 +7,8 @@
 mod support;
 
 use ratewall::redis::{
-    check_all, DecisionSource, FailurePolicy, RedisBackend, RedisError, RedisLimiter,
+    check_all, DecisionSource, FailurePolicy, RedisBackend, RedisConcurrencyLimiter, RedisError,
+    RedisLimiter,
 };
 use ratewall::{Policy, Rate, Window};
 use std::sync::Arc;
@@ -133,6 +134,46 @@ async fn a_three_master_cluster_limits_exactly_across_slots_and_follows_moved() 
     }
     assert!(!l.check_key(b"m").await.unwrap().is_allowed());
     assert_eq!(cluster.nodes[to].cmd(&["EXISTS", &key]), ":1\r\n");
+
+    // Concurrency permits: each key's two Redis keys share its hash tag, so
+    // one script call per key works on every master; exact per key.
+    let cc = RedisConcurrencyLimiter::builder(3, &b)
+        .prefix("cl")
+        .name("cc")
+        .expiry(Duration::from_millis(500))
+        .on_failure(FailurePolicy::Closed)
+        .build()
+        .unwrap();
+    let mut masters = [false; 3];
+    let mut permits = Vec::new();
+    for u in &users[..9] {
+        let key = String::from_utf8(cc.redis_key(u.as_bytes()).unwrap()).unwrap();
+        masters[cluster.owner(&key)] = true;
+        let a = cc.try_acquire_key(u.as_bytes(), 3).await.unwrap();
+        assert!(a.is_allowed(), "{u}");
+        permits.push(a.into_permit().unwrap());
+        assert!(!cc
+            .try_acquire_key(u.as_bytes(), 1)
+            .await
+            .unwrap()
+            .is_allowed());
+    }
+    assert_eq!(masters, [true; 3], "keys on every master");
+    // Renewed across masters past the expiry, then released.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(!cc
+        .try_acquire_key(users[0].as_bytes(), 1)
+        .await
+        .unwrap()
+        .is_allowed());
+    for p in permits {
+        assert!(p.release().await.unwrap());
+    }
+    assert!(cc
+        .try_acquire_key(users[0].as_bytes(), 3)
+        .await
+        .unwrap()
+        .is_allowed());
 }
 
 /// A killed master: its keys get the failure policy within the timeout;

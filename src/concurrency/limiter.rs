@@ -189,7 +189,7 @@ impl<C: Clock> ConcurrencyBuilder<C> {
     }
 }
 
-fn check_max(max: u64) -> Result<(), ConfigError> {
+pub(crate) fn check_max(max: u64) -> Result<(), ConfigError> {
     match max {
         0 => Err(ConfigError::ZeroLimit),
         m if m > MAX_PERMITS => Err(ConfigError::LimitTooLarge {

@@ -17,6 +17,8 @@ mod priority;
 
 pub use crate::algo::concurrency::MAX_PERMITS;
 pub use adaptive::{Adaptive, Outcome, MAX_ADAPTIVE};
+#[cfg(feature = "redis")]
+pub(crate) use limiter::check_max;
 pub use limiter::{ConcurrencyBuilder, ConcurrencyLimiter};
 pub use permit::{Acquisition, OwnedPermit, Permit};
 pub use priority::Priority;

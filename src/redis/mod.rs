@@ -17,6 +17,9 @@
 //! - [`RedisLeaseLimiter`]: a [`RedisLimiter`] (token or leaky bucket,
 //!   fixed window) whose hot keys take up to k units per round trip and
 //!   admit them locally, with the bound kept exact.
+//! - [`RedisConcurrencyLimiter`]: at most `max` units in flight per key
+//!   across every instance, with permits ([`RedisPermit`]) that expire
+//!   unless renewed, so a crashed instance's permits lapse.
 //! - [`check_all`]: several (limit, key, cost) triples, all or nothing, in
 //!   parallel, for the HTTP layer.
 //!
@@ -54,6 +57,7 @@
 mod backend;
 mod batch;
 mod breaker;
+mod concurrency;
 mod connection;
 mod deny_cache;
 mod elastic;
@@ -77,6 +81,10 @@ mod wire;
 pub use backend::{
     RedisBackend, RedisBackendBuilder, DEFAULT_BREAKER_FAILURES, DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_COOL_DOWN, DEFAULT_IN_FLIGHT, DEFAULT_MAX_BATCH, DEFAULT_TIMEOUT,
+};
+pub use concurrency::{
+    RedisAcquisition, RedisConcurrencyBuilder, RedisConcurrencyLimiter, RedisPermit,
+    DEFAULT_PERMIT_EXPIRY,
 };
 pub use elastic::{RedisElasticBuilder, RedisElasticLimiter};
 pub use error::RedisError;

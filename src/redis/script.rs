@@ -118,6 +118,14 @@ pub(crate) const LEASE_SOURCE: &str = concat!(
 pub(crate) static LEASE: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(LEASE_SOURCE));
 
+/// Concurrency permits (`RedisConcurrencyLimiter`): the prelude and
+/// `lua/concurrency.lua`.
+pub(crate) const CONCURRENCY_SOURCE: &str =
+    concat!(prelude!(), include_str!("lua/concurrency.lua"));
+
+pub(crate) static CONCURRENCY: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(CONCURRENCY_SOURCE));
+
 static GCRA: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(GCRA_SOURCE));
 static FIXED: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(FIXED_SOURCE));
 static SLIDING: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(SLIDING_SOURCE));

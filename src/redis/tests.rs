@@ -88,7 +88,7 @@ fn fields_rounds_up_only_below_a_microsecond() {
     assert_ne!(fields(a), fields(c));
 }
 
-const T0_US: u64 = 1_700_000_000_123_457;
+pub(super) const T0_US: u64 = 1_700_000_000_123_457;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_script_matches_the_local_step_decision_by_decision() {

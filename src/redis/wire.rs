@@ -2,7 +2,7 @@
 //! batch of them) and the parsing of every script's reply into decisions.
 //! Nothing here does I/O; `connection.rs` sends, the limiters decide.
 
-use super::script::{Mode, Program, BATCH, ELASTIC, LEASE, LOCKOUT, MULTI};
+use super::script::{Mode, Program, BATCH, CONCURRENCY, ELASTIC, LEASE, LOCKOUT, MULTI};
 use super::RedisError;
 use crate::algo::gcra_decide;
 use crate::decision::Decision;
@@ -234,6 +234,28 @@ impl LeaseCall<'_> {
         test_time(&mut invocation);
         invocation
     }
+}
+
+/// One `lua/concurrency.lua` call (see its header): the permits' key and
+/// their sum's, the mode (`a`, `r`, `n`), the expiry in us, then the mode's
+/// arguments.
+pub(crate) fn concurrency_call(
+    keys: [&[u8]; 2],
+    mode: &'static str,
+    expiry_us: u64,
+    args: &[&str],
+) -> ScriptInvocation<'static> {
+    let mut invocation = CONCURRENCY.prepare_invoke();
+    invocation
+        .key(keys[0])
+        .key(keys[1])
+        .arg(mode)
+        .arg(expiry_us);
+    for a in args {
+        invocation.arg(*a);
+    }
+    test_time(&mut invocation);
+    invocation
 }
 
 /// In the crate's unit tests, the time argument every call of a test build

@@ -1,0 +1,381 @@
+//! `RedisConcurrencyLimiter` against real servers that the tests start
+//! (tests/support/redis_server.rs): the bound across two instances, weights,
+//! release on drop and by call, a crashed instance's permits lapsing while a
+//! live one's are renewed, kill -9 and restart under each failure policy,
+//! and bad input. Expiries of 300-500 ms keep the suite short.
+#![cfg(feature = "redis")]
+
+mod support;
+
+use ratewall::redis::{
+    DecisionSource, FailurePolicy, RedisBackend, RedisConcurrencyLimiter, RedisError, StoreEvent,
+};
+use ratewall::{ConfigError, Policy, Rate, MAX_PERMITS};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use support::redis_server::RedisServer;
+
+fn backend(server: &RedisServer) -> RedisBackend {
+    RedisBackend::builder(server.url())
+        .timeout(Duration::from_millis(500))
+        .build()
+        .unwrap()
+}
+
+fn limiter(b: &RedisBackend, max: u64, expiry_ms: u64) -> RedisConcurrencyLimiter {
+    RedisConcurrencyLimiter::builder(max, b)
+        .prefix("it")
+        .name("cc")
+        .expiry(Duration::from_millis(expiry_ms))
+        .build()
+        .unwrap()
+}
+
+/// Polls `f` every 20 ms until it is true or `within` passes.
+async fn eventually(within: Duration, mut f: impl AsyncFnMut() -> bool) -> bool {
+    let end = Instant::now() + within;
+    while Instant::now() < end {
+        if f().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bound_is_exact_across_two_instances_with_weights() {
+    let server = RedisServer::start();
+    // Two instances: two backends (two connections), one limit.
+    let (b1, b2) = (backend(&server), backend(&server));
+    let max = 5;
+    let instances = [limiter(&b1, max, 500), limiter(&b2, max, 500)];
+    // Units the tasks hold: counted up after Redis admitted them and down
+    // before they are released, so it never exceeds what Redis holds.
+    let in_flight = Arc::new(AtomicU64::new(0));
+    let peak = Arc::new(AtomicU64::new(0));
+    let admitted = Arc::new(AtomicU64::new(0));
+    let stop = Instant::now() + Duration::from_millis(1200);
+    let mut tasks = Vec::new();
+    for t in 0..12u64 {
+        let l = instances[(t % 2) as usize].clone();
+        let (in_flight, peak, admitted) = (in_flight.clone(), peak.clone(), admitted.clone());
+        tasks.push(tokio::spawn(async move {
+            let n = 1 + t % 2; // weights 1 and 2
+            while Instant::now() < stop {
+                let a = l.try_acquire_key(b"shared", n).await.unwrap();
+                assert_eq!(a.decision().source(), DecisionSource::Redis);
+                assert_eq!(a.decision().limit(), max);
+                if let Some(permit) = a.into_permit() {
+                    let now = in_flight.fetch_add(n, Ordering::SeqCst) + n;
+                    assert!(now <= max, "{now} units in flight, max {max}");
+                    peak.fetch_max(now, Ordering::SeqCst);
+                    admitted.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(3)).await;
+                    in_flight.fetch_sub(n, Ordering::SeqCst);
+                    if t % 3 == 0 {
+                        drop(permit); // released by a spawned call
+                    } else {
+                        assert!(permit.release().await.unwrap());
+                    }
+                } else {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let peak = peak.load(Ordering::SeqCst);
+    assert!(peak >= max - 1, "the limit was never reached (peak {peak})");
+    assert!(admitted.load(Ordering::SeqCst) > 20);
+    // Everything released (not lapsed: sooner than the expiry): both keys gone.
+    let key = String::from_utf8(instances[0].redis_key(b"shared").unwrap()).unwrap();
+    let gone = eventually(Duration::from_millis(250), async || {
+        server
+            .cmd(&["EXISTS", &key, &format!("{key}:n")])
+            .contains(":0")
+    })
+    .await;
+    assert!(gone, "permits left behind: {key}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weights_drop_and_release_give_units_back_exactly_once() {
+    let server = RedisServer::start();
+    let b = backend(&server);
+    let l = limiter(&b, 4, 500);
+    let three = l.try_acquire_key(b"k", 3).await.unwrap();
+    assert!(three.is_allowed());
+    assert_eq!(three.decision().remaining(), 1);
+    assert!(three.decision().reset_after() > Duration::from_millis(400));
+    assert_eq!(l.held_here(b"k").unwrap(), 3);
+    let two = l.try_acquire_key(b"k", 2).await.unwrap();
+    assert!(!two.is_allowed());
+    assert_eq!(two.decision().remaining(), 1);
+    // The hint: the first permit lapses within the expiry if not renewed.
+    let hint = two.decision().retry_after();
+    assert!(
+        hint > Duration::ZERO && hint <= Duration::from_millis(500),
+        "{hint:?}"
+    );
+    let one = l
+        .try_acquire_key(b"k", 1)
+        .await
+        .unwrap()
+        .into_permit()
+        .unwrap();
+    assert_eq!(
+        format!("{one:?}"),
+        "RedisPermit { units: 1, source: Redis }"
+    );
+    // Another key is independent.
+    assert!(l.try_acquire_key(b"other", 4).await.unwrap().is_allowed());
+    // Drop gives the 3 back (a spawned call), well before the expiry could.
+    drop(three);
+    assert!(
+        eventually(Duration::from_millis(200), async || {
+            l.try_acquire_key(b"k", 3).await.unwrap().is_allowed()
+        })
+        .await
+    );
+    // The acquisitions above were dropped at once: only `one` is held.
+    assert!(
+        eventually(Duration::from_secs(2), async || l.held_here(b"k").unwrap()
+            == 1)
+        .await
+    );
+    assert!(one.release().await.unwrap());
+    assert_eq!(l.held_here(b"k").unwrap(), 0);
+    let key = String::from_utf8(l.redis_key(b"k").unwrap()).unwrap();
+    assert!(
+        eventually(Duration::from_secs(2), async || server
+            .cmd(&["EXISTS", &key])
+            .contains(":0"))
+        .await
+    );
+    // A cost of 0 holds nothing and makes no call.
+    let zero = l.try_acquire_key(b"k", 0).await.unwrap();
+    assert!(zero.is_allowed());
+    assert!(!zero.into_permit().unwrap().release().await.unwrap());
+}
+
+#[test]
+fn a_crashed_instance_permits_lapse_while_a_live_one_is_renewed() {
+    let server = RedisServer::start();
+    let expiry = 400;
+    // The crashed instance: its own runtime, which dies with its renewal
+    // task; its permits are then dropped where no runtime runs, so no
+    // release is sent (what a crash leaves behind).
+    let url = server.url();
+    let crashed = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let permits = rt.block_on(async {
+            let b = RedisBackend::builder(url).build().unwrap();
+            let l = limiter(&b, 4, expiry);
+            let a = l.try_acquire_key(b"k", 3).await.unwrap();
+            assert!(a.is_allowed());
+            a.into_permit().unwrap()
+        });
+        drop(rt);
+        permits
+    })
+    .join()
+    .unwrap();
+    drop(crashed); // no runtime here: nothing sent
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let b = backend(&server);
+        let live = limiter(&b, 4, expiry);
+        let other = limiter(&b, 4, expiry);
+        let held = live.try_acquire_key(b"k", 1).await.unwrap();
+        assert!(held.is_allowed());
+        let start = Instant::now();
+        assert!(!other.try_acquire_key(b"k", 1).await.unwrap().is_allowed());
+        // The crashed 3 lapse within the expiry; the live 1 is renewed
+        // through 3 expiries and still counts.
+        let freed = eventually(Duration::from_millis(3 * expiry), async || {
+            other.try_acquire_key(b"k", 3).await.unwrap().is_allowed()
+        })
+        .await;
+        assert!(freed, "the crashed instance's permits never lapsed");
+        assert!(start.elapsed() >= Duration::from_millis(expiry / 2));
+        tokio::time::sleep(Duration::from_millis(3 * expiry)).await;
+        let d = other.try_acquire_key(b"k", 4).await.unwrap();
+        assert!(!d.is_allowed(), "the live permit lapsed: renewal failed");
+        assert_eq!(d.decision().remaining(), 3);
+        assert!(held.into_permit().unwrap().release().await.unwrap());
+        assert!(other.try_acquire_key(b"k", 4).await.unwrap().is_allowed());
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_then_restart_each_failure_policy_does_what_it_says() {
+    let mut server = RedisServer::start();
+    let b = RedisBackend::builder(server.url())
+        .timeout(Duration::from_millis(100))
+        .breaker(3, Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let events = Arc::new(AtomicU64::new(0));
+    let build = |name: &str, failure| {
+        let events = events.clone();
+        RedisConcurrencyLimiter::builder(4, &b)
+            .prefix("it")
+            .name(name)
+            .expiry(Duration::from_millis(400))
+            .on_failure(failure)
+            .on_store_event(move |e: &StoreEvent| {
+                // Failing counts 1, Recovered 1000.
+                let v = if matches!(e, StoreEvent::Recovered { .. }) {
+                    1000
+                } else {
+                    1
+                };
+                events.fetch_add(v, Ordering::SeqCst);
+            })
+            .build()
+            .unwrap()
+    };
+    let open = build("open", FailurePolicy::Open);
+    let closed = build("closed", FailurePolicy::Closed);
+    let share = build("share", FailurePolicy::FallbackShare { instances: 2 });
+    let mut before = Vec::new();
+    for l in [&open, &closed, &share] {
+        let a = l.try_acquire_key(b"k", 1).await.unwrap();
+        assert_eq!(a.decision().source(), DecisionSource::Redis);
+        before.push(a.into_permit().unwrap());
+    }
+    server.kill9();
+    // Open: admitted, untracked, holding nothing.
+    for _ in 0..6 {
+        let a = open.try_acquire_key(b"k", 4).await.unwrap();
+        assert!(a.is_allowed());
+        assert_eq!(a.decision().source(), DecisionSource::FailOpen);
+        let p = a.into_permit().unwrap();
+        assert_eq!(p.source(), DecisionSource::FailOpen);
+        assert!(!p.release().await.unwrap());
+    }
+    // Closed: the typed error.
+    assert!(matches!(
+        closed.try_acquire_key(b"k", 1).await,
+        Err(RedisError::Unavailable { .. })
+    ));
+    // FallbackShare: a local limit of 4 / 2 = 2 per key.
+    let f1 = share.try_acquire_key(b"k", 1).await.unwrap();
+    let f2 = share.try_acquire_key(b"k", 1).await.unwrap();
+    let f3 = share.try_acquire_key(b"k", 1).await.unwrap();
+    for f in [&f1, &f2, &f3] {
+        assert_eq!(f.decision().source(), DecisionSource::Fallback);
+    }
+    assert!(f1.is_allowed() && f2.is_allowed() && !f3.is_allowed());
+    assert_eq!(f2.decision().limit(), 2);
+    drop(f1);
+    let f4 = share.try_acquire_key(b"k", 2).await.unwrap();
+    assert!(!f4.is_allowed(), "1 of the share of 2 is still out");
+    let f5 = share.try_acquire_key(b"k", 1).await.unwrap();
+    assert!(f5.is_allowed());
+    // A release Redis cannot take is an error; the expiry reclaims it.
+    let lost = before.pop().unwrap();
+    assert!(matches!(
+        lost.release().await,
+        Err(RedisError::Unavailable { .. })
+    ));
+
+    server.restart();
+    let back = eventually(Duration::from_secs(3), async || {
+        share
+            .try_acquire_key(b"k", 1)
+            .await
+            .is_ok_and(|a| a.decision().source() == DecisionSource::Redis)
+    })
+    .await;
+    assert!(back, "Redis never answered again");
+    // The fallback's permits stay local: released locally, never counted in
+    // Redis (a fresh server: the whole maximum is free there).
+    let fresh = share.try_acquire_key(b"k", 3).await.unwrap();
+    assert!(fresh.is_allowed() && fresh.decision().source() == DecisionSource::Redis);
+    let p = f2.into_permit().unwrap();
+    assert_eq!(p.source(), DecisionSource::Fallback);
+    assert!(p.release().await.unwrap());
+    drop(f5);
+    // Permits from before the kill are gone from the restarted server.
+    for p in before {
+        assert!(!p.release().await.unwrap());
+    }
+    assert!(closed.try_acquire_key(b"k", 1).await.unwrap().is_allowed());
+    // Each limiter reported its outage once; the two that answered again
+    // reported that once (Open is reported when it next answers).
+    let e = events.load(Ordering::SeqCst);
+    assert_eq!(e % 1000, 3, "one Failing per limiter: {e}");
+    assert_eq!(e / 1000, 2, "one Recovered per limiter that answered: {e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_typed_errors() {
+    let server = RedisServer::start();
+    let b = backend(&server);
+    let build = |max| RedisConcurrencyLimiter::builder(max, &b).build();
+    assert_eq!(
+        build(0).unwrap_err(),
+        RedisError::Config(ConfigError::ZeroLimit)
+    );
+    assert!(matches!(
+        build(MAX_PERMITS + 1),
+        Err(RedisError::Config(ConfigError::LimitTooLarge { .. }))
+    ));
+    for expiry in [Duration::from_millis(9), Duration::from_secs(3601)] {
+        let e = RedisConcurrencyLimiter::builder(1, &b)
+            .expiry(expiry)
+            .build();
+        assert!(matches!(
+            e,
+            Err(RedisError::Config(ConfigError::Incompatible { .. }))
+        ));
+    }
+    let e = RedisConcurrencyLimiter::builder(1, &b)
+        .on_failure(FailurePolicy::Fallback(Policy::token_bucket(
+            Rate::per_second(1),
+        )))
+        .build();
+    assert!(matches!(e, Err(RedisError::Unsupported { .. })));
+    let e = RedisConcurrencyLimiter::builder(1, &b).name("a b").build();
+    assert!(matches!(e, Err(RedisError::InvalidName { .. })));
+    let e = RedisConcurrencyLimiter::builder(1, &b)
+        .fallback_max_keys(0)
+        .build();
+    assert!(matches!(
+        e,
+        Err(RedisError::Config(ConfigError::InvalidCapacity { .. }))
+    ));
+    let l = limiter(&b, 3, 500);
+    assert!(matches!(
+        l.try_acquire_key(b"", 1).await,
+        Err(RedisError::EmptyKey)
+    ));
+    assert!(matches!(
+        l.try_acquire_key(b"k", 4).await,
+        Err(RedisError::InsufficientCapacity(c)) if c.requested == 4 && c.capacity == 3
+    ));
+    // A key holding something else is a server error, never a reset.
+    let key = String::from_utf8(l.redis_key(b"taken").unwrap()).unwrap();
+    server.cmd(&["SET", &key, "x"]);
+    assert!(matches!(
+        l.try_acquire_key(b"taken", 1).await,
+        Err(RedisError::Server { .. })
+    ));
+    // A long binary key is hashed into a bounded name in its own hash tag.
+    let huge = vec![0u8; 1 << 16];
+    let k = l.redis_key(&huge).unwrap();
+    assert!(k.len() < 64 && k.ends_with(b"}"));
+    assert!(l.try_acquire_key(&huge, 3).await.unwrap().is_allowed());
+}
