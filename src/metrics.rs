@@ -67,8 +67,8 @@ pub(crate) fn http_outcome(rule: &str, outcome: &'static str) -> Counter {
     counter!(HTTP_REQUESTS, "rule" => rule.to_owned(), "outcome" => outcome)
 }
 
-/// What an HTTP rule reports beyond its [`RuleStats`](crate::http::RuleStats)
-/// counters: requests above the nominal limit, a full table's rejections
+/// What an HTTP rule reports beyond its `RuleStats` counters (the HTTP
+/// layer's): requests above the nominal limit, a full table's rejections
 /// (`outcome` `above_limit` and `rejected_full`, each also counted in
 /// `allowed` or `denied`), evictions and occupancy.
 #[cfg(feature = "tower")]

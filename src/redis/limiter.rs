@@ -389,13 +389,10 @@ impl RedisLimiter {
         #[cfg(test)]
         let cache = cache.filter(|_| super::testing::now_us().is_none());
         if let Some(left) = cache.and_then(|c| c.denied_for(&rkey)) {
-            let d = RedisDecision {
+            return Ok(self.counted(RedisDecision {
                 decision: Decision::deny(self.policy.limit(), 0, left, left),
                 source: DecisionSource::DenyCache,
-            };
-            #[cfg(feature = "metrics")]
-            self.failover.watch().decided(&d);
-            return Ok(d);
+            }));
         }
         let mode = if consume { Mode::Check } else { Mode::Peek };
         // The key goes into the call; a copy stays only for the cache.
@@ -442,17 +439,14 @@ impl RedisLimiter {
     #[inline]
     pub(crate) fn answered(&self, raw: Decision) -> RedisDecision {
         self.redis_answered();
-        let d = RedisDecision {
+        self.counted(RedisDecision {
             decision: self.nominal(raw),
             source: DecisionSource::Redis,
-        };
-        #[cfg(feature = "metrics")]
-        self.failover.watch().decided(&d);
-        d
+        })
     }
 
-    /// `d`, a decision made for this limiter outside its own check (a
-    /// lease's local admission or its script's reply), counted (feature
+    /// `d`, a decision made for this limiter (by its own check, or a
+    /// lease's local admission or script reply), counted (feature
     /// `metrics`; otherwise `d` as it is).
     #[inline]
     pub(crate) fn counted(&self, d: RedisDecision) -> RedisDecision {
