@@ -228,8 +228,10 @@ impl<K, C: Clock> KeyedConcurrencyLimiter<K, C> {
             return Ok((d, None));
         }
         // Time one permit in 16 (and the first ones): the low bits of the
-        // reading pick them, so no shared counter is written.
-        let timed = hold == 0 || (now ^ (now >> 9)) % 16 == 0;
+        // nanosecond reading pick them, so deciding writes nothing. (A clock
+        // that ticks in multiples of 16 ns, like `ManualClock` in tests,
+        // times every permit.)
+        let timed = hold == 0 || now % 16 == 0;
         Ok((
             d,
             Some(KeyHeld {
@@ -253,7 +255,11 @@ impl<K, C: Clock> KeyedConcurrencyLimiter<K, C> {
                 .table
                 .table
                 .update(held.h, &mut |state| ((), Some(release_count(state, n))));
-            debug_assert!(found.is_some(), "a key with permits out was reclaimed");
+            // (Not checked while unwinding: a second panic would abort.)
+            debug_assert!(
+                found.is_some() || std::thread::panicking(),
+                "a key with permits out was reclaimed"
+            );
         }
         if held.start != UNTIMED {
             self.record(held.start);
@@ -605,6 +611,19 @@ impl<K, C: Clock> KeyedConcurrencyLimiter<K, C> {
     /// ```
     pub fn memory_bytes(&self) -> usize {
         self.table.memory_bytes() + std::mem::size_of::<CachePadded<AtomicU64>>()
+    }
+
+    /// Loom-only test hook (compiled only with `--cfg ratewall_loom` and the
+    /// `testing` feature): the key's shard and home slot, so that a model can
+    /// make two keys compete for one slot.
+    #[cfg(all(ratewall_loom, feature = "testing"))]
+    #[doc(hidden)]
+    pub fn __home_slot<Q>(&self, key: &Q) -> (usize, usize)
+    where
+        K: Borrow<Q>,
+        Q: Hash + ?Sized,
+    {
+        self.table.__home_slot(key)
     }
 }
 
