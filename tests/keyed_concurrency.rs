@@ -531,3 +531,98 @@ fn threads_never_exceed_a_keys_maximum() {
     }
     assert!(l.len() <= 2);
 }
+
+/// A wait for a keyed permit sleeps for the hold-time hint between tries
+/// and returns the permit once a holder releases; a cost above the key's
+/// maximum ends it at once; a hint longer than the time left ends a wait
+/// with a timeout at once, taking nothing.
+#[test]
+fn a_wait_returns_the_permit_when_one_comes_back() {
+    use ratewall::wait::{Wait, WaitError};
+    use std::time::Instant;
+
+    let l = Arc::new(KeyedConcurrencyLimiter::<u64>::new(1).unwrap());
+    let held = l
+        .try_acquire_key_owned(&7, 1)
+        .unwrap()
+        .into_permit()
+        .unwrap();
+    let start = Instant::now();
+    let t = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(30));
+        drop(held);
+    });
+    let wait = Wait::new().timeout(Duration::from_secs(10));
+    let permit = wait.blocking(|| l.try_acquire_key(&7, 1)).unwrap();
+    assert!(start.elapsed() >= Duration::from_millis(25));
+    assert_eq!((permit.units(), l.in_flight_key(&7)), (1, 1));
+    t.join().unwrap();
+    assert!(matches!(
+        wait.blocking(|| l.try_acquire_key(&7, 2)),
+        Err(WaitError::InsufficientCapacity(InsufficientCapacity {
+            requested: 2,
+            capacity: 1
+        }))
+    ));
+    drop(permit);
+    assert_eq!(l.in_flight_key(&7), 0);
+
+    // A mean hold time of 10 s against a timeout of 50 ms: no sleep at all.
+    let clock = ManualClock::new();
+    let slow = KeyedConcurrencyLimiter::<u64, _>::builder(1)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let p = slow.try_acquire_key(&1, 1).unwrap();
+    clock.advance(Duration::from_secs(10));
+    drop(p);
+    let _busy = slow.try_acquire_key(&1, 1).unwrap();
+    let start = Instant::now();
+    let r = Wait::new()
+        .timeout(Duration::from_millis(50))
+        .blocking(|| slow.try_acquire_key(&1, 1));
+    match r {
+        Err(WaitError::Deadline { last: Some(d) }) => {
+            assert_eq!(d.retry_after(), Duration::from_secs(10))
+        }
+        other => panic!("expected a deadline, got {other:?}"),
+    }
+    assert!(start.elapsed() < Duration::from_millis(50));
+    assert_eq!(slow.in_flight_key(&1), 1, "the failed wait took nothing");
+}
+
+/// The async wait (feature `wait`) with an owned permit, which the task
+/// then keeps.
+#[cfg(feature = "wait")]
+#[test]
+fn an_async_wait_returns_an_owned_permit() {
+    use ratewall::wait::Wait;
+
+    let l = Arc::new(KeyedConcurrencyLimiter::<String>::new(2).unwrap());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let first = l
+        .try_acquire_key_owned("t", 2)
+        .unwrap()
+        .into_permit()
+        .unwrap();
+    let l2 = Arc::clone(&l);
+    let permit = rt.block_on(async move {
+        let release = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            drop(first);
+        });
+        let p = Wait::new()
+            .timeout(Duration::from_secs(10))
+            .until(|| l2.try_acquire_key_owned("t", 1))
+            .await
+            .unwrap();
+        release.await.unwrap();
+        p
+    });
+    assert_eq!((permit.units(), l.in_flight_key("t")), (1, 1));
+    drop(permit);
+    assert_eq!(l.in_flight_key("t"), 0);
+}

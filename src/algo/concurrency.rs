@@ -326,7 +326,7 @@ mod keyed_tests {
     use proptest::prelude::*;
 
     #[test]
-    fn a_maximum_of_0_or_above_32_bits_is_a_typed_error() {
+    fn a_maximum_of_0_or_above_max_permits_is_a_typed_error() {
         assert_eq!(Concurrent::new(0), Err(ConfigError::ZeroLimit));
         assert_eq!(
             Concurrent::new(MAX_PERMITS + 1),

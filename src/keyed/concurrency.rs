@@ -32,6 +32,7 @@ use crate::decision::{Decision, Tracking};
 use crate::error::{ConfigError, InsufficientCapacity};
 use crate::limiter::DefaultClock;
 use crate::sync::{AtomicU64, Ordering};
+use crate::wait::{Attempt, AttemptCore, Outcome, Token};
 use crossbeam_utils::CachePadded;
 use std::borrow::Borrow;
 use std::fmt;
@@ -73,6 +74,31 @@ const UNTIMED: u64 = u64::MAX;
 /// assert!(per_tenant.try_acquire_key("globex", 1).unwrap().is_allowed()); // another key
 /// drop(a);
 /// assert_eq!(per_tenant.in_flight_key("acme"), 1);
+/// # Ok::<(), ratewall::ConfigError>(())
+/// ```
+///
+/// # Waiting
+///
+/// An acquisition is one try of a [`Wait`](crate::wait::Wait):
+/// `wait.blocking(|| limiter.try_acquire_key(&key, n))` returns the permit
+/// (and `try_acquire_key_owned` an owned one, for `until` with feature
+/// `wait`). A denial sleeps for its
+/// `retry_after`, the observed mean hold time: a **hint**, so the wait tries
+/// again then, and a release may have come sooner or later. With a
+/// timeout, a hint longer than the time left ends the wait at once (the
+/// wait's rule for every limiter). A cost above the key's maximum ends it
+/// with [`WaitError::InsufficientCapacity`](crate::wait::WaitError).
+///
+/// ```
+/// use ratewall::{wait::Wait, KeyedConcurrencyLimiter};
+/// use std::{sync::Arc, time::Duration};
+///
+/// let l = Arc::new(KeyedConcurrencyLimiter::<u64>::new(1)?);
+/// let held = l.try_acquire_key_owned(&7, 1).unwrap().into_permit().unwrap();
+/// let t = std::thread::spawn(move || { std::thread::sleep(Duration::from_millis(20)); drop(held) });
+/// let permit = Wait::new().timeout(Duration::from_secs(5)).blocking(|| l.try_acquire_key(&7, 1)).unwrap();
+/// assert_eq!(permit.units(), 1);
+/// # t.join().unwrap();
 /// # Ok::<(), ratewall::ConfigError>(())
 /// ```
 pub struct KeyedConcurrencyLimiter<K, C: Clock = DefaultClock> {
@@ -725,6 +751,39 @@ macro_rules! keyed_permit_methods {
 
 keyed_permit_methods!(KeyedPermit<'a>);
 keyed_permit_methods!(OwnedKeyedPermit);
+
+/// A keyed acquisition as one try of a wait (see "Waiting" on
+/// [`KeyedConcurrencyLimiter`]), written once for both permits.
+macro_rules! permit_attempt {
+    ($name:ident $(<$lt:lifetime>)?) => {
+        impl<$($lt,)? K, C: Clock> AttemptCore
+            for Result<Acquisition<$name<$($lt,)? K, C>>, InsufficientCapacity>
+        {
+        }
+        impl<$($lt,)? K, C: Clock> Attempt
+            for Result<Acquisition<$name<$($lt,)? K, C>>, InsufficientCapacity>
+        {
+            type Output = $name<$($lt,)? K, C>;
+            type Error = std::convert::Infallible;
+            #[inline]
+            fn outcome(self, _: Token) -> Outcome<Self::Output, Self::Error> {
+                match self {
+                    Err(e) => Outcome::Never(e),
+                    Ok(a) => {
+                        let decision = a.decision();
+                        match a.into_permit() {
+                            Some(permit) => Outcome::Admitted(permit),
+                            None => Outcome::Denied(decision),
+                        }
+                    }
+                }
+            }
+        }
+    };
+}
+
+permit_attempt!(KeyedPermit<'a>);
+permit_attempt!(OwnedKeyedPermit);
 
 impl<K, C: Clock> fmt::Debug for KeyedConcurrencyLimiter<K, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
