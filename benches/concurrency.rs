@@ -14,8 +14,17 @@
 //! release themselves. Instruction counts, which repeat exactly, come from
 //! `sh benches/callgrind.sh rw-permit tokio-permit` (cases in `sweep.rs`).
 //! Under `cargo test --benches` (`--bench` absent), one short round runs.
+//!
+//! The keyed rows: a `KeyedConcurrencyLimiter` permit over 10,000 keys
+//! against a `Semaphore` per key in a prebuilt `HashMap` (no keyed
+//! semaphore exists to compare with; this peer is a lower bound on what a
+//! keyed one costs: it neither bounds nor reclaims keys). Instruction
+//! counts: `sh benches/callgrind.sh rw-keyed-permit-10k
+//! tokio-keyed-permit-10k rw-keyed-10k`.
 
-use ratewall::ConcurrencyLimiter;
+use ratewall::{ConcurrencyLimiter, KeyedConcurrencyLimiter};
+use std::cell::Cell;
+use std::collections::HashMap;
 use std::hint::black_box;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
@@ -64,6 +73,77 @@ fn tokio_op(s: &Semaphore) -> bool {
     permit.is_ok()
 }
 
+/// Keys of the keyed rows.
+const KEYS: u64 = 10_000;
+
+thread_local! {
+    /// Each thread's position in its key sequence (xorshift state).
+    static NEXT: Cell<u64> = const { Cell::new(0) };
+}
+
+/// The next key of this thread's pseudo-random walk over `0..KEYS`.
+fn next_key() -> u64 {
+    NEXT.with(|c| {
+        let mut x = c.get() | 1;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        c.set(x);
+        x % KEYS
+    })
+}
+
+fn keyed_op(l: &KeyedConcurrencyLimiter<u64>) -> bool {
+    let permit = l.try_acquire_key(&next_key(), 1).unwrap().into_permit();
+    permit.is_some()
+}
+
+fn keyed_tokio_op(map: &HashMap<u64, Semaphore, ahash::RandomState>) -> bool {
+    let permit = map[&next_key()].try_acquire();
+    permit.is_ok()
+}
+
+/// Alternating rounds of `a` and `b` at `t` threads (the order flips every
+/// round); prints the median of each side and of their ratio, with its spread.
+fn compare(
+    names: (&str, &str),
+    t: usize,
+    rounds: usize,
+    ms: u64,
+    a: impl Fn() -> bool + Sync,
+    b: impl Fn() -> bool + Sync,
+) {
+    let mut ratios = Vec::new();
+    let (mut a_all, mut b_all) = (Vec::new(), Vec::new());
+    for round in 0..rounds {
+        let (ra, rb) = if round % 2 == 0 {
+            let ra = point(t, ms, &a);
+            (ra, point(t, ms, &b))
+        } else {
+            let rb = point(t, ms, &b);
+            (point(t, ms, &a), rb)
+        };
+        ratios.push(ra / rb);
+        a_all.push(ra);
+        b_all.push(rb);
+    }
+    let med = |v: &mut Vec<f64>| {
+        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        v[v.len() / 2]
+    };
+    let (lo, hi) = ratios
+        .iter()
+        .fold((f64::MAX, f64::MIN), |(lo, hi), &r| (lo.min(r), hi.max(r)));
+    println!(
+        "{t} thread(s): {} {:.1} M/s, {} {:.1} M/s, ratio median {:.2}x (spread {lo:.2}..{hi:.2})",
+        names.0,
+        med(&mut a_all) / 1e6,
+        names.1,
+        med(&mut b_all) / 1e6,
+        med(&mut ratios),
+    );
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let arg = |name: &str, default: &str| {
@@ -88,34 +168,40 @@ fn main() {
     let s = Arc::new(Semaphore::new(MAX as usize));
     println!("concurrency permit: acquire + release, {rounds} rounds of {ms} ms per point");
     for &t in &threads {
-        let mut ratios = Vec::new();
-        let (mut rw_all, mut tk_all) = (Vec::new(), Vec::new());
-        for round in 0..rounds {
-            let (rw, tk) = if round % 2 == 0 {
-                let rw = point(t, ms, || ratewall_op(&l));
-                (rw, point(t, ms, || tokio_op(&s)))
-            } else {
-                let tk = point(t, ms, || tokio_op(&s));
-                (point(t, ms, || ratewall_op(&l)), tk)
-            };
-            ratios.push(rw / tk);
-            rw_all.push(rw);
-            tk_all.push(tk);
-        }
-        let med = |v: &mut Vec<f64>| {
-            v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-            v[v.len() / 2]
-        };
-        let (lo, hi) = ratios
-            .iter()
-            .fold((f64::MAX, f64::MIN), |(lo, hi), &r| (lo.min(r), hi.max(r)));
-        println!(
-            "{t} thread(s): ratewall {:.1} M/s, tokio Semaphore {:.1} M/s, ratio median {:.2}x (spread {lo:.2}..{hi:.2})",
-            med(&mut rw_all) / 1e6,
-            med(&mut tk_all) / 1e6,
-            med(&mut ratios),
+        compare(
+            ("ratewall", "tokio Semaphore"),
+            t,
+            rounds,
+            ms,
+            || ratewall_op(&l),
+            || tokio_op(&s),
         );
     }
+    // Keyed: a permit per key over KEYS keys, each thread walking its own
+    // pseudo-random sequence of them, against a Semaphore per key in a
+    // prebuilt HashMap with ratewall's hasher, ahash (read only: no lock, no
+    // bound, no reclaim).
+    let keyed = KeyedConcurrencyLimiter::<u64>::builder(MAX)
+        .max_keys(KEYS as usize)
+        .build()
+        .unwrap();
+    let map: HashMap<u64, Semaphore, ahash::RandomState> = (0..KEYS)
+        .map(|k| (k, Semaphore::new(MAX as usize)))
+        .collect();
+    println!(
+        "keyed permit: acquire + release over {KEYS} keys, {rounds} rounds of {ms} ms per point"
+    );
+    for &t in &threads {
+        compare(
+            ("ratewall keyed", "tokio Semaphore per key (HashMap)"),
+            t,
+            rounds,
+            ms,
+            || keyed_op(&keyed),
+            || keyed_tokio_op(&map),
+        );
+    }
+    assert_eq!((0..KEYS).map(|k| keyed.in_flight_key(&k)).sum::<u64>(), 0);
     assert_eq!(l.in_flight(), 0);
     assert_eq!(s.available_permits(), MAX as usize);
 }
