@@ -269,6 +269,18 @@ impl<K, C: Clock> KeyedConcurrencyLimiter<K, C> {
         ))
     }
 
+    /// [`admit`](Self::admit) as an acquisition whose permit `permit` makes.
+    #[inline]
+    fn acquisition<Q: Hash + ?Sized, P>(
+        &self,
+        key: &Q,
+        n: u64,
+        permit: impl FnOnce(KeyHeld) -> P,
+    ) -> Result<Acquisition<P>, InsufficientCapacity> {
+        let (decision, held) = self.admit(key, n)?;
+        Ok(Acquisition::new(decision, held.map(permit)))
+    }
+
     /// Gives a permit's units back (its `Drop`): one update of its key's
     /// slot, found by the hash. A timed permit then feeds the mean hold time.
     #[inline]
@@ -333,14 +345,10 @@ impl<K, C: Clock> KeyedConcurrencyLimiter<K, C> {
         K: Borrow<Q>,
         Q: Hash + ?Sized,
     {
-        let (decision, held) = self.admit(key, n)?;
-        Ok(Acquisition::new(
-            decision,
-            held.map(|held| KeyedPermit {
-                limiter: self,
-                held,
-            }),
-        ))
+        self.acquisition(key, n, |held| KeyedPermit {
+            limiter: self,
+            held,
+        })
     }
 
     /// [`try_acquire_key`](Self::try_acquire_key) with a `'static` permit
@@ -366,14 +374,10 @@ impl<K, C: Clock> KeyedConcurrencyLimiter<K, C> {
         K: Borrow<Q>,
         Q: Hash + ?Sized,
     {
-        let (decision, held) = self.admit(key, n)?;
-        Ok(Acquisition::new(
-            decision,
-            held.map(|held| OwnedKeyedPermit {
-                limiter: Arc::clone(self),
-                held,
-            }),
-        ))
+        self.acquisition(key, n, |held| OwnedKeyedPermit {
+            limiter: Arc::clone(self),
+            held,
+        })
     }
 
     /// The decision a unit acquire for `key` would get now, taking nothing
