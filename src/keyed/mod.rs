@@ -17,7 +17,9 @@
 //! the path of a key the table does not hold; `quotas.rs`, quota changes
 //! and per-key quotas; `hot.rs`, the hot keys' check paths; `log.rs`, the
 //! keyed sliding log (its own table); `policy.rs`, [`KeyedPolicyLimiter`]
-//! over either.
+//! over either; `concurrency.rs`, [`KeyedConcurrencyLimiter`] (a
+//! concurrency limit per key: a [`KeyedLimiter`] over the keyed
+//! concurrency algorithm, behind RAII permits).
 
 pub(crate) mod builder;
 mod concurrency;
