@@ -142,6 +142,7 @@ fn main() {
         .split(',')
         .map(|t| t.parse().unwrap())
         .collect();
+    keyed_rows(rounds, ms, &threads);
     let l = Arc::new(ConcurrencyLimiter::new(MAX).unwrap());
     let s = Arc::new(Semaphore::new(MAX as usize));
     println!("concurrency permit: acquire + release, {rounds} rounds of {ms} ms per point");
@@ -159,8 +160,6 @@ fn main() {
     }
     assert_eq!(l.in_flight(), 0);
     assert_eq!(s.available_permits(), MAX as usize);
-
-    keyed_rows(rounds, ms, &threads);
 }
 
 /// Medians of alternating rounds.
