@@ -24,6 +24,64 @@ use tokio::sync::Semaphore;
 
 const MAX: u64 = 1024;
 
+/// Keys of the keyed rows.
+const KEYS: u64 = 10_000;
+
+std::thread_local! {
+    /// Each thread's place in its walk over the keys (xorshift state).
+    static NEXT: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// The next key of this thread's pseudo-random walk over `0..KEYS`.
+fn next_key() -> u64 {
+    NEXT.with(|c| {
+        let mut x = c.get() | 1;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        c.set(x);
+        x % KEYS
+    })
+}
+
+/// The keyed rows: a `KeyedConcurrencyLimiter` permit (acquire plus
+/// release) over `KEYS` keys, each thread walking its own pseudo-random
+/// sequence of them, against a tokio `Semaphore` per key in a `HashMap`
+/// built up front with ratewall's hasher, ahash (read only: no lock, no
+/// bound on keys, no reclaim). No keyed semaphore exists to compare with;
+/// this peer is what a service that knows every key in advance could do.
+/// Instruction counts: `sh benches/callgrind.sh rw-keyed-permit-10k
+/// tokio-keyed-permit-10k rw-keyed-10k`.
+fn keyed_rows(rounds: usize, ms: u64, threads: &[usize]) {
+    let keyed = ratewall::KeyedConcurrencyLimiter::<u64>::builder(MAX)
+        .max_keys(KEYS as usize)
+        .build()
+        .unwrap();
+    let map: std::collections::HashMap<u64, Semaphore, ahash::RandomState> = (0..KEYS)
+        .map(|k| (k, Semaphore::new(MAX as usize)))
+        .collect();
+    let rw_op = || {
+        let permit = keyed.try_acquire_key(&next_key(), 1).unwrap().into_permit();
+        permit.is_some()
+    };
+    let tk_op = || {
+        let permit = map[&next_key()].try_acquire();
+        permit.is_ok()
+    };
+    println!(
+        "keyed permit: acquire + release over {KEYS} keys, {rounds} rounds of {ms} ms per point"
+    );
+    for &t in threads {
+        let r = alternate(rounds, || point(t, ms, rw_op), || point(t, ms, tk_op));
+        println!(
+            "{t} thread(s): ratewall keyed {:.1} M/s, tokio Semaphore per key (HashMap) {:.1} M/s, {r}",
+            r.rw / 1e6,
+            r.tk / 1e6
+        );
+    }
+    assert_eq!((0..KEYS).map(|k| keyed.in_flight_key(&k)).sum::<u64>(), 0);
+}
+
 /// Aggregate ops/s of `threads` threads each running `op` for `ms`.
 fn point(threads: usize, ms: u64, op: impl Fn() -> bool + Sync) -> f64 {
     let stop = AtomicBool::new(false);
@@ -84,38 +142,73 @@ fn main() {
         .split(',')
         .map(|t| t.parse().unwrap())
         .collect();
+    keyed_rows(rounds, ms, &threads);
     let l = Arc::new(ConcurrencyLimiter::new(MAX).unwrap());
     let s = Arc::new(Semaphore::new(MAX as usize));
     println!("concurrency permit: acquire + release, {rounds} rounds of {ms} ms per point");
     for &t in &threads {
-        let mut ratios = Vec::new();
-        let (mut rw_all, mut tk_all) = (Vec::new(), Vec::new());
-        for round in 0..rounds {
-            let (rw, tk) = if round % 2 == 0 {
-                let rw = point(t, ms, || ratewall_op(&l));
-                (rw, point(t, ms, || tokio_op(&s)))
-            } else {
-                let tk = point(t, ms, || tokio_op(&s));
-                (point(t, ms, || ratewall_op(&l)), tk)
-            };
-            ratios.push(rw / tk);
-            rw_all.push(rw);
-            tk_all.push(tk);
-        }
-        let med = |v: &mut Vec<f64>| {
-            v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-            v[v.len() / 2]
-        };
-        let (lo, hi) = ratios
-            .iter()
-            .fold((f64::MAX, f64::MIN), |(lo, hi), &r| (lo.min(r), hi.max(r)));
+        let r = alternate(
+            rounds,
+            || point(t, ms, || ratewall_op(&l)),
+            || point(t, ms, || tokio_op(&s)),
+        );
         println!(
-            "{t} thread(s): ratewall {:.1} M/s, tokio Semaphore {:.1} M/s, ratio median {:.2}x (spread {lo:.2}..{hi:.2})",
-            med(&mut rw_all) / 1e6,
-            med(&mut tk_all) / 1e6,
-            med(&mut ratios),
+            "{t} thread(s): ratewall {:.1} M/s, tokio Semaphore {:.1} M/s, {r}",
+            r.rw / 1e6,
+            r.tk / 1e6
         );
     }
     assert_eq!(l.in_flight(), 0);
     assert_eq!(s.available_permits(), MAX as usize);
+}
+
+/// Medians of alternating rounds.
+struct Rounds {
+    rw: f64,
+    tk: f64,
+    ratio: f64,
+    lo: f64,
+    hi: f64,
+}
+
+impl std::fmt::Display for Rounds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "ratio median {:.2}x (spread {:.2}..{:.2})",
+            self.ratio, self.lo, self.hi
+        )
+    }
+}
+
+/// `rounds` rounds of both sides, ratewall first in even rounds and tokio
+/// first in odd ones: the median of each side and of the ratios.
+fn alternate(rounds: usize, mut rw: impl FnMut() -> f64, mut tk: impl FnMut() -> f64) -> Rounds {
+    let (mut ratios, mut rw_all, mut tk_all) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..rounds {
+        let (a, b) = if round % 2 == 0 {
+            let a = rw();
+            (a, tk())
+        } else {
+            let b = tk();
+            (rw(), b)
+        };
+        ratios.push(a / b);
+        rw_all.push(a);
+        tk_all.push(b);
+    }
+    let med = |v: &mut Vec<f64>| {
+        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        v[v.len() / 2]
+    };
+    let (lo, hi) = ratios
+        .iter()
+        .fold((f64::MAX, f64::MIN), |(lo, hi), &r| (lo.min(r), hi.max(r)));
+    Rounds {
+        rw: med(&mut rw_all),
+        tk: med(&mut tk_all),
+        ratio: med(&mut ratios),
+        lo,
+        hi,
+    }
 }

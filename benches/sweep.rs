@@ -373,6 +373,50 @@ fn ops(case: &str, n: u64) -> Result<(), String> {
             let s = tokio::sync::Semaphore::new(1024);
             run(n, |_| s.try_acquire().is_ok())
         }
+        // A keyed permit, acquire plus release, over 10,000 keys (uniform),
+        // against a tokio Semaphore per key in a prebuilt `HashMap` with
+        // ratewall's hasher, ahash (read only, so no lock: the peer neither
+        // bounds nor reclaims keys), and a keyed token bucket's check over
+        // the same keys for scale (benches/concurrency.rs races the first
+        // two in wall-clock time).
+        "rw-keyed-permit-10k" => {
+            let l = ratewall::KeyedConcurrencyLimiter::<u64>::builder(1024)
+                .max_keys(10_000)
+                .seed(0x5eed)
+                .build()
+                .unwrap();
+            let seq = key_sequence(10_000, SEQ_LEN, Dist::Uniform, 1);
+            run(n, |i| {
+                l.try_acquire_key(&u64_key(seq[i as usize & (SEQ_LEN - 1)]), 1)
+                    .unwrap()
+                    .into_permit()
+                    .is_some()
+            })
+        }
+        "tokio-keyed-permit-10k" => {
+            let map: std::collections::HashMap<u64, tokio::sync::Semaphore, ahash::RandomState> =
+                (0..10_000)
+                    .map(|i| (u64_key(i), tokio::sync::Semaphore::new(1024)))
+                    .collect();
+            let seq = key_sequence(10_000, SEQ_LEN, Dist::Uniform, 1);
+            run(n, |i| {
+                map[&u64_key(seq[i as usize & (SEQ_LEN - 1)])]
+                    .try_acquire()
+                    .is_ok()
+            })
+        }
+        "rw-keyed-10k" => {
+            let l = KeyedTokenBucket::<u64>::builder(gov_keyed_rate())
+                .max_keys(10_000)
+                .seed(0x5eed)
+                .build()
+                .unwrap();
+            let seq = key_sequence(10_000, SEQ_LEN, Dist::Uniform, 1);
+            run(n, |i| {
+                l.check_key(&u64_key(seq[i as usize & (SEQ_LEN - 1)]))
+                    .is_allowed()
+            })
+        }
         "rw-allow" => {
             let l = TokenBucket::new(allow_rate()).unwrap();
             run(n, |_| l.check().is_allowed())

@@ -17,9 +17,12 @@
 //! the path of a key the table does not hold; `quotas.rs`, quota changes
 //! and per-key quotas; `hot.rs`, the hot keys' check paths; `log.rs`, the
 //! keyed sliding log (its own table); `policy.rs`, [`KeyedPolicyLimiter`]
-//! over either.
+//! over either; `concurrency.rs`, [`KeyedConcurrencyLimiter`] (a
+//! concurrency limit per key: a [`KeyedLimiter`] over the keyed
+//! concurrency algorithm, behind RAII permits).
 
 pub(crate) mod builder;
+mod concurrency;
 pub(crate) mod family;
 mod hot;
 mod hot_slots;
@@ -32,6 +35,9 @@ mod quotas;
 pub(crate) mod table;
 
 pub use builder::{KeyedBuilder, TableOptions, WhenFull, MAX_KEYS};
+pub use concurrency::{
+    KeyedConcurrencyBuilder, KeyedConcurrencyLimiter, KeyedPermit, OwnedKeyedPermit,
+};
 pub use family::KeyedRef;
 pub use hot_slots::HotKeys;
 pub use limiter::KeyedLimiter;
