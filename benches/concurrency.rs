@@ -13,6 +13,12 @@
 //! 1024, far above the threads), so the cost measured is the acquire and
 //! release themselves. Instruction counts, which repeat exactly, come from
 //! `sh benches/callgrind.sh rw-permit tokio-permit` (cases in `sweep.rs`).
+//!
+//! Then the waiting row: 8 tokio tasks on a limit of 2 (a current-thread
+//! runtime, so every wait really queues), each acquiring with
+//! `ConcurrencyLimiter::acquire(1).await` against `Semaphore::acquire().await`,
+//! holding the permit across one `yield_now` and releasing it; permits per
+//! second, alternating rounds, median ratio with its spread.
 //! Under `cargo test --benches` (`--bench` absent), one short round runs.
 
 use ratewall::ConcurrencyLimiter;
@@ -64,6 +70,54 @@ fn tokio_op(s: &Semaphore) -> bool {
     permit.is_ok()
 }
 
+/// Permits per second through 8 tasks on a limit of 2 that wait for them:
+/// each task acquires (waiting), yields once while holding, releases.
+fn waiting_point(ms: u64, ratewall_side: bool) -> f64 {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let l = Arc::new(ConcurrencyLimiter::new(2).unwrap());
+    let s = Arc::new(Semaphore::new(2));
+    let stop = Arc::new(AtomicBool::new(false));
+    let start = Instant::now();
+    let total: u64 = rt.block_on(async {
+        let tasks: Vec<_> = (0..8)
+            .map(|_| {
+                let (l, s, stop) = (Arc::clone(&l), Arc::clone(&s), Arc::clone(&stop));
+                tokio::spawn(async move {
+                    let mut n = 0u64;
+                    // Relaxed: a stop flag; no data rides on it.
+                    while !stop.load(Ordering::Relaxed) {
+                        for _ in 0..64 {
+                            if ratewall_side {
+                                let p = l.acquire(1).await.unwrap();
+                                tokio::task::yield_now().await;
+                                drop(p);
+                            } else {
+                                let p = s.acquire().await.unwrap();
+                                tokio::task::yield_now().await;
+                                drop(p);
+                            }
+                        }
+                        n += 64;
+                        if start.elapsed() >= Duration::from_millis(ms) {
+                            stop.store(true, Ordering::Relaxed);
+                        }
+                    }
+                    n
+                })
+            })
+            .collect();
+        let mut total = 0;
+        for t in tasks {
+            total += t.await.unwrap();
+        }
+        total
+    });
+    assert_eq!(l.in_flight(), 0);
+    total as f64 / start.elapsed().as_secs_f64()
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let arg = |name: &str, default: &str| {
@@ -88,34 +142,79 @@ fn main() {
     let s = Arc::new(Semaphore::new(MAX as usize));
     println!("concurrency permit: acquire + release, {rounds} rounds of {ms} ms per point");
     for &t in &threads {
-        let mut ratios = Vec::new();
-        let (mut rw_all, mut tk_all) = (Vec::new(), Vec::new());
-        for round in 0..rounds {
-            let (rw, tk) = if round % 2 == 0 {
-                let rw = point(t, ms, || ratewall_op(&l));
-                (rw, point(t, ms, || tokio_op(&s)))
-            } else {
-                let tk = point(t, ms, || tokio_op(&s));
-                (point(t, ms, || ratewall_op(&l)), tk)
-            };
-            ratios.push(rw / tk);
-            rw_all.push(rw);
-            tk_all.push(tk);
-        }
-        let med = |v: &mut Vec<f64>| {
-            v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-            v[v.len() / 2]
-        };
-        let (lo, hi) = ratios
-            .iter()
-            .fold((f64::MAX, f64::MIN), |(lo, hi), &r| (lo.min(r), hi.max(r)));
+        let r = alternate(
+            rounds,
+            || point(t, ms, || ratewall_op(&l)),
+            || point(t, ms, || tokio_op(&s)),
+        );
         println!(
-            "{t} thread(s): ratewall {:.1} M/s, tokio Semaphore {:.1} M/s, ratio median {:.2}x (spread {lo:.2}..{hi:.2})",
-            med(&mut rw_all) / 1e6,
-            med(&mut tk_all) / 1e6,
-            med(&mut ratios),
+            "{t} thread(s): ratewall {:.1} M/s, tokio Semaphore {:.1} M/s, {r}",
+            r.rw / 1e6,
+            r.tk / 1e6
         );
     }
     assert_eq!(l.in_flight(), 0);
     assert_eq!(s.available_permits(), MAX as usize);
+
+    let r = alternate(
+        rounds,
+        || waiting_point(ms, true),
+        || waiting_point(ms, false),
+    );
+    println!(
+        "waiting, 8 tasks on a limit of 2: ratewall acquire().await {:.2} M permits/s, tokio Semaphore::acquire().await {:.2} M/s, {r}",
+        r.rw / 1e6,
+        r.tk / 1e6,
+    );
+}
+
+/// Medians of alternating rounds.
+struct Rounds {
+    rw: f64,
+    tk: f64,
+    ratio: f64,
+    lo: f64,
+    hi: f64,
+}
+
+impl std::fmt::Display for Rounds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "ratio median {:.2}x (spread {:.2}..{:.2})",
+            self.ratio, self.lo, self.hi
+        )
+    }
+}
+
+/// `rounds` rounds of both sides, ratewall first in even rounds and tokio
+/// first in odd ones: the median of each side and of the ratios.
+fn alternate(rounds: usize, mut rw: impl FnMut() -> f64, mut tk: impl FnMut() -> f64) -> Rounds {
+    let (mut ratios, mut rw_all, mut tk_all) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..rounds {
+        let (a, b) = if round % 2 == 0 {
+            let a = rw();
+            (a, tk())
+        } else {
+            let b = tk();
+            (rw(), b)
+        };
+        ratios.push(a / b);
+        rw_all.push(a);
+        tk_all.push(b);
+    }
+    let med = |v: &mut Vec<f64>| {
+        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        v[v.len() / 2]
+    };
+    let (lo, hi) = ratios
+        .iter()
+        .fold((f64::MAX, f64::MIN), |(lo, hi), &r| (lo.min(r), hi.max(r)));
+    Rounds {
+        rw: med(&mut rw_all),
+        tk: med(&mut tk_all),
+        ratio: med(&mut ratios),
+        lo,
+        hi,
+    }
 }
