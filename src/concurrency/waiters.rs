@@ -201,8 +201,8 @@ impl<C: Clock> ConcurrencyLimiter<C> {
     /// Called with the lock held; returns the wakers of those served, to be
     /// woken after the lock is dropped (a waker may run code that locks).
     #[must_use = "the waiters served must be woken"]
-    fn drain(&self, q: &mut Queue) -> Vec<Waker> {
-        let mut woken = Vec::new();
+    fn drain(&self, q: &mut Queue) -> Woken {
+        let mut woken = Woken::default();
         // Relaxed: a hint for the decisions; it orders nothing.
         let hold = self.state.hold_ns.load(Ordering::Relaxed);
         let mut i = 0;
@@ -225,7 +225,7 @@ impl<C: Clock> ConcurrencyLimiter<C> {
                 served => {
                     let e = q.entries.remove(i);
                     q.done.push((e.id, served));
-                    woken.push(e.waker);
+                    woken.add(e.waker);
                 }
             }
         }
@@ -236,9 +236,30 @@ impl<C: Clock> ConcurrencyLimiter<C> {
     }
 }
 
+/// The wakers of the waiters one drain served: most drains serve one (a
+/// release of one unit), which needs no allocation.
+#[derive(Default)]
+struct Woken {
+    first: Option<Waker>,
+    rest: Vec<Waker>,
+}
+
+impl Woken {
+    fn add(&mut self, w: Waker) {
+        if self.first.is_none() {
+            self.first = Some(w);
+        } else {
+            self.rest.push(w);
+        }
+    }
+}
+
 /// Wakes the waiters a drain served.
-fn wake(woken: Vec<Waker>) {
-    for w in woken {
+fn wake(woken: Woken) {
+    if let Some(w) = woken.first {
+        w.wake();
+    }
+    for w in woken.rest {
         w.wake();
     }
 }
