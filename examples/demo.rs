@@ -893,7 +893,8 @@ fn waiting_run(
     enum Caller<'a> {
         Idle,
         Waiting(Acquire<'a, ManualClock>, Duration),
-        Running(Duration, Permit<'a, ManualClock>),
+        /// Until when, and the permit it holds (released when replaced).
+        Running(Duration, #[allow(dead_code)] Permit<'a, ManualClock>),
     }
     let flags: Vec<Arc<Flag>> = (0..clients)
         .map(|_| Arc::new(Flag(AtomicBool::new(false))))

@@ -176,9 +176,11 @@ impl<L: Handle> Drop for Turn<L> {
 struct Unpark(Thread);
 
 impl Wake for Unpark {
+    #[inline]
     fn wake(self: Arc<Self>) {
         self.0.unpark();
     }
+    #[inline]
     fn wake_by_ref(self: &Arc<Self>) {
         self.0.unpark();
     }

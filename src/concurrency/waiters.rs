@@ -71,7 +71,11 @@ pub(super) enum Joined {
     Queued(u64),
 }
 
+// Every non-generic function here is `#[inline]`, so a build that never
+// uses a concurrency limiter compiles none of it (a new codegen unit moves
+// inlining on the hot paths elsewhere: docs/client.md, issue 20's note).
 impl Waiters {
+    #[inline]
     pub(super) fn new(fair: bool) -> Self {
         Waiters {
             queue: Mutex::new(Queue::default()),
@@ -87,6 +91,7 @@ impl Waiters {
 }
 
 impl fmt::Debug for Waiters {
+    #[inline]
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Waiters")
             .field("fair", &self.fair)
@@ -96,6 +101,7 @@ impl fmt::Debug for Waiters {
 
 impl Queue {
     /// Takes the verdict of waiter `id`, if it has one.
+    #[inline]
     fn take_done(&mut self, id: u64) -> Option<Verdict> {
         let i = self.done.iter().position(|(d, _)| *d == id)?;
         Some(self.done.swap_remove(i).1)
@@ -245,6 +251,7 @@ struct Woken {
 }
 
 impl Woken {
+    #[inline]
     fn add(&mut self, w: Waker) {
         if self.first.is_none() {
             self.first = Some(w);
@@ -255,6 +262,7 @@ impl Woken {
 }
 
 /// Wakes the waiters a drain served.
+#[inline]
 fn wake(woken: Woken) {
     if let Some(w) = woken.first {
         w.wake();

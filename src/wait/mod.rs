@@ -425,7 +425,8 @@ impl Waiter {
         };
         let retry = denied.retry_after();
         match left {
-            Some(left) if retry > left && !(self.hint && !left.is_zero()) => {
+            // A hint gives up only at the deadline (its last try denied).
+            Some(left) if retry > left && (!self.hint || left.is_zero()) => {
                 Step::Done(Err(WaitError::Deadline { last: Some(denied) }))
             }
             // Jitter only lengthens, and is cut at the deadline.
@@ -539,6 +540,7 @@ mod tests {
         assert!(a.windows(2).any(|p| p[0] != p[1]), "{a:?}");
     }
 
+    #[cfg(feature = "wait")]
     #[test]
     fn a_hinted_wait_sleeps_to_the_deadline_then_gives_up() {
         let mut w = Waiter::hinted(&Wait::new());
