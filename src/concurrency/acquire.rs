@@ -2,7 +2,7 @@
 //! a release wakes them), their blocking form, and with feature `wait` a
 //! deadline on tokio's timer. The queue they wait in is `waiters.rs`.
 
-use super::limiter::{ConcurrencyLimiter, Held};
+use super::limiter::{ConcurrencyLimiter, Held, UNTIMED};
 use super::permit::{OwnedPermit, Permit};
 use super::priority::Priority;
 use super::waiters::Joined;
@@ -93,7 +93,7 @@ impl<L: Handle> Turn<L> {
                     }
                     self.last = Some(d);
                 }
-                match l.join_queue(self.units, self.class, waker) {
+                match l.waiters.join(l.counts(), self.units, self.class, waker) {
                     Joined::Done(verdict) => verdict,
                     Joined::Queued(id) => {
                         self.queued = Some(id);
@@ -101,7 +101,7 @@ impl<L: Handle> Turn<L> {
                     }
                 }
             }
-            Some(id) => match l.poll_queued(id, waker) {
+            Some(id) => match l.waiters.poll(id, waker) {
                 Some(verdict) => {
                     self.queued = None;
                     verdict
@@ -167,7 +167,15 @@ impl<L: Handle> Turn<L> {
 impl<L: Handle> Drop for Turn<L> {
     fn drop(&mut self) {
         if let Some(id) = self.queued.take() {
-            self.handle.limiter().leave_queue(id, self.units);
+            let l = self.handle.limiter();
+            if l.waiters.leave(l.counts(), id) {
+                // Served meanwhile: the units go back, and on to the next.
+                l.release(&Held {
+                    units: self.units,
+                    start: UNTIMED,
+                    outcome: None,
+                });
+            }
         }
     }
 }

@@ -14,7 +14,7 @@
 
 use super::adaptive::{Adaptive, Controller, Outcome};
 use super::priority::{Priority, Shares};
-use super::waiters::Waiters;
+use super::waiters::{Counts, Waiters};
 use crate::algo::concurrency::{self as algo, InFlight, MAX_PERMITS};
 use crate::clock::Clock;
 use crate::decision::Decision;
@@ -303,6 +303,25 @@ impl<C: Clock> ConcurrencyLimiter<C> {
             return Ok((decision, None));
         }
         Ok((decision, Some(self.held(n, hold))))
+    }
+
+    /// What the waiters' queue works on.
+    #[inline]
+    pub(super) fn counts(&self) -> Counts<'_> {
+        Counts {
+            word: &self.state.word,
+            shares: &self.shares,
+            // Relaxed: a hint for the decisions; it orders nothing.
+            hold_ns: self.state.hold_ns.load(Ordering::Relaxed),
+        }
+    }
+
+    /// A release or a re-size found the waiters' mark: serve whoever fits
+    /// now. Out of line, so the release without waiters stays small.
+    #[cold]
+    #[inline(never)]
+    fn wake_waiters(&self) {
+        self.waiters.wake(self.counts());
     }
 
     /// What an admitted permit of `n` holds: timed if the limit is

@@ -26,15 +26,22 @@
 //!   the ordinary release, after the lock is dropped, which drains in turn.
 //!   Nothing is taken and nothing lost.
 
-use super::limiter::{ConcurrencyLimiter, Held, UNTIMED};
-use super::priority::Priority;
+use super::priority::{Priority, Shares};
 use crate::algo::concurrency::{self as algo, InFlight};
-use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::error::InsufficientCapacity;
-use crate::sync::{lock, Mutex, Ordering};
+use crate::sync::{lock, Mutex};
+use crate::word::AtomicWord;
 use std::fmt;
 use std::task::Waker;
+
+/// What the queue works on: the limiter's word, its shares, and the mean
+/// hold time for the decisions (`ConcurrencyLimiter::counts`).
+pub(super) struct Counts<'a> {
+    pub(super) word: &'a AtomicWord,
+    pub(super) shares: &'a Shares,
+    pub(super) hold_ns: u64,
+}
 
 /// What a waiter was finally told: a grant (its units already taken), or a
 /// cost that can never pass.
@@ -108,14 +115,15 @@ impl Queue {
     }
 }
 
-impl<C: Clock> ConcurrencyLimiter<C> {
+impl Waiters {
     /// Queues a waiter for `n` units of class `class`, woken by `waker`.
-    pub(super) fn join_queue(&self, n: u64, class: Priority, waker: &Waker) -> Joined {
-        let mut q = lock(&self.waiters.queue);
+    #[inline]
+    pub(super) fn join(&self, c: Counts<'_>, n: u64, class: Priority, waker: &Waker) -> Joined {
+        let mut q = lock(&self.queue);
         // A cost that can never pass at this maximum does not queue (a fair
         // queue might not reach it for a while).
-        let max = InFlight::unpack(self.state.word.load()).max;
-        let cap = algo::cap(max, self.shares.cap_pct(class));
+        let max = InFlight::unpack(c.word.load()).max;
+        let cap = algo::cap(max, c.shares.cap_pct(class));
         if let Err(e) = InsufficientCapacity::check(n, cap) {
             return Joined::Done(Err(e));
         }
@@ -138,8 +146,8 @@ impl<C: Clock> ConcurrencyLimiter<C> {
         );
         // The mark before the drain: a release after it drains the queue
         // itself; one before it freed units the drain's CAS now sees.
-        self.state.word.update(algo::mark_waiters);
-        let woken = self.drain(&mut q);
+        c.word.update(algo::mark_waiters);
+        let woken = self.drain(&mut q, &c);
         let joined = match q.take_done(id) {
             Some(verdict) => Joined::Done(verdict),
             None => Joined::Queued(id),
@@ -151,8 +159,9 @@ impl<C: Clock> ConcurrencyLimiter<C> {
 
     /// Waiter `id`'s verdict if it has one; else it stays queued, to be
     /// woken by `waker`.
-    pub(super) fn poll_queued(&self, id: u64, waker: &Waker) -> Option<Verdict> {
-        let mut q = lock(&self.waiters.queue);
+    #[inline]
+    pub(super) fn poll(&self, id: u64, waker: &Waker) -> Option<Verdict> {
+        let mut q = lock(&self.queue);
         if let Some(verdict) = q.take_done(id) {
             return Some(verdict);
         }
@@ -164,40 +173,32 @@ impl<C: Clock> ConcurrencyLimiter<C> {
         None
     }
 
-    /// Waiter `id` (of `n` units) gives up: out of the queue, or, if it was
-    /// served meanwhile, its units back.
-    pub(super) fn leave_queue(&self, id: u64, n: u64) {
-        let granted = {
-            let mut q = lock(&self.waiters.queue);
-            match q.take_done(id) {
-                Some(verdict) => verdict.is_ok(),
-                None => {
-                    q.entries.retain(|e| e.id != id);
-                    // It may have held others back (fair), or been the last.
-                    let woken = self.drain(&mut q);
-                    drop(q);
-                    wake(woken);
-                    false
-                }
+    /// Waiter `id` gives up: out of the queue. `true` if it was served
+    /// meanwhile: the caller gives its units back with the ordinary release
+    /// (after this returns, the lock dropped), which drains if others wait.
+    #[must_use = "units served to a waiter that leaves must be released"]
+    #[inline]
+    pub(super) fn leave(&self, c: Counts<'_>, id: u64) -> bool {
+        let mut q = lock(&self.queue);
+        match q.take_done(id) {
+            Some(verdict) => verdict.is_ok(),
+            None => {
+                q.entries.retain(|e| e.id != id);
+                // It may have held others back (fair), or been the last.
+                let woken = self.drain(&mut q, &c);
+                drop(q);
+                wake(woken);
+                false
             }
-        };
-        if granted {
-            // The ordinary release, lock dropped: it drains if others wait.
-            self.release(&Held {
-                units: n,
-                start: UNTIMED,
-                outcome: None,
-            });
         }
     }
 
-    /// A release or a re-size found the mark: serve whoever fits now. Out
-    /// of line, so the release without waiters stays small.
-    #[cold]
-    #[inline(never)]
-    pub(super) fn wake_waiters(&self) {
-        let mut q = lock(&self.waiters.queue);
-        let woken = self.drain(&mut q);
+    /// A release or a re-size found the mark: serve whoever fits now
+    /// (called from the limiter's out-of-line `wake_waiters`).
+    #[inline]
+    pub(super) fn wake(&self, c: Counts<'_>) {
+        let mut q = lock(&self.queue);
+        let woken = self.drain(&mut q, &c);
         drop(q);
         wake(woken);
     }
@@ -207,23 +208,21 @@ impl<C: Clock> ConcurrencyLimiter<C> {
     /// Called with the lock held; returns the wakers of those served, to be
     /// woken after the lock is dropped (a waker may run code that locks).
     #[must_use = "the waiters served must be woken"]
-    fn drain(&self, q: &mut Queue) -> Woken {
+    #[inline]
+    fn drain(&self, q: &mut Queue, c: &Counts<'_>) -> Woken {
         let mut woken = Woken::default();
-        // Relaxed: a hint for the decisions; it orders nothing.
-        let hold = self.state.hold_ns.load(Ordering::Relaxed);
         let mut i = 0;
         while i < q.entries.len() {
             let e = &q.entries[i];
-            let share = self.shares.cap_pct(e.class);
+            let share = c.shares.cap_pct(e.class);
             // The admission step's CAS (Acquire/AcqRel, as `try_admit`): the
             // waiter sees what the holders before it did.
-            let (verdict, _) = self
-                .state
+            let (verdict, _) = c
                 .word
-                .apply(|word| algo::acquire(word, e.units, share, hold));
+                .apply(|word| algo::acquire(word, e.units, share, c.hold_ns));
             match verdict {
                 Ok(d) if !d.is_allowed() => {
-                    if self.waiters.fair {
+                    if self.fair {
                         break;
                     }
                     i += 1;
@@ -236,7 +235,7 @@ impl<C: Clock> ConcurrencyLimiter<C> {
             }
         }
         if q.entries.is_empty() {
-            self.state.word.update(algo::clear_waiters);
+            c.word.update(algo::clear_waiters);
         }
         woken
     }
