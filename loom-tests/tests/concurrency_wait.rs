@@ -86,3 +86,23 @@ fn two_waiters_are_served_one_after_the_other() {
         assert_eq!(l.in_flight(), 0);
     });
 }
+
+/// A raised maximum racing a waiter's registration (the holder never
+/// releases): the re-size's CAS sees the mark and serves the waiter, or the
+/// waiter's drain sees the new maximum; either way it is woken.
+#[test]
+fn a_raised_maximum_racing_a_registration_is_never_lost() {
+    loom::model(|| {
+        let l = limiter(1, false);
+        let held = l.try_acquire_owned(1).unwrap().into_permit().unwrap();
+        let raiser = {
+            let l = Arc::clone(&l);
+            thread::spawn(move || l.set_max(2).unwrap())
+        };
+        let permit = l.acquire(1).blocking(&Wait::new()).unwrap();
+        assert_eq!(l.in_flight(), 2);
+        raiser.join().unwrap();
+        drop((permit, held));
+        assert_eq!(l.in_flight(), 0);
+    });
+}
