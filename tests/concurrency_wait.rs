@@ -213,6 +213,33 @@ fn raising_the_maximum_serves_waiters_and_lowering_it_rules_out_those_that_canno
     assert_eq!((two.units(), l.in_flight()), (2, 2));
 }
 
+/// An adaptive limit that grows serves a waiter the release alone could
+/// not: AIMD at 2, two permits of 1 out, a waiter of 2; one permit comes
+/// back fast and busy, the limit grows to 2.5 (3 permits), and the
+/// re-size serves the waiter (1 + 2 = 3).
+#[test]
+fn an_adaptive_limit_that_grows_serves_waiters() {
+    let clock = ManualClock::new();
+    let l = ConcurrencyLimiter::builder(2)
+        .adaptive(ratewall::Adaptive::aimd(1, 10, Duration::from_secs(1)))
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let (a, b) = (held(&l, 1), held(&l, 1));
+    let (count, w) = counter();
+    let mut two = l.acquire(2);
+    assert!(poll(&mut two, &w).is_pending());
+    clock.advance(Duration::from_millis(1));
+    drop(a);
+    assert_eq!(l.max(), 3);
+    assert_eq!(count.0.load(Ordering::SeqCst), 1);
+    let Poll::Ready(Ok(p)) = poll(&mut two, &w) else {
+        panic!("served by the growth")
+    };
+    assert_eq!((p.units(), l.in_flight()), (2, 3));
+    drop((p, b));
+}
+
 #[test]
 fn a_cost_that_never_fits_is_an_error_at_once() {
     let l = limiter(2);
