@@ -316,7 +316,9 @@ mod with_tokio {
             .map(|_| {
                 let (l, holders, most) = (Arc::clone(&l), Arc::clone(&holders), Arc::clone(&most));
                 tokio::spawn(async move {
-                    let p = l.acquire_owned(1).await.unwrap();
+                    // `wait`'s future is `Send` too: it runs in a spawned task.
+                    let wait = Wait::new().timeout(Duration::from_secs(1));
+                    let p = l.acquire_owned(1).wait(&wait).await.unwrap();
                     let now = holders.fetch_add(1, Ordering::SeqCst) + 1;
                     most.fetch_max(now, Ordering::SeqCst);
                     tokio::time::sleep(Duration::from_millis(10)).await;

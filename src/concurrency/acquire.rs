@@ -202,7 +202,9 @@ impl Wake for Unpark {
 /// goes back, and on to the next waiter.
 ///
 /// Set the class with [`priority`](Self::priority); wait with a deadline
-/// with [`blocking`](Self::blocking), or, with feature `wait`, `wait`.
+/// with [`blocking`](Self::blocking), or, with feature `wait`, `wait`. As
+/// any future, it is not to be polled again once it has completed (it
+/// would start waiting for another permit).
 ///
 /// # Example
 ///
