@@ -823,10 +823,136 @@ fn concurrency() {
         let shed: u64 = points.iter().map(|p| p.shed).sum();
         let (limit, latency) = backend_sim::settled(&points, 4_000, 5_000);
         println!(
-            "  {name:<34} served {served:>6}, shed {shed:>7} attempts, last second: limit {limit:>5.1}, latency {latency:>5.1} ms"
+            "  {name:<38} served {served:>6}, shed {shed:>7} attempts, last second: limit {limit:>5.1}, latency {latency:>5.1} ms"
+        );
+    }
+    // The same callers waiting for a permit (up to 100 ms) instead of
+    // being shed: a release hands its permit to a waiter.
+    for adaptive in [false, true] {
+        let clock = ManualClock::new();
+        let builder = ConcurrencyLimiter::builder(60).clock(clock.clone());
+        let l = if adaptive {
+            builder.adaptive(Adaptive::vegas(2, 200))
+        } else {
+            builder
+        }
+        .build()
+        .expect("valid limit");
+        let w = waiting_run(&l, &clock, 20, 250, Duration::from_millis(100), 5_000);
+        let name = if adaptive {
+            "adaptive, callers wait <= 100 ms"
+        } else {
+            "fixed limit 60, callers wait <= 100 ms"
+        };
+        println!(
+            "  {name:<38} served {:>6}, {:>5} waits timed out; waits: longest {:>3} ms, mean {:>5.1} ms; latency {:>5.1} ms",
+            w.served,
+            w.timed_out,
+            w.longest.as_millis(),
+            w.mean_wait_ms,
+            w.mean_latency_ms
         );
     }
     println!();
+}
+
+/// What the waiting variant saw.
+struct Waited {
+    served: u64,
+    timed_out: u64,
+    longest: Duration,
+    mean_wait_ms: f64,
+    mean_latency_ms: f64,
+}
+
+/// `clients` callers in a closed loop on the simulated backend (knee
+/// `knee`, 10 ms base), each **waiting** for a permit up to `deadline`
+/// (then it gives up, and sends its next request)
+/// (`ConcurrencyLimiter::acquire`, polled when its waker fires, as an
+/// executor would), for `ms` simulated milliseconds.
+fn waiting_run(
+    l: &ratewall::ConcurrencyLimiter<ratewall::ManualClock>,
+    clock: &ratewall::ManualClock,
+    knee: u64,
+    clients: usize,
+    deadline: Duration,
+    ms: u64,
+) -> Waited {
+    use ratewall::{Acquire, ManualClock, Permit};
+    use std::future::Future;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use std::task::{Context, Poll, Wake, Waker};
+
+    struct Flag(AtomicBool);
+    impl Wake for Flag {
+        fn wake(self: Arc<Self>) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
+    enum Caller<'a> {
+        Idle,
+        Waiting(Acquire<'a, ManualClock>, Duration),
+        /// Until when, and the permit it holds (released when replaced).
+        Running(Duration, #[allow(dead_code)] Permit<'a, ManualClock>),
+    }
+    let flags: Vec<Arc<Flag>> = (0..clients)
+        .map(|_| Arc::new(Flag(AtomicBool::new(false))))
+        .collect();
+    let wakers: Vec<Waker> = flags.iter().map(|f| Waker::from(Arc::clone(f))).collect();
+    let mut callers: Vec<Caller<'_>> = (0..clients).map(|_| Caller::Idle).collect();
+    let base_ns = backend_sim::BASE.as_nanos() as u64;
+    let mut w = Waited {
+        served: 0,
+        timed_out: 0,
+        longest: Duration::ZERO,
+        mean_wait_ms: 0.0,
+        mean_latency_ms: 0.0,
+    };
+    let mut latency_sum = 0u64;
+    let (mut wait_sum, mut admitted) = (Duration::ZERO, 0u64);
+    for t in 0..ms {
+        let now = Duration::from_millis(t);
+        // Requests that end now give their permits back (to waiters).
+        for c in callers.iter_mut() {
+            if matches!(c, Caller::Running(end, _) if *end <= now) {
+                *c = Caller::Idle;
+                w.served += 1;
+            }
+        }
+        for (i, c) in callers.iter_mut().enumerate() {
+            if let Caller::Idle = c {
+                *c = Caller::Waiting(l.acquire(1), now);
+                flags[i].0.store(true, Ordering::Relaxed);
+            }
+            let Caller::Waiting(acquire, since) = c else {
+                continue;
+            };
+            let since = *since;
+            if flags[i].0.swap(false, Ordering::Relaxed) {
+                let mut cx = Context::from_waker(&wakers[i]);
+                if let Poll::Ready(permit) = std::pin::Pin::new(acquire).poll(&mut cx) {
+                    let permit = permit.expect("a cost of 1 fits");
+                    let waited = now - since;
+                    w.longest = w.longest.max(waited);
+                    wait_sum += waited;
+                    admitted += 1;
+                    let latency = backend_sim::latency_ns(base_ns, l.in_flight(), knee);
+                    latency_sum += latency;
+                    *c = Caller::Running(now + Duration::from_nanos(latency), permit);
+                    continue;
+                }
+            }
+            if now - since >= deadline {
+                *c = Caller::Idle; // gives up: the dropped wait takes nothing
+                w.timed_out += 1;
+            }
+        }
+        clock.advance(backend_sim::TICK);
+    }
+    w.mean_wait_ms = wait_sum.as_secs_f64() * 1e3 / (admitted.max(1) as f64);
+    w.mean_latency_ms = latency_sum as f64 / 1e6 / (admitted.max(1) as f64);
+    w
 }
 
 /// The client pacing layer (`ratewall::client::PacingLayer`) over a real

@@ -81,8 +81,8 @@ pub use clock::CoarseClock;
 pub use clock::QuantaClock;
 pub use clock::{Clock, ManualClock, StdClock};
 pub use concurrency::{
-    Acquisition, Adaptive, ConcurrencyBuilder, ConcurrencyLimiter, Outcome, OwnedPermit, Permit,
-    Priority, MAX_ADAPTIVE, MAX_PERMITS,
+    Acquire, AcquireOwned, Acquisition, Adaptive, ConcurrencyBuilder, ConcurrencyLimiter, Outcome,
+    OwnedPermit, Permit, Priority, MAX_ADAPTIVE, MAX_PERMITS,
 };
 pub use decision::{Decision, Tracking};
 pub use elastic::{ElasticBuilder, ElasticLimiter};

@@ -15,6 +15,27 @@ pub(crate) use loom::sync::atomic::{fence, AtomicU64, Ordering};
 #[cfg(ratewall_loom)]
 pub(crate) use loom::sync::{Mutex, MutexGuard};
 
+#[cfg(ratewall_loom)]
+pub(crate) use loom::thread::{current as current_thread, park, Thread};
+/// Parking a thread until a concurrency permit is handed to it
+/// (`ConcurrencyLimiter`'s blocking wait); loom's under loom, so the models
+/// see a lost wake-up as a deadlock.
+#[cfg(not(ratewall_loom))]
+pub(crate) use std::thread::{current as current_thread, park, Thread};
+
+/// Parks for at most `d`. Loom has no timed park: its models wait without
+/// a deadline, and this is a scheduling point there.
+#[inline]
+pub(crate) fn park_timeout(d: std::time::Duration) {
+    #[cfg(not(ratewall_loom))]
+    std::thread::park_timeout(d);
+    #[cfg(ratewall_loom)]
+    {
+        let _ = d;
+        loom::thread::yield_now();
+    }
+}
+
 /// A 16-byte atomic (the keyed table's slot: fingerprint and state word
 /// change together). `portable-atomic` uses `cmpxchg16b` for the
 /// compare-exchange and, on CPUs with AVX, a plain `vmovdqa` for the load,

@@ -1,15 +1,20 @@
-//! The concurrency limit's word: how many permits are out, and the maximum,
-//! in one `u64`; the pure steps that admit and re-size, and the arithmetic
-//! that explains a decision.
+//! The concurrency limit's word: how many permits are out, the maximum, and
+//! whether anyone waits, in one `u64`; the pure steps that admit, re-size
+//! and mark waiters, and the arithmetic that explains a decision.
 //!
 //! ```text
-//! //  63                              32 31                               0
-//! // +----------------------------------+----------------------------------+
-//! // | max (32 bit, permits admitted    | in flight (32 bit, permits out   |
-//! // |      at most at once, >= 1)      |      now, units of cost)         |
-//! // +----------------------------------+----------------------------------+
+//! //  63 62                          32 31                               0
+//! // +--+------------------------------+----------------------------------+
+//! // |W | max (31 bit, permits admitted| in flight (32 bit, permits out   |
+//! // |  |      at most at once, >= 1)  |      now, units of cost)         |
+//! // +--+------------------------------+----------------------------------+
 //! ```
 //!
+//! - `W` (bit 63) is set while a waiter is queued (`concurrency/waiters.rs`),
+//!   so a release's `fetch_sub` returns, in the word it already reads,
+//!   whether it must wake anyone: no extra read-modify-write when nobody
+//!   waits. Only the queue (under its lock) sets or clears it; every other
+//!   step keeps it as it is.
 //! - `max` is `1..=MAX_PERMITS`; it changes only through [`set_max`]'s step.
 //! - `in flight` only grows through [`acquire`] (which admits only while
 //!   `in flight + n <= cap <= max`), and only shrinks by a release of exactly
@@ -23,14 +28,18 @@
 use crate::decision::Decision;
 use crate::error::InsufficientCapacity;
 
-/// The largest maximum (and so the largest permit) a concurrency limit holds.
-pub const MAX_PERMITS: u64 = u32::MAX as u64;
+/// The largest maximum (and so the largest permit) a concurrency limit
+/// holds: 2^31 - 1 (the word's top bit marks waiters).
+pub const MAX_PERMITS: u64 = (1 << 31) - 1;
 
 const IN_FLIGHT_BITS: u32 = 32;
 const IN_FLIGHT_MASK: u64 = (1 << IN_FLIGHT_BITS) - 1;
 const MAX_SHIFT: u32 = IN_FLIGHT_BITS;
-const _: () = assert!(MAX_PERMITS == IN_FLIGHT_MASK);
-const _: () = assert!(MAX_SHIFT + 32 == 64);
+const MAX_MASK: u64 = MAX_PERMITS;
+/// Bit 63: a waiter is queued.
+const WAITERS: u64 = 1 << 63;
+const _: () = assert!(MAX_PERMITS <= IN_FLIGHT_MASK);
+const _: () = assert!(MAX_SHIFT + 31 == 63);
 
 /// The word's two fields as a value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,7 +60,7 @@ impl InFlight {
     pub(crate) const fn unpack(word: u64) -> Self {
         InFlight {
             in_flight: word & IN_FLIGHT_MASK,
-            max: word >> MAX_SHIFT,
+            max: (word >> MAX_SHIFT) & MAX_MASK,
         }
     }
 }
@@ -59,6 +68,25 @@ impl InFlight {
 #[inline]
 pub(crate) const fn pack(max: u64, in_flight: u64) -> u64 {
     (max << MAX_SHIFT) | in_flight
+}
+
+/// Whether a waiter is queued (bit 63): what a release reads in the word
+/// its `fetch_sub` returns, to know whether to wake anyone.
+#[inline]
+pub(crate) const fn has_waiters(word: u64) -> bool {
+    word & WAITERS != 0
+}
+
+/// The step that marks the word as having waiters (no write if it has).
+#[inline]
+pub(crate) fn mark_waiters(word: u64) -> ((), Option<u64>) {
+    ((), Some(word | WAITERS))
+}
+
+/// The step that clears the mark, when the queue is empty (no write if clear).
+#[inline]
+pub(crate) fn clear_waiters(word: u64) -> ((), Option<u64>) {
+    ((), Some(word & !WAITERS))
 }
 
 /// The word a release of `n` units subtracts: `n` in the low field, so the
@@ -105,7 +133,9 @@ pub(crate) fn acquire(
     let after = s.in_flight + n;
     if after <= cap {
         let d = Decision::allow(s.max, cap - after, hold_ns);
-        (Ok(d), Some(pack(s.max, after)))
+        // `word + n`: `after <= max < 2^31`, so the sum stays in the low
+        // field and keeps `max` and the waiters' mark as they are.
+        (Ok(d), Some(word + n))
     } else {
         // Denied: nothing to write.
         let remaining = cap.saturating_sub(s.in_flight);
@@ -113,13 +143,14 @@ pub(crate) fn acquire(
     }
 }
 
-/// The pure re-size step: the new maximum, permits out unchanged. Lowering
+/// The pure re-size step: the new maximum, permits out and the waiters'
+/// mark unchanged. Lowering
 /// below `in flight` strands nothing: those permits are released as usual,
 /// and nothing is admitted until `in flight` is below the new maximum.
 #[inline]
 pub(crate) fn set_max(word: u64, max: u64) -> ((), Option<u64>) {
     let s = InFlight::unpack(word);
-    ((), Some(pack(max, s.in_flight)))
+    ((), Some(pack(max, s.in_flight) | (word & WAITERS)))
 }
 
 #[cfg(all(test, not(ratewall_loom)))]
@@ -191,6 +222,28 @@ mod tests {
         fn set_max_keeps_in_flight(max in 1..=MAX_PERMITS, out in 0..=MAX_PERMITS, new in 1..=MAX_PERMITS) {
             let ((), w) = set_max(pack(max, out), new);
             prop_assert_eq!(InFlight::unpack(w.unwrap()), InFlight { in_flight: out, max: new });
+        }
+
+        /// The waiters' mark survives every other step and never changes
+        /// the fields; a release never touches it.
+        #[test]
+        fn the_waiters_mark_is_kept_by_every_step(max in 1..=MAX_PERMITS, out in 0..=MAX_PERMITS, n in 1..=MAX_PERMITS, new in 1..=MAX_PERMITS) {
+            let fields = InFlight { in_flight: out, max };
+            let ((), marked) = mark_waiters(pack(max, out));
+            let marked = marked.unwrap();
+            prop_assert!(has_waiters(marked));
+            prop_assert!(!has_waiters(pack(max, out)));
+            prop_assert_eq!(InFlight::unpack(marked), fields);
+            prop_assert_eq!(clear_waiters(marked).1, Some(pack(max, out)));
+            if let (Ok(d), Some(next)) = acquire(marked, n, 100, 0) {
+                prop_assert!(d.is_allowed());
+                prop_assert!(has_waiters(next));
+                prop_assert_eq!(InFlight::unpack(next), InFlight { in_flight: out + n, max });
+                prop_assert!(has_waiters(next - release_delta(n)));
+            }
+            let resized = set_max(marked, new).1.unwrap();
+            prop_assert!(has_waiters(resized));
+            prop_assert_eq!(InFlight::unpack(resized), InFlight { in_flight: out, max: new });
         }
     }
 }

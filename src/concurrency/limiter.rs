@@ -5,7 +5,8 @@
 //!
 //! An uncontended acquire plus release is two atomic read-modify-writes:
 //! the admission's compare-exchange (`AtomicWord::apply` in `try_admit`)
-//! and the release's `fetch_sub` (`release`). Everything else on that path
+//! and the release's `fetch_sub` (`release`), whose returned word also says
+//! whether a waiter is queued (`waiters.rs`). Everything else on that path
 //! is a plain load or store: the mean hold time is updated with a relaxed
 //! load and store (a racing update may be lost: it is a hint), and only one
 //! permit in 16 per thread is timed, unless the limit is adaptive (then
@@ -13,6 +14,7 @@
 
 use super::adaptive::{Adaptive, Controller, Outcome};
 use super::priority::{Priority, Shares};
+use super::waiters::{Counts, Waiters};
 use crate::algo::concurrency::{self as algo, InFlight, MAX_PERMITS};
 use crate::clock::Clock;
 use crate::decision::Decision;
@@ -24,7 +26,7 @@ use crossbeam_utils::CachePadded;
 use std::time::Duration;
 
 /// A permit's `start` when it was not timed.
-const UNTIMED: u64 = u64::MAX;
+pub(super) const UNTIMED: u64 = u64::MAX;
 
 /// What a permit holds: its units, when it was taken (or `UNTIMED`), and
 /// the outcome its holder reported. The input of a release.
@@ -63,20 +65,22 @@ pub(crate) struct Held {
 /// ```
 #[derive(Debug)]
 pub struct ConcurrencyLimiter<C: Clock = DefaultClock> {
-    /// The word (in flight, max) and the mean hold time: written together
-    /// by releases, so they share a cache line.
-    state: CachePadded<State>,
-    shares: Shares,
+    /// The word (waiters, max, in flight) and the mean hold time: written
+    /// together by releases, so they share a cache line.
+    pub(super) state: CachePadded<State>,
+    pub(super) shares: Shares,
     adaptive: Option<Controller>,
     clock: C,
+    /// Who waits for a permit (touched only when someone does).
+    pub(super) waiters: Waiters,
 }
 
 #[derive(Debug)]
-struct State {
-    word: AtomicWord,
+pub(super) struct State {
+    pub(super) word: AtomicWord,
     /// Exponentially weighted mean hold time in ns (weight 1/8), 0 until
     /// the first timed permit comes back.
-    hold_ns: AtomicU64,
+    pub(super) hold_ns: AtomicU64,
 }
 
 /// Builds a [`ConcurrencyLimiter`] with reserved shares, an adaptive
@@ -101,6 +105,7 @@ pub struct ConcurrencyBuilder<C = DefaultClock> {
     max: u64,
     reserved_pct: [u8; 3],
     adaptive: Option<Adaptive>,
+    fair: bool,
     clock: C,
 }
 
@@ -110,6 +115,7 @@ impl ConcurrencyBuilder<DefaultClock> {
             max,
             reserved_pct: [0; 3],
             adaptive: None,
+            fair: false,
             clock: DefaultClock::default(),
         }
     }
@@ -145,6 +151,24 @@ impl<C: Clock> ConcurrencyBuilder<C> {
         self
     }
 
+    /// Makes waiting fair: waiters are admitted in order of class, then of
+    /// arrival, and none passes a waiter it queued behind (a stream of
+    /// small requests cannot starve a large one). Without it (the default)
+    /// a release admits every waiter that fits, and a waiting acquire first
+    /// tries at once even if others wait. Either way [`try_acquire`](ConcurrencyLimiter::try_acquire)
+    /// does not wait and does not queue: it takes what is free now.
+    ///
+    /// ```
+    /// # use ratewall::ConcurrencyLimiter;
+    /// let l = ConcurrencyLimiter::builder(10).fair_waiting().build()?;
+    /// # let _ = l;
+    /// # Ok::<(), ratewall::ConfigError>(())
+    /// ```
+    pub fn fair_waiting(mut self) -> Self {
+        self.fair = true;
+        self
+    }
+
     /// The clock that times permits (the mean hold time, the adaptive
     /// samples); tests use [`ManualClock`](crate::ManualClock).
     ///
@@ -159,6 +183,7 @@ impl<C: Clock> ConcurrencyBuilder<C> {
             max: self.max,
             reserved_pct: self.reserved_pct,
             adaptive: self.adaptive,
+            fair: self.fair,
             clock,
         }
     }
@@ -185,6 +210,7 @@ impl<C: Clock> ConcurrencyBuilder<C> {
             shares,
             adaptive,
             clock: self.clock,
+            waiters: Waiters::new(self.fair),
         })
     }
 }
@@ -276,26 +302,54 @@ impl<C: Clock> ConcurrencyLimiter<C> {
         if !decision.is_allowed() {
             return Ok((decision, None));
         }
+        Ok((decision, Some(self.held(n, hold))))
+    }
+
+    /// What the waiters' queue works on.
+    #[inline]
+    pub(super) fn counts(&self) -> Counts<'_> {
+        Counts {
+            word: &self.state.word,
+            shares: &self.shares,
+            // Relaxed: a hint for the decisions; it orders nothing.
+            hold_ns: self.state.hold_ns.load(Ordering::Relaxed),
+        }
+    }
+
+    /// A release or a re-size found the waiters' mark: serve whoever fits
+    /// now. Out of line, so the release without waiters stays small.
+    #[cold]
+    #[inline(never)]
+    fn wake_waiters(&self) {
+        self.waiters.wake(self.counts());
+    }
+
+    /// What an admitted permit of `n` holds: timed if the limit is
+    /// adaptive, no hold time is known yet, or this is one permit in 16.
+    #[inline]
+    pub(super) fn held(&self, n: u64, hold: u64) -> Held {
         let start = if self.adaptive.is_some() || hold == 0 || sample_this_one() {
             self.clock.now()
         } else {
             UNTIMED
         };
-        Ok((
-            decision,
-            Some(Held {
-                units: n,
-                start,
-                outcome: None,
-            }),
-        ))
+        Held {
+            units: n,
+            start,
+            outcome: None,
+        }
     }
 
-    /// Gives a permit's units back (its `Drop`): one `fetch_sub`; a timed
-    /// permit then feeds its hold time to the mean and the controller.
+    /// Gives a permit's units back (its `Drop`): one `fetch_sub`, whose
+    /// returned word says whether a waiter is queued (then the queue is
+    /// woken, out of line); a timed permit then feeds its hold time to the
+    /// mean and the controller.
     #[inline]
     pub(crate) fn release(&self, held: &Held) {
         let before = self.state.word.fetch_sub(algo::release_delta(held.units));
+        if algo::has_waiters(before) {
+            self.wake_waiters();
+        }
         if held.start != UNTIMED {
             self.record(held, before);
         }
@@ -329,17 +383,22 @@ impl<C: Clock> ConcurrencyLimiter<C> {
 
     fn resize(&self, max: u64) {
         // The shared CAS helper; a re-size to the same maximum writes nothing.
-        self.state.word.update(|word| {
+        let waiting = self.state.word.update(|word| {
             if InFlight::unpack(word).max == max {
-                ((), None)
+                (false, None)
             } else {
-                algo::set_max(word, max)
+                (algo::has_waiters(word), algo::set_max(word, max).1)
             }
         });
+        // A new maximum may admit waiters (raised) or rule some out for good
+        // (lowered below their cost): the queue hears of it either way.
+        if waiting {
+            self.wake_waiters();
+        }
     }
 
     /// Changes the maximum now, keeping the permits out: raising it admits
-    /// at once; lowering it below the units in flight admits nothing until
+    /// at once (waiters first); lowering it below the units in flight admits nothing until
     /// enough are released (no permit is revoked or stranded). An adaptive
     /// limit refuses: it moves its maximum itself.
     ///

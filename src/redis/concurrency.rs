@@ -26,6 +26,8 @@ use crate::concurrency::{check_max, ConcurrencyLimiter, OwnedPermit};
 use crate::decision::{Decision, Tracking};
 use crate::error::{ConfigError, InsufficientCapacity};
 use crate::sync::{lock, AtomicU64, Mutex, Ordering};
+#[cfg(feature = "wait")]
+use crate::wait::{Attempt, AttemptCore, Outcome, Token, Wait, WaitError};
 use redis::Value;
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -100,6 +102,10 @@ struct Inner {
     held: Mutex<HashMap<Vec<u8>, HashSet<String>>>,
     /// 1 once the renewal task runs.
     renewing: AtomicU64,
+    /// Mean time this instance's Redis permits were held, in ns
+    /// (exponentially weighted, 1/8; 0 until one comes back): how long a
+    /// waiting acquire sleeps between tries.
+    hold_ns: AtomicU64,
 }
 
 /// The local limiters of `FallbackShare`, one per key, bounded.
@@ -258,6 +264,7 @@ let b = || RedisConcurrencyLimiter::builder(4, &redis);",
                 next_id: AtomicU64::new(1),
                 held: Mutex::new(HashMap::new()),
                 renewing: AtomicU64::new(0),
+                hold_ns: AtomicU64::new(0),
             }),
         })
     }
@@ -398,6 +405,7 @@ impl RedisConcurrencyLimiter {
                         limiter: Arc::clone(inner),
                         key: zkey,
                         member,
+                        since: Instant::now(),
                     }
                 } else {
                     Hold::None
@@ -430,6 +438,68 @@ impl RedisConcurrencyLimiter {
         #[cfg(feature = "metrics")]
         inner.watch.decided(&acquisition.decision);
         Ok(acquisition)
+    }
+
+    /// Waits for `n` units of `key`, up to `wait`'s timeout (feature
+    /// `wait`): tries as [`try_acquire_key`](Self::try_acquire_key) does
+    /// (the same failure policy answers when Redis cannot: `Open` admits,
+    /// `FallbackShare` waits on the local share, `Closed` ends the wait with
+    /// [`WaitError::Limiter`](crate::wait::WaitError::Limiter)), and after a
+    /// denial sleeps for a **hint**: the mean time this instance's permits
+    /// were held (10 ms until one came back), at least 1 ms and at most the
+    /// denial's own `retry_after` (the first lapse), plus `wait`'s jitter
+    /// (which only lengthens); cut at the deadline, where a last try decides.
+    /// Nobody wakes a Redis waiter: other instances' releases are not seen
+    /// until the next try.
+    ///
+    /// Cancel-safe: each try runs in a task of its own, so a wait dropped
+    /// while its script is in flight does not drop the call; if the script
+    /// admitted, the task drops the permit, whose drop releases it at once
+    /// (a call spawned on the runtime), as any dropped permit does. Nothing
+    /// is stranded until the expiry.
+    ///
+    /// ```no_run
+    /// # use ratewall::redis::{RedisBackend, RedisConcurrencyLimiter};
+    /// # use ratewall::wait::Wait;
+    /// # use std::time::Duration;
+    /// # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let redis = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
+    /// let db = RedisConcurrencyLimiter::builder(20, &redis).name("db").build()?;
+    /// let wait = Wait::new().timeout(Duration::from_secs(2)).jitter(Duration::from_millis(5));
+    /// let permit = db.acquire_key(b"tenant:7", 1, &wait).await?;
+    /// // ... the work ...
+    /// drop(permit);
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "wait")]
+    pub async fn acquire_key(
+        &self,
+        key: &[u8],
+        n: u64,
+        wait: &Wait,
+    ) -> Result<RedisPermit, WaitError<RedisError>> {
+        let key: Arc<[u8]> = key.into();
+        wait.until_hinted(|| {
+            let (limiter, key) = (self.clone(), Arc::clone(&key));
+            async move {
+                let call = tokio::spawn(async move {
+                    let got = limiter.try_acquire_key(&key, n).await;
+                    (got, limiter.inner.hold_ns.load(Ordering::Relaxed)) // Relaxed: a hint
+                });
+                match call.await {
+                    Ok((got, hold_ns)) => Hinted { got, hold_ns },
+                    Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                    Err(_) => Hinted {
+                        got: Err(RedisError::Unavailable {
+                            retry_in: Duration::ZERO,
+                            cause: "the tokio runtime shut down during a waiting acquire".into(),
+                        }),
+                        hold_ns: 0,
+                    },
+                }
+            }
+        })
+        .await
     }
 
     /// The units of `key` this instance holds in Redis now.
@@ -528,6 +598,22 @@ impl Inner {
         }
     }
 
+    /// A permit held since `since` is released: stop renewing it, and
+    /// count its hold time into the mean (a relaxed load and store: two
+    /// racing releases may lose a sample of a hint).
+    fn released(&self, zkey: &[u8], member: &str, since: Instant) {
+        self.forget(zkey, member);
+        let hold = u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        // Relaxed: a hint; it orders nothing.
+        let old = self.hold_ns.load(Ordering::Relaxed);
+        let mean = if old == 0 {
+            hold
+        } else {
+            old - old / 8 + hold / 8
+        };
+        self.hold_ns.store(mean.max(1), Ordering::Relaxed);
+    }
+
     /// Stops renewing `member`; whether it was still held here.
     fn forget(&self, zkey: &[u8], member: &str) -> bool {
         let mut held = lock(&self.held);
@@ -539,6 +625,45 @@ impl Inner {
             held.remove(zkey);
         }
         was
+    }
+}
+
+/// One try of a waiting acquire, with the hint its denial sleeps for.
+#[cfg(feature = "wait")]
+struct Hinted {
+    got: Result<RedisAcquisition, RedisError>,
+    /// The mean hold time when it was made (0: none known).
+    hold_ns: u64,
+}
+
+#[cfg(feature = "wait")]
+impl AttemptCore for Hinted {}
+
+#[cfg(feature = "wait")]
+impl Attempt for Hinted {
+    type Output = RedisPermit;
+    type Error = RedisError;
+    fn outcome(self, _: Token) -> Outcome<RedisPermit, RedisError> {
+        match self.got {
+            Ok(a) => match a.permit {
+                Some(permit) => Outcome::Admitted(permit),
+                None => {
+                    let d = a.decision.decision();
+                    let ns = |t: Duration| u64::try_from(t.as_nanos()).unwrap_or(u64::MAX);
+                    let hint = if self.hold_ns == 0 {
+                        10_000_000
+                    } else {
+                        self.hold_ns
+                    };
+                    let retry = hint.max(1_000_000).min(ns(d.retry_after()).max(1_000_000));
+                    let hinted =
+                        Decision::deny(d.limit(), d.remaining(), retry, ns(d.reset_after()));
+                    Outcome::Denied(hinted)
+                }
+            },
+            Err(RedisError::InsufficientCapacity(e)) => Outcome::Never(e),
+            Err(e) => Outcome::Failed(e),
+        }
     }
 }
 
@@ -560,6 +685,8 @@ enum Hold {
         limiter: Arc<Inner>,
         key: Vec<u8>,
         member: String,
+        /// When it was admitted (for the mean hold time).
+        since: Instant,
     },
     /// A permit of the local fallback.
     Local(OwnedPermit),
@@ -709,8 +836,9 @@ impl RedisPermit {
                 limiter,
                 key,
                 member,
+                since,
             } => {
-                limiter.forget(&key, &member);
+                limiter.released(&key, &member, since);
                 let reply = limiter.call(&key, "r", &[&member]).await?;
                 Ok(reply == Value::Int(1))
             }
@@ -724,9 +852,10 @@ impl Drop for RedisPermit {
             limiter,
             key,
             member,
+            since,
         } = std::mem::replace(&mut self.hold, Hold::None)
         {
-            limiter.forget(&key, &member);
+            limiter.released(&key, &member, since);
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                 runtime.spawn(async move {
                     // A failure leaves the permit to its expiry.

@@ -74,6 +74,32 @@ impl Wait {
     pub(crate) async fn run<F, Fut>(
         &self,
         deadline: Option<Instant>,
+        attempt: F,
+    ) -> Waited<Fut::Output>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future,
+        Fut::Output: Attempt,
+    {
+        Self::run_with(Waiter::new(self), deadline, attempt).await
+    }
+
+    /// [`until_async`](Self::until_async) for tries whose denials'
+    /// `retry_after` is only a hint (`Waiter::hinted`): a Redis concurrency
+    /// permit, which comes back when its holder is done.
+    pub(crate) async fn until_hinted<F, Fut>(&self, attempt: F) -> Waited<Fut::Output>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future,
+        Fut::Output: Attempt,
+    {
+        let deadline = self.deadline_from(Instant::now());
+        Self::run_with(Waiter::hinted(self), deadline, attempt).await
+    }
+
+    async fn run_with<F, Fut>(
+        mut waiter: Waiter,
+        deadline: Option<Instant>,
         mut attempt: F,
     ) -> Waited<Fut::Output>
     where
@@ -81,7 +107,6 @@ impl Wait {
         Fut: Future,
         Fut::Output: Attempt,
     {
-        let mut waiter = Waiter::new(self);
         loop {
             let outcome = attempt().await.outcome(TOKEN);
             let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));

@@ -382,6 +382,10 @@ pub(crate) struct Waiter {
     jitter_ns: u64,
     /// xorshift64* state, seeded on the first jittered sleep (never 0).
     rng: u64,
+    /// A denial's `retry_after` is a hint (a concurrency permit comes back
+    /// when its holder is done), not a lower bound: never give up before
+    /// the deadline because of it.
+    hint: bool,
 }
 
 impl Waiter {
@@ -390,6 +394,19 @@ impl Waiter {
         Waiter {
             jitter_ns: u64::try_from(wait.jitter.as_nanos()).unwrap_or(u64::MAX),
             rng: 0,
+            hint: false,
+        }
+    }
+
+    /// A waiter whose denials' `retry_after` is only a hint: it sleeps for
+    /// it (plus jitter), cut at the deadline, and gives up only when a try
+    /// at the deadline is denied.
+    #[cfg(feature = "wait")]
+    #[inline]
+    pub(crate) fn hinted(wait: &Wait) -> Self {
+        Waiter {
+            hint: true,
+            ..Waiter::new(wait)
         }
     }
 
@@ -408,7 +425,8 @@ impl Waiter {
         };
         let retry = denied.retry_after();
         match left {
-            Some(left) if retry > left => {
+            // A hint gives up only at the deadline (its last try denied).
+            Some(left) if retry > left && (!self.hint || left.is_zero()) => {
                 Step::Done(Err(WaitError::Deadline { last: Some(denied) }))
             }
             // Jitter only lengthens, and is cut at the deadline.
@@ -520,6 +538,28 @@ mod tests {
         let draws = |_| sleep_of(Waiter::new(&wait).step(denied(1), None));
         let a: Vec<_> = (0..4).map(draws).collect();
         assert!(a.windows(2).any(|p| p[0] != p[1]), "{a:?}");
+    }
+
+    #[cfg(feature = "wait")]
+    #[test]
+    fn a_hinted_wait_sleeps_to_the_deadline_then_gives_up() {
+        let mut w = Waiter::hinted(&Wait::new());
+        assert_eq!(
+            sleep_of(w.step(denied(30), Some(Duration::from_millis(10)))),
+            Duration::from_millis(10)
+        );
+        assert_eq!(
+            sleep_of(w.step(denied(3), Some(Duration::from_millis(10)))),
+            Duration::from_millis(3)
+        );
+        assert!(matches!(
+            w.step(denied(3), Some(Duration::ZERO)),
+            Step::Done(Err(WaitError::Deadline { last: Some(_) }))
+        ));
+        assert_eq!(
+            sleep_of(w.step(denied(30), None)),
+            Duration::from_millis(30)
+        );
     }
 
     #[test]

@@ -7,7 +7,9 @@
 //! that, requests share it, so a request admitted with `c` in flight takes
 //! `base × max(1, c / knee)`. `clients` callers each send a request as soon
 //! as their last one ends, and try again 1 ms later when shed. Everything is
-//! deterministic (no threads, no randomness).
+//! deterministic (no threads, no randomness). (The demo's waiting variant,
+//! callers that wait instead of being shed, runs the same backend through
+//! `latency_ns`.)
 
 use ratewall::{Adaptive, ConcurrencyLimiter, ManualClock, Permit};
 use std::time::Duration;
@@ -76,8 +78,7 @@ pub fn run(
             let acquired = limiter.try_acquire(1).expect("cost 1 fits");
             match acquired.into_permit() {
                 Some(permit) => {
-                    let c = limiter.in_flight();
-                    let latency = base_ns * c.max(knee) / knee;
+                    let latency = latency_ns(base_ns, limiter.in_flight(), knee);
                     running.push((now + latency, latency, permit));
                 }
                 None => shed += 1,
@@ -101,6 +102,12 @@ pub fn run(
         clock.advance(TICK);
     }
     points
+}
+
+/// How long a request admitted with `in_flight` requests in flight (itself
+/// included) takes: `base` up to the knee, shared above it.
+pub fn latency_ns(base_ns: u64, in_flight: u64, knee: u64) -> u64 {
+    base_ns * in_flight.max(knee) / knee
 }
 
 /// The scenario of the test and the figure: knee 100, degraded to 40 at
