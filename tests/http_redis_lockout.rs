@@ -78,10 +78,15 @@ async fn a_redis_lockout_is_shared_by_two_processes_and_blocked_requests_take_no
     for app in [&a, &b, &a] {
         let blocked = send(app, ip, &[]).await;
         assert_eq!(blocked.status, StatusCode::TOO_MANY_REQUESTS);
-        assert_eq!(
-            blocked.retry_after(),
-            Some(2),
-            "the block's end, rounded up"
+        // The block's end, rounded up: at most the 2 s of the breach, and at
+        // least what Redis still holds after the answer (a loaded machine may
+        // take the test past the 0.5 s where 2 becomes 1).
+        let left_ms = server.keys_with_pttl("ratewall:login:#b:*")[0].1;
+        let after = u64::try_from(left_ms).unwrap().div_ceil(1000);
+        let got = blocked.retry_after().unwrap();
+        assert!(
+            (after..=2).contains(&got) && got >= 1,
+            "the block's end, rounded up: {got} s, {left_ms} ms left"
         );
         assert_eq!(blocked.remaining("login"), Some(0));
     }
