@@ -14,6 +14,7 @@
 
 use super::client_ip::{Cidr, ClientIp, Resolved};
 use super::compiled::{Compiled, Entries, Entry, INLINE_RULES};
+use super::concurrent::Held;
 use super::headers::{Admitted, Headers};
 use super::info::RateLimitInfo;
 use super::key::{Absent, Fingerprint, RequestParts, RuleKey};
@@ -83,8 +84,11 @@ pub(super) struct Shared<C: Clock> {
     pub(super) keep_decisions: bool,
     /// The mask of the shown rules and their joint `RateLimit-Policy` value.
     pub(super) all_policy: Option<(u64, HeaderValue)>,
-    /// Some rule has tiers or a lockout (`tiers_and_blocks`).
+    /// Some rule has tiers or a lockout (`tiers_and_blocks`), or the
+    /// layer has concurrency rules.
     pub(super) extras: bool,
+    /// Some rule is a concurrency rule: requests take `check_concurrent`.
+    pub(super) concurrent: bool,
     pub(super) fp: Fingerprint,
     pub(super) warn_xff: Once,
     pub(super) xff_checks: AtomicU64,
@@ -108,22 +112,36 @@ pub(super) enum Verdict {
     Remote(RemoteCheck),
 }
 
-/// What an admitted request's response gets: headers, and refunds.
+/// What an admitted request's response gets: headers, refunds and permits.
 pub(super) struct After {
     pub(super) headers: Admitted,
-    /// Boxed: only count-only-failures rules need it (one allocation per
-    /// request they match).
-    pub(super) refund: Option<Box<Refund>>,
+    /// Boxed: only count-only-failures and concurrency rules need it (one
+    /// allocation per request they match).
+    pub(super) later: Option<Box<Later>>,
 }
 
-/// The units of count-only-failures rules, given back when the response
-/// succeeds.
-pub(super) struct Refund {
+/// What waits for the response: the units of count-only-failures rules,
+/// given back when it succeeds, and the permits of concurrency rules,
+/// which its body holds until its end.
+pub(super) struct Later {
     pub(super) shared: Arc<dyn Refunds>,
     pub(super) list: RefundList,
     /// The Redis rules' units (given back in a task).
     #[cfg(feature = "redis")]
     pub(super) remote: RemoteRefunds,
+    pub(super) held: Option<Held>,
+}
+
+impl Later {
+    pub(super) fn new(shared: Arc<dyn Refunds>) -> Later {
+        Later {
+            shared,
+            list: RefundList::new(),
+            #[cfg(feature = "redis")]
+            remote: Vec::new(),
+            held: None,
+        }
+    }
 }
 
 /// (rule, key, cost) of each unit taken by a count-only-failures rule.
@@ -156,15 +174,15 @@ impl<C: Clock + 'static> Refunds for Shared<C> {
 /// all-or-nothing check ([`check_set`]): each entry's rule table with the
 /// entry's key and cost, statically dispatched, and each decision written
 /// into its entry. `map` lists the entries that take part when not all do.
-struct LocalSet<'a, C: Clock> {
-    rules: &'a [Compiled<C>],
-    entries: &'a mut [Entry],
-    map: Option<&'a [u16]>,
+pub(super) struct LocalSet<'a, C: Clock> {
+    pub(super) rules: &'a [Compiled<C>],
+    pub(super) entries: &'a mut [Entry],
+    pub(super) map: Option<&'a [u16]>,
     /// Every cost is at most one unit.
-    unit_costs: bool,
+    pub(super) unit_costs: bool,
     /// Whether the decisions of an admitted request are kept in the
     /// entries (headers, the extension, refunds and Redis rules read them).
-    keep: bool,
+    pub(super) keep: bool,
 }
 
 impl<C: Clock> LocalSet<'_, C> {
@@ -361,6 +379,10 @@ impl<C: Clock + 'static> Shared<C> {
             if let Some(blocked) = self.tiers_and_blocks(&mut entries, req) {
                 return Verdict::Reject(blocked);
             }
+            // A layer with concurrency rules (never with Redis rules).
+            if self.concurrent {
+                return self.check_concurrent(entries, req, insert);
+            }
         }
         #[cfg(feature = "redis")]
         if !remote_keys.is_empty() {
@@ -396,7 +418,7 @@ impl<C: Clock + 'static> Shared<C> {
         Verdict::Pass(if self.headers == Headers::None && !self.any_refund {
             None
         } else {
-            self.after(&entries)
+            self.after::<false>(&entries)
         })
     }
 
@@ -539,7 +561,7 @@ impl<C: Clock + 'static> Shared<C> {
     /// Starts the lockout of each local rule with one that denied this
     /// request: its decision becomes the block's (until the block's end).
     #[cold]
-    fn start_blocks(&self, entries: &mut [Entry]) {
+    pub(super) fn start_blocks(&self, entries: &mut [Entry]) {
         for e in entries.iter_mut().filter(|e| !e.shadow) {
             let r = &self.rules[usize::from(e.rule)];
             let base = &self.rules[usize::from(r.base)];
@@ -554,7 +576,7 @@ impl<C: Clock + 'static> Shared<C> {
     /// Shadow rules, each on its own, after the enforced ones admitted the
     /// request: charged like an enforced rule, never rejecting.
     #[inline(never)]
-    fn check_shadow(&self, entries: &mut [Entry]) {
+    pub(super) fn check_shadow(&self, entries: &mut [Entry]) {
         for e in entries.iter_mut().filter(|e| e.shadow) {
             let r = &self.rules[usize::from(e.rule)];
             let Some(local) = r.local() else { continue };
@@ -576,11 +598,17 @@ impl<C: Clock + 'static> Shared<C> {
     // Not inlined (nor `reject`, `check_shadow`): the check that every
     // request runs stays small, and its cost does not depend on the code
     // of the header generations it does not use.
+    /// `CONC`: the layer has concurrency rules (whose items have no `t`).
     #[inline(never)]
-    fn after(self: &Arc<Self>, entries: &[Entry]) -> Option<After> {
+    pub(super) fn after<const CONC: bool>(self: &Arc<Self>, entries: &[Entry]) -> Option<After> {
         let mut after = After {
-            headers: Admitted::of(self.headers, &self.rules, entries, self.all_policy.as_ref()),
-            refund: None,
+            headers: Admitted::of::<C, CONC>(
+                self.headers,
+                &self.rules,
+                entries,
+                self.all_policy.as_ref(),
+            ),
+            later: None,
         };
         if self.any_refund {
             let list: RefundList = entries
@@ -597,15 +625,12 @@ impl<C: Clock + 'static> Shared<C> {
                 .map(|e| (e.rule, e.key, e.cost))
                 .collect();
             if !list.is_empty() {
-                after.refund = Some(Box::new(Refund {
-                    shared: self.clone(),
-                    list,
-                    #[cfg(feature = "redis")]
-                    remote: Vec::new(),
-                }));
+                let mut later = Later::new(self.clone());
+                later.list = list;
+                after.later = Some(Box::new(later));
             }
         }
-        if after.headers.is_empty() && after.refund.is_none() {
+        if after.headers.is_empty() && after.later.is_none() {
             None
         } else {
             Some(after)
@@ -620,6 +645,7 @@ impl<C: Clock + 'static> Shared<C> {
             self.headers,
             self.responder.as_ref(),
             grpc,
+            false,
             entries,
         )
     }
@@ -787,7 +813,7 @@ impl<C: Clock + 'static> Shared<C> {
             info
         });
         // 4. Headers, and the refunds of count-only-failures rules.
-        let mut after = self.after(&entries);
+        let mut after = self.after::<false>(&entries);
         let refunds: RemoteRefunds = keys
             .iter()
             .filter_map(|(i, k)| {
@@ -804,17 +830,11 @@ impl<C: Clock + 'static> Shared<C> {
         if !refunds.is_empty() {
             let a = after.get_or_insert_with(|| After {
                 headers: Admitted::NONE,
-                refund: None,
+                later: None,
             });
             let shared: Arc<dyn Refunds> = self.clone();
-            a.refund
-                .get_or_insert_with(|| {
-                    Box::new(Refund {
-                        shared,
-                        list: RefundList::new(),
-                        remote: Vec::new(),
-                    })
-                })
+            a.later
+                .get_or_insert_with(|| Box::new(Later::new(shared)))
                 .remote = refunds;
         }
         (Verdict::Pass(after), info)

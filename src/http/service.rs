@@ -286,22 +286,39 @@ type RemoteSlot = std::convert::Infallible;
 #[cfg(not(feature = "redis"))]
 type CallSlot<F> = std::marker::PhantomData<F>;
 
-/// Writes an admitted request's headers into its response, and gives
-/// back the units of count-only-failures rules when the response succeeded.
-fn apply_after<B>(res: &mut Response<B>, after: &mut Option<After>) {
-    let Some(after) = after.take() else { return };
+/// Writes an admitted request's headers into its response, gives back the
+/// units of count-only-failures rules when the response succeeded, and
+/// moves the permits of concurrency rules into the body.
+fn apply_after<B>(mut res: Response<B>, after: &mut Option<After>) -> Response<ResponseBody<B>> {
+    let Some(after) = after.take() else {
+        return res.map(ResponseBody::new);
+    };
     after.headers.write(res.headers_mut());
-    if let Some(refund) = after.refund {
+    if let Some(later) = after.later {
         let s = res.status();
         if s.is_success() || s.is_redirection() {
-            for (rule, key, cost) in refund.list {
-                refund.shared.refund(rule, key, cost);
+            for (rule, key, cost) in later.list {
+                later.shared.refund(rule, key, cost);
             }
             #[cfg(feature = "redis")]
-            if !refund.remote.is_empty() {
-                refund.shared.refund_remote(refund.remote);
+            if !later.remote.is_empty() {
+                later.shared.refund_remote(later.remote);
             }
         }
+        if let Some(mut held) = later.held {
+            held.responded(s);
+            return res.map(|b| ResponseBody::holding(b, held));
+        }
+    }
+    res.map(ResponseBody::new)
+}
+
+/// The inner service failed: an admitted request's permits are released
+/// now, as dropped.
+#[cold]
+fn inner_failed(after: &mut Option<After>) {
+    if let Some(held) = after.take().and_then(|a| a.later?.held) {
+        held.failed();
     }
 }
 
@@ -315,11 +332,17 @@ where
     {
         match state {
             StateProj::Inner { fut, after } => {
-                let mut res = ready!(fut.poll(cx))?;
+                let res = match ready!(fut.poll(cx)) {
+                    Ok(res) => res,
+                    Err(e) => {
+                        inner_failed(after);
+                        return Poll::Ready(Err(e));
+                    }
+                };
                 // Tested before it is taken: `take` would read the whole
                 // (large) value even when there is none.
                 if after.is_some() {
-                    apply_after(&mut res, after);
+                    return Poll::Ready(Ok(apply_after(res, after)));
                 }
                 Poll::Ready(Ok(res.map(ResponseBody::new)))
             }
