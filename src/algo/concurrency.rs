@@ -194,3 +194,182 @@ mod tests {
         }
     }
 }
+
+// ---------------------------------------------------------------------------
+// Keyed concurrency (issue 21 item 2): the same arithmetic, one count per key.
+// ---------------------------------------------------------------------------
+//
+// A keyed table's slot holds one state word per key. For a concurrency
+// limit that word is the key's **in-flight count only** (at most 32 bits,
+// the low field of the word above); the maximum is the algorithm's
+// parameter (the limiter's default, or the key's own through the table's
+// per-key quotas), so a live change of the maximum rewrites no slot, and the
+// state fits a slot of any width the table gives it. All-zero (nothing out)
+// is a fresh key's state and the only idle one: no clock is involved. A
+// release is the `refund` step: it subtracts exactly the units the permit
+// holds, through the table's update path, by the key's hash.
+
+use crate::algo::WordStep;
+use crate::error::ConfigError;
+use crate::word::Params;
+
+/// The keyed concurrency algorithm: per key, a count of units in flight
+/// under a maximum of `max` (the table's parameter). Crate-private: users
+/// meet it as `KeyedConcurrencyLimiter`, whose permits are the only way to
+/// take and give back units.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Concurrent {
+    max: u64,
+}
+
+impl Concurrent {
+    /// Validates a maximum: 0 admits nothing, and above [`MAX_PERMITS`] the
+    /// count would not fit its 32 bits.
+    pub(crate) fn new(max: u64) -> Result<Self, ConfigError> {
+        match max {
+            0 => Err(ConfigError::ZeroLimit),
+            m if m > MAX_PERMITS => Err(ConfigError::LimitTooLarge {
+                limit: m,
+                max: MAX_PERMITS,
+            }),
+            max => Ok(Concurrent { max }),
+        }
+    }
+}
+
+impl Params for Concurrent {
+    fn encode(&self) -> [u64; 3] {
+        [self.max, 0, 0]
+    }
+    fn decode(w: [u64; 3]) -> Self {
+        Concurrent { max: w[0] }
+    }
+}
+
+impl WordStep for Concurrent {
+    #[inline]
+    fn capacity(&self) -> u64 {
+        self.max
+    }
+
+    /// The admission: [`acquire`] on the unkeyed word made of this key's
+    /// count and the maximum (the one admission arithmetic); the next state
+    /// is the count alone. The decision's hints are the limiter's to set.
+    #[inline]
+    fn step(&self, state: u64, _now: u64, n: u64) -> (Decision, Option<u64>) {
+        match acquire(pack(self.max, state), n, 100, 0) {
+            (Ok(d), next) => (d, next.map(|w| InFlight::unpack(w).in_flight)),
+            // The callers check the capacity first; a cost above it is
+            // denied here, never admitted.
+            (Err(_), _) => (Decision::deny(self.max, 0, 0, 0), None),
+        }
+    }
+
+    /// A permit's release ([`release_count`]).
+    #[inline]
+    fn refund(&self, state: u64, _now: u64, n: u64) -> Option<u64> {
+        Some(release_count(state, n))
+    }
+
+    /// The count does not depend on the maximum: a re-size keeps it.
+    fn rescale(&self, _old: &Self, state: u64, _now: u64) -> u64 {
+        state
+    }
+
+    /// Idle iff nothing is in flight: no clock.
+    #[inline]
+    fn is_idle(&self, state: u64, _now: u64) -> bool {
+        state == 0
+    }
+
+    /// 0 when idle; a key with permits out goes idle when its holders are
+    /// done, which no clock predicts: "never" (`u64::MAX`). The limiter
+    /// never lets the table evict such a key, and replaces this value by
+    /// the observed hold time wherever it would reach a decision.
+    fn time_to_idle(&self, state: u64, _now: u64) -> u64 {
+        if state == 0 {
+            0
+        } else {
+            u64::MAX
+        }
+    }
+}
+
+/// A keyed count after a release of `n` units: exactly `n` off. A key
+/// holding a permit is never reclaimed (its count is at least `n`), so this
+/// never goes below 0; saturating only guards a broken caller.
+#[inline]
+pub(crate) fn release_count(count: u64, n: u64) -> u64 {
+    debug_assert!(n <= count, "releasing {n} of {count} units in flight");
+    count.saturating_sub(n)
+}
+
+crate::algo::word_algorithm!(Concurrent, u64, "concurrency", |max| {
+    Concurrent::new(*max)
+});
+
+/// The next mean hold time: an exponentially weighted mean of weight 1/8
+/// (`old` 0: no sample yet), never 0 once a sample came in.
+#[inline]
+pub(crate) fn mean_hold(old: u64, sample: u64) -> u64 {
+    let mean = if old == 0 {
+        sample
+    } else {
+        old - old / 8 + sample / 8
+    };
+    mean.max(1)
+}
+
+#[cfg(all(test, not(ratewall_loom)))]
+mod keyed_tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn a_maximum_of_0_or_above_max_permits_is_a_typed_error() {
+        assert_eq!(Concurrent::new(0), Err(ConfigError::ZeroLimit));
+        assert_eq!(
+            Concurrent::new(MAX_PERMITS + 1),
+            Err(ConfigError::LimitTooLarge {
+                limit: MAX_PERMITS + 1,
+                max: MAX_PERMITS
+            })
+        );
+        assert_eq!(
+            Concurrent::new(MAX_PERMITS).unwrap().capacity(),
+            MAX_PERMITS
+        );
+    }
+
+    #[test]
+    fn the_mean_hold_time_weighs_a_sample_by_an_eighth() {
+        assert_eq!(mean_hold(0, 800), 800);
+        assert_eq!(mean_hold(800, 1600), 900);
+        assert_eq!(mean_hold(0, 0), 1, "never 0 once sampled");
+    }
+
+    proptest! {
+        /// The keyed step is the unkeyed one on (max, count): same decision,
+        /// and the next state is the next word's count.
+        #[test]
+        fn the_keyed_step_is_the_unkeyed_one(max in 1..=64u64, out in 0..=80u64, n in 1..=64u64) {
+            let c = Concurrent::new(max).unwrap();
+            prop_assume!(n <= max);
+            let (d, next) = c.step(out, 0, n);
+            let (e, wnext) = acquire(pack(max, out), n, 100, 0);
+            let e = e.unwrap();
+            prop_assert_eq!((d.is_allowed(), d.remaining(), d.limit()), (e.is_allowed(), e.remaining(), e.limit()));
+            prop_assert_eq!(next, wnext.map(|w| InFlight::unpack(w).in_flight));
+            prop_assert_eq!(d.is_allowed(), out + n <= max);
+            if let Some(next) = next {
+                prop_assert_eq!(next, out + n);
+                // A release of the same units returns to where it started.
+                prop_assert_eq!(c.refund(next, 0, n), Some(out));
+            }
+            prop_assert_eq!(c.is_idle(out, 0), out == 0);
+            prop_assert_eq!(c.time_to_idle(out, 0) == 0, out == 0);
+            prop_assert_eq!(c.rescale(&Concurrent::new(1).unwrap(), out, 0), out);
+            prop_assert_eq!(Concurrent::decode(c.encode()), c);
+        }
+    }
+}

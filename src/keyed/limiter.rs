@@ -130,7 +130,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
 
     /// The core of every check: `consume` takes `n` if allowed.
     #[inline]
-    fn run(
+    pub(super) fn run(
         &self,
         h: u64,
         now: u64,

@@ -20,6 +20,7 @@
 //! over either.
 
 pub(crate) mod builder;
+mod concurrency;
 pub(crate) mod family;
 mod hot;
 mod hot_slots;
@@ -32,6 +33,9 @@ mod quotas;
 pub(crate) mod table;
 
 pub use builder::{KeyedBuilder, TableOptions, WhenFull, MAX_KEYS};
+pub use concurrency::{
+    KeyedConcurrencyBuilder, KeyedConcurrencyLimiter, KeyedPermit, OwnedKeyedPermit,
+};
 pub use family::KeyedRef;
 pub use hot_slots::HotKeys;
 pub use limiter::KeyedLimiter;
