@@ -16,7 +16,7 @@ use http::{HeaderMap, Request, Response, StatusCode};
 use http_body::Frame;
 use http_body_util::BodyExt;
 use hyper_util::rt::TokioIo;
-use ratewall::http::{Key, LayerConfig, RateLimitLayer, Rule, RuleConfig};
+use ratewall::http::{ClientIp, Key, LayerConfig, RateLimitLayer, Rule, RuleConfig};
 use ratewall::{Adaptive, ManualClock, Policy, Priority, Rate};
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -249,6 +249,89 @@ async fn a_request_denied_by_either_kind_of_rule_takes_nothing_from_the_other() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_over_its_own_concurrency_limit_gets_429_and_others_pass() {
+    let clock = ManualClock::new();
+    let layer = RateLimitLayer::builder()
+        .clock(clock.clone())
+        .client_ip(ClientIp::behind_proxies(["127.0.0.1/32".parse().unwrap()]))
+        .rule(Rule::concurrent("per-ip", Key::client_ip(), 1))
+        .build()
+        .unwrap();
+    let gate = Arc::new(Semaphore::new(0));
+    let (addr, stop, server) = serve("127.0.0.1:0", gated(&layer, gate.clone())).await;
+    let a = [("x-forwarded-for", "198.51.100.1")];
+    let b = [("x-forwarded-for", "198.51.100.2")];
+    let held = tokio::spawn(async move { get_(addr, "/hold", &a).await });
+    for _ in 0..500 {
+        if layer.stats()[0].allowed() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let over = get_(addr, "/", &a).await;
+    assert_eq!(over.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        over.header("ratelimit-policy"),
+        Some("\"per-ip\";q=1;qu=\"concurrent-requests\"")
+    );
+    assert_eq!(over.header("ratelimit"), Some("\"per-ip\";r=0"));
+    assert_eq!(over.header("retry-after"), Some("1"));
+    assert_eq!(
+        over.json()["type"],
+        "https://iana.org/assignments/http-problem-types#quota-exceeded"
+    );
+    // Another client has its own permits.
+    let other = get_(addr, "/", &b).await;
+    assert_eq!(other.status, StatusCode::OK);
+    assert_eq!(other.header("ratelimit"), Some("\"per-ip\";r=0"));
+    gate.add_permits(1);
+    assert_eq!(held.await.unwrap().status, StatusCode::OK);
+    assert_eq!(get_(addr, "/", &a).await.status, StatusCode::OK);
+    let s = &layer.stats()[0];
+    assert_eq!((s.allowed(), s.denied(), s.shed()), (3, 1, 0));
+    assert_eq!(s.top_offenders()[0].key(), "198.51.100.1");
+    drop(stop);
+    server.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_later_concurrency_rule_that_sheds_gives_back_the_earlier_ones_permit() {
+    let layer = RateLimitLayer::builder()
+        .rule(Rule::concurrent("all", Key::global(), 5))
+        .rule(Rule::concurrent("hold", Key::global(), 1).on_path_prefix("/hold"))
+        .build()
+        .unwrap();
+    let gate = Arc::new(Semaphore::new(0));
+    let app = Router::new()
+        .route(
+            "/hold",
+            get(move || {
+                let gate = gate.clone();
+                async move {
+                    gate.acquire().await.unwrap().forget();
+                    "held"
+                }
+            }),
+        )
+        .layer(layer.clone());
+    let (addr, stop, server) = serve("127.0.0.1:0", app).await;
+    let _held = tokio::spawn(async move { get_(addr, "/hold", &[]).await });
+    in_flight_becomes(&layer, 1, 1).await;
+    for _ in 0..4 {
+        let shed = get_(addr, "/hold", &[]).await;
+        assert_eq!(shed.status, StatusCode::SERVICE_UNAVAILABLE);
+        // `all` took a permit for it, and gave it back.
+        assert_eq!(layer.stats()[0].in_flight(), 1);
+        assert_eq!(shed.header("ratelimit"), Some("\"hold\";r=0"));
+    }
+    let s = layer.stats();
+    assert_eq!((s[0].allowed(), s[0].shed()), (1, 0));
+    assert_eq!((s[1].allowed(), s[1].shed()), (1, 4));
+    drop(stop);
+    server.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn headers_are_exact_and_a_shed_request_gets_the_drafts_503() {
     let clock = ManualClock::new();
     let layer = RateLimitLayer::builder()
@@ -424,6 +507,11 @@ fn raw_service(
             "/fail" => Err("backend down"),
             "/panic" => panic!("handler bug"),
             "/stall" => std::future::pending().await,
+            "/missing-404" => {
+                let mut r = Response::new(String::new());
+                *r.status_mut() = StatusCode::NOT_FOUND;
+                Ok(r)
+            }
             "/500" => {
                 let mut r = Response::new(String::from("oops"));
                 *r.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
@@ -529,6 +617,44 @@ async fn an_adaptive_rule_shrinks_under_a_slow_backend() {
 }
 
 #[tokio::test]
+async fn an_adaptive_rule_learns_failures_and_5xx_as_drops_and_4xx_as_nothing() {
+    let layer = RateLimitLayer::builder()
+        .rule(
+            Rule::concurrent("all", Key::global(), 8)
+                .adaptive(Adaptive::aimd(1, 8, Duration::from_secs(10)).backoff(0.5)),
+        )
+        .build()
+        .unwrap();
+    let svc = raw_service(&layer);
+    // r + 1 of a lone request: the maximum now.
+    let max = |res: Response<ratewall::http::ResponseBody<String>>| {
+        let r = res.headers()["ratelimit"].to_str().unwrap().to_owned();
+        r.trim_start_matches("\"all\";r=").parse::<u64>().unwrap() + 1
+    };
+    assert_eq!(max(svc.clone().oneshot(request("/")).await.unwrap()), 8);
+    // 4xx: no sample, whatever the count.
+    for _ in 0..20 {
+        let res = svc.clone().oneshot(request("/missing-404")).await.unwrap();
+        drop(res);
+    }
+    // Successes below the latency threshold never lower it.
+    assert_eq!(max(svc.clone().oneshot(request("/")).await.unwrap()), 8);
+    // Inner failures are drops: x 0.5 per window of 8.
+    for _ in 0..8 {
+        let _ = svc.clone().oneshot(request("/fail")).await.unwrap_err();
+    }
+    let after_fail = max(svc.clone().oneshot(request("/")).await.unwrap());
+    assert!(after_fail <= 5, "{after_fail}");
+    for _ in 0..8 {
+        let res = svc.clone().oneshot(request("/500")).await.unwrap();
+        let mut body = res.into_body();
+        while body.frame().await.is_some() {}
+    }
+    let after_500 = max(svc.clone().oneshot(request("/")).await.unwrap());
+    assert!(after_500 < after_fail, "{after_500} after {after_fail}");
+}
+
+#[tokio::test]
 async fn reserved_shares_keep_room_for_critical_requests() {
     let layer = RateLimitLayer::builder()
         .rule(
@@ -601,7 +727,8 @@ fn settings_the_layer_cannot_honour_are_typed_errors() {
         }
     ));
     for bad in [
-        Rule::concurrent("c", Key::client_ip(), 4),
+        Rule::concurrent("c", Key::client_ip(), 4).adaptive(Adaptive::vegas(1, 9)),
+        Rule::concurrent("c", Key::header("x-user"), 4).reserve(Priority::Critical, 10),
         Rule::concurrent("c", Key::global(), 4).mode(ratewall::http::Mode::Shadow),
         Rule::concurrent("c", Key::global(), 4).count_failures_only(),
         Rule::per_ip("c", Policy::token_bucket(Rate::per_second(1)))

@@ -28,6 +28,7 @@ use crate::clock::Clock;
 use crate::concurrency::{Adaptive, ConcurrencyLimiter, Outcome, OwnedPermit, Priority};
 use crate::decision::Decision;
 use crate::error::{ConfigError, InsufficientCapacity};
+use crate::keyed::{KeyedConcurrencyLimiter, OwnedKeyedPermit};
 use crate::multi::{check_set, LimitSet};
 use http::header::HeaderName;
 use http::{HeaderMap, StatusCode};
@@ -62,11 +63,34 @@ impl Concurrency {
 /// A concurrency rule as built: its limiter, where a request's class
 /// comes from, and whether its denials shed (`503`) or meter a client (`429`).
 pub(super) struct ConcLimit<C: Clock> {
-    limiter: Arc<ConcurrencyLimiter<C>>,
+    limiter: Limiter<C>,
     priority: Option<HeaderName>,
     /// One limit shared by every client (not keyed by the client): the
     /// server protecting itself, so a denial is `503`.
     pub(super) sheds: bool,
+}
+
+/// One limit for every request the rule matches, or one per key.
+enum Limiter<C: Clock> {
+    One(Arc<ConcurrencyLimiter<C>>),
+    Keyed(Arc<KeyedConcurrencyLimiter<u128, C>>),
+}
+
+/// A permit of either kind.
+enum Permit<C: Clock> {
+    One(OwnedPermit<C>),
+    Keyed(OwnedKeyedPermit<u128, C>),
+}
+
+impl<C: Clock> Permit<C> {
+    /// Releases the permit; the outcome feeds an adaptive maximum (keyed
+    /// limits have none).
+    fn release(self, outcome: Outcome) {
+        match self {
+            Permit::One(p) => p.release(outcome),
+            Permit::Keyed(p) => drop(p),
+        }
+    }
 }
 
 /// Why a concurrency rule cannot be built: the error `build` reports.
@@ -76,10 +100,10 @@ pub(super) enum ConcError {
 }
 
 impl<C: Clock + Clone> ConcLimit<C> {
-    /// Builds rule `rule`'s limit: one limiter for a global key (keyed
-    /// concurrency per client is not in this layer yet), with the rule's
-    /// reserves and adaptive maximum. Settings the layer cannot honour are
-    /// errors that say what to change.
+    /// Builds rule `rule`'s limit: one limiter for a global key, with the
+    /// rule's reserves and adaptive maximum; a keyed table (the rule's
+    /// table options) for any other key. Settings the layer cannot honour
+    /// are errors that say what to change.
     pub(super) fn build(
         clock: &C,
         rule: &super::Rule,
@@ -88,9 +112,6 @@ impl<C: Clock + Clone> ConcLimit<C> {
         let refuse = |reason| Err(ConcError::Config(ConfigError::Incompatible { reason }));
         if c.on_rate_rule {
             return refuse("`adaptive`, `reserve` and `priority_by_header` apply to concurrency rules only: make the rule with `Rule::concurrent` (in a file, `concurrent = N` instead of `policy`)");
-        }
-        if !rule.key.is_global() {
-            return refuse("a concurrency rule per client (per IP, per header, per route) needs keyed concurrency, which this layer does not have yet: use `Key::global()`, narrowed to a route or a path with `on_route` or `on_path_prefix`");
         }
         if rule.mode == super::Mode::Shadow {
             return refuse("a concurrency rule cannot be in shadow mode: a dry run would have to hold permits it never enforces; enforce it with a high maximum instead");
@@ -108,15 +129,25 @@ impl<C: Clock + Clone> ConcLimit<C> {
                 Some(HeaderName::from_bytes(h.as_bytes()).map_err(|_| ConcError::BadHeader)?)
             }
         };
-        let mut b = ConcurrencyLimiter::builder(c.max).clock(clock.clone());
-        for &(class, pct) in &c.reserved {
-            b = b.reserve(class, pct);
-        }
-        if let Some(a) = c.adaptive {
-            b = b.adaptive(a);
-        }
+        let limiter = if rule.key.is_global() {
+            let mut b = ConcurrencyLimiter::builder(c.max).clock(clock.clone());
+            for &(class, pct) in &c.reserved {
+                b = b.reserve(class, pct);
+            }
+            if let Some(a) = c.adaptive {
+                b = b.adaptive(a);
+            }
+            Limiter::One(Arc::new(b.build().map_err(ConcError::Config)?))
+        } else if c.adaptive.is_some() || !c.reserved.is_empty() || priority.is_some() {
+            return refuse("an adaptive maximum, reserved shares and request classes apply to one limit shared by all requests: give the rule `Key::global()` (narrowed with `on_route` or `on_path_prefix`), or drop them from the per-key rule");
+        } else {
+            let b = KeyedConcurrencyLimiter::<u128>::builder(c.max)
+                .table(rule.table)
+                .clock(clock.clone());
+            Limiter::Keyed(Arc::new(b.build().map_err(ConcError::Config)?))
+        };
         Ok(ConcLimit {
-            limiter: Arc::new(b.build().map_err(ConcError::Config)?),
+            limiter,
             priority,
             sheds: !rule.key.names_client(),
         })
@@ -136,28 +167,66 @@ impl<C: Clock> ConcLimit<C> {
         }
     }
 
-    /// The most the rule admits now: the `RateLimit-Policy` `q` of an
-    /// adaptive rule is its ceiling, of another its maximum.
+    /// The most the rule admits: the `RateLimit-Policy` `q` of an
+    /// adaptive rule is its ceiling, of another its maximum (per key).
     pub(super) fn quota(&self) -> u64 {
-        self.limiter
-            .adaptive_bounds()
-            .map_or(self.limiter.max(), |(_, ceiling)| ceiling)
-    }
-
-    /// The permits in flight now.
-    pub(super) fn in_flight(&self) -> u64 {
-        self.limiter.in_flight()
-    }
-
-    /// What a unit request would be told now, taking nothing.
-    fn peek(&self) -> Decision {
-        let (max, out) = (self.limiter.max(), self.limiter.in_flight());
-        let hold = u64::try_from(self.limiter.mean_hold_time().as_nanos()).unwrap_or(u64::MAX);
-        if out < max {
-            Decision::allow(max, max - out - 1, 0)
-        } else {
-            Decision::deny(max, 0, hold, hold)
+        match &self.limiter {
+            Limiter::One(l) => l.adaptive_bounds().map_or(l.max(), |(_, ceiling)| ceiling),
+            Limiter::Keyed(l) => l.max(),
         }
+    }
+
+    /// The maximum now (per key).
+    fn max(&self) -> u64 {
+        match &self.limiter {
+            Limiter::One(l) => l.max(),
+            Limiter::Keyed(l) => l.max(),
+        }
+    }
+
+    /// The permits in flight now (0 for a per-key rule: its keys are not
+    /// summed).
+    pub(super) fn in_flight(&self) -> u64 {
+        match &self.limiter {
+            Limiter::One(l) => l.in_flight(),
+            Limiter::Keyed(_) => 0,
+        }
+    }
+
+    /// Takes `n` permits for `key` (a request whose headers are
+    /// `headers`), if they fit.
+    fn acquire(
+        &self,
+        key: u128,
+        n: u64,
+        headers: &HeaderMap,
+    ) -> Result<(Decision, Option<Permit<C>>), InsufficientCapacity> {
+        Ok(match &self.limiter {
+            Limiter::One(l) => {
+                let a = l.try_acquire_owned_with(n, self.class_of(headers))?;
+                (a.decision(), a.into_permit().map(Permit::One))
+            }
+            Limiter::Keyed(l) => {
+                let a = l.try_acquire_key_owned(&key, n)?;
+                (a.decision(), a.into_permit().map(Permit::Keyed))
+            }
+        })
+    }
+
+    /// What a request of `n` for `key` would be told now, taking nothing.
+    fn peek(&self, key: u128, n: u64) -> Result<Decision, InsufficientCapacity> {
+        let l = match &self.limiter {
+            Limiter::Keyed(l) => return l.peek_key_n(&key, n),
+            Limiter::One(l) => l,
+        };
+        let (max, out) = (l.max(), l.in_flight());
+        InsufficientCapacity::check(n, max)?;
+        let hold = u64::try_from(l.mean_hold_time().as_nanos()).unwrap_or(u64::MAX);
+        Ok(if out + n <= max {
+            Decision::allow(max, max - out - n, 0)
+        } else {
+            Decision::deny(max, max.saturating_sub(out), hold, hold)
+        })
     }
 }
 
@@ -167,7 +236,7 @@ trait Release: Send + Sync {
     fn release(&mut self, outcome: Outcome);
 }
 
-type Permits<C> = SmallVec<[OwnedPermit<C>; 2]>;
+type Permits<C> = SmallVec<[Permit<C>; 2]>;
 
 impl<C: Clock + 'static> Release for Permits<C> {
     fn release(&mut self, outcome: Outcome) {
@@ -239,7 +308,7 @@ struct MixedSet<'a, C: Clock> {
     /// The entry index of each concurrency entry.
     conc: &'a [u16],
     headers: &'a HeaderMap,
-    taken: RefCell<SmallVec<[Option<OwnedPermit<C>>; 2]>>,
+    taken: RefCell<SmallVec<[Option<Permit<C>>; 2]>>,
 }
 
 impl<C: Clock> MixedSet<'_, C> {
@@ -279,19 +348,17 @@ impl<C: Clock> LimitSet<C> for MixedSet<'_, C> {
         let Some(l) = self.limit(j) else {
             return Ok(Decision::allow(u64::MAX, u64::MAX, 0));
         };
-        let a = l
-            .limiter
-            .try_acquire_owned_with(n, l.class_of(self.headers))?;
-        let d = a.decision();
-        self.taken.borrow_mut()[j] = a.into_permit();
+        let (d, permit) = l.acquire(self.entry(j).key, n, self.headers)?;
+        self.taken.borrow_mut()[j] = permit;
         Ok(d)
     }
     fn peek_at(&self, i: usize, now: u64, n: u64) -> Result<Decision, InsufficientCapacity> {
         match i.checked_sub(self.rates) {
             None => self.rate.peek_at(i, now, n),
-            Some(j) => Ok(self
-                .limit(j)
-                .map_or(Decision::allow(u64::MAX, u64::MAX, 0), ConcLimit::peek)),
+            Some(j) => match self.limit(j) {
+                Some(l) => l.peek(self.entry(j).key, n),
+                None => Ok(Decision::allow(u64::MAX, u64::MAX, 0)),
+            },
         }
     }
     fn give_back_at(&self, i: usize, now: u64, n: u64) {
@@ -308,7 +375,7 @@ impl<C: Clock> LimitSet<C> for MixedSet<'_, C> {
     fn capacity(&self, i: usize) -> u64 {
         match i.checked_sub(self.rates) {
             None => self.rate.capacity(i),
-            Some(j) => self.limit(j).map_or(u64::MAX, |l| l.limiter.max()),
+            Some(j) => self.limit(j).map_or(u64::MAX, ConcLimit::max),
         }
     }
     fn decide(&mut self, i: usize, d: Option<Decision>) {
@@ -450,7 +517,7 @@ impl<C: Clock + 'static> Shared<C> {
                 let cap = r
                     .conc
                     .as_ref()
-                    .map_or(r.rule.policy.limit(), |c| c.limiter.max());
+                    .map_or(r.rule.policy.limit(), ConcLimit::max);
                 e.cost > cap || (r.conc.is_some() && e.cost > capacity)
             })
             .map_or(entries[0].rule, |e| e.rule)
