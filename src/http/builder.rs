@@ -452,14 +452,18 @@ impl<C: Clock + Clone> RateLimitBuilder<C> {
             };
             let conc = match &rule.concurrency {
                 None => None,
-                Some(c) => Some(
-                    ConcLimit::build(&self.clock, &rule, c).map_err(|e| match e {
+                Some(c) => {
+                    if let (false, Some(reason)) = (c.on_rate_rule, not_for_concurrency(&rule)) {
+                        return Err(policy_error(ConfigError::Incompatible { reason }));
+                    }
+                    let built = ConcLimit::build(&self.clock, &rule.key, rule.table, c);
+                    Some(built.map_err(|e| match e {
                         ConcError::Config(error) => policy_error(error),
                         ConcError::BadHeader => {
                             HttpConfigError::InvalidHeaderName { rule: name.clone() }
                         }
-                    })?,
-                ),
+                    })?)
+                }
             };
             rule.policy.validate().map_err(policy_error)?;
             if let rule::Cost::Units(cost) = rule.cost {
@@ -732,6 +736,20 @@ fn compile<C: Clock>(
         conc: None,
         rule,
     }
+}
+
+/// What a concurrency rule cannot have, and what to do instead.
+fn not_for_concurrency(rule: &Rule) -> Option<&'static str> {
+    if rule.mode == Mode::Shadow {
+        return Some("a concurrency rule cannot be in shadow mode: a dry run would have to hold permits it never enforces; enforce it with a high maximum instead");
+    }
+    if rule.refund_on_success || !rule.tiers.is_empty() || rule.block_for.is_some() {
+        return Some("`count_failures_only`, tiers and `block_for` apply to rate rules only: put them on a rate rule beside the concurrency rule");
+    }
+    if remote_of(rule).is_some() {
+        return Some("a Redis rule cannot be a concurrency rule");
+    }
+    None
 }
 
 /// The Redis limiter of a remote rule.

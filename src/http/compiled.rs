@@ -63,6 +63,12 @@ pub(super) struct Compiled<C: Clock> {
 }
 
 impl<C: Clock> Compiled<C> {
+    /// Whether this is a concurrency rule (its headers have no `t`).
+    #[inline]
+    pub(super) fn is_concurrent(&self) -> bool {
+        self.conc.is_some()
+    }
+
     #[inline]
     pub(super) fn local(&self) -> Option<&KeyedPolicyLimiter<u128, C>> {
         match &self.limit {

@@ -39,7 +39,6 @@
 //! legacy trio has no way to say "in flight" and leaves these rules out.
 
 use super::compiled::{Compiled, Entry};
-use super::concurrent::is_concurrent;
 use super::rule::{valid_name, Visibility};
 use crate::clock::Clock;
 use crate::decision::Decision;
@@ -353,7 +352,7 @@ impl Admitted {
         };
         let closest = |legacy: bool| {
             shown()
-                .filter(move |(r, _)| !(CONC && legacy && is_concurrent(r)))
+                .filter(move |(r, _)| !(CONC && legacy && r.is_concurrent()))
                 .reduce(|a, b| {
                     if closer_to_exhaustion(&b.1, &a.1) {
                         b
@@ -372,7 +371,7 @@ impl Admitted {
             Headers::Draft(Items::ClosestToExhaustion) => {
                 if let Some((r, d)) = closest(false) {
                     let mut limit = Buf::new();
-                    if CONC && is_concurrent(r) {
+                    if CONC && r.is_concurrent() {
                         limit.ratelimit_item_untimed(&r.ratelimit_prefix, &d);
                     } else {
                         limit.ratelimit_item(&r.rule.name, &d, &r.rule.policy);
@@ -392,7 +391,7 @@ impl Admitted {
                     if r.rule.visibility != Visibility::Shown {
                         continue;
                     }
-                    if CONC && is_concurrent(r) {
+                    if CONC && r.is_concurrent() {
                         limit.ratelimit_item_untimed(&r.ratelimit_prefix, &d);
                     } else {
                         limit.ratelimit_item_prefixed(&r.ratelimit_prefix, &d, &r.rule.policy);

@@ -70,7 +70,8 @@
 //! | `client_ip.rs` | [`ClientIp`], [`Cidr`], [`ProxyHeader`]: who the client is |
 //! | `compiled.rs` | the rules as built, and a request's matching rules |
 //! | `engine.rs` | the check: local rules, Redis rules, all or nothing |
-//! | `concurrent.rs` | concurrency rules: their limits, their check beside the rate rules, the permits a response body holds |
+//! | `concurrent.rs` | concurrency rules: the limits they are built into, the permits a response body holds |
+//! | `concurrent_check.rs` | the check of a layer with concurrency rules: rate and concurrency rules all or nothing |
 //! | `headers.rs` | [`Headers`], [`Items`]: the `RateLimit` and legacy headers |
 //! | `response.rs` | the 429 and other answers, [`Rejection`], [`ResponseBody`] |
 //! | `info.rs` | [`RateLimitInfo`]: the decisions extension |
@@ -83,6 +84,7 @@ mod builder;
 mod client_ip;
 mod compiled;
 mod concurrent;
+mod concurrent_check;
 #[cfg(feature = "serde")]
 mod concurrent_config;
 #[cfg(feature = "serde")]

@@ -3,7 +3,7 @@
 //! the custom responder's view of a rejection.
 
 use super::compiled::{Compiled, Entry, INLINE_RULES};
-use super::concurrent::{is_concurrent, Held};
+use super::concurrent::Held;
 use super::headers::{legacy, Buf, Headers, Items, RATELIMIT, RATELIMIT_POLICY, X_LIMIT};
 use super::rule::Visibility;
 use crate::clock::Clock;
@@ -494,7 +494,7 @@ pub(super) fn reject<C: Clock>(
             });
             for (r, d) in iter {
                 policy.item(r.policy_item.as_ref().map_or(&[][..], |v| v.as_bytes()));
-                if is_concurrent(r) {
+                if r.is_concurrent() {
                     limit.ratelimit_item_untimed(&r.ratelimit_prefix, &d);
                 } else {
                     limit.ratelimit_item(&r.rule.name, &d, &r.rule.policy);

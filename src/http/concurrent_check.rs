@@ -1,0 +1,258 @@
+//! The check of a request in a layer with concurrency rules: its rate and
+//! concurrency entries in one all-or-nothing set, and what an admitted
+//! request's response takes with it (`concurrent.rs` holds the limits and
+//! the permits).
+//!
+//! A request of a layer with concurrency rules takes this path
+//! (`Shared::check_concurrent`, reached from the check's rarely taken
+//! "extras" branch, so a rate-only layer runs none of it). Its rate entries
+//! and its concurrency entries form one [`check_set`] set, rate entries
+//! first: the permits are taken only once every rate rule allowed, and a
+//! denial by a later concurrency rule gives back the permits taken before
+//! it and the rate units (one clock reading, the engine's rollback). The
+//! permits move into the response body (`ResponseBody`), which releases
+//! them once, at the body's end, on a body error, or when it is dropped;
+//! a request whose inner service fails or is cancelled before a response
+//! releases them with its future.
+//!
+//! What an adaptive rule learns: the hold time (check to body end) and an
+//! outcome from the response: `2xx`/`3xx` success, `5xx` or an inner
+//! service or body error dropped, `4xx` or a client that went away ignored.
+use super::compiled::{Entries, Entry, INLINE_RULES};
+use super::concurrent::{ConcLimit, Held, Permit, Permits};
+use super::engine::{After, Later, LocalSet, RequestHead, Shared, Verdict};
+use super::headers::Admitted;
+use super::info::RateLimitInfo;
+use super::response;
+use super::stats::{self, bump};
+use crate::clock::Clock;
+use crate::decision::Decision;
+use crate::error::InsufficientCapacity;
+use crate::multi::{check_set, LimitSet};
+use http::HeaderMap;
+use smallvec::SmallVec;
+use std::cell::RefCell;
+use std::sync::Arc;
+
+/// A request's rate entries (through [`LocalSet`]) followed by its
+/// concurrency entries, as one all-or-nothing set. The permits taken so
+/// far wait in `taken`, one slot per concurrency entry.
+struct MixedSet<'a, C: Clock> {
+    rate: LocalSet<'a, C>,
+    /// The number of rate entries (the first limits of the set).
+    rates: usize,
+    /// The entry index of each concurrency entry.
+    conc: &'a [u16],
+    headers: &'a HeaderMap,
+    taken: RefCell<SmallVec<[Option<Permit<C>>; 2]>>,
+}
+
+impl<C: Clock> MixedSet<'_, C> {
+    fn entry(&self, j: usize) -> &Entry {
+        &self.rate.entries[usize::from(self.conc[j])]
+    }
+
+    fn limit(&self, j: usize) -> Option<&ConcLimit<C>> {
+        self.rate.rules[usize::from(self.entry(j).rule)]
+            .conc
+            .as_ref()
+    }
+}
+
+impl<C: Clock> LimitSet<C> for MixedSet<'_, C> {
+    fn len(&self) -> usize {
+        self.rates + self.conc.len()
+    }
+    fn cost(&self, i: usize) -> u64 {
+        match i.checked_sub(self.rates) {
+            None => self.rate.cost(i),
+            Some(j) => self.entry(j).cost,
+        }
+    }
+    fn read_clock(&self) -> u64 {
+        // Permits need no clock reading.
+        if self.rates == 0 {
+            0
+        } else {
+            self.rate.read_clock()
+        }
+    }
+    fn take_at(&self, i: usize, now: u64, n: u64) -> Result<Decision, InsufficientCapacity> {
+        let Some(j) = i.checked_sub(self.rates) else {
+            return self.rate.take_at(i, now, n);
+        };
+        let Some(l) = self.limit(j) else {
+            return Ok(Decision::allow(u64::MAX, u64::MAX, 0));
+        };
+        let (d, permit) = l.acquire(self.entry(j).key, n, self.headers)?;
+        self.taken.borrow_mut()[j] = permit;
+        Ok(d)
+    }
+    fn peek_at(&self, i: usize, now: u64, n: u64) -> Result<Decision, InsufficientCapacity> {
+        match i.checked_sub(self.rates) {
+            None => self.rate.peek_at(i, now, n),
+            Some(j) => match self.limit(j) {
+                Some(l) => l.peek(self.entry(j).key, n),
+                None => Ok(Decision::allow(u64::MAX, u64::MAX, 0)),
+            },
+        }
+    }
+    fn give_back_at(&self, i: usize, now: u64, n: u64) {
+        match i.checked_sub(self.rates) {
+            None => self.rate.give_back_at(i, now, n),
+            // Given back unused: no sample for an adaptive maximum.
+            Some(j) => {
+                if let Some(p) = self.taken.borrow_mut()[j].take() {
+                    p.give_back();
+                }
+            }
+        }
+    }
+    fn capacity(&self, i: usize) -> u64 {
+        match i.checked_sub(self.rates) {
+            None => self.rate.capacity(i),
+            Some(j) => self.limit(j).map_or(u64::MAX, ConcLimit::max),
+        }
+    }
+    fn decide(&mut self, i: usize, d: Option<Decision>) {
+        match i.checked_sub(self.rates) {
+            None => self.rate.decide(i, d),
+            Some(j) => {
+                let at = usize::from(self.conc[j]);
+                self.rate.entries[at].decision = d;
+            }
+        }
+    }
+    fn decide_taken(&mut self, i: usize, d: Decision) {
+        match i.checked_sub(self.rates) {
+            None => self.rate.decide_taken(i, d),
+            Some(_) => self.decide(i, Some(d)),
+        }
+    }
+}
+
+impl<C: Clock + 'static> Shared<C> {
+    /// The check of a request in a layer with concurrency rules (the
+    /// module docs): rate and concurrency rules all or nothing, then
+    /// shadow rules, the extension, the headers and the permits.
+    #[inline(never)]
+    pub(super) fn check_concurrent(
+        self: &Arc<Self>,
+        mut entries: Entries,
+        req: &RequestHead<'_>,
+        insert: &mut Option<RateLimitInfo>,
+    ) -> Verdict {
+        let is_conc = |e: &Entry| self.rules[usize::from(e.rule)].conc.is_some();
+        let pick = |conc: bool| -> SmallVec<[u16; INLINE_RULES]> {
+            (0..entries.len())
+                .filter(|&i| !entries[i].shadow && is_conc(&entries[i]) == conc)
+                // Fits: at most one entry per rule, and at most u16::MAX rules.
+                .map(|i| i as u16)
+                .collect()
+        };
+        let (rate_map, conc_map) = (pick(false), pick(true));
+        let mut set = MixedSet {
+            rate: LocalSet {
+                rules: &self.rules,
+                entries: &mut entries,
+                map: Some(&rate_map),
+                unit_costs: false,
+                keep: true,
+            },
+            rates: rate_map.len(),
+            conc: &conc_map,
+            headers: req.headers,
+            taken: RefCell::new(conc_map.iter().map(|_| None).collect()),
+        };
+        let checked = check_set(&mut set);
+        let taken = set.taken.into_inner();
+        let grpc = response::is_grpc(req.headers);
+        let allowed = match checked {
+            Ok(allowed) => allowed,
+            Err(e) => {
+                let culprit = self.culprit(&entries, e.capacity);
+                bump(&self.rules[usize::from(culprit)].counters.errors);
+                return Verdict::Reject(response::cost_too_high(
+                    &self.rules[usize::from(culprit)].rule.name,
+                    e.requested,
+                    e.capacity,
+                ));
+            }
+        };
+        let counted = rate_map.iter().chain(&conc_map).map(|&i| usize::from(i));
+        if !allowed {
+            let mut shed = false;
+            for i in counted {
+                let e = &entries[i];
+                let r = &self.rules[usize::from(e.rule)];
+                if e.decision.is_some_and(|d| !d.is_allowed()) {
+                    if r.conc.as_ref().is_some_and(|c| c.sheds) {
+                        shed = true;
+                        bump(&r.counters.shed);
+                    } else {
+                        stats::denied(&r.counters, e.key, false, e.decision);
+                    }
+                }
+            }
+            self.start_blocks(&mut entries);
+            return Verdict::Reject(response::reject(
+                &self.rules,
+                self.headers,
+                self.responder.as_ref(),
+                grpc,
+                shed,
+                &entries,
+            ));
+        }
+        for i in counted {
+            let e = &entries[i];
+            let r = &self.rules[usize::from(e.rule)];
+            bump(&r.counters.allowed);
+            if e.untracked {
+                bump(&r.counters.untracked);
+            }
+            #[cfg(feature = "metrics")]
+            stats::observe(
+                &r.counters,
+                e.decision,
+                if r.conc.is_some() { None } else { r.local() },
+            );
+        }
+        if entries.iter().any(|e| e.shadow) {
+            self.check_shadow(&mut entries);
+        }
+        if self.decisions_extension {
+            *insert = Some(RateLimitInfo::of(&self.names, &entries));
+        }
+        let mut after = self.after::<true>(&entries);
+        let permits: Permits<C> = taken.into_iter().flatten().collect();
+        if !permits.is_empty() {
+            let a = after.get_or_insert_with(|| After {
+                headers: Admitted::NONE,
+                later: None,
+            });
+            let shared: Arc<dyn super::engine::Refunds> = self.clone();
+            a.later
+                .get_or_insert_with(|| Box::new(Later::new(shared)))
+                .held = Some(Held::new(permits));
+        }
+        Verdict::Pass(after)
+    }
+
+    /// The rule of the entry whose cost can never pass: its cost is above
+    /// `capacity` (a concurrency rule's maximum now, or a policy's limit).
+    fn culprit(&self, entries: &[Entry], capacity: u64) -> u16 {
+        entries
+            .iter()
+            .filter(|e| !e.shadow)
+            .find(|e| {
+                let r = &self.rules[usize::from(e.rule)];
+                let cap = r
+                    .conc
+                    .as_ref()
+                    .map_or(r.rule.policy.limit(), ConcLimit::max);
+                e.cost > cap || (r.conc.is_some() && e.cost > capacity)
+            })
+            .map_or(entries[0].rule, |e| e.rule)
+    }
+}
