@@ -15,7 +15,6 @@ use axum::Router;
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body::Frame;
 use http_body_util::BodyExt;
-use hyper_util::rt::TokioIo;
 use ratewall::http::{ClientIp, Key, LayerConfig, RateLimitLayer, Rule, RuleConfig};
 use ratewall::{Adaptive, ManualClock, Policy, Priority, Rate};
 use std::net::SocketAddr;
@@ -24,8 +23,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
-use support::http_client::serve;
-use tokio::net::TcpStream;
+use support::http_client::{send, serve};
 use tokio::sync::Semaphore;
 use tower::{Service, ServiceExt};
 
@@ -66,21 +64,8 @@ async fn head(
     path: &str,
     headers: &[(&str, &str)],
 ) -> Response<hyper::body::Incoming> {
-    let stream = TcpStream::connect(addr).await.unwrap();
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    let mut req = Request::builder()
-        .uri(path)
-        .header("host", addr.to_string());
-    for (k, v) in headers {
-        req = req.header(*k, *v);
-    }
-    sender
-        .send_request(req.body(http_body_util::Empty::<Bytes>::new()).unwrap())
-        .await
-        .unwrap()
+    let bytes: Vec<(&str, &[u8])> = headers.iter().map(|(k, v)| (*k, v.as_bytes())).collect();
+    send(addr, "GET", path, &bytes).await
 }
 
 /// `GET path` to the end of its body.
@@ -178,9 +163,14 @@ async fn the_limit_is_reached_and_never_exceeded_under_parallel_slow_requests() 
     server.await.unwrap();
 }
 
-/// A server whose `/hold` requests wait until the test lets them go.
-fn gated(layer: &RateLimitLayer<ManualClock>, gate: Arc<Semaphore>) -> Router {
-    Router::new()
+/// `extra`'s routes, `/` and `/hold`, whose requests wait until the test
+/// lets them go (one permit of `gate` each), behind `layer`.
+fn gated<C: ratewall::Clock + 'static>(
+    layer: &RateLimitLayer<C>,
+    gate: Arc<Semaphore>,
+    extra: Router,
+) -> Router {
+    extra
         .route(
             "/hold",
             get(move || {
@@ -195,25 +185,41 @@ fn gated(layer: &RateLimitLayer<ManualClock>, gate: Arc<Semaphore>) -> Router {
         .layer(layer.clone())
 }
 
+/// A layer with a per-IP rate rule `ip` (`rate`) and a global
+/// concurrency rule `db` of `max`, on a manual clock.
+fn ip_and_db(clock: &ManualClock, rate: Rate, max: u64) -> RateLimitLayer<ManualClock> {
+    RateLimitLayer::builder()
+        .clock(clock.clone())
+        .rule(Rule::per_ip("ip", Policy::token_bucket(rate)))
+        .rule(Rule::concurrent("db", Key::global(), max))
+        .build()
+        .unwrap()
+}
+
+/// `GET /hold` in a task, once rule `rule` of `layer` has `n` in flight.
+async fn hold<C: ratewall::Clock>(
+    addr: SocketAddr,
+    layer: &RateLimitLayer<C>,
+    rule: usize,
+    n: u64,
+) -> tokio::task::JoinHandle<Seen> {
+    let held = tokio::spawn(async move { get_(addr, "/hold", &[]).await });
+    in_flight_becomes(layer, rule, n).await;
+    held
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_denied_by_either_kind_of_rule_takes_nothing_from_the_other() {
     let clock = ManualClock::new();
-    let layer = RateLimitLayer::builder()
-        .clock(clock.clone())
-        .rule(Rule::per_ip(
-            "ip",
-            Policy::token_bucket(Rate::per_minute(5).burst(5)),
-        ))
-        .rule(Rule::concurrent("db", Key::global(), 2))
-        .build()
-        .unwrap();
+    let layer = ip_and_db(&clock, Rate::per_minute(5).burst(5), 2);
     let gate = Arc::new(Semaphore::new(0));
-    let (addr, stop, server) = serve("127.0.0.1:0", gated(&layer, gate.clone())).await;
+    let (addr, stop, server) =
+        serve("127.0.0.1:0", gated(&layer, gate.clone(), Router::new())).await;
     // Two requests hold both permits (and 2 of the 5 rate units).
-    let held: Vec<_> = (0..2)
-        .map(|_| tokio::spawn(async move { get_(addr, "/hold", &[]).await }))
-        .collect();
-    in_flight_becomes(&layer, 1, 2).await;
+    let held = [
+        hold(addr, &layer, 1, 1).await,
+        hold(addr, &layer, 1, 2).await,
+    ];
     // Shed by the concurrency rule: no rate unit taken (3 times).
     for _ in 0..3 {
         let shed = get_(addr, "/", &[]).await;
@@ -258,7 +264,8 @@ async fn a_client_over_its_own_concurrency_limit_gets_429_and_others_pass() {
         .build()
         .unwrap();
     let gate = Arc::new(Semaphore::new(0));
-    let (addr, stop, server) = serve("127.0.0.1:0", gated(&layer, gate.clone())).await;
+    let (addr, stop, server) =
+        serve("127.0.0.1:0", gated(&layer, gate.clone(), Router::new())).await;
     let a = [("x-forwarded-for", "198.51.100.1")];
     let b = [("x-forwarded-for", "198.51.100.2")];
     let held = tokio::spawn(async move { get_(addr, "/hold", &a).await });
@@ -302,21 +309,8 @@ async fn a_later_concurrency_rule_that_sheds_gives_back_the_earlier_ones_permit(
         .build()
         .unwrap();
     let gate = Arc::new(Semaphore::new(0));
-    let app = Router::new()
-        .route(
-            "/hold",
-            get(move || {
-                let gate = gate.clone();
-                async move {
-                    gate.acquire().await.unwrap().forget();
-                    "held"
-                }
-            }),
-        )
-        .layer(layer.clone());
-    let (addr, stop, server) = serve("127.0.0.1:0", app).await;
-    let _held = tokio::spawn(async move { get_(addr, "/hold", &[]).await });
-    in_flight_becomes(&layer, 1, 1).await;
+    let (addr, stop, server) = serve("127.0.0.1:0", gated(&layer, gate, Router::new())).await;
+    let _held = hold(addr, &layer, 1, 1).await;
     for _ in 0..4 {
         let shed = get_(addr, "/hold", &[]).await;
         assert_eq!(shed.status, StatusCode::SERVICE_UNAVAILABLE);
@@ -334,17 +328,10 @@ async fn a_later_concurrency_rule_that_sheds_gives_back_the_earlier_ones_permit(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn headers_are_exact_and_a_shed_request_gets_the_drafts_503() {
     let clock = ManualClock::new();
-    let layer = RateLimitLayer::builder()
-        .clock(clock.clone())
-        .rule(Rule::per_ip(
-            "ip",
-            Policy::token_bucket(Rate::per_minute(60).burst(10)),
-        ))
-        .rule(Rule::concurrent("db", Key::global(), 1))
-        .build()
-        .unwrap();
+    let layer = ip_and_db(&clock, Rate::per_minute(60).burst(10), 1);
     let gate = Arc::new(Semaphore::new(0));
-    let (addr, stop, server) = serve("127.0.0.1:0", gated(&layer, gate.clone())).await;
+    let (addr, stop, server) =
+        serve("127.0.0.1:0", gated(&layer, gate.clone(), Router::new())).await;
     let ok = get_(addr, "/", &[]).await;
     assert_eq!(ok.status, StatusCode::OK);
     assert_eq!(
@@ -352,8 +339,7 @@ async fn headers_are_exact_and_a_shed_request_gets_the_drafts_503() {
         Some("\"ip\";q=10;w=10, \"db\";q=1;qu=\"concurrent-requests\"")
     );
     assert_eq!(ok.header("ratelimit"), Some("\"ip\";r=9;t=1, \"db\";r=0"));
-    let held = tokio::spawn(async move { get_(addr, "/hold", &[]).await });
-    in_flight_becomes(&layer, 1, 1).await;
+    let held = hold(addr, &layer, 1, 1).await;
     let shed = get_(addr, "/", &[]).await;
     assert_eq!(shed.status, StatusCode::SERVICE_UNAVAILABLE);
     // Only the rule that shed the request; no `t`; Retry-After at least 1 s.
@@ -387,30 +373,17 @@ async fn retry_after_of_a_shed_request_is_the_mean_hold_time_rounded_up() {
         .build()
         .unwrap();
     let gate = Arc::new(Semaphore::new(0));
-    let slow = Router::new()
-        .route(
-            "/slow",
-            get(|| async {
-                tokio::time::sleep(Duration::from_millis(2_100)).await;
-                "slow"
-            }),
-        )
-        .route(
-            "/hold",
-            get(move || {
-                let gate = gate.clone();
-                async move {
-                    gate.acquire().await.unwrap().forget();
-                    "held"
-                }
-            }),
-        )
-        .layer(layer.clone());
-    let (addr, stop, server) = serve("127.0.0.1:0", slow).await;
+    let slow = Router::new().route(
+        "/slow",
+        get(|| async {
+            tokio::time::sleep(Duration::from_millis(2_100)).await;
+            "slow"
+        }),
+    );
+    let (addr, stop, server) = serve("127.0.0.1:0", gated(&layer, gate, slow)).await;
     // The first permit back is always timed: a mean hold time of 2.1 s.
     assert_eq!(get_(addr, "/slow", &[]).await.status, StatusCode::OK);
-    let _held = tokio::spawn(async move { get_(addr, "/hold", &[]).await });
-    in_flight_becomes(&layer, 0, 1).await;
+    let _held = hold(addr, &layer, 0, 1).await;
     let shed = get_(addr, "/slow", &[]).await;
     assert_eq!(shed.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(shed.header("retry-after"), Some("3"));
