@@ -26,7 +26,7 @@ use super::info::RateLimitInfo;
 use super::response;
 use super::stats::{self, bump};
 use crate::clock::Clock;
-use crate::decision::Decision;
+use crate::decision::{Decision, Tracking};
 use crate::error::InsufficientCapacity;
 use crate::multi::{check_set, LimitSet};
 use http::HeaderMap;
@@ -126,7 +126,12 @@ impl<C: Clock> LimitSet<C> for MixedSet<'_, C> {
     fn decide_taken(&mut self, i: usize, d: Decision) {
         match i.checked_sub(self.rates) {
             None => self.rate.decide_taken(i, d),
-            Some(_) => self.decide(i, Some(d)),
+            Some(j) => {
+                let e = &mut self.rate.entries[usize::from(self.conc[j])];
+                // A key admitted untracked (a full keyed table), counted.
+                e.untracked = d.tracking() == Tracking::Untracked;
+                e.decision = Some(d);
+            }
         }
     }
 }

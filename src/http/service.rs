@@ -289,6 +289,7 @@ type CallSlot<F> = std::marker::PhantomData<F>;
 /// Writes an admitted request's headers into its response, gives back the
 /// units of count-only-failures rules when the response succeeded, and
 /// moves the permits of concurrency rules into the body.
+#[inline]
 fn apply_after<B>(mut res: Response<B>, after: &mut Option<After>) -> Response<ResponseBody<B>> {
     let Some(after) = after.take() else {
         return res.map(ResponseBody::new);
