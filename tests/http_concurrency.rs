@@ -804,3 +804,73 @@ async fn concurrency_rules_come_from_the_configuration_file() {
     let msg = bad(&|r| r.adaptive = Some("vegas".into())).to_string();
     assert!(msg.contains("vegas FLOOR..CEILING"), "{msg}");
 }
+
+/// With `metrics`, a concurrency rule's outcomes are the facade's counters,
+/// one label set per outcome: allowed, denied (429) and shed (503).
+#[cfg(feature = "metrics")]
+#[tokio::test]
+async fn concurrency_outcomes_are_metrics() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snap = recorder.snapshotter();
+    let layer = metrics::with_local_recorder(&recorder, || {
+        RateLimitLayer::builder()
+            .rule(Rule::concurrent("all", Key::global(), 1))
+            .rule(Rule::concurrent("per-ip", Key::client_ip(), 1).on_path_prefix("/ip"))
+            .build()
+            .unwrap()
+    });
+    let svc = raw_service(&layer);
+    let held = svc.clone().oneshot(request("/")).await.unwrap();
+    for _ in 0..3 {
+        let shed = svc.clone().oneshot(request("/")).await.unwrap();
+        assert_eq!(shed.status(), StatusCode::SERVICE_UNAVAILABLE);
+    }
+    drop(held);
+    let mine = svc.clone().oneshot(request("/ip")).await.unwrap();
+    // `all` admits it; `per-ip` has its 1 permit out.
+    let other = svc.clone().oneshot(request("/ip")).await.unwrap();
+    assert_eq!(
+        other.status(),
+        StatusCode::SERVICE_UNAVAILABLE,
+        "`all` is full first"
+    );
+    drop((mine, other));
+    let counts: Vec<(String, String, u64)> = snap
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(k, ..)| k.key().name() == "ratewall_http_requests_total")
+        .filter_map(|(k, _, _, v)| {
+            let label = |name: &str| {
+                k.key()
+                    .labels()
+                    .find(|l| l.key() == name)
+                    .map(|l| l.value().to_owned())
+            };
+            match v {
+                DebugValue::Counter(n) if n > 0 => Some((label("rule")?, label("outcome")?, n)),
+                _ => None,
+            }
+        })
+        .collect();
+    let s = layer.stats();
+    for (rule, outcome, n) in &counts {
+        let st = s.iter().find(|x| x.name() == rule).unwrap();
+        let want = match outcome.as_str() {
+            "allowed" => st.allowed(),
+            "shed" => st.shed(),
+            "denied" => st.denied(),
+            _ => continue,
+        };
+        assert_eq!(*n, want, "{rule} {outcome}");
+    }
+    assert!(
+        counts.contains(&("all".into(), "shed".into(), 4)),
+        "{counts:?}"
+    );
+    assert!(
+        counts.contains(&("all".into(), "allowed".into(), 2)),
+        "{counts:?}"
+    );
+}
