@@ -536,14 +536,6 @@ impl<C: Clock + Clone> RateLimitBuilder<C> {
             rules[i].tiers = Some(Box::new(pick));
         }
         let concurrent = rules.iter().any(|r| r.conc.is_some());
-        if let (true, Some(r)) = (concurrent, rules.iter().find(|r| r.local().is_none())) {
-            return Err(HttpConfigError::Policy {
-                rule: r.rule.name.clone(),
-                error: ConfigError::Incompatible {
-                    reason: "a layer with concurrency rules cannot have Redis rules yet: put the Redis rules in a layer of their own, outside this one",
-                },
-            });
-        }
         let extras = concurrent
             || rules
                 .iter()

@@ -138,7 +138,7 @@ impl<C: Clock + Clone> ConcLimit<C> {
 
 impl<C: Clock> ConcLimit<C> {
     /// The class of a request: from the rule's header, else normal.
-    fn class_of(&self, headers: &HeaderMap) -> Priority {
+    pub(super) fn class_of(&self, headers: &HeaderMap) -> Priority {
         let Some(name) = &self.priority else {
             return Priority::Normal;
         };
@@ -175,17 +175,17 @@ impl<C: Clock> ConcLimit<C> {
         }
     }
 
-    /// Takes `n` permits for `key` (a request whose headers are
-    /// `headers`), if they fit.
+    /// Takes `n` permits for `key` (a request of class `class`), if they
+    /// fit.
     pub(super) fn acquire(
         &self,
         key: u128,
         n: u64,
-        headers: &HeaderMap,
+        class: Priority,
     ) -> Result<(Decision, Option<Permit<C>>), InsufficientCapacity> {
         Ok(match &self.limiter {
             Limiter::One(l) => {
-                let a = l.try_acquire_owned_with(n, self.class_of(headers))?;
+                let a = l.try_acquire_owned_with(n, class)?;
                 (a.decision(), a.into_permit().map(Permit::One))
             }
             Limiter::Keyed(l) => {
@@ -217,6 +217,11 @@ impl<C: Clock> ConcLimit<C> {
 trait Release: Send + Sync {
     fn release(&mut self, outcome: Outcome);
 }
+
+/// The request class of each entry of a request (a concurrency rule's,
+/// from its priority header; `Normal` for the others), read before the
+/// check so that the Redis path need not keep the request's headers.
+pub(super) type Classes = SmallVec<[Priority; 4]>; // 4: `compiled::INLINE_RULES`
 
 /// The permits of one request, one per concurrency rule it matched.
 pub(super) type Permits<C> = SmallVec<[Permit<C>; 2]>;

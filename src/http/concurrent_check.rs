@@ -19,13 +19,14 @@
 //! outcome from the response: `2xx`/`3xx` success, `5xx` or an inner
 //! service or body error dropped, `4xx` or a client that went away ignored.
 use super::compiled::{Entries, Entry, INLINE_RULES};
-use super::concurrent::{ConcLimit, Held, Permit, Permits};
-use super::engine::{After, Later, LocalSet, RequestHead, Shared, Verdict};
+use super::concurrent::{Classes, ConcLimit, Held, Permit, Permits};
+use super::engine::{After, Later, LocalSet, Refunds, RequestHead, Shared, Verdict};
 use super::headers::Admitted;
 use super::info::RateLimitInfo;
 use super::response;
 use super::stats::{self, bump};
 use crate::clock::Clock;
+use crate::concurrency::Priority;
 use crate::decision::{Decision, Tracking};
 use crate::error::InsufficientCapacity;
 use crate::multi::{check_set, LimitSet};
@@ -43,7 +44,8 @@ struct MixedSet<'a, C: Clock> {
     rates: usize,
     /// The entry index of each concurrency entry.
     conc: &'a [u16],
-    headers: &'a HeaderMap,
+    /// Each entry's request class.
+    classes: &'a [Priority],
     taken: RefCell<SmallVec<[Option<Permit<C>>; 2]>>,
 }
 
@@ -84,7 +86,8 @@ impl<C: Clock> LimitSet<C> for MixedSet<'_, C> {
         let Some(l) = self.limit(j) else {
             return Ok(Decision::allow(u64::MAX, u64::MAX, 0));
         };
-        let (d, permit) = l.acquire(self.entry(j).key, n, self.headers)?;
+        let at = usize::from(self.conc[j]);
+        let (d, permit) = l.acquire(self.entry(j).key, n, self.classes[at])?;
         self.taken.borrow_mut()[j] = permit;
         Ok(d)
     }
@@ -137,9 +140,23 @@ impl<C: Clock> LimitSet<C> for MixedSet<'_, C> {
 }
 
 impl<C: Clock + 'static> Shared<C> {
-    /// The check of a request in a layer with concurrency rules (the
-    /// module docs): rate and concurrency rules all or nothing, then
-    /// shadow rules, the extension, the headers and the permits.
+    /// Each entry's request class.
+    pub(super) fn classes(&self, entries: &[Entry], headers: &HeaderMap) -> Classes {
+        entries
+            .iter()
+            .map(|e| {
+                self.rules[usize::from(e.rule)]
+                    .conc
+                    .as_ref()
+                    .map_or(Priority::Normal, |c| c.class_of(headers))
+            })
+            .collect()
+    }
+
+    /// The check of a request in a layer with concurrency rules and no
+    /// Redis rule matched (the module docs): the local rules all or
+    /// nothing, then shadow rules, the extension, the headers and the
+    /// permits.
     #[inline(never)]
     pub(super) fn check_concurrent(
         self: &Arc<Self>,
@@ -147,81 +164,11 @@ impl<C: Clock + 'static> Shared<C> {
         req: &RequestHead<'_>,
         insert: &mut Option<RateLimitInfo>,
     ) -> Verdict {
-        let is_conc = |e: &Entry| self.rules[usize::from(e.rule)].conc.is_some();
-        let pick = |conc: bool| -> SmallVec<[u16; INLINE_RULES]> {
-            (0..entries.len())
-                .filter(|&i| !entries[i].shadow && is_conc(&entries[i]) == conc)
-                // Fits: at most one entry per rule, and at most u16::MAX rules.
-                .map(|i| i as u16)
-                .collect()
-        };
-        let (rate_map, conc_map) = (pick(false), pick(true));
-        let mut set = MixedSet {
-            rate: LocalSet {
-                rules: &self.rules,
-                entries: &mut entries,
-                map: Some(&rate_map),
-                unit_costs: false,
-                keep: true,
-            },
-            rates: rate_map.len(),
-            conc: &conc_map,
-            headers: req.headers,
-            taken: RefCell::new(conc_map.iter().map(|_| None).collect()),
-        };
-        let checked = check_set(&mut set);
-        let taken = set.taken.into_inner();
-        let grpc = response::is_grpc(req.headers);
-        let allowed = match checked {
-            Ok(allowed) => allowed,
-            Err(e) => {
-                let culprit = self.culprit(&entries, e.capacity);
-                bump(&self.rules[usize::from(culprit)].counters.errors);
-                return Verdict::Reject(response::cost_too_high(
-                    &self.rules[usize::from(culprit)].rule.name,
-                    e.requested,
-                    e.capacity,
-                ));
-            }
-        };
-        let counted = rate_map.iter().chain(&conc_map).map(|&i| usize::from(i));
-        if !allowed {
-            let mut shed = false;
-            for i in counted {
-                let e = &entries[i];
-                let r = &self.rules[usize::from(e.rule)];
-                if e.decision.is_some_and(|d| !d.is_allowed()) {
-                    if r.conc.as_ref().is_some_and(|c| c.sheds) {
-                        shed = true;
-                        bump(&r.counters.shed);
-                    } else {
-                        stats::denied(&r.counters, e.key, false, e.decision);
-                    }
-                }
-            }
-            self.start_blocks(&mut entries);
-            return Verdict::Reject(response::reject(
-                &self.rules,
-                self.headers,
-                self.responder.as_ref(),
-                grpc,
-                shed,
-                &entries,
-            ));
-        }
-        for i in counted {
-            let e = &entries[i];
-            let r = &self.rules[usize::from(e.rule)];
-            bump(&r.counters.allowed);
-            if e.untracked {
-                bump(&r.counters.untracked);
-            }
-            #[cfg(feature = "metrics")]
-            stats::observe(
-                &r.counters,
-                e.decision,
-                if r.conc.is_some() { None } else { r.local() },
-            );
+        let classes = self.classes(&entries, req.headers);
+        let (checked, held) = self.check_mixed(&mut entries, &classes);
+        if !matches!(checked, Ok(true)) {
+            let grpc = response::is_grpc(req.headers);
+            return Verdict::Reject(self.refused(checked, &mut entries, grpc));
         }
         if entries.iter().any(|e| e.shadow) {
             self.check_shadow(&mut entries);
@@ -230,18 +177,106 @@ impl<C: Clock + 'static> Shared<C> {
             *insert = Some(RateLimitInfo::of(&self.names, &entries));
         }
         let mut after = self.after::<true>(&entries);
-        let permits: Permits<C> = taken.into_iter().flatten().collect();
-        if !permits.is_empty() {
-            let a = after.get_or_insert_with(|| After {
-                headers: Admitted::NONE,
-                later: None,
-            });
-            let shared: Arc<dyn super::engine::Refunds> = self.clone();
-            a.later
-                .get_or_insert_with(|| Box::new(Later::new(shared)))
-                .held = Some(Held::new(permits));
-        }
+        self.hold(&mut after, held);
         Verdict::Pass(after)
+    }
+
+    /// The local enforced entries, rate and concurrency, all or nothing
+    /// ([`check_enforced`](Shared::check_enforced)'s contract, counted the
+    /// same way; a shed request counted as shed), and the permits of an
+    /// admitted request.
+    pub(super) fn check_mixed(
+        &self,
+        entries: &mut [Entry],
+        classes: &[Priority],
+    ) -> (Result<bool, (u16, InsufficientCapacity)>, Option<Held>) {
+        let kind = |e: &Entry| {
+            let r = &self.rules[usize::from(e.rule)];
+            match (e.shadow, r.conc.is_some(), r.local().is_some()) {
+                (true, ..) | (false, false, false) => None,
+                (false, conc, true) => Some(conc),
+                (false, true, false) => Some(true),
+            }
+        };
+        let pick = |conc: bool| -> SmallVec<[u16; INLINE_RULES]> {
+            (0..entries.len())
+                .filter(|&i| kind(&entries[i]) == Some(conc))
+                // Fits: at most one entry per rule, and at most u16::MAX rules.
+                .map(|i| i as u16)
+                .collect()
+        };
+        let (rate_map, conc_map) = (pick(false), pick(true));
+        let mut set = MixedSet {
+            rate: LocalSet {
+                rules: &self.rules,
+                entries,
+                map: Some(&rate_map),
+                unit_costs: false,
+                keep: true,
+            },
+            rates: rate_map.len(),
+            conc: &conc_map,
+            classes,
+            taken: RefCell::new(conc_map.iter().map(|_| None).collect()),
+        };
+        let checked = check_set(&mut set);
+        let taken = set.taken.into_inner();
+        let allowed = match checked {
+            Ok(allowed) => allowed,
+            Err(e) => return (Err((self.culprit(entries, e.capacity), e)), None),
+        };
+        for i in rate_map.iter().chain(&conc_map).map(|&i| usize::from(i)) {
+            let e = &entries[i];
+            let r = &self.rules[usize::from(e.rule)];
+            if allowed {
+                bump(&r.counters.allowed);
+                if e.untracked {
+                    bump(&r.counters.untracked);
+                }
+                #[cfg(feature = "metrics")]
+                stats::observe(
+                    &r.counters,
+                    e.decision,
+                    if r.conc.is_some() { None } else { r.local() },
+                );
+            } else if e.decision.is_some_and(|d| !d.is_allowed()) {
+                if r.conc.as_ref().is_some_and(|c| c.sheds) {
+                    bump(&r.counters.shed);
+                } else {
+                    stats::denied(&r.counters, e.key, false, e.decision);
+                }
+            }
+        }
+        let permits: Permits<C> = taken.into_iter().flatten().collect();
+        let held = (allowed && !permits.is_empty()).then(|| Held::new(permits));
+        (Ok(allowed), held)
+    }
+
+    /// Whether a concurrency rule shared by every client denied the
+    /// request (it is shed with `503`, not refused with `429`).
+    pub(super) fn shed(&self, entries: &[Entry]) -> bool {
+        entries.iter().any(|e| {
+            !e.shadow
+                && e.decision.is_some_and(|d| !d.is_allowed())
+                && self.rules[usize::from(e.rule)]
+                    .conc
+                    .as_ref()
+                    .is_some_and(|c| c.sheds)
+        })
+    }
+
+    /// Puts an admitted request's permits where its response will take
+    /// them.
+    pub(super) fn hold(self: &Arc<Self>, after: &mut Option<After>, held: Option<Held>) {
+        let Some(held) = held else { return };
+        let a = after.get_or_insert_with(|| After {
+            headers: Admitted::NONE,
+            later: None,
+        });
+        let shared: Arc<dyn Refunds> = self.clone();
+        a.later
+            .get_or_insert_with(|| Box::new(Later::new(shared)))
+            .held = Some(held);
     }
 
     /// The rule of the entry whose cost can never pass: its cost is above

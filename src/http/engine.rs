@@ -14,6 +14,8 @@
 
 use super::client_ip::{Cidr, ClientIp, Resolved};
 use super::compiled::{Compiled, Entries, Entry, INLINE_RULES};
+#[cfg(feature = "redis")]
+use super::concurrent::Classes;
 use super::concurrent::Held;
 use super::headers::{Admitted, Headers};
 use super::info::RateLimitInfo;
@@ -379,8 +381,12 @@ impl<C: Clock + 'static> Shared<C> {
             if let Some(blocked) = self.tiers_and_blocks(&mut entries, req) {
                 return Verdict::Reject(blocked);
             }
-            // A layer with concurrency rules (never with Redis rules).
-            if self.concurrent {
+            // A layer with concurrency rules (`concurrent_check.rs`).
+            #[cfg(feature = "redis")]
+            let local_only = remote_keys.is_empty();
+            #[cfg(not(feature = "redis"))]
+            let local_only = true;
+            if self.concurrent && local_only {
                 return self.check_concurrent(entries, req, insert);
             }
         }
@@ -388,26 +394,17 @@ impl<C: Clock + 'static> Shared<C> {
         if !remote_keys.is_empty() {
             let shared = self.clone();
             let grpc = response::is_grpc(req.headers);
+            let classes = self.classes(&entries, req.headers);
             return Verdict::Remote(Box::pin(async move {
-                shared.check_remote(entries, remote_keys, grpc).await
+                shared
+                    .check_remote(entries, remote_keys, grpc, classes)
+                    .await
             }));
         }
-        match self.check_enforced(&mut entries, self.keep_decisions) {
-            Ok(true) => {}
-            Ok(false) => {
-                if self.extras {
-                    self.start_blocks(&mut entries);
-                }
-                return Verdict::Reject(self.reject(response::is_grpc(req.headers), &entries));
-            }
-            Err((rule, e)) => {
-                bump(&self.rules[usize::from(rule)].counters.errors);
-                return Verdict::Reject(response::cost_too_high(
-                    &self.rules[usize::from(rule)].rule.name,
-                    e.requested,
-                    e.capacity,
-                ));
-            }
+        let checked = self.check_enforced(&mut entries, self.keep_decisions);
+        if !matches!(checked, Ok(true)) {
+            let grpc = response::is_grpc(req.headers);
+            return Verdict::Reject(self.refused(checked, &mut entries, grpc));
         }
         if !self.plain && entries.iter().any(|e| e.shadow) {
             self.check_shadow(&mut entries);
@@ -637,7 +634,37 @@ impl<C: Clock + 'static> Shared<C> {
         }
     }
 
-    /// The 429 for a request the enforced rules denied.
+    /// The answer to a request the local enforced rules did not admit
+    /// (`checked`: a denial, or a cost that can never pass): its lockouts
+    /// started, then the 429 (or a shed request's 503), or the 413.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn refused(
+        &self,
+        checked: Result<bool, (u16, InsufficientCapacity)>,
+        entries: &mut [Entry],
+        grpc: bool,
+    ) -> Response<Bytes> {
+        match checked {
+            Err((rule, e)) => {
+                bump(&self.rules[usize::from(rule)].counters.errors);
+                response::cost_too_high(
+                    &self.rules[usize::from(rule)].rule.name,
+                    e.requested,
+                    e.capacity,
+                )
+            }
+            _ => {
+                if self.extras {
+                    self.start_blocks(entries);
+                }
+                self.reject(grpc, entries)
+            }
+        }
+    }
+
+    /// The 429 for a request the enforced rules denied (the 503 of one a
+    /// concurrency rule shared by every client shed).
     #[inline]
     fn reject(&self, grpc: bool, entries: &[Entry]) -> Response<Bytes> {
         response::reject(
@@ -645,7 +672,7 @@ impl<C: Clock + 'static> Shared<C> {
             self.headers,
             self.responder.as_ref(),
             grpc,
-            false,
+            self.concurrent && self.shed(entries),
             entries,
         )
     }
@@ -678,6 +705,7 @@ impl<C: Clock + 'static> Shared<C> {
         mut entries: Entries,
         keys: Vec<(usize, Vec<u8>)>,
         grpc: bool,
+        classes: Classes,
     ) -> (Verdict, Option<RateLimitInfo>) {
         let rule_of = |e: &Entry| &self.rules[usize::from(e.rule)];
         let mut sources: Vec<(usize, DecisionSource)> = Vec::with_capacity(keys.len());
@@ -738,9 +766,14 @@ impl<C: Clock + 'static> Shared<C> {
                 }
             }
         }
-        // 2. The local enforced rules, synchronously; a denial gives the
-        // Redis units back (to where they were taken).
-        let local = self.check_enforced(&mut entries, true);
+        // 2. The local enforced rules (with concurrency rules, all or nothing
+        // with them), synchronously; a denial gives the Redis units back (to
+        // where they were taken).
+        let (local, held) = if self.concurrent {
+            self.check_mixed(&mut entries, &classes)
+        } else {
+            (self.check_enforced(&mut entries, true), None)
+        };
         if !matches!(local, Ok(true)) {
             let give_backs = idx.iter().zip(&triples).zip(&sources).filter_map(
                 |((&i, &(l, k, cost)), &(_, source))| {
@@ -751,21 +784,10 @@ impl<C: Clock + 'static> Shared<C> {
             // A give-back Redis cannot take follows the limiter's failure
             // policy; the capacity then comes back as the limit refills.
             let _ = join_all(give_backs).await;
-            let res = match local {
-                Err((rule, e)) => {
-                    bump(&self.rules[usize::from(rule)].counters.errors);
-                    response::cost_too_high(
-                        &self.rules[usize::from(rule)].rule.name,
-                        e.requested,
-                        e.capacity,
-                    )
-                }
-                _ => {
-                    self.start_blocks(&mut entries);
-                    self.reject(grpc, &entries)
-                }
-            };
-            return (Verdict::Reject(res), None);
+            return (
+                Verdict::Reject(self.refused(local, &mut entries, grpc)),
+                None,
+            );
         }
         for &i in &idx {
             let c = &rule_of(&entries[i]).counters;
@@ -813,7 +835,12 @@ impl<C: Clock + 'static> Shared<C> {
             info
         });
         // 4. Headers, and the refunds of count-only-failures rules.
-        let mut after = self.after::<false>(&entries);
+        let mut after = if self.concurrent {
+            self.after::<true>(&entries)
+        } else {
+            self.after::<false>(&entries)
+        };
+        self.hold(&mut after, held);
         let refunds: RemoteRefunds = keys
             .iter()
             .filter_map(|(i, k)| {
