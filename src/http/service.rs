@@ -4,6 +4,7 @@
 //! calls the inner service, and writes the headers and refunds into its
 //! response.
 
+use super::concurrent::Held;
 #[cfg(feature = "redis")]
 use super::engine::RemoteCheck;
 use super::engine::{After, RequestHead, Shared, Verdict};
@@ -288,12 +289,11 @@ type CallSlot<F> = std::marker::PhantomData<F>;
 
 /// Writes an admitted request's headers into its response, gives back the
 /// units of count-only-failures rules when the response succeeded, and
-/// moves the permits of concurrency rules into the body.
-#[inline]
-fn apply_after<B>(mut res: Response<B>, after: &mut Option<After>) -> Response<ResponseBody<B>> {
-    let Some(after) = after.take() else {
-        return res.map(ResponseBody::new);
-    };
+/// returns the permits of concurrency rules, for the body to hold. (The
+/// response is written in place: moving it in and out cost the rate-only
+/// path about 40 instructions per request.)
+fn apply_after<B>(res: &mut Response<B>, after: &mut Option<After>) -> Option<Held> {
+    let after = after.take()?;
     after.headers.write(res.headers_mut());
     if let Some(later) = after.later {
         let s = res.status();
@@ -308,10 +308,10 @@ fn apply_after<B>(mut res: Response<B>, after: &mut Option<After>) -> Response<R
         }
         if let Some(mut held) = later.held {
             held.responded(s);
-            return res.map(|b| ResponseBody::holding(b, held));
+            return Some(held);
         }
     }
-    res.map(ResponseBody::new)
+    None
 }
 
 /// The inner service failed: an admitted request's permits are released
@@ -333,7 +333,7 @@ where
     {
         match state {
             StateProj::Inner { fut, after } => {
-                let res = match ready!(fut.poll(cx)) {
+                let mut res = match ready!(fut.poll(cx)) {
                     Ok(res) => res,
                     Err(e) => {
                         inner_failed(after);
@@ -343,7 +343,9 @@ where
                 // Tested before it is taken: `take` would read the whole
                 // (large) value even when there is none.
                 if after.is_some() {
-                    return Poll::Ready(Ok(apply_after(res, after)));
+                    if let Some(held) = apply_after(&mut res, after) {
+                        return Poll::Ready(Ok(res.map(|b| ResponseBody::holding(b, held))));
+                    }
                 }
                 Poll::Ready(Ok(res.map(ResponseBody::new)))
             }
