@@ -456,7 +456,7 @@ impl<C: Clock + Clone> RateLimitBuilder<C> {
                     if let (false, Some(reason)) = (c.on_rate_rule, not_for_concurrency(&rule)) {
                         return Err(policy_error(ConfigError::Incompatible { reason }));
                     }
-                    let built = ConcLimit::build(&self.clock, &rule.key, rule.table, c);
+                    let built = ConcLimit::build(&self.clock, &name, &rule.key, rule.table, c);
                     Some(built.map_err(|e| match e {
                         ConcError::Config(error) => policy_error(error),
                         ConcError::BadHeader => {
@@ -506,7 +506,7 @@ impl<C: Clock + Clone> RateLimitBuilder<C> {
                 let mut item = Buf::new();
                 item.concurrency_policy_item(&compiled.rule.name, c.quota());
                 compiled.policy_item = item.value();
-                compiled.conc = Some(c);
+                compiled.conc = Some(Box::new(c));
             }
             rules.push(compiled);
         }

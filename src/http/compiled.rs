@@ -58,8 +58,10 @@ pub(super) struct Compiled<C: Clock> {
     pub(super) lockout: Option<Lockout<C>>,
     /// A concurrency rule's limit. Such a rule's `limit` is an unused
     /// one-key table: keeping [`RuleLimit`] a single variant without Redis
-    /// keeps `local()` free of a branch on every rate check.
-    pub(super) conc: Option<ConcLimit<C>>,
+    /// keeps `local()` free of a branch on every rate check. Boxed: inline,
+    /// it would grow every rule past its cache lines (1,920 bytes), and
+    /// the rate-only check's cost with the stride.
+    pub(super) conc: Option<Box<ConcLimit<C>>>,
 }
 
 impl<C: Clock> Compiled<C> {
@@ -99,7 +101,10 @@ pub(super) fn stats<C: Clock>(rules: &[Compiled<C>]) -> Vec<RuleStats> {
                 .iter()
                 .filter(|t| usize::from(t.base) == i && !std::ptr::eq(*t, r));
             let mut sum = r.counters.snapshot(r.rule.name.clone());
-            sum.in_flight = r.conc.as_ref().map_or(0, |c| c.in_flight());
+            if let Some(c) = &r.conc {
+                sum.in_flight = c.in_flight();
+                sum.shed = c.shed.get();
+            }
             for t in tiers {
                 sum.absorb(t.counters.snapshot(r.rule.name.clone()));
             }

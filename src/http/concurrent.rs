@@ -5,11 +5,12 @@
 //! is `concurrent_check.rs`.
 //!
 //! What an adaptive rule learns: the hold time (check to body end) and an
-//! outcome from the response: `1xx`-`3xx` success, `5xx` or an inner
-//! service or body error dropped, `4xx` or a request cancelled before its
-//! response ignored.
+//! outcome: `1xx`-`3xx` success; `5xx`, a body error, or no response at
+//! all (the inner service failed, panicked or was cancelled, often by a
+//! timeout) dropped; `4xx` ignored.
 
 use super::key::Key;
+use super::stats::Counter;
 use crate::clock::Clock;
 use crate::concurrency::{Adaptive, ConcurrencyLimiter, Outcome, OwnedPermit, Priority};
 use crate::decision::Decision;
@@ -52,6 +53,10 @@ pub(super) struct ConcLimit<C: Clock> {
     /// One limit shared by every client (not keyed by the client): the
     /// server protecting itself, so a denial is `503`.
     pub(super) sheds: bool,
+    /// The requests it shed (here, not in the rule's `Counters`: one
+    /// counter more would grow every rule's cache-padded counters past a
+    /// line, and the rate-only check's cost with it).
+    pub(super) shed: Counter,
 }
 
 /// One limit for every request the rule matches, or one per key.
@@ -97,6 +102,7 @@ impl<C: Clock + Clone> ConcLimit<C> {
     /// rule's other options).
     pub(super) fn build(
         clock: &C,
+        name: &str,
         key: &Key,
         table: TableOptions,
         c: &Concurrency,
@@ -132,6 +138,7 @@ impl<C: Clock + Clone> ConcLimit<C> {
             limiter,
             priority,
             sheds: !key.names_client(),
+            shed: Counter::new(name, "shed"),
         })
     }
 }
@@ -235,11 +242,12 @@ impl<C: Clock + 'static> Release for Permits<C> {
 }
 
 /// An admitted request's permits, released exactly once: when dropped,
-/// with the outcome set so far. Before a response (the request was
-/// cancelled) that is `Ignored`; once the head has come, the status's
-/// outcome, also when the body is dropped before its end (hyper drops a
-/// body it knows to be complete without polling it to its end); during a
-/// panic, `Dropped`.
+/// with the outcome set so far. Before a response head that is `Dropped`:
+/// the inner service failed, panicked, or the request was cancelled
+/// before its response (often a timeout above the layer); once the head
+/// has come, the status's outcome, also when the body is dropped before
+/// its end (hyper drops a body it knows to be complete without polling it
+/// to its end); during a panic, `Dropped`.
 pub(crate) struct Held {
     permits: Box<dyn Release>,
     /// What a drop reports.
@@ -247,11 +255,11 @@ pub(crate) struct Held {
 }
 
 impl Held {
-    /// Holds `permits`; a drop before the response head reports `Ignored`.
+    /// Holds `permits`; a drop before the response head reports `Dropped`.
     pub(super) fn new<C: Clock + 'static>(permits: Permits<C>) -> Held {
         Held {
             permits: Box::new(permits),
-            outcome: Outcome::Ignored,
+            outcome: Outcome::Dropped,
         }
     }
 

@@ -14,10 +14,7 @@
 //! them once, at the body's end, on a body error, or when it is dropped;
 //! a request whose inner service fails or is cancelled before a response
 //! releases them with its future.
-//!
-//! What an adaptive rule learns: the hold time (check to body end) and an
-//! outcome from the response: `2xx`/`3xx` success, `5xx` or an inner
-//! service or body error dropped, `4xx` or a client that went away ignored.
+//! What an adaptive rule learns is in `concurrent.rs`'s docs.
 use super::compiled::{Entries, Entry, INLINE_RULES};
 use super::concurrent::{Classes, ConcLimit, Held, Permit, Permits};
 use super::engine::{After, Later, LocalSet, Refunds, RequestHead, Shared, Verdict};
@@ -57,7 +54,7 @@ impl<C: Clock> MixedSet<'_, C> {
     fn limit(&self, j: usize) -> Option<&ConcLimit<C>> {
         self.rate.rules[usize::from(self.entry(j).rule)]
             .conc
-            .as_ref()
+            .as_deref()
     }
 }
 
@@ -240,8 +237,8 @@ impl<C: Clock + 'static> Shared<C> {
                     if r.conc.is_some() { None } else { r.local() },
                 );
             } else if e.decision.is_some_and(|d| !d.is_allowed()) {
-                if r.conc.as_ref().is_some_and(|c| c.sheds) {
-                    bump(&r.counters.shed);
+                if let Some(c) = r.conc.as_ref().filter(|c| c.sheds) {
+                    bump(&c.shed);
                 } else {
                     stats::denied(&r.counters, e.key, false, e.decision);
                 }
@@ -287,10 +284,7 @@ impl<C: Clock + 'static> Shared<C> {
             .filter(|e| !e.shadow)
             .find(|e| {
                 let r = &self.rules[usize::from(e.rule)];
-                let cap = r
-                    .conc
-                    .as_ref()
-                    .map_or(r.rule.policy.limit(), ConcLimit::max);
+                let cap = r.conc.as_ref().map_or(r.rule.policy.limit(), |c| c.max());
                 e.cost > cap || (r.conc.is_some() && e.cost > capacity)
             })
             .map_or(entries[0].rule, |e| e.rule)

@@ -401,10 +401,22 @@ impl<C: Clock + 'static> Shared<C> {
                     .await
             }));
         }
-        let checked = self.check_enforced(&mut entries, self.keep_decisions);
-        if !matches!(checked, Ok(true)) {
-            let grpc = response::is_grpc(req.headers);
-            return Verdict::Reject(self.refused(checked, &mut entries, grpc));
+        match self.check_enforced(&mut entries, self.keep_decisions) {
+            Ok(true) => {}
+            Ok(false) => {
+                if self.extras {
+                    self.start_blocks(&mut entries);
+                }
+                return Verdict::Reject(self.reject(response::is_grpc(req.headers), &entries));
+            }
+            Err((rule, e)) => {
+                bump(&self.rules[usize::from(rule)].counters.errors);
+                return Verdict::Reject(response::cost_too_high(
+                    &self.rules[usize::from(rule)].rule.name,
+                    e.requested,
+                    e.capacity,
+                ));
+            }
         }
         if !self.plain && entries.iter().any(|e| e.shadow) {
             self.check_shadow(&mut entries);

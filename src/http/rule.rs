@@ -313,8 +313,9 @@ impl Rule {
     /// Makes a concurrency rule's maximum adaptive ([`Adaptive`]): it
     /// starts at the rule's `max` and follows the latency and outcome of
     /// the requests it admits (from the check to the end of the response
-    /// body; a `5xx`, an inner service error or a failed body count as
-    /// dropped, a `4xx` or a client that went away says nothing). Only on
+    /// body; a `5xx`, a failed body or no response at all (an inner
+    /// service error, a panic, a request cancelled before its response,
+    /// often by a timeout) count as dropped, a `4xx` says nothing). Only on
     /// a [`Key::global`] concurrency rule; elsewhere
     /// [`HttpConfigError::Policy`](super::HttpConfigError::Policy) when the
     /// layer is built.

@@ -314,15 +314,6 @@ fn apply_after<B>(res: &mut Response<B>, after: &mut Option<After>) -> Option<He
     None
 }
 
-/// The inner service failed: an admitted request's permits are released
-/// now, as dropped.
-#[cold]
-fn inner_failed(after: &mut Option<After>) {
-    if let Some(held) = after.take().and_then(|a| a.later?.held) {
-        held.failed();
-    }
-}
-
 fn poll_done<F, B, E>(
     state: StateProj<'_, F>,
     cx: &mut Context<'_>,
@@ -333,13 +324,9 @@ where
     {
         match state {
             StateProj::Inner { fut, after } => {
-                let mut res = match ready!(fut.poll(cx)) {
-                    Ok(res) => res,
-                    Err(e) => {
-                        inner_failed(after);
-                        return Poll::Ready(Err(e));
-                    }
-                };
+                // An error leaves the permits in `after`: dropped with this
+                // future, as a request that got no response.
+                let mut res = ready!(fut.poll(cx))?;
                 // Tested before it is taken: `take` would read the whole
                 // (large) value even when there is none.
                 if after.is_some() {

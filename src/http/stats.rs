@@ -37,7 +37,7 @@ pub struct RuleStats {
     fallbacks: u64,
     untracked: u64,
     refunded: u64,
-    shed: u64,
+    pub(super) shed: u64,
     pub(super) in_flight: u64,
     top_offenders: Vec<Offender>,
     offender_denials: u64,
@@ -296,7 +296,7 @@ pub(super) struct Counter {
 
 impl Counter {
     #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-    fn new(rule: &str, outcome: &'static str) -> Counter {
+    pub(super) fn new(rule: &str, outcome: &'static str) -> Counter {
         Counter {
             n: AtomicU64::new(0),
             #[cfg(feature = "metrics")]
@@ -304,7 +304,7 @@ impl Counter {
         }
     }
 
-    fn get(&self) -> u64 {
+    pub(super) fn get(&self) -> u64 {
         // Relaxed: independent counters; a snapshot may be mid-request.
         self.n.load(Ordering::Relaxed)
     }
@@ -325,8 +325,6 @@ pub(super) struct Counters {
     pub(super) fallbacks: Counter,
     pub(super) untracked: Counter,
     pub(super) refunded: Counter,
-    /// Requests a concurrency rule shared by every client shed (`503`).
-    pub(super) shed: Counter,
     shown: Shown,
     offenders: TopOffenders<u128>,
     #[cfg(feature = "metrics")]
@@ -349,7 +347,6 @@ impl Counters {
             fallbacks: Counter::new(name, "fallback"),
             untracked: Counter::new(name, "untracked"),
             refunded: Counter::new(name, "refunded"),
-            shed: Counter::new(name, "shed"),
             shown,
             offenders: TopOffenders::new(TOP_OFFENDERS),
             #[cfg(feature = "metrics")]
@@ -371,7 +368,7 @@ impl Counters {
             fallbacks: self.fallbacks.get(),
             untracked: self.untracked.get(),
             refunded: self.refunded.get(),
-            shed: self.shed.get(),
+            shed: 0,
             in_flight: 0,
             top_offenders: top
                 .into_iter()
