@@ -250,7 +250,10 @@ impl<C: Clock + 'static> Shared<C> {
     }
 
     /// Whether a concurrency rule shared by every client denied the
-    /// request (it is shed with `503`, not refused with `429`).
+    /// request (it is shed with `503`, not refused with `429`). Out of
+    /// line: the rate-only check inlines `reject`, which calls it.
+    #[cold]
+    #[inline(never)]
     pub(super) fn shed(&self, entries: &[Entry]) -> bool {
         entries.iter().any(|e| {
             !e.shadow
