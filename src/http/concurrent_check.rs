@@ -17,8 +17,7 @@
 //! What an adaptive rule learns is in `concurrent.rs`'s docs.
 use super::compiled::{Entries, Entry, INLINE_RULES};
 use super::concurrent::{Classes, ConcLimit, Held, Permit, Permits};
-use super::engine::{After, Later, LocalSet, Refunds, RequestHead, Shared, Verdict};
-use super::headers::Admitted;
+use super::engine::{After, LocalSet, RequestHead, Shared, Verdict};
 use super::info::RateLimitInfo;
 use super::response;
 use super::stats::{self, bump};
@@ -268,15 +267,9 @@ impl<C: Clock + 'static> Shared<C> {
     /// Puts an admitted request's permits where its response will take
     /// them.
     pub(super) fn hold(self: &Arc<Self>, after: &mut Option<After>, held: Option<Held>) {
-        let Some(held) = held else { return };
-        let a = after.get_or_insert_with(|| After {
-            headers: Admitted::NONE,
-            later: None,
-        });
-        let shared: Arc<dyn Refunds> = self.clone();
-        a.later
-            .get_or_insert_with(|| Box::new(Later::new(shared)))
-            .held = Some(held);
+        if let Some(held) = held {
+            self.later_of(after).held = Some(held);
+        }
     }
 
     /// The rule of the entry whose cost can never pass: its cost is above

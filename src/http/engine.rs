@@ -675,6 +675,16 @@ impl<C: Clock + 'static> Shared<C> {
         }
     }
 
+    /// What waits for an admitted request's response, made if need be.
+    pub(super) fn later_of<'a>(self: &Arc<Self>, after: &'a mut Option<After>) -> &'a mut Later {
+        let a = after.get_or_insert_with(|| After {
+            headers: Admitted::NONE,
+            later: None,
+        });
+        let shared: Arc<dyn Refunds> = self.clone();
+        a.later.get_or_insert_with(|| Box::new(Later::new(shared)))
+    }
+
     /// The 429 for a request the enforced rules denied (the 503 of one a
     /// concurrency rule shared by every client shed).
     #[inline]
@@ -867,14 +877,7 @@ impl<C: Clock + 'static> Shared<C> {
             })
             .collect();
         if !refunds.is_empty() {
-            let a = after.get_or_insert_with(|| After {
-                headers: Admitted::NONE,
-                later: None,
-            });
-            let shared: Arc<dyn Refunds> = self.clone();
-            a.later
-                .get_or_insert_with(|| Box::new(Later::new(shared)))
-                .remote = refunds;
+            self.later_of(&mut after).remote = refunds;
         }
         (Verdict::Pass(after), info)
     }

@@ -36,7 +36,8 @@
 //! back when requests in flight end, at no time the server can promise, and
 //! the draft makes `t` optional. On a `429` or `503` that it caused,
 //! `Retry-After` is the rule's mean hold time, rounded up: a hint. The
-//! legacy trio has no way to say "in flight" and leaves these rules out.
+//! legacy trio has no way to say "in flight" and leaves these rules out of
+//! allowed responses.
 
 use super::compiled::{Compiled, Entry};
 use super::rule::{valid_name, Visibility};
