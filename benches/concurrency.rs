@@ -277,4 +277,3 @@ fn alternate(rounds: usize, mut rw: impl FnMut() -> f64, mut tk: impl FnMut() ->
         hi,
     }
 }
-

@@ -558,7 +558,6 @@ fn structural_mistakes_are_the_file_formats_errors() {
             "[[rules]]\nname = \"r\"\nkey = \"ip\"\npolcy = \"10/s\"\n",
             "polcy",
         ),
-        ("[[rules]]\nname = \"r\"\nkey = \"ip\"\n", "policy"),
         ("trusted_proxy = [\"10.0.0.0/8\"]\n", "trusted_proxy"),
         (
             "[[rules]]\nname = \"r\"\nkey = \"ip\"\npolicy = \"10/s\"\ncost = \"two\"\n",
@@ -568,6 +567,15 @@ fn structural_mistakes_are_the_file_formats_errors() {
         let err = toml::from_str::<LayerConfig>(text).unwrap_err().to_string();
         assert!(err.contains(says), "{text}: {err}");
     }
+    // No `policy` parses (a concurrency rule has `concurrent` instead); a
+    // rule with neither is a typed error naming the rule and `policy`.
+    let config: LayerConfig = toml::from_str("[[rules]]\nname = \"r\"\nkey = \"ip\"\n").unwrap();
+    let err = config.to_builder().unwrap_err();
+    assert!(
+        matches!(&err, HttpConfigError::InvalidValue { rule: Some(r), field: "policy", .. } if r == "r"),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("concurrent = N"), "{err}");
 }
 
 const REDIS_EXAMPLE: &str = include_str!("../examples/http_limits_redis.toml");

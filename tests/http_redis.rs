@@ -658,3 +658,54 @@ mod end_to_end {
         srv.await.unwrap();
     }
 }
+
+/// A local concurrency rule beside a Redis rule is one all-or-nothing step
+/// (issue 21 item 5): a request the concurrency rule sheds gives its Redis
+/// unit back, and one the Redis rule denies takes no permit.
+#[tokio::test]
+async fn a_local_concurrency_rule_and_a_redis_rule_are_one_step() {
+    let server = RedisServer::start();
+    let b = backend(&server);
+    let ip = limiter(
+        &b,
+        "ip",
+        Policy::token_bucket(Rate::per_hour(5).burst(5)),
+        FailurePolicy::Closed,
+    );
+    let layer = RateLimitLayer::builder()
+        .rule(Rule::redis(Key::client_ip(), ip))
+        .rule(Rule::concurrent("db", Key::global(), 1).hide_headers())
+        .build()
+        .unwrap();
+    let app = make_app(layer.clone());
+    let mut req = Request::builder().uri("/").body(Body::empty()).unwrap();
+    req.extensions_mut()
+        .insert(axum::extract::ConnectInfo(SocketAddr::from((
+            [192, 0, 2, 1],
+            4,
+        ))));
+    // Its body unread, the response holds the permit.
+    let held = app.clone().oneshot(req).await.unwrap();
+    assert_eq!(held.status(), StatusCode::OK);
+    assert_eq!(layer.stats()[1].in_flight(), 1);
+    for _ in 0..3 {
+        let shed = get_(&app, "192.0.2.1").await;
+        assert_eq!(shed.status, StatusCode::SERVICE_UNAVAILABLE);
+    }
+    drop(held);
+    assert_eq!(layer.stats()[1].in_flight(), 0);
+    // 1 of 5 units taken by the held request; the shed ones gave theirs back.
+    let ok = get_(&app, "192.0.2.1").await;
+    assert_eq!((ok.status, ok.remaining("ip")), (StatusCode::OK, Some(3)));
+    for _ in 0..3 {
+        assert_eq!(get_(&app, "192.0.2.1").await.status, StatusCode::OK);
+    }
+    for _ in 0..3 {
+        let denied = get_(&app, "192.0.2.1").await;
+        assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(layer.stats()[1].in_flight(), 0);
+    }
+    let s = layer.stats();
+    assert_eq!((s[0].allowed(), s[0].denied()), (5, 3));
+    assert_eq!((s[1].allowed(), s[1].shed(), s[1].in_flight()), (5, 3, 0));
+}

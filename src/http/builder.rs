@@ -5,6 +5,7 @@
 
 use super::client_ip::{Cidr, ClientIp};
 use super::compiled::{Compiled, RuleLimit};
+use super::concurrent::{ConcError, ConcLimit};
 use super::engine::{warn_now, Shared, SkipFn};
 use super::headers::{Buf, Headers};
 use super::key::Fingerprint;
@@ -449,6 +450,21 @@ impl<C: Clock + Clone> RateLimitBuilder<C> {
                 rule: name.clone(),
                 error,
             };
+            let conc = match &rule.concurrency {
+                None => None,
+                Some(c) => {
+                    if let (false, Some(reason)) = (c.on_rate_rule, not_for_concurrency(&rule)) {
+                        return Err(policy_error(ConfigError::Incompatible { reason }));
+                    }
+                    let built = ConcLimit::build(&self.clock, &name, &rule.key, rule.table, c);
+                    Some(built.map_err(|e| match e {
+                        ConcError::Config(error) => policy_error(error),
+                        ConcError::BadHeader => {
+                            HttpConfigError::InvalidHeaderName { rule: name.clone() }
+                        }
+                    })?)
+                }
+            };
             rule.policy.validate().map_err(policy_error)?;
             if let rule::Cost::Units(cost) = rule.cost {
                 if cost > rule.policy.limit() {
@@ -471,14 +487,28 @@ impl<C: Clock + Clone> RateLimitBuilder<C> {
                     }
                 }
             }
-            let limit = limit_of(&self.clock, &rule, rule.policy, None)?;
+            let limit = if conc.is_some() {
+                // Unused (`Compiled::conc`): the smallest table.
+                let mut one = rule.clone();
+                one.table = one.table.max_keys(1).shards(1);
+                limit_of(&self.clock, &one, rule.policy, None)?
+            } else {
+                limit_of(&self.clock, &rule, rule.policy, None)?
+            };
             let lockout = match rule.block_for {
                 None => None,
                 Some(block) => lockout_of(&self.clock, &rule, block)?,
             };
             // Fits: at most u16::MAX rules (checked above).
             let base = i as u16;
-            rules.push(compile(rule, limit, base, lockout, ""));
+            let mut compiled = compile(rule, limit, base, lockout, "");
+            if let Some(c) = conc {
+                let mut item = Buf::new();
+                item.concurrency_policy_item(&compiled.rule.name, c.quota());
+                compiled.policy_item = item.value();
+                compiled.conc = Some(Box::new(c));
+            }
+            rules.push(compiled);
         }
         // Each tier's limit, after every rule.
         for i in 0..rules.len() {
@@ -505,9 +535,11 @@ impl<C: Clock + Clone> RateLimitBuilder<C> {
             }
             rules[i].tiers = Some(Box::new(pick));
         }
-        let extras = rules
-            .iter()
-            .any(|r| r.tiers.is_some() || r.lockout.is_some());
+        let concurrent = rules.iter().any(|r| r.conc.is_some());
+        let extras = concurrent
+            || rules
+                .iter()
+                .any(|r| r.tiers.is_some() || r.lockout.is_some());
         let needs_ip = !self.allow.is_empty()
             || rules
                 .iter()
@@ -522,9 +554,10 @@ impl<C: Clock + Clone> RateLimitBuilder<C> {
         let unit_costs = rules
             .iter()
             .all(|r| matches!(r.rule.cost, rule::Cost::Units(0 | 1)));
-        let plain = rules
-            .iter()
-            .all(|r| r.rule.mode != Mode::Shadow && r.local().is_some());
+        let plain = !concurrent
+            && rules
+                .iter()
+                .all(|r| r.rule.mode != Mode::Shadow && r.local().is_some());
         // The `RateLimit-Policy` value when every shown rule matches (the
         // common case: rules without matchers), rendered once.
         let shown: Vec<usize> = (0..rules.len())
@@ -573,6 +606,7 @@ impl<C: Clock + Clone> RateLimitBuilder<C> {
                     || !plain,
                 all_policy,
                 extras,
+                concurrent,
                 fp: Fingerprint::new(),
                 warn_xff: Once::new(),
                 xff_checks: AtomicU64::new(0),
@@ -691,8 +725,23 @@ fn compile<C: Clock>(
         base,
         tiers: None,
         lockout,
+        conc: None,
         rule,
     }
+}
+
+/// What a concurrency rule cannot have, and what to do instead.
+fn not_for_concurrency(rule: &Rule) -> Option<&'static str> {
+    if rule.mode == Mode::Shadow {
+        return Some("a concurrency rule cannot be in shadow mode: a dry run would have to hold permits it never enforces; enforce it with a high maximum instead");
+    }
+    if rule.refund_on_success || !rule.tiers.is_empty() || rule.block_for.is_some() {
+        return Some("`count_failures_only`, tiers and `block_for` apply to rate rules only: put them on a rate rule beside the concurrency rule");
+    }
+    if remote_of(rule).is_some() {
+        return Some("a Redis rule cannot be a concurrency rule");
+    }
+    None
 }
 
 /// The Redis limiter of a remote rule.

@@ -129,6 +129,10 @@ pub struct LayerConfig {
 /// | `tier_keys` | for a rule keyed by one header: the key values of each tier, `{ premium = ["key-1"] }` |
 /// | `tier_header` | or: a header whose value names the tier (set by your authenticating proxy) |
 /// | `block_for` | a lockout after a breach: the key is denied this long after the rule denies it, `"15min"` |
+/// | `concurrent` | instead of `policy`: a concurrency rule, at most this many requests in flight (`key = "global"`) |
+/// | `adaptive` | concurrency rules: `"vegas FLOOR..CEILING"` or `"aimd FLOOR..CEILING LATENCY"` (`backoff 0.8` optional) |
+/// | `reserve` | concurrency rules: percent reserved per class, `{ critical = 20, normal = 10 }` |
+/// | `priority_header` | concurrency rules: the header naming a request's class (`critical`, `normal`, `sheddable`) |
 ///
 /// `max_keys` and `when_full` are for local rules only, the `redis_*`,
 /// `on_failure` and `deny_cache` fields for Redis rules only; either on
@@ -151,7 +155,9 @@ pub struct LayerConfig {
 pub struct RuleConfig {
     /// The rule's name ([`Rule::new`]).
     pub name: String,
-    /// The policy in text form (`docs/configuration.md`).
+    /// The policy in text form (`docs/configuration.md`); empty for a
+    /// concurrency rule.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub policy: String,
     /// What the rule counts requests under: `ip`, `header:NAME`, `route`,
     /// `global`, or several joined by `+`.
@@ -232,6 +238,21 @@ pub struct RuleConfig {
     /// A lockout after a breach, such as `"15min"` ([`Rule::block_for`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub block_for: Option<String>,
+    /// A concurrency rule's maximum in flight, instead of `policy`
+    /// ([`Rule::concurrent`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrent: Option<u64>,
+    /// A concurrency rule's adaptive maximum, `"vegas 4..200"` or
+    /// `"aimd 4..200 50ms"` ([`Rule::adaptive`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adaptive: Option<String>,
+    /// A concurrency rule's shares reserved per class, `{ critical = 20 }`
+    /// ([`Rule::reserve`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub reserve: BTreeMap<String, u8>,
+    /// The header naming a request's class ([`Rule::priority_by_header`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_header: Option<String>,
 }
 
 /// What a Redis rule is built with: the backend with the `redis` feature,
@@ -331,18 +352,18 @@ impl RuleConfig {
     }
 
     /// A field of this rule that cannot be used.
-    fn bad(&self, field: &'static str, value: &str, expected: &'static str) -> HttpConfigError {
+    pub(super) fn bad(
+        &self,
+        field: &'static str,
+        value: &str,
+        expected: &'static str,
+    ) -> HttpConfigError {
         invalid(Some(&self.name), field, value, expected)
     }
 
     fn make_rule(&self, redis: Option<&Backend>) -> Result<Rule, HttpConfigError> {
-        let policy: Policy = self
-            .policy
-            .parse()
-            .map_err(|error| HttpConfigError::PolicyText {
-                rule: self.name.clone(),
-                error,
-            })?;
+        // `None` for a concurrency rule (`concurrent_config.rs`).
+        let policy = self.rate_policy()?;
         let key = parse_key(&self.key).ok_or_else(|| self.bad("key", &self.key, KEY))?;
         let has_ip = key.needs_client_ip();
         let in_redis = match self.store.as_deref() {
@@ -375,10 +396,10 @@ impl RuleConfig {
                 "`store = \"redis\"` too: only a Redis rule takes it",
             ));
         }
-        let mut rule = if in_redis {
-            self.redis_rule(key, policy, redis)?
-        } else {
-            Rule::new(self.name.clone(), key, policy)
+        let mut rule = match policy {
+            None => self.concurrency_rule(key, in_redis)?,
+            Some(policy) if in_redis => self.redis_rule(key, policy, redis)?,
+            Some(policy) => Rule::new(self.name.clone(), key, policy),
         };
         for (field, prefix, max) in [
             ("ipv4_prefix", self.ipv4_prefix, 32),
@@ -880,97 +901,5 @@ fn parse_missing(text: &str) -> Option<Missing> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn keys_parse_alone_and_joined() {
-        for ok in [
-            "ip",
-            "IP",
-            "route",
-            "global",
-            "header:x-api-key",
-            " ip + header : X-Key ",
-        ] {
-            assert!(parse_key(ok).is_some(), "{ok}");
-        }
-        assert!(parse_key("ip + route").unwrap().needs_client_ip());
-        assert!(!parse_key("header:x-api-key").unwrap().needs_client_ip());
-        for bad in [
-            "",
-            "ip +",
-            "user",
-            "header:",
-            "header:bad name",
-            "cookie:x",
-            "ip route",
-        ] {
-            assert!(parse_key(bad).is_none(), "{bad}");
-        }
-    }
-
-    #[cfg(feature = "redis")]
-    #[test]
-    fn failure_policies_parse_strictly() {
-        use crate::redis::FailurePolicy;
-        use crate::{Policy, Rate};
-        assert_eq!(parse_failure("open"), Some(FailurePolicy::Open));
-        assert_eq!(parse_failure(" Closed "), Some(FailurePolicy::Closed));
-        assert_eq!(
-            parse_failure("fallback-share 4"),
-            Some(FailurePolicy::FallbackShare { instances: 4 })
-        );
-        assert_eq!(
-            parse_failure("fallback 10/s"),
-            Some(FailurePolicy::Fallback(Policy::token_bucket(
-                Rate::per_second(10)
-            )))
-        );
-        for bad in [
-            "",
-            "opened",
-            "open now",
-            "closed 1",
-            "fallback",
-            "fallback 10/lightyear",
-            "fallback-share",
-            "fallback-share 0",
-            "fallback-share -1",
-            "fallback-share four",
-        ] {
-            assert_eq!(parse_failure(bad), None, "{bad}");
-        }
-        assert!(redis_name("shop-1"));
-        for bad in ["", "a:b", "a b", "{x}", &"x".repeat(65)] {
-            assert!(!redis_name(bad), "{bad}");
-        }
-    }
-
-    #[test]
-    fn missing_and_methods_parse_strictly() {
-        assert_eq!(parse_missing("skip"), Some(Missing::Skip));
-        assert_eq!(
-            parse_missing("reject 401"),
-            Some(Missing::Reject(StatusCode::UNAUTHORIZED))
-        );
-        for bad in [
-            "",
-            "reject",
-            "reject 200",
-            "reject 600",
-            "reject 401 now",
-            "drop",
-        ] {
-            assert_eq!(parse_missing(bad), None, "{bad}");
-        }
-        assert_eq!(parse_method("POST"), Some(Method::POST));
-        assert_eq!(
-            parse_method("PURGE").map(|m| m.to_string()),
-            Some("PURGE".into())
-        );
-        for bad in ["post", "", "GE T"] {
-            assert_eq!(parse_method(bad), None, "{bad}");
-        }
-    }
-}
+#[path = "config_tests.rs"]
+mod tests;

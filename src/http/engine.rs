@@ -14,6 +14,9 @@
 
 use super::client_ip::{Cidr, ClientIp, Resolved};
 use super::compiled::{Compiled, Entries, Entry, INLINE_RULES};
+#[cfg(feature = "redis")]
+use super::concurrent::Classes;
+use super::concurrent::Held;
 use super::headers::{Admitted, Headers};
 use super::info::RateLimitInfo;
 use super::key::{Absent, Fingerprint, RequestParts, RuleKey};
@@ -83,8 +86,11 @@ pub(super) struct Shared<C: Clock> {
     pub(super) keep_decisions: bool,
     /// The mask of the shown rules and their joint `RateLimit-Policy` value.
     pub(super) all_policy: Option<(u64, HeaderValue)>,
-    /// Some rule has tiers or a lockout (`tiers_and_blocks`).
+    /// Some rule has tiers or a lockout (`tiers_and_blocks`), or the
+    /// layer has concurrency rules.
     pub(super) extras: bool,
+    /// Some rule is a concurrency rule: requests take `check_concurrent`.
+    pub(super) concurrent: bool,
     pub(super) fp: Fingerprint,
     pub(super) warn_xff: Once,
     pub(super) xff_checks: AtomicU64,
@@ -108,22 +114,36 @@ pub(super) enum Verdict {
     Remote(RemoteCheck),
 }
 
-/// What an admitted request's response gets: headers, and refunds.
+/// What an admitted request's response gets: headers, refunds and permits.
 pub(super) struct After {
     pub(super) headers: Admitted,
-    /// Boxed: only count-only-failures rules need it (one allocation per
-    /// request they match).
-    pub(super) refund: Option<Box<Refund>>,
+    /// Boxed: only count-only-failures and concurrency rules need it (one
+    /// allocation per request they match).
+    pub(super) later: Option<Box<Later>>,
 }
 
-/// The units of count-only-failures rules, given back when the response
-/// succeeds.
-pub(super) struct Refund {
+/// What waits for the response: the units of count-only-failures rules,
+/// given back when it succeeds, and the permits of concurrency rules,
+/// which its body holds until its end.
+pub(super) struct Later {
     pub(super) shared: Arc<dyn Refunds>,
     pub(super) list: RefundList,
     /// The Redis rules' units (given back in a task).
     #[cfg(feature = "redis")]
     pub(super) remote: RemoteRefunds,
+    pub(super) held: Option<Held>,
+}
+
+impl Later {
+    pub(super) fn new(shared: Arc<dyn Refunds>) -> Later {
+        Later {
+            shared,
+            list: RefundList::new(),
+            #[cfg(feature = "redis")]
+            remote: Vec::new(),
+            held: None,
+        }
+    }
 }
 
 /// (rule, key, cost) of each unit taken by a count-only-failures rule.
@@ -156,15 +176,15 @@ impl<C: Clock + 'static> Refunds for Shared<C> {
 /// all-or-nothing check ([`check_set`]): each entry's rule table with the
 /// entry's key and cost, statically dispatched, and each decision written
 /// into its entry. `map` lists the entries that take part when not all do.
-struct LocalSet<'a, C: Clock> {
-    rules: &'a [Compiled<C>],
-    entries: &'a mut [Entry],
-    map: Option<&'a [u16]>,
+pub(super) struct LocalSet<'a, C: Clock> {
+    pub(super) rules: &'a [Compiled<C>],
+    pub(super) entries: &'a mut [Entry],
+    pub(super) map: Option<&'a [u16]>,
     /// Every cost is at most one unit.
-    unit_costs: bool,
+    pub(super) unit_costs: bool,
     /// Whether the decisions of an admitted request are kept in the
     /// entries (headers, the extension, refunds and Redis rules read them).
-    keep: bool,
+    pub(super) keep: bool,
 }
 
 impl<C: Clock> LocalSet<'_, C> {
@@ -361,13 +381,24 @@ impl<C: Clock + 'static> Shared<C> {
             if let Some(blocked) = self.tiers_and_blocks(&mut entries, req) {
                 return Verdict::Reject(blocked);
             }
+            // A layer with concurrency rules (`concurrent_check.rs`).
+            #[cfg(feature = "redis")]
+            let local_only = remote_keys.is_empty();
+            #[cfg(not(feature = "redis"))]
+            let local_only = true;
+            if self.concurrent && local_only {
+                return self.check_concurrent(entries, req, insert);
+            }
         }
         #[cfg(feature = "redis")]
         if !remote_keys.is_empty() {
             let shared = self.clone();
             let grpc = response::is_grpc(req.headers);
+            let classes = self.classes(&entries, req.headers);
             return Verdict::Remote(Box::pin(async move {
-                shared.check_remote(entries, remote_keys, grpc).await
+                shared
+                    .check_remote(entries, remote_keys, grpc, classes)
+                    .await
             }));
         }
         match self.check_enforced(&mut entries, self.keep_decisions) {
@@ -396,7 +427,7 @@ impl<C: Clock + 'static> Shared<C> {
         Verdict::Pass(if self.headers == Headers::None && !self.any_refund {
             None
         } else {
-            self.after(&entries)
+            self.after::<false>(&entries)
         })
     }
 
@@ -539,7 +570,7 @@ impl<C: Clock + 'static> Shared<C> {
     /// Starts the lockout of each local rule with one that denied this
     /// request: its decision becomes the block's (until the block's end).
     #[cold]
-    fn start_blocks(&self, entries: &mut [Entry]) {
+    pub(super) fn start_blocks(&self, entries: &mut [Entry]) {
         for e in entries.iter_mut().filter(|e| !e.shadow) {
             let r = &self.rules[usize::from(e.rule)];
             let base = &self.rules[usize::from(r.base)];
@@ -554,7 +585,7 @@ impl<C: Clock + 'static> Shared<C> {
     /// Shadow rules, each on its own, after the enforced ones admitted the
     /// request: charged like an enforced rule, never rejecting.
     #[inline(never)]
-    fn check_shadow(&self, entries: &mut [Entry]) {
+    pub(super) fn check_shadow(&self, entries: &mut [Entry]) {
         for e in entries.iter_mut().filter(|e| e.shadow) {
             let r = &self.rules[usize::from(e.rule)];
             let Some(local) = r.local() else { continue };
@@ -576,11 +607,17 @@ impl<C: Clock + 'static> Shared<C> {
     // Not inlined (nor `reject`, `check_shadow`): the check that every
     // request runs stays small, and its cost does not depend on the code
     // of the header generations it does not use.
+    /// `CONC`: the layer has concurrency rules (whose items have no `t`).
     #[inline(never)]
-    fn after(self: &Arc<Self>, entries: &[Entry]) -> Option<After> {
+    pub(super) fn after<const CONC: bool>(self: &Arc<Self>, entries: &[Entry]) -> Option<After> {
         let mut after = After {
-            headers: Admitted::of(self.headers, &self.rules, entries, self.all_policy.as_ref()),
-            refund: None,
+            headers: Admitted::of::<C, CONC>(
+                self.headers,
+                &self.rules,
+                entries,
+                self.all_policy.as_ref(),
+            ),
+            later: None,
         };
         if self.any_refund {
             let list: RefundList = entries
@@ -597,22 +634,59 @@ impl<C: Clock + 'static> Shared<C> {
                 .map(|e| (e.rule, e.key, e.cost))
                 .collect();
             if !list.is_empty() {
-                after.refund = Some(Box::new(Refund {
-                    shared: self.clone(),
-                    list,
-                    #[cfg(feature = "redis")]
-                    remote: Vec::new(),
-                }));
+                let mut later = Later::new(self.clone());
+                later.list = list;
+                after.later = Some(Box::new(later));
             }
         }
-        if after.headers.is_empty() && after.refund.is_none() {
+        if after.headers.is_empty() && after.later.is_none() {
             None
         } else {
             Some(after)
         }
     }
 
-    /// The 429 for a request the enforced rules denied.
+    /// The answer to a request the local enforced rules did not admit
+    /// (`checked`: a denial, or a cost that can never pass): its lockouts
+    /// started, then the 429 (or a shed request's 503), or the 413.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn refused(
+        &self,
+        checked: Result<bool, (u16, InsufficientCapacity)>,
+        entries: &mut [Entry],
+        grpc: bool,
+    ) -> Response<Bytes> {
+        match checked {
+            Err((rule, e)) => {
+                bump(&self.rules[usize::from(rule)].counters.errors);
+                response::cost_too_high(
+                    &self.rules[usize::from(rule)].rule.name,
+                    e.requested,
+                    e.capacity,
+                )
+            }
+            _ => {
+                if self.extras {
+                    self.start_blocks(entries);
+                }
+                self.reject(grpc, entries)
+            }
+        }
+    }
+
+    /// What waits for an admitted request's response, made if need be.
+    pub(super) fn later_of<'a>(self: &Arc<Self>, after: &'a mut Option<After>) -> &'a mut Later {
+        let a = after.get_or_insert_with(|| After {
+            headers: Admitted::NONE,
+            later: None,
+        });
+        let shared: Arc<dyn Refunds> = self.clone();
+        a.later.get_or_insert_with(|| Box::new(Later::new(shared)))
+    }
+
+    /// The 429 for a request the enforced rules denied (the 503 of one a
+    /// concurrency rule shared by every client shed).
     #[inline]
     fn reject(&self, grpc: bool, entries: &[Entry]) -> Response<Bytes> {
         response::reject(
@@ -620,6 +694,7 @@ impl<C: Clock + 'static> Shared<C> {
             self.headers,
             self.responder.as_ref(),
             grpc,
+            self.concurrent && self.shed(entries),
             entries,
         )
     }
@@ -652,6 +727,7 @@ impl<C: Clock + 'static> Shared<C> {
         mut entries: Entries,
         keys: Vec<(usize, Vec<u8>)>,
         grpc: bool,
+        classes: Classes,
     ) -> (Verdict, Option<RateLimitInfo>) {
         let rule_of = |e: &Entry| &self.rules[usize::from(e.rule)];
         let mut sources: Vec<(usize, DecisionSource)> = Vec::with_capacity(keys.len());
@@ -712,9 +788,14 @@ impl<C: Clock + 'static> Shared<C> {
                 }
             }
         }
-        // 2. The local enforced rules, synchronously; a denial gives the
-        // Redis units back (to where they were taken).
-        let local = self.check_enforced(&mut entries, true);
+        // 2. The local enforced rules (with concurrency rules, all or nothing
+        // with them), synchronously; a denial gives the Redis units back (to
+        // where they were taken).
+        let (local, held) = if self.concurrent {
+            self.check_mixed(&mut entries, &classes)
+        } else {
+            (self.check_enforced(&mut entries, true), None)
+        };
         if !matches!(local, Ok(true)) {
             let give_backs = idx.iter().zip(&triples).zip(&sources).filter_map(
                 |((&i, &(l, k, cost)), &(_, source))| {
@@ -725,21 +806,10 @@ impl<C: Clock + 'static> Shared<C> {
             // A give-back Redis cannot take follows the limiter's failure
             // policy; the capacity then comes back as the limit refills.
             let _ = join_all(give_backs).await;
-            let res = match local {
-                Err((rule, e)) => {
-                    bump(&self.rules[usize::from(rule)].counters.errors);
-                    response::cost_too_high(
-                        &self.rules[usize::from(rule)].rule.name,
-                        e.requested,
-                        e.capacity,
-                    )
-                }
-                _ => {
-                    self.start_blocks(&mut entries);
-                    self.reject(grpc, &entries)
-                }
-            };
-            return (Verdict::Reject(res), None);
+            return (
+                Verdict::Reject(self.refused(local, &mut entries, grpc)),
+                None,
+            );
         }
         for &i in &idx {
             let c = &rule_of(&entries[i]).counters;
@@ -787,7 +857,12 @@ impl<C: Clock + 'static> Shared<C> {
             info
         });
         // 4. Headers, and the refunds of count-only-failures rules.
-        let mut after = self.after(&entries);
+        let mut after = if self.concurrent {
+            self.after::<true>(&entries)
+        } else {
+            self.after::<false>(&entries)
+        };
+        self.hold(&mut after, held);
         let refunds: RemoteRefunds = keys
             .iter()
             .filter_map(|(i, k)| {
@@ -802,20 +877,7 @@ impl<C: Clock + 'static> Shared<C> {
             })
             .collect();
         if !refunds.is_empty() {
-            let a = after.get_or_insert_with(|| After {
-                headers: Admitted::NONE,
-                refund: None,
-            });
-            let shared: Arc<dyn Refunds> = self.clone();
-            a.refund
-                .get_or_insert_with(|| {
-                    Box::new(Refund {
-                        shared,
-                        list: RefundList::new(),
-                        remote: Vec::new(),
-                    })
-                })
-                .remote = refunds;
+            self.later_of(&mut after).remote = refunds;
         }
         (Verdict::Pass(after), info)
     }

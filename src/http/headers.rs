@@ -26,6 +26,18 @@
 //! A 429 lists only the rules that denied, and its `Retry-After` is the
 //! largest of their `t`, so no `t` it sends ends after `Retry-After`.
 //! `X-RateLimit-Reset` is the same number.
+//!
+//! # Concurrency rules
+//!
+//! A concurrency rule's `RateLimit-Policy` item is
+//! `"name";q=<max>;qu="concurrent-requests"` (an adaptive rule's `q` is its
+//! ceiling), with no `w`: the quota is requests in flight, not per time.
+//! Its `RateLimit` item is `"name";r=<remaining>` with no `t`: permits come
+//! back when requests in flight end, at no time the server can promise, and
+//! the draft makes `t` optional. On a `429` or `503` that it caused,
+//! `Retry-After` is the rule's mean hold time, rounded up: a hint. The
+//! legacy trio has no way to say "in flight" and leaves these rules out of
+//! allowed responses.
 
 use super::compiled::{Compiled, Entry};
 use super::rule::{valid_name, Visibility};
@@ -175,6 +187,26 @@ impl Buf {
         self.num(sf_int(window_secs(policy)));
     }
 
+    /// A concurrency rule's `RateLimit-Policy` item:
+    /// `"name";q=<max>;qu="concurrent-requests"`.
+    pub(super) fn concurrency_policy_item(&mut self, name: &str, max: u64) {
+        debug_assert!(valid_name(name));
+        self.separator();
+        self.bytes(b"\"");
+        self.bytes(name.as_bytes());
+        self.bytes(b"\";q=");
+        self.num(sf_int(max));
+        self.bytes(b";qu=\"concurrent-requests\"");
+    }
+
+    /// A concurrency rule's `RateLimit` item after its prefix `"name";r=`:
+    /// the remaining permits, and no `t`.
+    pub(super) fn ratelimit_item_untimed(&mut self, prefix: &[u8], d: &Decision) {
+        self.separator();
+        self.bytes(prefix);
+        self.num(sf_int(d.remaining()));
+    }
+
     /// An item rendered once at build (a rule's `RateLimit-Policy` item).
     pub(super) fn item(&mut self, rendered: &[u8]) {
         self.separator();
@@ -299,9 +331,11 @@ impl Admitted {
 
     /// The headers `which` asks for, from the decisions of an admitted
     /// request's entries. `all_policy` is the mask of the shown rules and
-    /// their joint `RateLimit-Policy` value, rendered at build.
+    /// their joint `RateLimit-Policy` value, rendered at build. `CONC`:
+    /// some rules may be concurrency rules (a separate copy, so that a
+    /// rate-only layer's code has no test for them).
     #[inline]
-    pub(super) fn of<C: Clock>(
+    pub(super) fn of<C: Clock, const CONC: bool>(
         which: Headers,
         rules: &[Compiled<C>],
         entries: &[Entry],
@@ -317,26 +351,32 @@ impl Admitted {
                 }
             })
         };
-        let closest = || {
-            shown().reduce(|a, b| {
-                if closer_to_exhaustion(&b.1, &a.1) {
-                    b
-                } else {
-                    a
-                }
-            })
+        let closest = |legacy: bool| {
+            shown()
+                .filter(move |(r, _)| !(CONC && legacy && r.is_concurrent()))
+                .reduce(|a, b| {
+                    if closer_to_exhaustion(&b.1, &a.1) {
+                        b
+                    } else {
+                        a
+                    }
+                })
         };
         match which {
             Headers::None => {}
             Headers::Legacy => {
-                if let Some((r, d)) = closest() {
+                if let Some((r, d)) = closest(true) {
                     after.legacy = Some([d.limit(), d.remaining(), t_secs(&d, &r.rule.policy)]);
                 }
             }
             Headers::Draft(Items::ClosestToExhaustion) => {
-                if let Some((r, d)) = closest() {
+                if let Some((r, d)) = closest(false) {
                     let mut limit = Buf::new();
-                    limit.ratelimit_item(&r.rule.name, &d, &r.rule.policy);
+                    if CONC && r.is_concurrent() {
+                        limit.ratelimit_item_untimed(&r.ratelimit_prefix, &d);
+                    } else {
+                        limit.ratelimit_item(&r.rule.name, &d, &r.rule.policy);
+                    }
                     after.policy = r.policy_item.clone();
                     after.ratelimit = limit.value();
                 }
@@ -352,7 +392,11 @@ impl Admitted {
                     if r.rule.visibility != Visibility::Shown {
                         continue;
                     }
-                    limit.ratelimit_item_prefixed(&r.ratelimit_prefix, &d, &r.rule.policy);
+                    if CONC && r.is_concurrent() {
+                        limit.ratelimit_item_untimed(&r.ratelimit_prefix, &d);
+                    } else {
+                        limit.ratelimit_item_prefixed(&r.ratelimit_prefix, &d, &r.rule.policy);
+                    }
                     count += 1;
                     last = Some(r);
                     if e.rule < 64 {

@@ -33,7 +33,7 @@ fn build(rules: Vec<Rule>) -> Built {
 impl Built {
     /// The headers `which` asks for, for these entries.
     fn of(&self, which: Headers, entries: &[Entry]) -> Admitted {
-        Admitted::of(which, &self.rules, entries, self.all_policy.as_ref())
+        Admitted::of::<_, false>(which, &self.rules, entries, self.all_policy.as_ref())
     }
 }
 

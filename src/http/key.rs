@@ -197,6 +197,27 @@ impl Key {
         }
     }
 
+    /// Whether the key tells clients apart (an address, a header, an
+    /// extension): a concurrency limit under it is the client's own (429),
+    /// not the server's (503). [`Key::global`] and [`Key::route`] do not.
+    pub(super) fn names_client(&self) -> bool {
+        match &self.0 {
+            KeyKind::Route | KeyKind::Global => false,
+            KeyKind::Composite(keys) => keys.iter().any(Key::names_client),
+            _ => true,
+        }
+    }
+
+    /// Whether every request has the same key ([`Key::global`], alone or
+    /// in composites of it).
+    pub(super) fn is_global(&self) -> bool {
+        match &self.0 {
+            KeyKind::Global => true,
+            KeyKind::Composite(keys) => keys.iter().all(Key::is_global),
+            _ => false,
+        }
+    }
+
     /// How operators see this key's values among the top offenders: a
     /// client address in full, anything else (it may be a secret) as a
     /// fingerprint.

@@ -64,11 +64,14 @@
 //! |---|---|
 //! | `builder.rs` | [`RateLimitLayer::builder`], [`RateLimitBuilder`], [`HttpConfigError`] |
 //! | `config.rs` | [`LayerConfig`], [`RuleConfig`]: the layer as a file (feature `serde`) |
+//! | `concurrent_config.rs` | a [`RuleConfig`]'s concurrency fields (`concurrent`, `adaptive`, `reserve`, `priority_header`) |
 //! | `rule.rs` | [`Rule`], [`Mode`], [`Missing`], [`UnknownClient`]: what a rule says |
 //! | `key.rs` | [`Key`]: a request's key for a rule, as a fingerprint or as bytes |
 //! | `client_ip.rs` | [`ClientIp`], [`Cidr`], [`ProxyHeader`]: who the client is |
 //! | `compiled.rs` | the rules as built, and a request's matching rules |
 //! | `engine.rs` | the check: local rules, Redis rules, all or nothing |
+//! | `concurrent.rs` | concurrency rules: the limits they are built into, the permits a response body holds |
+//! | `concurrent_check.rs` | the check of a layer with concurrency rules: rate and concurrency rules all or nothing |
 //! | `headers.rs` | [`Headers`], [`Items`]: the `RateLimit` and legacy headers |
 //! | `response.rs` | the 429 and other answers, [`Rejection`], [`ResponseBody`] |
 //! | `info.rs` | [`RateLimitInfo`]: the decisions extension |
@@ -80,6 +83,10 @@
 mod builder;
 mod client_ip;
 mod compiled;
+mod concurrent;
+mod concurrent_check;
+#[cfg(feature = "serde")]
+mod concurrent_config;
 #[cfg(feature = "serde")]
 mod config;
 mod engine;

@@ -3,6 +3,7 @@
 //! the custom responder's view of a rejection.
 
 use super::compiled::{Compiled, Entry, INLINE_RULES};
+use super::concurrent::Held;
 use super::headers::{legacy, Buf, Headers, Items, RATELIMIT, RATELIMIT_POLICY, X_LIMIT};
 use super::rule::Visibility;
 use crate::clock::Clock;
@@ -41,6 +42,22 @@ pin_project! {
     enum Inner<B> {
         Body { #[pin] body: B },
         Full { data: Option<Bytes> },
+        // The inner service's body and the permits it holds until its end
+        // (concurrency rules). Boxed, so that the body's drop stays a
+        // one-byte tag and one call per variant: inline, its niche made
+        // every body's drop, the rate-only layer's too, cost about 20
+        // instructions more.
+        Held { holding: Pin<Box<Holding<B>>> },
+    }
+}
+
+pin_project! {
+    #[project = Projected]
+    struct Holding<B> {
+        #[pin]
+        body: B,
+        // `None` once released.
+        held: Option<Held>,
     }
 }
 
@@ -55,6 +72,19 @@ impl<B> ResponseBody<B> {
     pub fn new(body: B) -> Self {
         ResponseBody {
             inner: Inner::Body { body },
+        }
+    }
+
+    /// The inner service's body holding an admitted request's permits: they
+    /// are released at its end, on its error, or when it is dropped.
+    pub(super) fn holding(body: B, held: Held) -> Self {
+        ResponseBody {
+            inner: Inner::Held {
+                holding: Box::pin(Holding {
+                    body,
+                    held: Some(held),
+                }),
+            },
         }
     }
 
@@ -79,6 +109,11 @@ impl<B: fmt::Debug> fmt::Debug for ResponseBody<B> {
         match &self.inner {
             Inner::Body { body } => f.debug_tuple("ResponseBody").field(body).finish(),
             Inner::Full { data } => f.debug_tuple("ResponseBody::Full").field(data).finish(),
+            Inner::Held { holding } => f
+                .debug_tuple("ResponseBody::Held")
+                .field(&holding.body)
+                .field(&holding.held)
+                .finish(),
         }
     }
 }
@@ -97,12 +132,36 @@ where
         match self.project().inner.project() {
             InnerProj::Body { body } => body.poll_frame(cx),
             InnerProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            InnerProj::Held { holding } => {
+                let Projected { mut body, held } = holding.as_mut().project();
+                let polled = body.as_mut().poll_frame(cx);
+                match &polled {
+                    Poll::Ready(Some(Err(_))) => {
+                        if let Some(h) = held.take() {
+                            h.failed();
+                        }
+                    }
+                    Poll::Ready(None) => {
+                        if let Some(h) = held.take() {
+                            h.ended();
+                        }
+                    }
+                    Poll::Ready(Some(Ok(_))) if body.is_end_stream() => {
+                        if let Some(h) = held.take() {
+                            h.ended();
+                        }
+                    }
+                    _ => {}
+                }
+                polled
+            }
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match &self.inner {
             Inner::Body { body } => body.is_end_stream(),
+            Inner::Held { holding } => holding.body.is_end_stream(),
             Inner::Full { data } => data.is_none(),
         }
     }
@@ -110,6 +169,7 @@ where
     fn size_hint(&self) -> SizeHint {
         match &self.inner {
             Inner::Body { body } => body.size_hint(),
+            Inner::Held { holding } => holding.body.size_hint(),
             Inner::Full { data } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
@@ -184,6 +244,7 @@ impl<'a> RuleDecision<'a> {
 pub struct Rejection<'a> {
     pub(super) rules: &'a [RuleDecision<'a>],
     pub(super) retry_after_secs: u64,
+    pub(super) shed: bool,
 }
 
 impl<'a> Rejection<'a> {
@@ -213,6 +274,20 @@ impl<'a> Rejection<'a> {
     pub fn retry_after_secs(&self) -> u64 {
         self.retry_after_secs
     }
+
+    /// Whether the request was shed by a concurrency rule shared by every
+    /// client (the server over its capacity): the layer's own answer is
+    /// then `503` with the `temporary-reduced-capacity` problem type, not
+    /// `429`. A responder should answer likewise.
+    ///
+    /// ```
+    /// # fn f(r: &ratewall::http::Rejection<'_>) {
+    /// let status = if r.shed() { 503 } else { 429 };
+    /// # let _ = status; }
+    /// ```
+    pub fn shed(&self) -> bool {
+        self.shed
+    }
 }
 
 /// The problem type of draft-ietf-httpapi-ratelimit-headers for a request
@@ -241,6 +316,29 @@ pub(super) fn quota_exceeded(rejection: &Rejection<'_>) -> Response<Bytes> {
     }
     body.push_str("]}");
     problem(StatusCode::TOO_MANY_REQUESTS, body)
+}
+
+/// The problem type of draft-ietf-httpapi-ratelimit-headers for a request
+/// the server sheds to protect itself.
+pub(super) const TEMPORARY_REDUCED_CAPACITY: &str =
+    "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity";
+
+/// The default body of a shed request's `503`: the
+/// `temporary-reduced-capacity` type and the `violated-policies` member.
+pub(super) fn reduced_capacity(rejection: &Rejection<'_>) -> Response<Bytes> {
+    let names: Vec<String> = rejection
+        .denied()
+        .map(|d| format!("\"{}\"", d.name))
+        .collect();
+    // Rule names are validated tokens: nothing to escape.
+    let body = format!(
+        "{{\"type\":\"{TEMPORARY_REDUCED_CAPACITY}\",\"title\":\"Temporarily reduced capacity\",\
+         \"status\":503,\"detail\":\"The server is at its concurrency limit; retry after {} s.\",\
+         \"violated-policies\":[{}]}}",
+        rejection.retry_after_secs,
+        names.join(",")
+    );
+    problem(StatusCode::SERVICE_UNAVAILABLE, body)
 }
 
 /// A request that costs more than a rule can ever admit.
@@ -324,7 +422,8 @@ pub(super) fn grpc_status(code: &'static str, message: &'static str) -> Response
 /// A user's 429 builder ([`RateLimitBuilder::responder`](super::RateLimitBuilder::responder)).
 pub(super) type Responder = Arc<dyn Fn(&Rejection<'_>) -> Response<Bytes> + Send + Sync>;
 
-/// The 429 for a request the enforced rules denied.
+/// The 429 for a request the enforced rules denied; the 503 (`shed`) for
+/// one a concurrency rule shared by every client shed.
 #[cold]
 #[inline(never)]
 pub(super) fn reject<C: Clock>(
@@ -332,6 +431,7 @@ pub(super) fn reject<C: Clock>(
     which: Headers,
     responder: Option<&Responder>,
     grpc: bool,
+    shed: bool,
     entries: &[Entry],
 ) -> Response<Bytes> {
     let rules: SmallVec<[RuleDecision<'_>; INLINE_RULES]> = entries
@@ -355,6 +455,7 @@ pub(super) fn reject<C: Clock>(
     let rejection = Rejection {
         rules: &rules,
         retry_after_secs: retry_after,
+        shed,
     };
     #[cfg(feature = "tracing")]
     tracing::debug!(
@@ -363,10 +464,15 @@ pub(super) fn reject<C: Clock>(
         retry_after,
         "request over its rate limit"
     );
-    let mut res = if grpc {
+    let mut res = if grpc && shed {
+        // UNAVAILABLE: the client may retry.
+        grpc_status("14", "server over its concurrency limit")
+    } else if grpc {
         grpc_exhausted("rate limit exceeded")
     } else if let Some(responder) = responder {
         responder(&rejection)
+    } else if shed {
+        reduced_capacity(&rejection)
     } else {
         quota_exceeded(&rejection)
     };
@@ -405,8 +511,12 @@ pub(super) fn reject<C: Clock>(
                 _ => usize::MAX,
             });
             for (r, d) in iter {
-                policy.policy_item(&r.rule.name, &r.rule.policy);
-                limit.ratelimit_item(&r.rule.name, &d, &r.rule.policy);
+                policy.item(r.policy_item.as_ref().map_or(&[][..], |v| v.as_bytes()));
+                if r.is_concurrent() {
+                    limit.ratelimit_item_untimed(&r.ratelimit_prefix, &d);
+                } else {
+                    limit.ratelimit_item(&r.rule.name, &d, &r.rule.policy);
+                }
             }
             if !policy.is_empty() && !h.contains_key(RATELIMIT) {
                 if let (Some(p), Some(l)) = (policy.value(), limit.value()) {
@@ -444,6 +554,7 @@ mod tests {
         let res = quota_exceeded(&Rejection {
             rules: &rules,
             retry_after_secs: 1,
+            shed: false,
         });
         assert_eq!(res.status(), 429);
         assert_eq!(res.headers()[CONTENT_TYPE], "application/problem+json");

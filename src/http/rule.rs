@@ -1,10 +1,13 @@
 //! Rules: a name, a key, a policy, where it applies, what a request costs,
 //! and what to do when the key is missing.
 
+use super::concurrent::Concurrency;
 use super::key::{Key, RequestParts};
 use super::tier::{TierBy, Tiers};
+use crate::concurrency::{Adaptive, Priority};
 use crate::keyed::{TableOptions, WhenFull};
 use crate::policy::Policy;
+use crate::quota::Window;
 use http::header::HeaderName;
 use http::{Extensions, HeaderMap, Method, StatusCode, Uri};
 use std::fmt;
@@ -199,6 +202,9 @@ pub struct Rule {
     /// The Redis limit this rule is checked against instead of a local table.
     #[cfg(feature = "redis")]
     pub(super) remote: Option<std::sync::Arc<crate::redis::RedisLimiter>>,
+    /// A concurrency rule's settings ([`Rule::concurrent`]); `None` for a
+    /// rate rule.
+    pub(super) concurrency: Option<Box<Concurrency>>,
 }
 
 impl fmt::Debug for Rule {
@@ -222,7 +228,8 @@ impl fmt::Debug for Rule {
             .field("table", &self.table)
             .field("refund_on_success", &self.refund_on_success)
             .field("tiers", &self.tiers)
-            .field("block_for", &self.block_for);
+            .field("block_for", &self.block_for)
+            .field("concurrency", &self.concurrency);
         #[cfg(feature = "redis")]
         d.field("remote", &self.remote);
         d.finish()
@@ -263,7 +270,120 @@ impl Rule {
             block_for: None,
             #[cfg(feature = "redis")]
             remote: None,
+            concurrency: None,
         }
+    }
+
+    /// A concurrency rule: at most `max` of the requests it matches in
+    /// flight at once under `key`, from the check until the response body
+    /// ends or is dropped (or the inner service fails). It is checked in
+    /// the same all-or-nothing step as the rate rules: a request that any
+    /// rule denies holds no permit and takes no rate unit. With
+    /// [`Key::global`] it is one limit (narrowed to a route or a path by
+    /// [`on_route`](Self::on_route) or [`on_path_prefix`](Self::on_path_prefix)),
+    /// which sheds with `503`; keyed by the client (an IP, a header, an
+    /// extension) it is a limit per client, which answers `429`
+    /// (`docs/http.md`, "Concurrency rules"). A request costs 1 permit
+    /// unless [`cost`](Self::cost) says otherwise.
+    ///
+    /// Its [`policy`](Self::policy) is a placeholder whose `limit()` is
+    /// `max` (a concurrency limit has no window). A maximum of 0 or above
+    /// [`MAX_PERMITS`](crate::concurrency::MAX_PERMITS) is
+    /// [`HttpConfigError::Policy`](super::HttpConfigError::Policy) when
+    /// the layer is built.
+    ///
+    /// ```
+    /// use ratewall::http::{Key, RateLimitLayer, Rule};
+    /// use ratewall::{Policy, Rate};
+    ///
+    /// let layer = RateLimitLayer::builder()
+    ///     .rule(Rule::per_ip("ip", Policy::token_bucket(Rate::per_second(50))))
+    ///     // The report generator takes a database connection each: 8 at once.
+    ///     .rule(Rule::concurrent("reports", Key::global(), 8).on_path_prefix("/reports"))
+    ///     .build()?;
+    /// # let _ = layer;
+    /// # Ok::<(), ratewall::http::HttpConfigError>(())
+    /// ```
+    pub fn concurrent(name: impl Into<String>, key: Key, max: u64) -> Rule {
+        let mut rule = Rule::new(name, key, Policy::fixed_window(Window::per_second(max)));
+        rule.concurrency = Some(Box::new(Concurrency::new(max)));
+        rule
+    }
+
+    /// Makes a concurrency rule's maximum adaptive ([`Adaptive`]): it
+    /// starts at the rule's `max` and follows the latency and outcome of
+    /// the requests it admits (from the check to the end of the response
+    /// body; a `5xx`, a failed body or no response at all (an inner
+    /// service error, a panic, a request cancelled before its response,
+    /// often by a timeout) count as dropped, a `4xx` says nothing). Only on
+    /// a [`Key::global`] concurrency rule; elsewhere
+    /// [`HttpConfigError::Policy`](super::HttpConfigError::Policy) when the
+    /// layer is built.
+    ///
+    /// ```
+    /// use ratewall::http::{Key, Rule};
+    /// use ratewall::Adaptive;
+    ///
+    /// let backend = Rule::concurrent("backend", Key::global(), 20).adaptive(Adaptive::vegas(4, 200));
+    /// # let _ = backend;
+    /// ```
+    pub fn adaptive(mut self, adaptive: Adaptive) -> Rule {
+        self.concurrency_mut().adaptive = Some(adaptive);
+        self
+    }
+
+    /// Reserves `percent` of a concurrency rule's maximum for requests of
+    /// `class` and above ([`ConcurrencyBuilder::reserve`](crate::ConcurrencyBuilder::reserve));
+    /// a request's class comes from [`priority_by_header`](Self::priority_by_header).
+    /// A request shed because only reserved permits were left gets `503`.
+    /// Only on a [`Key::global`] concurrency rule.
+    ///
+    /// ```
+    /// use ratewall::http::{Key, Rule};
+    /// use ratewall::Priority;
+    ///
+    /// let all = Rule::concurrent("all", Key::global(), 100)
+    ///     .reserve(Priority::Critical, 20)
+    ///     .priority_by_header("x-priority");
+    /// # let _ = all;
+    /// ```
+    pub fn reserve(mut self, class: Priority, percent: u8) -> Rule {
+        let c = self.concurrency_mut();
+        c.reserved.retain(|(p, _)| *p != class);
+        c.reserved.push((class, percent));
+        self
+    }
+
+    /// A concurrency rule reads a request's [`Priority`] from header
+    /// `header`: `critical`, `normal` or `sheddable` (any case); a missing
+    /// or other value is `normal`. Set the header in a trusted proxy or an
+    /// inner layer, not from clients: a client that can send it picks its
+    /// own class. An invalid header name is
+    /// [`HttpConfigError::InvalidHeaderName`](super::HttpConfigError::InvalidHeaderName)
+    /// when the layer is built.
+    ///
+    /// ```
+    /// use ratewall::http::{Key, Rule};
+    /// use ratewall::Priority;
+    ///
+    /// let all = Rule::concurrent("all", Key::global(), 100)
+    ///     .reserve(Priority::Normal, 30)
+    ///     .priority_by_header("x-priority");
+    /// # let _ = all;
+    /// ```
+    pub fn priority_by_header(mut self, header: &str) -> Rule {
+        self.concurrency_mut().priority_header = Some(header.to_owned());
+        self
+    }
+
+    /// The concurrency settings, made for a rate rule so that the layer's
+    /// `build` can say that they apply only to concurrency rules.
+    fn concurrency_mut(&mut self) -> &mut Concurrency {
+        self.concurrency.get_or_insert_with(|| {
+            let mut c = Concurrency::new(0);
+            c.on_rate_rule = true;
+            Box::new(c)
+        })
     }
 
     /// A rule whose limit lives in Redis (features `tower` and `redis`):
@@ -753,7 +873,8 @@ impl Rule {
         &self.name
     }
 
-    /// The rule's policy.
+    /// The rule's policy (for a concurrency rule, a placeholder whose
+    /// `limit()` is its maximum: see [`Rule::concurrent`]).
     ///
     /// ```
     /// # use ratewall::http::Rule;

@@ -37,6 +37,8 @@ pub struct RuleStats {
     fallbacks: u64,
     untracked: u64,
     refunded: u64,
+    pub(super) shed: u64,
+    pub(super) in_flight: u64,
     top_offenders: Vec<Offender>,
     offender_denials: u64,
 }
@@ -131,6 +133,31 @@ impl RuleStats {
     pub fn refunded(&self) -> u64 {
         self.refunded
     }
+    /// Requests a concurrency rule shared by every client (global or per
+    /// route) shed with `503`: the server protecting itself. A per-client
+    /// concurrency rule's denials (`429`) are [`denied`](Self::denied).
+    ///
+    /// ```
+    /// # use ratewall::http::{Key, RateLimitLayer, Rule};
+    /// let layer = RateLimitLayer::builder().rule(Rule::concurrent("db", Key::global(), 4)).build()?;
+    /// assert_eq!(layer.stats()[0].shed(), 0);
+    /// # Ok::<(), ratewall::http::HttpConfigError>(())
+    /// ```
+    pub fn shed(&self) -> u64 {
+        self.shed
+    }
+    /// A concurrency rule's permits in flight when the stats were read (0
+    /// for a rate rule).
+    ///
+    /// ```
+    /// # use ratewall::http::{Key, RateLimitLayer, Rule};
+    /// let layer = RateLimitLayer::builder().rule(Rule::concurrent("db", Key::global(), 4)).build()?;
+    /// assert_eq!(layer.stats()[0].in_flight(), 0);
+    /// # Ok::<(), ratewall::http::HttpConfigError>(())
+    /// ```
+    pub fn in_flight(&self) -> u64 {
+        self.in_flight
+    }
 
     /// The keys this rule denied most (shadow rules: would have denied),
     /// highest count first: a fixed-memory Space-Saving summary of the
@@ -187,6 +214,8 @@ impl RuleStats {
         self.fallbacks += other.fallbacks;
         self.untracked += other.untracked;
         self.refunded += other.refunded;
+        self.shed += other.shed;
+        self.in_flight += other.in_flight;
         self.offender_denials += other.offender_denials;
         for o in other.top_offenders {
             match self.top_offenders.iter_mut().find(|m| m.key == o.key) {
@@ -267,7 +296,7 @@ pub(super) struct Counter {
 
 impl Counter {
     #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-    fn new(rule: &str, outcome: &'static str) -> Counter {
+    pub(super) fn new(rule: &str, outcome: &'static str) -> Counter {
         Counter {
             n: AtomicU64::new(0),
             #[cfg(feature = "metrics")]
@@ -275,7 +304,7 @@ impl Counter {
         }
     }
 
-    fn get(&self) -> u64 {
+    pub(super) fn get(&self) -> u64 {
         // Relaxed: independent counters; a snapshot may be mid-request.
         self.n.load(Ordering::Relaxed)
     }
@@ -339,6 +368,8 @@ impl Counters {
             fallbacks: self.fallbacks.get(),
             untracked: self.untracked.get(),
             refunded: self.refunded.get(),
+            shed: 0,
+            in_flight: 0,
             top_offenders: top
                 .into_iter()
                 .map(|c| Offender {

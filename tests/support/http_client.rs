@@ -163,6 +163,17 @@ pub async fn fetch_bytes(
     path: &str,
     headers: &[(&str, &[u8])],
 ) -> Got {
+    Got::read(send(addr, method, path, headers).await).await
+}
+
+/// One request over a fresh HTTP/1.1 connection: the response, its body
+/// not read yet (nor its fields checked).
+pub async fn send(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &[u8])],
+) -> Response<hyper::body::Incoming> {
     let stream = TcpStream::connect(addr).await.unwrap();
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
@@ -175,11 +186,10 @@ pub async fn fetch_bytes(
     for (k, v) in headers {
         req = req.header(*k, http::HeaderValue::from_bytes(v).unwrap());
     }
-    let res = sender
+    sender
         .send_request(req.body(http_body_util::Empty::<Bytes>::new()).unwrap())
         .await
-        .unwrap();
-    Got::read(res).await
+        .unwrap()
 }
 
 /// One request through `app` in process (`oneshot`), from `peer` (the

@@ -1,0 +1,303 @@
+//! Concurrency rules' limits and permits: the limit a rule is built into
+//! (one `ConcurrencyLimiter` for a global key, a `KeyedConcurrencyLimiter`
+//! for any other), and the permits an admitted request holds until its
+//! response body ends. The check that takes them, beside the rate rules,
+//! is `concurrent_check.rs`.
+//!
+//! What an adaptive rule learns: the hold time (check to body end) and an
+//! outcome: `1xx`-`3xx` success; `5xx`, a body error, or no response at
+//! all (the inner service failed, panicked or was cancelled, often by a
+//! timeout) dropped; `4xx` ignored.
+
+use super::key::Key;
+use super::stats::Counter;
+use crate::clock::Clock;
+use crate::concurrency::{Adaptive, ConcurrencyLimiter, Outcome, OwnedPermit, Priority};
+use crate::decision::Decision;
+use crate::error::{ConfigError, InsufficientCapacity};
+use crate::keyed::{KeyedConcurrencyLimiter, OwnedKeyedPermit, TableOptions};
+use http::header::HeaderName;
+use http::{HeaderMap, StatusCode};
+use smallvec::SmallVec;
+use std::fmt;
+use std::sync::Arc;
+
+/// A concurrency rule's settings, as declared ([`Rule::concurrent`](super::Rule::concurrent)).
+#[derive(Clone, Debug)]
+pub(super) struct Concurrency {
+    pub(super) max: u64,
+    pub(super) adaptive: Option<Adaptive>,
+    pub(super) reserved: Vec<(Priority, u8)>,
+    pub(super) priority_header: Option<String>,
+    /// A concurrency setting was given to a rate rule: `build` says so.
+    pub(super) on_rate_rule: bool,
+}
+
+impl Concurrency {
+    pub(super) fn new(max: u64) -> Concurrency {
+        Concurrency {
+            max,
+            adaptive: None,
+            reserved: Vec::new(),
+            priority_header: None,
+            on_rate_rule: false,
+        }
+    }
+}
+
+/// A concurrency rule as built: its limiter, where a request's class
+/// comes from, and whether its denials shed (`503`) or meter a client (`429`).
+pub(super) struct ConcLimit<C: Clock> {
+    limiter: Limiter<C>,
+    priority: Option<HeaderName>,
+    /// One limit shared by every client (not keyed by the client): the
+    /// server protecting itself, so a denial is `503`.
+    pub(super) sheds: bool,
+    /// The requests it shed (here, not in the rule's `Counters`: one
+    /// counter more would grow every rule's cache-padded counters past a
+    /// line, and the rate-only check's cost with it).
+    pub(super) shed: Counter,
+}
+
+/// One limit for every request the rule matches, or one per key.
+enum Limiter<C: Clock> {
+    One(Arc<ConcurrencyLimiter<C>>),
+    Keyed(Arc<KeyedConcurrencyLimiter<u128, C>>),
+}
+
+/// A permit of either kind.
+pub(super) enum Permit<C: Clock> {
+    One(OwnedPermit<C>),
+    Keyed(OwnedKeyedPermit<u128, C>),
+}
+
+impl<C: Clock> Permit<C> {
+    /// Gives back a permit the request never used (the rollback of an
+    /// all-or-nothing check): an adaptive maximum learns nothing from it.
+    pub(super) fn give_back(self) {
+        self.release(Outcome::Ignored);
+    }
+
+    /// Releases the permit; the outcome feeds an adaptive maximum (keyed
+    /// limits have none).
+    fn release(self, outcome: Outcome) {
+        match self {
+            Permit::One(p) => p.release(outcome),
+            Permit::Keyed(p) => drop(p),
+        }
+    }
+}
+
+/// Why a concurrency rule cannot be built: the error `build` reports.
+pub(super) enum ConcError {
+    Config(ConfigError),
+    BadHeader,
+}
+
+impl<C: Clock + Clone> ConcLimit<C> {
+    /// Builds the limit of a rule keyed by `key` with `table`'s options:
+    /// one limiter for a global key, with the rule's reserves and adaptive
+    /// maximum; a keyed table for any other key. Settings the layer cannot
+    /// honour are errors that say what to change (`builder.rs` checks the
+    /// rule's other options).
+    pub(super) fn build(
+        clock: &C,
+        name: &str,
+        key: &Key,
+        table: TableOptions,
+        c: &Concurrency,
+    ) -> Result<ConcLimit<C>, ConcError> {
+        let refuse = |reason| Err(ConcError::Config(ConfigError::Incompatible { reason }));
+        if c.on_rate_rule {
+            return refuse("`adaptive`, `reserve` and `priority_by_header` apply to concurrency rules only: make the rule with `Rule::concurrent` (in a file, `concurrent = N` instead of `policy`)");
+        }
+        let priority = match &c.priority_header {
+            None => None,
+            Some(h) => {
+                Some(HeaderName::from_bytes(h.as_bytes()).map_err(|_| ConcError::BadHeader)?)
+            }
+        };
+        let limiter = if key.is_global() {
+            let mut b = ConcurrencyLimiter::builder(c.max).clock(clock.clone());
+            for &(class, pct) in &c.reserved {
+                b = b.reserve(class, pct);
+            }
+            if let Some(a) = c.adaptive {
+                b = b.adaptive(a);
+            }
+            Limiter::One(Arc::new(b.build().map_err(ConcError::Config)?))
+        } else if c.adaptive.is_some() || !c.reserved.is_empty() || priority.is_some() {
+            return refuse("an adaptive maximum, reserved shares and request classes apply to one limit shared by all requests: give the rule `Key::global()` (narrowed with `on_route` or `on_path_prefix`), or drop them from the per-key rule");
+        } else {
+            let b = KeyedConcurrencyLimiter::<u128>::builder(c.max)
+                .table(table)
+                .clock(clock.clone());
+            Limiter::Keyed(Arc::new(b.build().map_err(ConcError::Config)?))
+        };
+        Ok(ConcLimit {
+            limiter,
+            priority,
+            sheds: !key.names_client(),
+            shed: Counter::new(name, "shed"),
+        })
+    }
+}
+
+impl<C: Clock> ConcLimit<C> {
+    /// The class of a request: from the rule's header, else normal.
+    pub(super) fn class_of(&self, headers: &HeaderMap) -> Priority {
+        let Some(name) = &self.priority else {
+            return Priority::Normal;
+        };
+        match headers.get(name).map(|v| v.as_bytes()) {
+            Some(v) if v.eq_ignore_ascii_case(b"critical") => Priority::Critical,
+            Some(v) if v.eq_ignore_ascii_case(b"sheddable") => Priority::Sheddable,
+            _ => Priority::Normal,
+        }
+    }
+
+    /// The most the rule admits: the `RateLimit-Policy` `q` of an
+    /// adaptive rule is its ceiling, of another its maximum (per key).
+    pub(super) fn quota(&self) -> u64 {
+        match &self.limiter {
+            Limiter::One(l) => l.adaptive_bounds().map_or(l.max(), |(_, ceiling)| ceiling),
+            Limiter::Keyed(l) => l.max(),
+        }
+    }
+
+    /// The maximum now (per key).
+    pub(super) fn max(&self) -> u64 {
+        match &self.limiter {
+            Limiter::One(l) => l.max(),
+            Limiter::Keyed(l) => l.max(),
+        }
+    }
+
+    /// The permits in flight now (0 for a per-key rule: its keys are not
+    /// summed).
+    pub(super) fn in_flight(&self) -> u64 {
+        match &self.limiter {
+            Limiter::One(l) => l.in_flight(),
+            Limiter::Keyed(_) => 0,
+        }
+    }
+
+    /// Takes `n` permits for `key` (a request of class `class`), if they
+    /// fit.
+    pub(super) fn acquire(
+        &self,
+        key: u128,
+        n: u64,
+        class: Priority,
+    ) -> Result<(Decision, Option<Permit<C>>), InsufficientCapacity> {
+        Ok(match &self.limiter {
+            Limiter::One(l) => {
+                let a = l.try_acquire_owned_with(n, class)?;
+                (a.decision(), a.into_permit().map(Permit::One))
+            }
+            Limiter::Keyed(l) => {
+                let a = l.try_acquire_key_owned(&key, n)?;
+                (a.decision(), a.into_permit().map(Permit::Keyed))
+            }
+        })
+    }
+
+    /// What a request of `n` for `key` would be told now, taking nothing.
+    pub(super) fn peek(&self, key: u128, n: u64) -> Result<Decision, InsufficientCapacity> {
+        let l = match &self.limiter {
+            Limiter::Keyed(l) => return l.peek_key_n(&key, n),
+            Limiter::One(l) => l,
+        };
+        let (max, out) = (l.max(), l.in_flight());
+        InsufficientCapacity::check(n, max)?;
+        let hold = u64::try_from(l.mean_hold_time().as_nanos()).unwrap_or(u64::MAX);
+        Ok(if out + n <= max {
+            Decision::allow(max, max - out - n, 0)
+        } else {
+            Decision::deny(max, max.saturating_sub(out), hold, hold)
+        })
+    }
+}
+
+/// The permits one admitted request holds, type-erased so the response
+/// body need not know the layer's clock.
+trait Release: Send + Sync {
+    fn release(&mut self, outcome: Outcome);
+}
+
+/// The request class of each entry of a request (a concurrency rule's,
+/// from its priority header; `Normal` for the others), read before the
+/// check so that the Redis path need not keep the request's headers.
+pub(super) type Classes = SmallVec<[Priority; 4]>; // 4: `compiled::INLINE_RULES`
+
+/// The permits of one request, one per concurrency rule it matched.
+pub(super) type Permits<C> = SmallVec<[Permit<C>; 2]>;
+
+impl<C: Clock + 'static> Release for Permits<C> {
+    fn release(&mut self, outcome: Outcome) {
+        for p in self.drain(..) {
+            p.release(outcome);
+        }
+    }
+}
+
+/// An admitted request's permits, released exactly once: when dropped,
+/// with the outcome set so far. Before a response head that is `Dropped`:
+/// the inner service failed, panicked, or the request was cancelled
+/// before its response (often a timeout above the layer); once the head
+/// has come, the status's outcome, also when the body is dropped before
+/// its end (hyper drops a body it knows to be complete without polling it
+/// to its end); during a panic, `Dropped`.
+pub(crate) struct Held {
+    permits: Box<dyn Release>,
+    /// What a drop reports.
+    outcome: Outcome,
+}
+
+impl Held {
+    /// Holds `permits`; a drop before the response head reports `Dropped`.
+    pub(super) fn new<C: Clock + 'static>(permits: Permits<C>) -> Held {
+        Held {
+            permits: Box::new(permits),
+            outcome: Outcome::Dropped,
+        }
+    }
+
+    /// The response head arrived with `status`.
+    pub(super) fn responded(&mut self, status: StatusCode) {
+        self.outcome = if status.is_server_error() {
+            Outcome::Dropped
+        } else if status.is_client_error() {
+            Outcome::Ignored
+        } else {
+            Outcome::Success
+        };
+    }
+
+    /// The response body ended: release with the response's outcome.
+    pub(super) fn ended(self) {}
+
+    /// The inner service or the body failed: release as dropped.
+    pub(super) fn failed(mut self) {
+        self.outcome = Outcome::Dropped;
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let outcome = if std::thread::panicking() {
+            Outcome::Dropped
+        } else {
+            self.outcome
+        };
+        self.permits.release(outcome);
+    }
+}
+
+impl fmt::Debug for Held {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Held")
+            .field("outcome", &self.outcome)
+            .finish()
+    }
+}

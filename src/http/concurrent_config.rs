@@ -1,0 +1,177 @@
+//! A [`RuleConfig`]'s concurrency fields (features `tower` and `serde`):
+//! `concurrent = N` instead of `policy` makes a concurrency rule
+//! ([`Rule::concurrent`]); `adaptive`, `reserve` and `priority_header`
+//! apply to it only. Each bad value is an [`HttpConfigError`] naming the
+//! rule and the field.
+
+use super::builder::HttpConfigError;
+use super::config::RuleConfig;
+use super::key::Key;
+use super::rule::Rule;
+use crate::concurrency::{Adaptive, Priority};
+use crate::policy::Policy;
+use http::header::HeaderName;
+
+const ADAPTIVE: &str = "`vegas FLOOR..CEILING` or `aimd FLOOR..CEILING LATENCY`, optionally \
+                        followed by `backoff RATIO` (`aimd 4..200 50ms backoff 0.8`)";
+
+impl RuleConfig {
+    /// The rate rule's policy, or `None` for a concurrency rule; a rule
+    /// with both or neither is an error.
+    pub(super) fn rate_policy(&self) -> Result<Option<Policy>, HttpConfigError> {
+        match (self.concurrent, self.policy.is_empty()) {
+            (Some(_), true) => return Ok(None),
+            (Some(max), false) => {
+                return Err(self.bad(
+                    "concurrent",
+                    &max.to_string(),
+                    "either `policy` (a rate rule) or `concurrent` (a concurrency rule), not both: make two rules",
+                ))
+            }
+            (None, true) => {
+                return Err(self.bad(
+                    "policy",
+                    "",
+                    "a policy such as `100/min`, or `concurrent = N` for a concurrency rule",
+                ))
+            }
+            (None, false) => {}
+        }
+        let only = [
+            ("adaptive", self.adaptive.clone()),
+            ("priority_header", self.priority_header.clone()),
+            (
+                "reserve",
+                (!self.reserve.is_empty()).then(|| format!("{:?}", self.reserve)),
+            ),
+        ];
+        if let Some((field, Some(value))) = only.iter().find(|(_, v)| v.is_some()) {
+            return Err(self.bad(
+                field,
+                value,
+                "`concurrent = N` too: only a concurrency rule takes it",
+            ));
+        }
+        self.policy
+            .parse()
+            .map(Some)
+            .map_err(|error| HttpConfigError::PolicyText {
+                rule: self.name.clone(),
+                error,
+            })
+    }
+
+    /// The concurrency rule of `key` with its concurrency fields; the
+    /// fields every rule shares are applied after.
+    pub(super) fn concurrency_rule(
+        &self,
+        key: Key,
+        in_redis: bool,
+    ) -> Result<Rule, HttpConfigError> {
+        let max = self.concurrent.unwrap_or(0);
+        if in_redis {
+            return Err(self.bad(
+                "store",
+                "redis",
+                "`local` (or leave it out): a concurrency rule's permits are held in this process",
+            ));
+        }
+        let mut rule = Rule::concurrent(self.name.clone(), key, max);
+        if let Some(text) = &self.adaptive {
+            let a = parse_adaptive(text).ok_or_else(|| self.bad("adaptive", text, ADAPTIVE))?;
+            rule = rule.adaptive(a);
+        }
+        for (class, &pct) in &self.reserve {
+            let p = parse_class(class).ok_or_else(|| {
+                self.bad(
+                    "reserve",
+                    class,
+                    "classes `critical` and `normal` with a percent each, `{ critical = 20 }`",
+                )
+            })?;
+            rule = rule.reserve(p, pct);
+        }
+        if let Some(h) = &self.priority_header {
+            HeaderName::from_bytes(h.as_bytes()).map_err(|_| {
+                self.bad("priority_header", h, "a header name such as `x-priority`")
+            })?;
+            rule = rule.priority_by_header(h);
+        }
+        Ok(rule)
+    }
+}
+
+/// A request class by name (`sheddable` too: reserving for it is a
+/// build error that says why).
+fn parse_class(text: &str) -> Option<Priority> {
+    [
+        ("critical", Priority::Critical),
+        ("normal", Priority::Normal),
+        ("sheddable", Priority::Sheddable),
+    ]
+    .into_iter()
+    .find(|(w, _)| text.trim().eq_ignore_ascii_case(w))
+    .map(|(_, p)| p)
+}
+
+/// `vegas FLOOR..CEILING` or `aimd FLOOR..CEILING LATENCY [backoff R]`.
+fn parse_adaptive(text: &str) -> Option<Adaptive> {
+    let words: Vec<&str> = text.split_whitespace().collect();
+    let (floor, ceiling) = words.get(1)?.split_once("..")?;
+    let (floor, ceiling) = (floor.parse().ok()?, ceiling.parse().ok()?);
+    let algorithm = words.first()?.to_ascii_lowercase();
+    let (a, rest) = match algorithm.as_str() {
+        "vegas" => (Adaptive::vegas(floor, ceiling), &words[2..]),
+        "aimd" => {
+            let latency = crate::text::duration(words.get(2)?).ok()?;
+            (Adaptive::aimd(floor, ceiling, latency), &words[3..])
+        }
+        _ => return None,
+    };
+    match rest {
+        [] => Some(a),
+        [b, ratio] if algorithm == "aimd" && b.eq_ignore_ascii_case("backoff") => {
+            Some(a.backoff(ratio.parse().ok()?))
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn adaptive_texts_parse_strictly() {
+        assert_eq!(
+            parse_adaptive("vegas 4..200"),
+            Some(Adaptive::vegas(4, 200))
+        );
+        assert_eq!(
+            parse_adaptive("AIMD 2..50 40ms backoff 0.5"),
+            Some(Adaptive::aimd(2, 50, Duration::from_millis(40)).backoff(0.5))
+        );
+        assert_eq!(
+            parse_adaptive("aimd 2..50 1s"),
+            Some(Adaptive::aimd(2, 50, Duration::from_secs(1)))
+        );
+        for bad in [
+            "",
+            "vegas",
+            "vegas 4",
+            "vegas 4..",
+            "vegas 4..x",
+            "vegas 4..200 backoff 0.5",
+            "aimd 2..50",
+            "aimd 2..50 fast",
+            "aimd 2..50 40ms backoff",
+            "aimd 2..50 40ms backoff half",
+            "gradient 2..50",
+        ] {
+            assert_eq!(parse_adaptive(bad), None, "{bad}");
+        }
+        assert_eq!(parse_class(" Critical "), Some(Priority::Critical));
+        assert_eq!(parse_class("urgent"), None);
+    }
+}
