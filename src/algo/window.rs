@@ -94,6 +94,70 @@ impl WindowParams {
     }
 }
 
+/// Bits of a window id in a keyed slot word: the id modulo 2^16.
+pub(crate) const KEYED_ID_BITS: u32 = 16;
+const KEYED_ID_MASK: u64 = (1 << KEYED_ID_BITS) - 1;
+
+/// A window counter's keyed packing: its window length (fixed per table:
+/// quota changes and per-key quotas keep it) and the id arithmetic. The
+/// id is kept modulo 2^16 and read back relative to the id of `now`:
+/// `nid ..< nid + 2^15` (the current window, or a later one when time is
+/// behind the state's), or `nid - 1`; any other is a stale window. A stale
+/// id reads as current again only 2^15 windows later: the wrap sweep
+/// reclaims idle keys every 2^13 windows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct KeyedWindow {
+    params: WindowParams,
+}
+
+impl KeyedWindow {
+    pub(crate) fn new(params: &WindowParams) -> Self {
+        KeyedWindow { params: *params }
+    }
+
+    /// The id of `now` (clamped to `LAST_NS`).
+    #[inline]
+    pub(crate) fn id(&self, now: u64) -> u64 {
+        self.params.id(now.min(LAST_NS))
+    }
+
+    /// The 16 low bits of `id`.
+    #[inline]
+    pub(crate) fn low(id: u64) -> u64 {
+        id & KEYED_ID_MASK
+    }
+
+    /// The id whose low bits are `low`, read at `now`'s id `nid` (see the
+    /// type's doc); `None`: stale.
+    #[inline]
+    pub(crate) fn full(low: u64, nid: u64) -> Option<u64> {
+        let ahead = low.wrapping_sub(nid) & KEYED_ID_MASK;
+        if ahead < 1 << (KEYED_ID_BITS - 1) {
+            Some(nid + ahead)
+        } else if ahead == KEYED_ID_MASK {
+            nid.checked_sub(1)
+        } else {
+            None
+        }
+    }
+
+    /// 2^13 windows.
+    pub(crate) fn sweep_period(&self) -> u64 {
+        self.params.length.saturating_mul(1 << (KEYED_ID_BITS - 3))
+    }
+
+    /// Whether parameters `p` keep this table's window length.
+    pub(crate) fn fits(&self, p: &WindowParams) -> Result<(), ConfigError> {
+        if p.length == self.params.length {
+            Ok(())
+        } else {
+            Err(ConfigError::Incompatible {
+                reason: "a keyed window counter keeps the window length it was built with (its slots count windows of that length): change the limit only, or build another limiter for the new window",
+            })
+        }
+    }
+}
+
 #[cfg(all(test, not(ratewall_loom)))]
 mod tests {
     use super::*;

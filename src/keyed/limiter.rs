@@ -10,7 +10,7 @@ use super::hot_slots::Hot;
 use super::overrides::Overrides;
 use super::table::Table;
 use super::KeyedAlgorithm;
-use crate::algo::{Algorithm, WordStep};
+use crate::algo::WordStep;
 use crate::clock::{Clock, Timebase};
 use crate::decision::Decision;
 use crate::error::{ConfigError, InsufficientCapacity};
@@ -52,8 +52,8 @@ use std::marker::PhantomData;
 /// assert_eq!(limiter.len(), 2);
 /// # Ok::<(), ratewall::ConfigError>(())
 /// ```
-pub struct KeyedLimiter<K, A: Algorithm, C: Clock = DefaultClock> {
-    pub(super) table: Table,
+pub struct KeyedLimiter<K, A: KeyedAlgorithm, C: Clock = DefaultClock> {
+    pub(super) table: Table<A::Packing>,
     pub(super) params: CachePadded<ParamCell>,
     pub(super) hasher: ahash::RandomState,
     pub(super) time: Timebase<C>,
@@ -103,8 +103,9 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedBuilder<K, A, C> {
             (Some(options), Some(gcra)) => Some(Box::new(Hot::new(gcra, options)?)),
             _ => None,
         };
+        let packing = params.packing()?;
         Ok(KeyedLimiter {
-            table: Table::new(self.table.max_keys, shards),
+            table: Table::new(self.table.max_keys, shards, packing),
             params: CachePadded::new(ParamCell::new(params)),
             hasher,
             time: Timebase::new(self.clock),
@@ -123,9 +124,25 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         self.hasher.hash_one(key)
     }
 
+    /// `now` as every entry point uses it: clamped (`Timebase`), and only
+    /// once the table's wrap sweep is done up to it (`wrap.rs`: one load and
+    /// a compare while none is due), so that no slot is read that the sweep
+    /// should have reclaimed first.
     #[inline]
     pub(super) fn clamp(&self, now: u64) -> u64 {
-        self.time.clamp(now)
+        let now = self.time.clamp(now);
+        if self.table.sweep_due(now) {
+            self.sweep_wrap(now);
+        }
+        now
+    }
+
+    /// The wrap sweep's due part (out of line: once per shard per sweep
+    /// period at most).
+    #[cold]
+    #[inline(never)]
+    fn sweep_wrap(&self, now: u64) {
+        self.table.sweep_wrap(&self.view(now));
     }
 
     /// The core of every check: `consume` takes `n` if allowed.
@@ -172,7 +189,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         // table does not hold (`check_untracked`, `run_untracked`) are
         // `#[cold]` and out of line, so that `check_key` builds its decision
         // in place (both measured: docs/benchmarks.md, round 2).
-        if let Some((a, state)) = self.table.apply(h, &mut |state| {
+        if let Some((a, state)) = self.table.apply(h, now, &mut |state| {
             let a = self.params_for(h);
             let next = if take && n <= WordStep::capacity(&a) {
                 a.step(state, now, n).1
@@ -337,16 +354,16 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedTable for KeyedLimiter<K, A, C> {
         }
         let h = self.hash(key);
         let now = self.clamp(now);
-        let _ = self.table.update(h, &mut |state| {
+        let _ = self.table.update(h, now, &mut |state| {
             let a = self.params_for(h);
             ((), a.refund(state, now, n))
         });
     }
 
     fn key_reset<Q: Hash + ?Sized>(&self, key: &Q) {
-        // All-zero is every algorithm's fresh state; the slot stays the key's
-        // until an insert reclaims it.
-        let _ = self.table.update(self.hash(key), &mut |_| ((), Some(0)));
+        // A key the table does not hold is a fresh key: removing it is the
+        // reset (a packed fresh state would need a time to pack it at).
+        self.table.remove(self.hash(key));
     }
 
     fn table_len(&self) -> usize {
@@ -373,7 +390,7 @@ pub(super) fn unreachable_capacity() -> Decision {
     Decision::deny(0, 0, u64::MAX, u64::MAX)
 }
 
-impl<K, A: Algorithm, C: Clock> fmt::Debug for KeyedLimiter<K, A, C> {
+impl<K, A: KeyedAlgorithm, C: Clock> fmt::Debug for KeyedLimiter<K, A, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("KeyedLimiter")
             .field("algorithm", &A::NAME)

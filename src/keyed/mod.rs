@@ -30,6 +30,7 @@ mod overrides;
 mod policy;
 mod quotas;
 pub(crate) mod table;
+pub(crate) mod wrap;
 
 pub use builder::{KeyedBuilder, TableOptions, WhenFull, MAX_KEYS};
 pub use family::KeyedRef;
@@ -38,12 +39,13 @@ pub use limiter::KeyedLimiter;
 pub use log::KeyedSlidingWindowLog;
 pub use policy::{KeyedPolicyBuilder, KeyedPolicyLimiter};
 
-use crate::algo::{Algorithm, FixedCounter, Gcra, LeakyGcra, SlidingCounter, WordStep};
+use crate::algo::{Algorithm, FixedCounter, Gcra, KeyedWord, LeakyGcra, SlidingCounter};
 use crate::limiter::DefaultClock;
 
 /// An algorithm a [`KeyedLimiter`] can use: every single-word algorithm
-/// (the GCRA buckets and the window counters). Sealed: its step is the
-/// crate's own single-word step (`algo`'s `WordStep`).
+/// (the GCRA buckets and the window counters) whose state packs into the
+/// keyed table's 8-byte slot. Sealed: its step is the crate's own
+/// single-word step (`algo`'s `WordStep`), its packing `algo`'s `KeyedWord`.
 ///
 /// # Example
 ///
@@ -54,9 +56,9 @@ use crate::limiter::DefaultClock;
 /// let limiter = KeyedLimiter::<u64, Gcra>::builder(ratewall::Rate::per_second(5)).build().unwrap();
 /// assert_eq!(name(&limiter), "token bucket");
 /// ```
-pub trait KeyedAlgorithm: Algorithm + WordStep {}
+pub trait KeyedAlgorithm: Algorithm + KeyedWord {}
 
-impl<A: Algorithm + WordStep> KeyedAlgorithm for A {}
+impl<A: Algorithm + KeyedWord> KeyedAlgorithm for A {}
 
 /// A keyed token bucket: one GCRA bucket per key.
 ///
