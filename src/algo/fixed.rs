@@ -177,8 +177,8 @@ const _: () = assert!(KEYED_ID_BITS + COUNT_BITS == STATE_BITS);
 
 /// The fixed window in a keyed slot: `id mod 2^16 | count` (40 bits), the
 /// id read back as `KeyedWindow` says. A count of 0, or a window before
-/// `now`'s, is packed as the fresh state in `now`'s window. Nothing of the
-/// limit is given up (`L < 2^24` as unkeyed).
+/// `now`'s, is packed as an idle state (`KeyedWindow::idle`). Nothing of
+/// the limit is given up (`L < 2^24` as unkeyed).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FixedPacking(KeyedWindow);
 
@@ -188,7 +188,7 @@ impl Packing for FixedPacking {
         let (sid, count) = unpack(state);
         let nid = self.0.id(now);
         if count == 0 || sid < nid {
-            return KeyedWindow::low(nid) << COUNT_BITS;
+            return KeyedWindow::idle(nid) << COUNT_BITS;
         }
         KeyedWindow::low(sid) << COUNT_BITS | count
     }

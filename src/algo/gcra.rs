@@ -199,6 +199,8 @@ pub struct TimePacking {
 
 /// Units ahead of `now` a packed time may be (half the modulus).
 const AHEAD: u64 = 1 << (STATE_BITS - 1);
+/// Units before `now` an idle state is packed at.
+const IDLE_BACK: u64 = 1 << (STATE_BITS - 3);
 /// The largest unit exponent: keeps `(now's unit + AHEAD) << shift` under
 /// 2^64 for every `now <= HORIZON`.
 const MAX_SHIFT: u32 = 23;
@@ -233,8 +235,10 @@ impl Packing for TimePacking {
     #[inline]
     fn pack(&self, t: u64, now: u64) -> u64 {
         if t <= now {
-            // Past: any time not after `now` reads the same (idle).
-            (now >> self.shift) & STATE_MASK
+            // Idle: any time not after `now` means the same. Packed 2^37
+            // units before `now`, it reads as past (idle) from 2^37 units
+            // before `now` (checks at earlier instants) to 3 * 2^37 after.
+            (now >> self.shift).wrapping_sub(IDLE_BACK) & STATE_MASK
         } else {
             // Rounded up: never earlier than the time it stands for.
             (((t - 1) >> self.shift) + 1) & STATE_MASK

@@ -221,3 +221,7 @@ macro_rules! word_algorithm {
     };
 }
 pub(crate) use word_algorithm;
+
+#[cfg(all(test, not(ratewall_loom)))]
+#[path = "keyed_word_tests.rs"]
+mod keyed_word_tests;

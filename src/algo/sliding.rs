@@ -239,8 +239,8 @@ const _: () = assert!(KEYED_ID_BITS + 2 * KEYED_COUNT_BITS == STATE_BITS);
 
 /// The sliding window counter in a keyed slot: `id mod 2^16 | previous |
 /// current` (16 + 12 + 12 bits), the id read back as `KeyedWindow` says.
-/// Both counts 0, or a window two or more before `now`'s, is packed as the
-/// fresh state in `now`'s window. Given up: limits above 4,095 (refused).
+/// Both counts 0, or a window two or more before `now`'s, is packed as an
+/// idle state (`KeyedWindow::idle`). Given up: limits above 4,095 (refused).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SlidingPacking(KeyedWindow);
 
@@ -250,7 +250,7 @@ impl Packing for SlidingPacking {
         let (sid, prev, cur) = unpack(state);
         let nid = self.0.id(now);
         if (prev == 0 && cur == 0) || sid + 1 < nid {
-            return KeyedWindow::low(nid) << (2 * KEYED_COUNT_BITS);
+            return KeyedWindow::idle(nid) << (2 * KEYED_COUNT_BITS);
         }
         debug_assert!(prev <= KEYED_COUNT_MASK && cur <= KEYED_COUNT_MASK);
         KeyedWindow::low(sid) << (2 * KEYED_COUNT_BITS) | prev << KEYED_COUNT_BITS | cur

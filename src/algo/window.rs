@@ -127,6 +127,15 @@ impl KeyedWindow {
         id & KEYED_ID_MASK
     }
 
+    /// The low bits an idle state is packed with at `now`'s id `nid`: 2^14
+    /// windows back, so that it reads as stale from 2^14 - 2 windows before
+    /// `nid` (checks at earlier instants) to 2^14 after (and after that as
+    /// a window with nothing counted: idle all the same).
+    #[inline]
+    pub(crate) fn idle(nid: u64) -> u64 {
+        Self::low(nid.wrapping_sub(1 << (KEYED_ID_BITS - 2)))
+    }
+
     /// The id whose low bits are `low`, read at `now`'s id `nid` (see the
     /// type's doc); `None`: stale.
     #[inline]

@@ -290,6 +290,19 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
     {
         self.table.home(self.hash(key))
     }
+
+    /// Loom-only test hook (as `__home_slot`): the key's 24-bit tag, so that
+    /// a model can check that two keys competing for one slot have distinct
+    /// tags (the case the slot protocol makes exact).
+    #[cfg(all(ratewall_loom, feature = "testing"))]
+    #[doc(hidden)]
+    pub fn __tag<Q>(&self, key: &Q) -> u64
+    where
+        K: std::borrow::Borrow<Q>,
+        Q: Hash + ?Sized,
+    {
+        super::table::tag(self.hash(key))
+    }
 }
 
 impl<K, A: KeyedAlgorithm, C: Clock> KeyedCore for KeyedLimiter<K, A, C> {

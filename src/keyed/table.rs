@@ -111,6 +111,8 @@ struct Shard<P> {
     inner: Mutex<usize>,
     /// The table's packing of states (a copy per shard, beside its slots).
     packing: P,
+    /// When the wrap sweep last swept this shard (written under `inner`).
+    swept: AtomicU64,
 }
 
 /// Keys tracked by the whole table, and the most it may track.
@@ -269,6 +271,7 @@ impl<P: Packing> Table<P> {
                     count: Arc::clone(&count),
                     inner: Mutex::new(0),
                     packing,
+                    swept: AtomicU64::new(0),
                 })
             })
             .collect();
@@ -507,7 +510,13 @@ impl<P: Packing> Table<P> {
     /// Removes every idle key, one shard at a time (each shard's inserts
     /// wait for its own pass only). Returns how many were removed.
     pub(crate) fn retain_active(&self, view: &impl StateView) -> usize {
-        self.shards.iter().map(|s| reclaim_idle(s, view)).sum()
+        self.shards
+            .iter()
+            .map(|s| {
+                let _guard = lock(&s.inner);
+                reclaim_idle(s, view.now(), view)
+            })
+            .sum()
     }
 
     /// Removes the key (a reset: its next check is a fresh key's), under
@@ -539,8 +548,21 @@ impl<P: Packing> Table<P> {
     #[cold]
     #[inline(never)]
     pub(crate) fn sweep_wrap(&self, view: &impl StateView) -> usize {
-        self.wrap.run(view.now(), self.shards.len(), |i| {
-            reclaim_idle(&self.shards[i], view);
+        let now = view.now();
+        let start = || {
+            for shard in self.shards.iter() {
+                let _guard = lock(&shard.inner);
+                // Relaxed: read and written under the shard's mutex.
+                shard.swept.store(now, Ordering::Relaxed);
+            }
+        };
+        self.wrap.run(now, self.shards.len(), start, |i| {
+            let shard = &self.shards[i];
+            let _guard = lock(&shard.inner);
+            // Relaxed: under the shard's mutex, as above.
+            let at = self.wrap.read_at(shard.swept.load(Ordering::Relaxed), now);
+            reclaim_idle(shard, at, view);
+            shard.swept.store(now, Ordering::Relaxed);
         })
     }
 
@@ -602,6 +624,13 @@ impl<P: Packing> Table<P> {
         ((h & self.shard_mask) as usize, start)
     }
 
+    /// `state` as a slot holds it when written at `now` (a packing may
+    /// round: GCRA's units).
+    pub(crate) fn as_stored(&self, state: u64, now: u64) -> u64 {
+        let p = self.packing();
+        p.unpack(p.pack(state, now), now)
+    }
+
     /// The table's packing of states (fixed for its life).
     pub(crate) fn packing(&self) -> &P {
         &self.shards[0].packing
@@ -634,18 +663,27 @@ impl<P: Packing> Table<P> {
     }
 }
 
-/// Removes every idle key of `shard` (`retain_active`, the wrap sweep).
-fn reclaim_idle<P: Packing>(shard: &Shard<P>, view: &impl StateView) -> usize {
-    let _guard = lock(&shard.inner);
+/// Removes every key of `shard` idle at `view.now()`, its state read at
+/// `at` (`retain_active`: now; the wrap sweep: see `Wrap::read_at`).
+/// Caller holds the shard's mutex.
+fn reclaim_idle<P: Packing>(shard: &Shard<P>, at: u64, view: &impl StateView) -> usize {
     let mut removed = 0;
-    for i in 0..shard.slots.len() {
+    for slot in shard.slots.iter() {
         // Acquire: as in `find`.
-        let v = shard.slots[i].load(Ordering::Acquire);
-        if tag_of(v) != 0
-            && view.is_idle(shard.state_of(v, view.now()))
-            && tombstone(shard, i, v, view)
-        {
-            removed += 1;
+        let mut v = slot.load(Ordering::Acquire);
+        // A check that changes the slot meanwhile fails our exchange: judge
+        // its state again (a check that leaves the key idle must not make
+        // the sweep skip it until its next run).
+        while tag_of(v) != 0 && view.is_idle(shard.state_of(v, at)) {
+            // AcqRel: as in `evict`.
+            match slot.compare_exchange(v, TOMB, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => {
+                    shard.count_removal();
+                    removed += 1;
+                    break;
+                }
+                Err(actual) => v = actual,
+            }
         }
     }
     removed

@@ -26,6 +26,8 @@ pub(crate) struct Wrap {
     /// Nanoseconds between two runs: the sweep period over the shard count,
     /// so that every shard is swept once per period.
     step: u64,
+    /// The sweep period.
+    period: u64,
     /// The next shard to sweep and the time of the last run (`None`: never ran).
     cursor: Mutex<(usize, Option<u64>)>,
 }
@@ -43,8 +45,18 @@ impl Wrap {
         Wrap {
             due: AtomicU64::new(due),
             step,
+            period,
             cursor: Mutex::new((0, None)),
         }
+    }
+
+    /// The time a shard last swept at `swept` reads its slots at, when swept
+    /// again at `now`: `now`, or after a pause longer than the period the
+    /// end of the period, when every word the shard holds (swept then, or
+    /// written since by checks that found no run due) still reads as what
+    /// it stored. Idleness is then judged at `now` from the states read.
+    pub(crate) fn read_at(&self, swept: u64, now: u64) -> u64 {
+        now.min(swept.saturating_add(self.period))
     }
 
     /// Whether a run is due at `now`: the check's one load and compare.
@@ -56,8 +68,16 @@ impl Wrap {
     }
 
     /// Sweeps the shards due at `now` with `sweep` (shard index), unless
-    /// another thread has done it meanwhile. Returns the shards swept.
-    pub(crate) fn run(&self, now: u64, shards: usize, mut sweep: impl FnMut(usize)) -> usize {
+    /// another thread has done it meanwhile. Returns the shards swept. The
+    /// first run sweeps nothing: it finds a table no check has written yet,
+    /// and `start` stamps every shard as swept at `now`.
+    pub(crate) fn run(
+        &self,
+        now: u64,
+        shards: usize,
+        start: impl FnOnce(),
+        mut sweep: impl FnMut(usize),
+    ) -> usize {
         let mut cursor = lock(&self.cursor);
         // Relaxed: `due` is written only under this mutex, which we hold.
         if now < self.due.load(Ordering::Relaxed) {
@@ -66,10 +86,12 @@ impl Wrap {
         // As many shards as the time since the last run covers (at least
         // one; all of them after a pause of a period or more), so that each
         // shard waits at most a period (plus one step) between two sweeps
-        // for as long as checks come. The first run finds a table no check
-        // has written yet: nothing to reclaim, one shard is enough.
+        // for as long as checks come.
         let k = match cursor.1 {
-            None => 1,
+            None => {
+                start();
+                0
+            }
             Some(last) => now
                 .saturating_sub(last)
                 .div_ceil(self.step)
