@@ -419,7 +419,7 @@ impl<P: Packing> Table<P> {
                 _ => None,
             };
             if let Some((i, v, grows)) = target {
-                match place(shard, i, v, fp, now, grows, false, step) {
+                match place(shard, i, v, (fp, now), grows, false, step) {
                     Some(inserted) => return inserted,
                     // A check made the idle key active again, or another
                     // shard took the last unit meanwhile: start over.
@@ -458,7 +458,7 @@ impl<P: Packing> Table<P> {
                 }
                 (None, None) => return Inserted::Full { soonest: 0 },
             };
-            match place(shard, at, expect, fp, now, grows, true, step) {
+            match place(shard, at, expect, (fp, now), grows, true, step) {
                 Some(inserted) => return inserted,
                 // The victim was checked meanwhile, or the eviction freed a
                 // unit but another shard took it: choose again.
@@ -660,6 +660,7 @@ impl<P: Packing> Table<P> {
             + self.shards.len() * std::mem::size_of::<CachePadded<Shard<P>>>()
             + std::mem::size_of::<Self>()
             + std::mem::size_of::<KeyCount>()
+            + self.wrap.heap_bytes()
     }
 }
 
@@ -837,7 +838,7 @@ fn tombstone<P: Packing>(shard: &Shard<P>, i: usize, v: u64, view: &impl StateVi
     evict(shard, i, v)
 }
 
-/// Stores the new key (fingerprint `fp`, state from `step(0)`) in slot `i`
+/// Stores the new key (tag `fp`, state from `step(0)` packed at `now`) in slot `i`
 /// of `shard`, which must still hold `v`; `grows`: the key adds to the
 /// shard's count (a free slot), `evicted`: it replaces or follows an
 /// evicted key. `None` if the caller must choose again: another shard took
@@ -847,8 +848,7 @@ fn place<R, P: Packing>(
     shard: &Shard<P>,
     i: usize,
     v: u64,
-    fp: u64,
-    now: u64,
+    (fp, now): (u64, u64),
     grows: bool,
     evicted: bool,
     step: &mut impl FnMut(u64) -> (R, Option<u64>),

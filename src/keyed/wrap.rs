@@ -28,8 +28,9 @@ pub(crate) struct Wrap {
     step: u64,
     /// The sweep period.
     period: u64,
-    /// The next shard to sweep and the time of the last run (`None`: never ran).
-    cursor: Mutex<(usize, Option<u64>)>,
+    /// The next shard to sweep and the time of the last run (`None`: never
+    /// ran). Boxed: cold, and the limiter that holds the table stays small.
+    cursor: Box<Mutex<(usize, Option<u64>)>>,
 }
 
 impl Wrap {
@@ -46,7 +47,7 @@ impl Wrap {
             due: AtomicU64::new(due),
             step,
             period,
-            cursor: Mutex::new((0, None)),
+            cursor: Box::new(Mutex::new((0, None))),
         }
     }
 
@@ -57,6 +58,11 @@ impl Wrap {
     /// it stored. Idleness is then judged at `now` from the states read.
     pub(crate) fn read_at(&self, swept: u64, now: u64) -> u64 {
         now.min(swept.saturating_add(self.period))
+    }
+
+    /// Bytes this schedule owns beside itself (its boxed cursor).
+    pub(crate) fn heap_bytes(&self) -> usize {
+        std::mem::size_of::<Mutex<(usize, Option<u64>)>>()
     }
 
     /// Whether a run is due at `now`: the check's one load and compare.
