@@ -248,6 +248,14 @@ pub trait Packing: Copy + fmt::Debug + Send + Sync + 'static {
     /// Nanoseconds within which the table must reclaim every idle key, or
     /// `u64::MAX` if the packed state holds no time.
     fn sweep_period(&self) -> u64;
+    /// `now` as the table's checks read it: in the packing's time unit
+    /// (rounded down: a check behaves as at an instant no later than its
+    /// own, never admitting more). `now` itself for a packing that keeps
+    /// time to the nanosecond, or none.
+    #[inline]
+    fn time(&self, now: u64) -> u64 {
+        now
+    }
 }
 
 /// The packing of a state with no time in it that fits 40 bits as it is (a

@@ -59,16 +59,17 @@ fn a_full_fixed_window_does_not_come_back_2_16_windows_later() {
     assert_eq!(d.remaining(), 1);
 }
 
-/// The sliding counter's id too, and its previous window (id - 1) as well.
+/// The sliding counter's id is kept modulo 2^12 (its counts keep 14 bits
+/// each), and its previous window (id - 1) is read back as well.
 #[test]
-fn a_full_sliding_window_does_not_come_back_2_16_windows_later() {
+fn a_full_sliding_window_does_not_come_back_2_12_windows_later() {
     let clock = ManualClock::new();
     let l = KeyedSlidingWindowCounter::<u64, _>::builder(Window::per_second(2))
         .clock(clock.clone())
         .build()
         .unwrap();
     assert!(l.check_key_n(&1, 2).unwrap().is_allowed());
-    for later in [(1 << 16) - 1, 1] {
+    for later in [(1 << 12) - 1, 1] {
         // First one window short of the wrap: the full window would then
         // read as the previous one and still weigh; then exactly at it.
         clock.advance(Duration::from_secs(later));
@@ -150,37 +151,21 @@ fn quotas_beyond_the_tables_range_are_refused_with_a_typed_error() {
     assert!(matches!(err, ConfigError::KeyedSlot { .. }), "{err:?}");
 }
 
-/// A sliding window counter keeps 12 bits per count in a slot: keyed
-/// limits above 4,095 are refused (unkeyed ones still go to 16,383); a
-/// window counter keeps its window length.
+/// Window counters keep every limit the unkeyed ones take (a sliding
+/// counter's 14-bit counts, a fixed window's 24-bit count), and keep their
+/// window length: a change of it is refused.
 #[test]
-fn window_counters_refuse_what_their_slot_cannot_hold() {
-    let big = Window::new(5_000, Duration::from_secs(1));
-    let err = KeyedSlidingWindowCounter::<u64>::builder(big)
-        .build()
-        .unwrap_err();
-    assert!(
-        matches!(
-            err,
-            ConfigError::KeyedSlot {
-                value: 5_000,
-                bound: 4_095,
-                ..
-            }
-        ),
-        "{err:?}"
-    );
-    assert!(SlidingWindowCounter::new(big).is_ok(), "unkeyed: as before");
-    let l = KeyedSlidingWindowCounter::<u64>::builder(Window::per_second(100))
+fn window_counters_keep_their_limits_and_their_window_length() {
+    let big = Window::new(16_383, Duration::from_secs(1));
+    assert!(SlidingWindowCounter::new(big).is_ok());
+    let l = KeyedSlidingWindowCounter::<u64, _>::builder(big)
+        .clock(ManualClock::new())
         .build()
         .unwrap();
-    assert!(l
-        .set_quota(Window::new(4_095, Duration::from_secs(1)))
-        .is_ok());
-    assert!(matches!(
-        l.set_key_quota(&1, big),
-        Err(ConfigError::KeyedSlot { .. })
-    ));
+    assert!(l.check_key_n(&1, 16_383).unwrap().is_allowed());
+    assert!(!l.check_key(&1).is_allowed());
+    assert!(l.set_quota(Window::per_second(100)).is_ok());
+    assert!(l.set_key_quota(&1, big).is_ok());
     assert!(matches!(
         l.set_quota(Window::per_minute(100)),
         Err(ConfigError::Incompatible { .. })

@@ -20,7 +20,7 @@
 //! moves back to an older window. Allowed iff `count + n <= L`; on allow store
 //! `(window, count + n)`, on deny store nothing.
 
-use super::window::{KeyedWindow, WindowParams, KEYED_ID_BITS, LAST_NS};
+use super::window::{KeyedWindow, WindowParams, LAST_NS};
 use super::{word_algorithm, KeyedWord, WordStep};
 use crate::decision::Decision;
 use crate::error::ConfigError;
@@ -172,6 +172,8 @@ word_algorithm!(FixedCounter, Window, "fixed window", |w| {
     FixedCounter::from_window(w)
 });
 
+/// Bits of the window id in a keyed slot: the id modulo 2^16.
+const KEYED_ID_BITS: u32 = 16;
 // A keyed slot holds the id's low 16 bits and the whole count.
 const _: () = assert!(KEYED_ID_BITS + COUNT_BITS == STATE_BITS);
 
@@ -180,7 +182,7 @@ const _: () = assert!(KEYED_ID_BITS + COUNT_BITS == STATE_BITS);
 /// `now`'s, is packed as an idle state (`KeyedWindow::idle`). Nothing of
 /// the limit is given up (`L < 2^24` as unkeyed).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct FixedPacking(KeyedWindow);
+pub struct FixedPacking(KeyedWindow<KEYED_ID_BITS>);
 
 impl Packing for FixedPacking {
     #[inline]
@@ -188,14 +190,14 @@ impl Packing for FixedPacking {
         let (sid, count) = unpack(state);
         let nid = self.0.id(now);
         if count == 0 || sid < nid {
-            return KeyedWindow::idle(nid) << COUNT_BITS;
+            return KeyedWindow::<KEYED_ID_BITS>::idle(nid) << COUNT_BITS;
         }
-        KeyedWindow::low(sid) << COUNT_BITS | count
+        KeyedWindow::<KEYED_ID_BITS>::low(sid) << COUNT_BITS | count
     }
 
     #[inline]
     fn unpack(&self, packed: u64, now: u64) -> u64 {
-        match KeyedWindow::full(packed >> COUNT_BITS, self.0.id(now)) {
+        match KeyedWindow::<KEYED_ID_BITS>::full(packed >> COUNT_BITS, self.0.id(now)) {
             Some(id) if id <= MAX_ID => pack(id, packed & COUNT_MASK),
             _ => 0,
         }

@@ -259,6 +259,11 @@ impl Packing for TimePacking {
     fn sweep_period(&self) -> u64 {
         (1u64 << (STATE_BITS - 3)) << self.shift
     }
+
+    #[inline]
+    fn time(&self, now: u64) -> u64 {
+        (now >> self.shift) << self.shift
+    }
 }
 
 impl KeyedWord for Gcra {
@@ -272,23 +277,36 @@ impl KeyedWord for Gcra {
         Ok(p)
     }
 
+    fn in_units(self, p: &TimePacking) -> Gcra {
+        // T rounded up to whole units (slower by at most 2^-10: `fits`);
+        // with the table's time also in units, every TAT is a whole number
+        // of units and packs exactly.
+        let emission = self.emission.div_ceil(p.unit()) * p.unit();
+        Gcra {
+            emission,
+            tolerance: self.burst.saturating_mul(emission),
+            burst: self.burst,
+        }
+    }
+
     fn fits(&self, p: &TimePacking) -> Result<(), ConfigError> {
-        if self.tolerance > p.max_tolerance() {
+        if p.unit() > 1 && p.unit() << 10 > self.emission {
+            // A unit above 0.1% of the interval: rounding the interval up
+            // to whole units would slow the rate by more than that.
+            return Err(ConfigError::KeyedSlot {
+                what: "interval (period / count) in ns",
+                value: self.emission,
+                bound: p.unit() << 10,
+                fix: "use a smaller burst (a keyed bucket's burst is at most about 2^25, by the rate), or for a per-key quota a slower rate or a table built for a shorter burst window",
+            });
+        }
+        // The burst window the table runs: in whole units.
+        if self.in_units(p).tolerance > p.max_tolerance() {
             return Err(ConfigError::KeyedSlot {
                 what: "burst window (burst x interval) in ns",
                 value: self.tolerance,
                 bound: p.max_tolerance(),
                 fix: "use a smaller burst or a faster rate, or build the table with the largest quota it will hold (it takes up to four times its own burst window)",
-            });
-        }
-        if p.unit() > 1 && p.unit() << 10 > self.emission {
-            // A unit above 0.1% of the interval: each admission would cost
-            // noticeably more than it should.
-            return Err(ConfigError::KeyedSlot {
-                what: "interval (period / count) in ns",
-                value: self.emission,
-                bound: p.unit() << 10,
-                fix: "use a smaller burst (a keyed bucket's burst is at most 2^26), or for a per-key quota a slower rate or a table built for a shorter burst window",
             });
         }
         Ok(())
@@ -300,6 +318,10 @@ impl KeyedWord for LeakyGcra {
 
     fn packing(&self) -> Result<TimePacking, ConfigError> {
         self.0.packing()
+    }
+
+    fn in_units(self, p: &TimePacking) -> LeakyGcra {
+        LeakyGcra(self.0.in_units(p))
     }
 
     fn fits(&self, p: &TimePacking) -> Result<(), ConfigError> {

@@ -130,6 +130,15 @@ pub trait KeyedWord: WordStep {
     /// Whether a table with `packing` can hold keys under these parameters
     /// (a per-key quota, a quota change), or what to change.
     fn fits(&self, packing: &Self::Packing) -> Result<(), ConfigError>;
+    /// These parameters as the table runs them, in the packing's units
+    /// (GCRA: the interval rounded up to whole time units, so that every
+    /// state is a whole number of units and packs exactly). The keyed
+    /// limiter stores these in its `ParamCell`, and reads time with
+    /// `Packing::time`. Itself by default.
+    fn in_units(self, packing: &Self::Packing) -> Self {
+        let _ = packing;
+        self
+    }
 }
 
 /// The CAS-applied check shared by every single-word algorithm.

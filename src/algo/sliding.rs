@@ -21,7 +21,7 @@
 //! prev - floor(prev * e / W)`, and `x + c + n <= L` holds for the rational
 //! `x` iff it holds for `ceil(x)`. No floating point, no drift.
 
-use super::window::{KeyedWindow, WindowParams, KEYED_ID_BITS, LAST_NS};
+use super::window::{KeyedWindow, WindowParams, LAST_NS};
 use super::{word_algorithm, KeyedWord, WordStep};
 use crate::decision::Decision;
 use crate::error::ConfigError;
@@ -230,19 +230,18 @@ word_algorithm!(SlidingCounter, Window, "sliding window counter", |w| {
     SlidingCounter::from_window(w)
 });
 
-/// Bits of each count in a keyed slot.
-const KEYED_COUNT_BITS: u32 = 12;
-const KEYED_COUNT_MASK: u64 = (1 << KEYED_COUNT_BITS) - 1;
-/// The largest limit of a keyed sliding window counter: 4,095.
-pub(crate) const KEYED_SLIDING_MAX_LIMIT: u64 = KEYED_COUNT_MASK;
-const _: () = assert!(KEYED_ID_BITS + 2 * KEYED_COUNT_BITS == STATE_BITS);
+/// Bits of the window id in a keyed slot: the id modulo 2^12, so that both
+/// counts keep their 14 bits (the sweep period is 2^9 windows: 68.7 s at
+/// the shortest window, 134 ms).
+const KEYED_ID_BITS: u32 = 12;
+const _: () = assert!(KEYED_ID_BITS + 2 * COUNT_BITS == STATE_BITS);
 
-/// The sliding window counter in a keyed slot: `id mod 2^16 | previous |
-/// current` (16 + 12 + 12 bits), the id read back as `KeyedWindow` says.
+/// The sliding window counter in a keyed slot: `id mod 2^12 | previous |
+/// current` (12 + 14 + 14 bits), the id read back as `KeyedWindow` says.
 /// Both counts 0, or a window two or more before `now`'s, is packed as an
-/// idle state (`KeyedWindow::idle`). Given up: limits above 4,095 (refused).
+/// idle state (`KeyedWindow::idle`). Nothing of the limit is given up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SlidingPacking(KeyedWindow);
+pub struct SlidingPacking(KeyedWindow<KEYED_ID_BITS>);
 
 impl Packing for SlidingPacking {
     #[inline]
@@ -250,20 +249,17 @@ impl Packing for SlidingPacking {
         let (sid, prev, cur) = unpack(state);
         let nid = self.0.id(now);
         if (prev == 0 && cur == 0) || sid + 1 < nid {
-            return KeyedWindow::idle(nid) << (2 * KEYED_COUNT_BITS);
+            return KeyedWindow::<KEYED_ID_BITS>::idle(nid) << ID_SHIFT;
         }
-        debug_assert!(prev <= KEYED_COUNT_MASK && cur <= KEYED_COUNT_MASK);
-        KeyedWindow::low(sid) << (2 * KEYED_COUNT_BITS) | prev << KEYED_COUNT_BITS | cur
+        KeyedWindow::<KEYED_ID_BITS>::low(sid) << ID_SHIFT | prev << PREV_SHIFT | cur
     }
 
     #[inline]
     fn unpack(&self, packed: u64, now: u64) -> u64 {
-        match KeyedWindow::full(packed >> (2 * KEYED_COUNT_BITS), self.0.id(now)) {
-            Some(id) if id <= MAX_ID => pack(
-                id,
-                (packed >> KEYED_COUNT_BITS) & KEYED_COUNT_MASK,
-                packed & KEYED_COUNT_MASK,
-            ),
+        match KeyedWindow::<KEYED_ID_BITS>::full(packed >> ID_SHIFT, self.0.id(now)) {
+            Some(id) if id <= MAX_ID => {
+                pack(id, (packed >> PREV_SHIFT) & CUR_MASK, packed & CUR_MASK)
+            }
             _ => 0,
         }
     }
@@ -277,20 +273,10 @@ impl KeyedWord for SlidingCounter {
     type Packing = SlidingPacking;
 
     fn packing(&self) -> Result<SlidingPacking, ConfigError> {
-        let p = SlidingPacking(KeyedWindow::new(&self.0));
-        self.fits(&p)?;
-        Ok(p)
+        Ok(SlidingPacking(KeyedWindow::new(&self.0)))
     }
 
     fn fits(&self, p: &SlidingPacking) -> Result<(), ConfigError> {
-        if self.0.limit > KEYED_SLIDING_MAX_LIMIT {
-            return Err(ConfigError::KeyedSlot {
-                what: "sliding window counter limit",
-                value: self.0.limit,
-                bound: KEYED_SLIDING_MAX_LIMIT,
-                fix: "use a limit of at most 4095 per window (or a shorter window), a keyed fixed window, or a keyed sliding log",
-            });
-        }
         p.0.fits(&self.0)
     }
 }

@@ -94,23 +94,22 @@ impl WindowParams {
     }
 }
 
-/// Bits of a window id in a keyed slot word: the id modulo 2^16.
-pub(crate) const KEYED_ID_BITS: u32 = 16;
-const KEYED_ID_MASK: u64 = (1 << KEYED_ID_BITS) - 1;
-
 /// A window counter's keyed packing: its window length (fixed per table:
-/// quota changes and per-key quotas keep it) and the id arithmetic. The
-/// id is kept modulo 2^16 and read back relative to the id of `now`:
-/// `nid ..< nid + 2^15` (the current window, or a later one when time is
-/// behind the state's), or `nid - 1`; any other is a stale window. A stale
-/// id reads as current again only 2^15 windows later: the wrap sweep
-/// reclaims idle keys every 2^13 windows.
+/// quota changes and per-key quotas keep it) and the id arithmetic, for a
+/// window id kept modulo `2^BITS` (fixed window: 16 bits; sliding counter:
+/// 12). The id is read back relative to the id of `now`: `nid ..< nid +
+/// 2^(BITS-1)` (the current window, or a later one when time is behind the
+/// state's), or `nid - 1`; any other is a stale window. A stale id reads as
+/// current again only `2^(BITS-1)` windows later: the wrap sweep reclaims
+/// idle keys every `2^(BITS-3)` windows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct KeyedWindow {
+pub(crate) struct KeyedWindow<const BITS: u32> {
     params: WindowParams,
 }
 
-impl KeyedWindow {
+impl<const BITS: u32> KeyedWindow<BITS> {
+    const MASK: u64 = (1 << BITS) - 1;
+
     pub(crate) fn new(params: &WindowParams) -> Self {
         KeyedWindow { params: *params }
     }
@@ -121,38 +120,39 @@ impl KeyedWindow {
         self.params.id(now.min(LAST_NS))
     }
 
-    /// The 16 low bits of `id`.
+    /// The `BITS` low bits of `id`.
     #[inline]
     pub(crate) fn low(id: u64) -> u64 {
-        id & KEYED_ID_MASK
+        id & Self::MASK
     }
 
-    /// The low bits an idle state is packed with at `now`'s id `nid`: 2^14
-    /// windows back, so that it reads as stale from 2^14 - 2 windows before
-    /// `nid` (checks at earlier instants) to 2^14 after (and after that as
-    /// a window with nothing counted: idle all the same).
+    /// The low bits an idle state is packed with at `now`'s id `nid`:
+    /// `2^(BITS-2)` windows back, so that it reads as stale from that many
+    /// windows (less two) before `nid` (checks at earlier instants) to as
+    /// many after (and after that as a window with nothing counted: idle
+    /// all the same).
     #[inline]
     pub(crate) fn idle(nid: u64) -> u64 {
-        Self::low(nid.wrapping_sub(1 << (KEYED_ID_BITS - 2)))
+        Self::low(nid.wrapping_sub(1 << (BITS - 2)))
     }
 
     /// The id whose low bits are `low`, read at `now`'s id `nid` (see the
     /// type's doc); `None`: stale.
     #[inline]
     pub(crate) fn full(low: u64, nid: u64) -> Option<u64> {
-        let ahead = low.wrapping_sub(nid) & KEYED_ID_MASK;
-        if ahead < 1 << (KEYED_ID_BITS - 1) {
+        let ahead = low.wrapping_sub(nid) & Self::MASK;
+        if ahead < 1 << (BITS - 1) {
             Some(nid + ahead)
-        } else if ahead == KEYED_ID_MASK {
+        } else if ahead == Self::MASK {
             nid.checked_sub(1)
         } else {
             None
         }
     }
 
-    /// 2^13 windows.
+    /// `2^(BITS-3)` windows.
     pub(crate) fn sweep_period(&self) -> u64 {
-        self.params.length.saturating_mul(1 << (KEYED_ID_BITS - 3))
+        self.params.length.saturating_mul(1 << (BITS - 3))
     }
 
     /// Whether parameters `p` keep this table's window length.

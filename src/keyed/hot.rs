@@ -43,9 +43,6 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
             // Not tracked (idle and reclaimed): the plain path of a new key.
             None => self.check_untracked(h, now),
             Some(Ok((d, m, end))) => {
-                // The TAT as the slot holds it (rounded up to the packing's
-                // unit), so that a give-back finds its lease the tail.
-                let end = self.table.as_stored(end, now);
                 l.took(&stripes[home], now, hints);
                 if m > 1 {
                     l.install::<true>(&stripes[home], h, m - 1, end, now, |k, e, u| {

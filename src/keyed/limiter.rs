@@ -96,6 +96,8 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedBuilder<K, A, C> {
     /// ```
     pub fn build(self) -> Result<KeyedLimiter<K, A, C>, ConfigError> {
         let params = A::from_config(&self.config)?;
+        let packing = params.packing()?;
+        let params = params.in_units(&packing);
         let shards = self.table.validated_shards()?;
         let hasher = self.table.key_hasher();
         // `hot_keys` exists only on token-bucket builders.
@@ -103,7 +105,6 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedBuilder<K, A, C> {
             (Some(options), Some(gcra)) => Some(Box::new(Hot::new(gcra, options)?)),
             _ => None,
         };
-        let packing = params.packing()?;
         Ok(KeyedLimiter {
             table: Table::new(self.table.max_keys, shards, packing),
             params: CachePadded::new(ParamCell::new(params)),
@@ -130,7 +131,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
     /// should have reclaimed first.
     #[inline]
     pub(super) fn clamp(&self, now: u64) -> u64 {
-        let now = self.time.clamp(now);
+        let now = self.table.time(self.time.clamp(now));
         if self.table.sweep_due(now) {
             self.sweep_wrap(now);
         }

@@ -67,6 +67,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         self.no_hot_keys()?;
         let new = A::from_config(&config)?;
         new.fits(self.table.packing())?;
+        let new = new.in_units(self.table.packing());
         let mut current = lock(&self.config);
         let old: A = self.params.read();
         let now = self.clamp(self.now());
@@ -107,6 +108,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         self.no_hot_keys()?;
         let new = A::from_config(&config)?;
         new.fits(self.table.packing())?;
+        let new = new.in_units(self.table.packing());
         let _serial = lock(&self.config);
         let h = self.hash(key);
         let old = self.params_for(h);

@@ -239,6 +239,8 @@ pub(crate) struct Table<P> {
     shard_mask: u64,
     /// The wrap sweep's schedule (`wrap.rs`).
     wrap: Wrap,
+    /// The packing (as each shard's copy), for `time`.
+    packing: P,
 }
 
 impl<P: Packing> Table<P> {
@@ -281,6 +283,7 @@ impl<P: Packing> Table<P> {
             shards,
             shard_mask,
             wrap,
+            packing,
         }
     }
 
@@ -624,16 +627,15 @@ impl<P: Packing> Table<P> {
         ((h & self.shard_mask) as usize, start)
     }
 
-    /// `state` as a slot holds it when written at `now` (a packing may
-    /// round: GCRA's units).
-    pub(crate) fn as_stored(&self, state: u64, now: u64) -> u64 {
-        let p = self.packing();
-        p.unpack(p.pack(state, now), now)
-    }
-
     /// The table's packing of states (fixed for its life).
     pub(crate) fn packing(&self) -> &P {
-        &self.shards[0].packing
+        &self.packing
+    }
+
+    /// `now` in the packing's time unit (`Packing::time`).
+    #[inline]
+    pub(crate) fn time(&self, now: u64) -> u64 {
+        self.packing.time(now)
     }
 
     /// Keys tracked (idle ones not yet reclaimed included).
