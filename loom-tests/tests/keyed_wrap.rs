@@ -30,8 +30,8 @@ fn wrap_sweep_racing_a_check_of_the_key_it_reclaims() {
                 .build()
                 .unwrap(),
         );
-        // Key 1 at 0 s: 1 of 2 used, its TAT 1 s. The first check also ran
-        // the table's first sweep: the next is due at PERIOD.
+        // Key 1 at 0 s: 1 of 2 used, its TAT 1 s. The table was built at 0:
+        // its first sweep is due at PERIOD.
         assert!(l.check_key(&1).is_allowed());
         clock.advance(Duration::from_nanos(PERIOD));
 

@@ -27,12 +27,14 @@ use std::marker::PhantomData;
 /// with memory bounded by `max_keys`.
 ///
 /// - A check of a tracked key is lock-free: one hash, a short probe, one
-///   16-byte compare-exchange on the key's own slot; a denial writes nothing.
-/// - Keys are identified by a 64-bit seeded hash (`ahash`); no key is
-///   stored, so memory is 24 bytes per key of `max_keys` (small tables add
-///   their headers) whatever the key type, and `max_keys` distinct keys
-///   always fit. Two keys whose hashes collide (probability about 2^-64
-///   per pair, with a per-process random seed) share one limit.
+///   8-byte compare-exchange on the key's own slot; a denial writes nothing.
+/// - Keys are identified by a 24-bit tag of a 64-bit seeded hash (`ahash`)
+///   and their place in the table; no key is stored, so memory is 12 bytes
+///   per key of `max_keys` (small tables add their headers) whatever the
+///   key type, and `max_keys` distinct keys always fit. A new key whose tag
+///   equals that of a key its lookup passes shares that key's limit (about
+///   1.2e-7 of new keys, with a per-process random seed; docs/design.md,
+///   "Keyed table").
 /// - A key whose state equals a fresh key's carries no information and may
 ///   be reclaimed at any time; inserts reclaim such keys as they go.
 /// - When the table is full of active keys, [`WhenFull`] decides.
@@ -106,7 +108,14 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedBuilder<K, A, C> {
             _ => None,
         };
         Ok(KeyedLimiter {
-            table: Table::new(self.table.max_keys, shards, packing),
+            // The wrap sweep's schedule starts at the build (a reading of
+            // the clock itself: the limiter's floor is not moved).
+            table: Table::new(
+                self.table.max_keys,
+                shards,
+                packing,
+                self.clock.now().min(crate::clock::HORIZON),
+            ),
             params: CachePadded::new(ParamCell::new(params)),
             hasher,
             time: Timebase::new(self.clock),
@@ -262,7 +271,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         self.table.shard_count()
     }
 
-    /// Bytes the table owns (allocated up front, constant): at most 24 per
+    /// Bytes the table owns (allocated up front, constant): at most 12 per
     /// key of `max_keys` from about 1,000 keys up, whatever the key type,
     /// plus a cache-padded line (128 bytes on x86-64) per stripe of the hot
     /// slots if it has hot keys.
@@ -270,7 +279,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
     /// ```
     /// # use ratewall::{KeyedTokenBucket, Rate};
     /// let l = KeyedTokenBucket::<String>::builder(Rate::per_second(3)).max_keys(1_000_000).build().unwrap();
-    /// assert!(l.memory_bytes() <= 24 * 1_000_000);
+    /// assert!(l.memory_bytes() <= 12 * 1_000_000);
     /// ```
     pub fn memory_bytes(&self) -> usize {
         self.table.memory_bytes()

@@ -1,14 +1,17 @@
 //! Keyed limiters: one limit per key (user, IP address, route, tuple of
 //! them) in a bounded, lock-free table.
 //!
-//! The table (`table.rs`) keeps, per key, a 16-byte slot: the key's 64-bit
-//! hash as its fingerprint, and the algorithm's state word. A check of a key
+//! The table (`table.rs`) keeps, per key, an 8-byte slot: a 24-bit tag of
+//! the key's hash, and the algorithm's state packed in 40 bits
+//! (`algo::KeyedWord`). A check of a key
 //! already tracked takes no lock and writes nothing but that slot (a denial
 //! writes nothing at all). A new key takes its shard's mutex to claim a slot,
 //! and reclaims idle keys on its way. See `docs/design.md`, "Keyed table".
 //!
 //! Files, each importing only the ones listed before it (and `mod.rs`'s
-//! [`KeyedAlgorithm`]): `table.rs`, the slot table and its protocol;
+//! [`KeyedAlgorithm`]): `wrap.rs`, the wrap sweep's schedule (idle keys
+//! reclaimed before their packed time wraps); `table.rs`, the slot table
+//! and its protocol;
 //! `hot_slots.rs`, [`HotKeys`] and the hot slots' state; `builder.rs`,
 //! [`TableOptions`], [`WhenFull`], [`KeyedBuilder`] and their bounds;
 //! `family.rs`, the keyed interface written once (the sealed core, the

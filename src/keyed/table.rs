@@ -3,16 +3,19 @@
 //! # Layout
 //!
 //! ```text
-//!  127                           64 63                            0
-//! +-------------------------------+-------------------------------+
-//! | fingerprint (64-bit key hash) | state word (the algorithm's)  |
-//! +-------------------------------+-------------------------------+
+//!  63                40 39                                            0
+//! +--------------------+-----------------------------------------------+
+//! | tag (24 bits, !=0) | packed state (40 bits: `word::Packing`)       |
+//! +--------------------+-----------------------------------------------+
 //! ```
 //!
-//! One slot is one 16-byte atomic. Fingerprint 0 is an empty slot (never
-//! used: a probe stops there), 1 is a tombstone (a removed key: a probe goes
-//! on, an insert may reuse it); a key's hash is mapped away from 0 and 1.
-//! No key is stored, so the table's memory does not depend on the key type.
+//! One slot is one 8-byte atomic. The whole word 0 is an empty slot (never
+//! used: a probe stops there), 1 a tombstone (a removed key: a probe goes
+//! on, an insert may reuse it); a key's tag (24 bits of its hash, `tag`) is
+//! never 0, so no live word is either. No key is stored, so the table's
+//! memory does not depend on the key type. A key whose tag equals that of
+//! a key in its chain shares that key's slot (about 2^-24 per occupied
+//! slot its lookup compares: docs/design.md, "Keyed table").
 //!
 //! The table has `2^k` cache-padded shards picked by the hash's low bits.
 //! A shard's slots are a *main* region and a small *stash* after it. A key
@@ -29,25 +32,27 @@
 //! The keys tracked are counted across the whole table and never exceed
 //! `max_keys`; a shard holds as many as hash to it (no per-shard cap, so an
 //! unlucky split of the keys between shards rejects nothing). Each shard
-//! gets 24 bytes per key of its even share of `max_keys` (header
+//! gets 12 bytes per key of its even share of `max_keys` (header
 //! included): 1.5 slots per key, a two-thirds load when full. Only a shard
 //! that receives far more than its share (explicit shard counts with a few
 //! keys each) can run out of room before the table does.
 //!
 //! # Slot protocol
 //!
-//! - Check of an existing key (lock-free): load the slot; if its fingerprint
-//!   is ours, run the step on its state; a step that writes nothing returns
-//!   at once (a denial writes no memory); otherwise compare-exchange the
-//!   whole 16 bytes from (ours, seen) to (ours, next). A failure whose
-//!   fingerprint is still ours recomputes from the observed state; a failure
-//!   whose fingerprint changed means the slot was reclaimed for another key:
-//!   the check looks the key up again. Because the exchange compares the
-//!   fingerprint with the state, a decision computed for one key can never be
-//!   written over another key's state, whatever values the states take (ABA).
-//! - Everything that changes a fingerprint (insert, reclaim, eviction,
-//!   `retain_active`) holds the shard's mutex and uses the same 16-byte
-//!   compare-exchange, so it also loses cleanly to a concurrent check.
+//! - Check of an existing key (lock-free): load the word; if its tag is
+//!   ours, unpack its state and run the step; a step that writes nothing
+//!   returns at once (a denial writes no memory); otherwise compare-exchange
+//!   the whole word from seen to (ours, packed next). A failure whose tag is
+//!   still ours recomputes from the observed word; a failure whose tag
+//!   changed means the slot was reclaimed for another key: the check looks
+//!   the key up again. Because the exchange compares the tag with the
+//!   state, a decision computed for one key can never be written over the
+//!   state of a key with another tag, whatever values the states take (ABA).
+//! - Everything that changes a tag (insert, reclaim, eviction, the wrap
+//!   sweep, `retain_active`, `remove`) holds the shard's mutex and uses the
+//!   same compare-exchange, so it also loses cleanly to a concurrent check.
+//! - Time in a packed state is modular: the wrap sweep (`wrap.rs`) reclaims
+//!   idle keys before it wraps; every entry point asks `sweep_due` first.
 
 use super::wrap::Wrap;
 use crate::sync::{lock, AtomicU64, Mutex, Ordering};
@@ -245,8 +250,9 @@ pub(crate) struct Table<P> {
 
 impl<P: Packing> Table<P> {
     /// A table for `max_keys` keys over `shards` shards (a power of two, at
-    /// most `max_keys`; the caller validated both).
-    pub(crate) fn new(max_keys: usize, shards: usize, packing: P) -> Table<P> {
+    /// most `max_keys`; the caller validated both), built at `now` (its
+    /// clock's reading: the wrap sweep's schedule starts there).
+    pub(crate) fn new(max_keys: usize, shards: usize, packing: P, now: u64) -> Table<P> {
         debug_assert!(shards.is_power_of_two() && shards <= max_keys);
         let base = max_keys / shards;
         let extra = max_keys % shards;
@@ -273,12 +279,12 @@ impl<P: Packing> Table<P> {
                     count: Arc::clone(&count),
                     inner: Mutex::new(0),
                     packing,
-                    swept: AtomicU64::new(0),
+                    swept: AtomicU64::new(now),
                 })
             })
             .collect();
         let shard_mask = shards.len() as u64 - 1;
-        let wrap = Wrap::new(packing.sweep_period(), shards.len());
+        let wrap = Wrap::new(packing.sweep_period(), shards.len(), now);
         Table {
             shards,
             shard_mask,
@@ -552,17 +558,10 @@ impl<P: Packing> Table<P> {
     #[inline(never)]
     pub(crate) fn sweep_wrap(&self, view: &impl StateView) -> usize {
         let now = view.now();
-        let start = || {
-            for shard in self.shards.iter() {
-                let _guard = lock(&shard.inner);
-                // Relaxed: read and written under the shard's mutex.
-                shard.swept.store(now, Ordering::Relaxed);
-            }
-        };
-        self.wrap.run(now, self.shards.len(), start, |i| {
+        self.wrap.run(now, self.shards.len(), |i| {
             let shard = &self.shards[i];
             let _guard = lock(&shard.inner);
-            // Relaxed: under the shard's mutex, as above.
+            // Relaxed: read and written under the shard's mutex.
             let at = self.wrap.read_at(shard.swept.load(Ordering::Relaxed), now);
             reclaim_idle(shard, at, view);
             shard.swept.store(now, Ordering::Relaxed);

@@ -80,7 +80,7 @@ fn fp_at(t: &Table<Plain>, i: usize) -> u64 {
 
 /// A one-shard table for 100 keys: 150 slots, the last 6 the stash.
 fn hundred() -> Table<Plain> {
-    let t = Table::new(100, 1, Plain);
+    let t = Table::new(100, 1, Plain, 0);
     assert_eq!((t.shards[0].main, t.shards[0].slots.len()), (144, 150));
     t
 }
@@ -212,7 +212,7 @@ fn evict_elsewhere_takes_the_least_time_to_idle_in_its_range_and_wraps() {
 
 #[test]
 fn the_victim_is_the_least_time_to_idle_first_in_probe_order() {
-    let t = Table::new(4, 1, Plain);
+    let t = Table::new(4, 1, Plain, 0);
     // 6 slots, no stash: every window covers the shard.
     assert_eq!((t.shards[0].main, t.shards[0].slots.len()), (6, 6));
     let a = hash_at(&t, 0, 1, 0);
@@ -258,7 +258,7 @@ fn the_victim_is_the_least_time_to_idle_first_in_probe_order() {
 
 #[test]
 fn room_predicts_insert() {
-    let t = Table::new(4, 1, Plain);
+    let t = Table::new(4, 1, Plain, 0);
     let keys: Vec<u64> = (0..6).map(|i| hash_at(&t, 0, 2, i)).collect();
     for &h in &keys[..3] {
         assert_eq!(t.room(h, &Ttl, Full::Reject), Room::Tracked);
@@ -362,7 +362,7 @@ fn a_full_window_overflows_into_the_stash_whose_keys_are_victims_too() {
 /// slots still finds the table full.
 #[test]
 fn the_key_count_is_shared_by_the_shards() {
-    let t = Table::new(8, 2, Plain);
+    let t = Table::new(8, 2, Plain, 0);
     for s in t.shards.iter() {
         assert_eq!((s.main, s.slots.len()), (6, 6)); // a share of 4 keys
     }
@@ -428,7 +428,7 @@ fn the_key_count_is_shared_by_the_shards() {
 /// evicting (`room` predicts it: `put` checks).
 #[test]
 fn a_shard_with_nothing_to_evict_rejects_when_other_shards_fill_the_table() {
-    let t = Table::new(2, 2, Plain);
+    let t = Table::new(2, 2, Plain, 0);
     for s in t.shards.iter() {
         assert_eq!((s.main, s.slots.len()), (2, 2));
     }
@@ -453,7 +453,7 @@ fn a_shard_with_nothing_to_evict_rejects_when_other_shards_fill_the_table() {
 /// cursor (a shard larger than the four ranges tells the start apart).
 #[test]
 fn evicting_elsewhere_starts_where_the_sweep_left_the_cursor() {
-    let t = Table::new(1200, 4, Plain);
+    let t = Table::new(1200, 4, Plain, 0);
     let n = t.shards[3].slots.len();
     let main = t.shards[3].main;
     assert!(n > 5 * SWEEP && main > 5 * SWEEP, "{main} + {}", n - main);
@@ -495,7 +495,7 @@ fn evicting_elsewhere_starts_where_the_sweep_left_the_cursor() {
 #[test]
 fn one_shard_of_up_to_22_keys_is_covered_by_every_window_and_sweep() {
     for k in 1..=23 {
-        let t = Table::new(k, 1, Plain);
+        let t = Table::new(k, 1, Plain, 0);
         let s = &t.shards[0];
         let covered = s.main <= PROBE && s.slots.len() <= SWEEP;
         assert_eq!(
@@ -510,7 +510,7 @@ fn one_shard_of_up_to_22_keys_is_covered_by_every_window_and_sweep() {
 
 #[test]
 fn memory_and_capacity_add_up_over_shards() {
-    let t = Table::new(10, 4, Plain);
+    let t = Table::new(10, 4, Plain, 0);
     assert_eq!(t.capacity(), 10);
     assert_eq!(t.shard_count(), 4);
     let slots: usize = t.shards.iter().map(|s| s.slots.len()).sum();
@@ -531,7 +531,7 @@ fn memory_and_capacity_add_up_over_shards() {
 )]
 fn a_full_table_fits_with_its_stashes_mostly_empty() {
     let n = 100_000;
-    let t = Table::new(n, 64, Plain);
+    let t = Table::new(n, 64, Plain, 0);
     let mut x = 0x1234_5678_u64;
     for _ in 0..n {
         // splitmix64: distinct, well-spread hashes.

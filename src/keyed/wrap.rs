@@ -28,26 +28,27 @@ pub(crate) struct Wrap {
     step: u64,
     /// The sweep period.
     period: u64,
-    /// The next shard to sweep and the time of the last run (`None`: never
-    /// ran). Boxed: cold, and the limiter that holds the table stays small.
-    cursor: Box<Mutex<(usize, Option<u64>)>>,
+    /// The next shard to sweep and the time of the last run (or of the
+    /// table's build). Boxed: cold, and the limiter that holds the table
+    /// stays small.
+    cursor: Box<Mutex<(usize, u64)>>,
 }
 
 impl Wrap {
     /// The schedule for `shards` shards, each swept once per `period` ns
-    /// (`u64::MAX`: never).
-    pub(crate) fn new(period: u64, shards: usize) -> Wrap {
-        let (due, step) = if period == u64::MAX {
-            (u64::MAX, u64::MAX)
+    /// (`u64::MAX`: never), of a table built at `now` (empty: as good as
+    /// swept then).
+    pub(crate) fn new(period: u64, shards: usize, now: u64) -> Wrap {
+        let step = if period == u64::MAX {
+            u64::MAX
         } else {
-            // The first check runs it: it records when the sweep started.
-            (0, (period / shards as u64).max(1))
+            (period / shards as u64).max(1)
         };
         Wrap {
-            due: AtomicU64::new(due),
+            due: AtomicU64::new(now.saturating_add(step)),
             step,
             period,
-            cursor: Box::new(Mutex::new((0, None))),
+            cursor: Box::new(Mutex::new((0, now))),
         }
     }
 
@@ -62,7 +63,7 @@ impl Wrap {
 
     /// Bytes this schedule owns beside itself (its boxed cursor).
     pub(crate) fn heap_bytes(&self) -> usize {
-        std::mem::size_of::<Mutex<(usize, Option<u64>)>>()
+        std::mem::size_of::<Mutex<(usize, u64)>>()
     }
 
     /// Whether a run is due at `now`: the check's one load and compare.
@@ -74,16 +75,8 @@ impl Wrap {
     }
 
     /// Sweeps the shards due at `now` with `sweep` (shard index), unless
-    /// another thread has done it meanwhile. Returns the shards swept. The
-    /// first run sweeps nothing: it finds a table no check has written yet,
-    /// and `start` stamps every shard as swept at `now`.
-    pub(crate) fn run(
-        &self,
-        now: u64,
-        shards: usize,
-        start: impl FnOnce(),
-        mut sweep: impl FnMut(usize),
-    ) -> usize {
+    /// another thread has done it meanwhile. Returns the shards swept.
+    pub(crate) fn run(&self, now: u64, shards: usize, mut sweep: impl FnMut(usize)) -> usize {
         let mut cursor = lock(&self.cursor);
         // Relaxed: `due` is written only under this mutex, which we hold.
         if now < self.due.load(Ordering::Relaxed) {
@@ -93,21 +86,15 @@ impl Wrap {
         // one; all of them after a pause of a period or more), so that each
         // shard waits at most a period (plus one step) between two sweeps
         // for as long as checks come.
-        let k = match cursor.1 {
-            None => {
-                start();
-                0
-            }
-            Some(last) => now
-                .saturating_sub(last)
-                .div_ceil(self.step)
-                .clamp(1, shards as u64) as usize,
-        };
+        let k = now
+            .saturating_sub(cursor.1)
+            .div_ceil(self.step)
+            .clamp(1, shards as u64) as usize;
         for _ in 0..k {
             sweep(cursor.0);
             cursor.0 = (cursor.0 + 1) % shards;
         }
-        cursor.1 = Some(now);
+        cursor.1 = now;
         // Release: see `is_due`.
         self.due
             .store(now.saturating_add(self.step), Ordering::Release);

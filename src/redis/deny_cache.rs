@@ -3,9 +3,12 @@
 //! round trip.
 //!
 //! Storage is ratewall's keyed table (`src/keyed/table.rs`): bounded
-//! (`max_keys`), one 16-byte slot per key (a 64-bit fingerprint of the
-//! Redis key name and the deadline in nanoseconds on this process's
-//! monotonic clock), lock-free lookups, and expired deadlines reclaimed as
+//! (`max_keys`), one 8-byte slot per key (a 24-bit tag of the Redis key
+//! name's hash and the deadline in nanoseconds on this process's monotonic
+//! clock, modulo 2^40: deadlines at most 2^38 ns ahead, the table's wrap
+//! sweep reclaims passed ones; two names with one tag in one chain share
+//! an entry, about 2^-24 per entry compared: a denial cached for one may
+//! deny the other until it passes), lock-free lookups, and expired deadlines reclaimed as
 //! new keys arrive; when full of live deadlines the entry that expires
 //! soonest is evicted (losing one only costs a round trip).
 //!
@@ -52,15 +55,17 @@ impl StateView for Deadlines {
 
 impl DenyCache {
     pub(crate) fn new(max_keys: usize) -> DenyCache {
+        let clock = StdClock::new();
         DenyCache {
             // 1 ns units: deadlines up to 2^38 ns (4.6 minutes) ahead.
             table: Table::new(
                 max_keys,
                 if max_keys >= 1024 { 16 } else { 1 },
                 TimePacking::for_tolerance(0),
+                clock.now() + 1,
             ),
             hasher: ahash::RandomState::new(),
-            clock: StdClock::new(),
+            clock,
         }
     }
 
