@@ -78,9 +78,12 @@ fn a_full_sliding_window_does_not_come_back_2_12_windows_later() {
     }
 }
 
-/// No insert needed: checks of other keys drive the sweep, which reclaims
-/// an idle key within its period (2^37 ns here: a 2 s burst window keeps
-/// 1 ns units) over one shard.
+/// No insert needed: checks of other keys drive the sweep, which rewrites
+/// an idle key's word within its period (2^37 ns here: a 2 s burst window
+/// keeps 1 ns units) over one shard, so that a check of it 2^40 ns after
+/// its last one finds it fresh (unswept, its TAT would read as 1 s ahead
+/// again). The key stays tracked, as any idle key until an insert needs
+/// its slot.
 #[test]
 fn checks_of_other_keys_sweep_an_idle_key_within_the_period() {
     let clock = ManualClock::new();
@@ -90,18 +93,25 @@ fn checks_of_other_keys_sweep_an_idle_key_within_the_period() {
         .clock(clock.clone())
         .build()
         .unwrap();
-    assert!(l.check_key(&1).is_allowed());
+    assert!(l.check_key_n(&1, 2).unwrap().is_allowed());
     assert!(l.check_key(&2).is_allowed());
     assert_eq!(l.len(), 2);
-    // Key 2 is checked every second (it stays active); key 1 goes idle.
+    // Key 2 is checked every minute; key 1 goes idle.
     let mut t = 0;
-    while t < (1u64 << 37) + 2 * S {
+    while t < 1u64 << 40 {
         clock.advance(Duration::from_secs(60));
         t += 60 * S;
         assert!(l.check_key(&2).is_allowed());
     }
-    assert_eq!(l.len(), 1, "key 1 idle for a whole period and not swept");
-    assert!(l.peek_key(&2).is_allowed());
+    assert_eq!(l.len(), 2, "idle keys stay tracked");
+    // 2^40 ns and a bit after key 1's TAT (2 s): unswept, its word would
+    // read as about 2 s ahead (both tokens in use).
+    let d = l.peek_key(&1);
+    assert_eq!(
+        (d.remaining(), d.tracking()),
+        (1, Tracking::Tracked),
+        "{d:?}"
+    );
 }
 
 /// A keyed token bucket's unit grows with its burst window (4x headroom

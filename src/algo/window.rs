@@ -127,13 +127,14 @@ impl<const BITS: u32> KeyedWindow<BITS> {
     }
 
     /// The low bits an idle state is packed with at `now`'s id `nid`:
-    /// `2^(BITS-2)` windows back, so that it reads as stale from that many
-    /// windows (less two) before `nid` (checks at earlier instants) to as
-    /// many after (and after that as a window with nothing counted: idle
-    /// all the same).
+    /// `2^(BITS-3)` windows (a sweep period) back, so that it reads as stale
+    /// from that many windows (less two) before `nid` (checks at earlier
+    /// instants) to three times as many after (the wrap sweep rewrites it
+    /// within two; after that it would read as a window with nothing
+    /// counted: idle all the same).
     #[inline]
     pub(crate) fn idle(nid: u64) -> u64 {
-        Self::low(nid.wrapping_sub(1 << (BITS - 2)))
+        Self::low(nid.wrapping_sub(1 << (BITS - 3)))
     }
 
     /// The id whose low bits are `low`, read at `now`'s id `nid` (see the

@@ -523,7 +523,7 @@ impl<P: Packing> Table<P> {
             .iter()
             .map(|s| {
                 let _guard = lock(&s.inner);
-                reclaim_idle(s, view.now(), view)
+                reclaim_idle(s, view)
             })
             .sum()
     }
@@ -551,8 +551,8 @@ impl<P: Packing> Table<P> {
         self.wrap.is_due(now)
     }
 
-    /// The wrap sweep's due part: reclaims the idle keys of the shards due
-    /// at `view.now()`. Returns the shards swept. Takes no shard mutex
+    /// The wrap sweep's due part: rewrites the idle keys of the shards due
+    /// at `view.now()` as idle states packed then (`normalize_idle`). Returns the shards swept. Takes no shard mutex
     /// while the caller holds one.
     #[cold]
     #[inline(never)]
@@ -563,7 +563,7 @@ impl<P: Packing> Table<P> {
             let _guard = lock(&shard.inner);
             // Relaxed: read and written under the shard's mutex.
             let at = self.wrap.read_at(shard.swept.load(Ordering::Relaxed), now);
-            reclaim_idle(shard, at, view);
+            normalize_idle(shard, at, view);
             shard.swept.store(now, Ordering::Relaxed);
         })
     }
@@ -665,10 +665,10 @@ impl<P: Packing> Table<P> {
     }
 }
 
-/// Removes every key of `shard` idle at `view.now()`, its state read at
-/// `at` (`retain_active`: now; the wrap sweep: see `Wrap::read_at`).
+/// Removes every key of `shard` idle at `view.now()` (`retain_active`).
 /// Caller holds the shard's mutex.
-fn reclaim_idle<P: Packing>(shard: &Shard<P>, at: u64, view: &impl StateView) -> usize {
+fn reclaim_idle<P: Packing>(shard: &Shard<P>, view: &impl StateView) -> usize {
+    let at = view.now();
     let mut removed = 0;
     for slot in shard.slots.iter() {
         // Acquire: as in `find`.
@@ -689,6 +689,32 @@ fn reclaim_idle<P: Packing>(shard: &Shard<P>, at: u64, view: &impl StateView) ->
         }
     }
     removed
+}
+
+/// Rewrites every key of `shard` idle at `view.now()` (its state read at
+/// `at`, see `Wrap::read_at`) as the idle state packed at `view.now()`: the
+/// key stays tracked, exactly as an idle key not yet reclaimed, and its word
+/// reads as idle for the sweep periods to come. Caller holds the shard's
+/// mutex; a check that changes the slot meanwhile fails our exchange and
+/// the new state is judged again.
+fn normalize_idle<P: Packing>(shard: &Shard<P>, at: u64, view: &impl StateView) {
+    let now = view.now();
+    for slot in shard.slots.iter() {
+        // Acquire: as in `find`.
+        let mut v = slot.load(Ordering::Acquire);
+        while tag_of(v) != 0 && view.is_idle(shard.state_of(v, at)) {
+            let idle = shard.word(tag_of(v), 0, now);
+            if idle == v {
+                break;
+            }
+            // AcqRel: as any slot update (a check that loses to it reads the
+            // new word with Acquire and recomputes).
+            match slot.compare_exchange(v, idle, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => break,
+                Err(actual) => v = actual,
+            }
+        }
+    }
 }
 
 /// The key's slot in its chain, and the value seen there.

@@ -1,11 +1,14 @@
-//! The keyed table's wrap sweep: the schedule that reclaims every idle key
-//! before its packed time can wrap around and read as current.
+//! The keyed table's wrap sweep: the schedule that rewrites every idle
+//! key's word before its packed time can wrap around and read as current.
 //!
 //! A slot word keeps a key's state in 40 bits, with time modulo the
 //! packing's range (`word::Packing`): an idle key left alone long enough
-//! would come back as active. So every shard's idle keys are reclaimed at
-//! least once per `sweep_period` (a quarter of what the packing tolerates,
-//! see `docs/design.md`, "Keyed table").
+//! would come back as active. So every shard's idle keys are *normalized*
+//! at least once per `sweep_period` (a quarter of what the packing
+//! tolerates, see `docs/design.md`, "Keyed table"): their words rewritten
+//! as the idle state packed at the sweep's `now`. They stay tracked, as
+//! idle keys always did until an insert reclaims them: `len()` and every
+//! decision are those of an untouched idle key.
 //!
 //! The table drives it itself, with no thread of its own: each check loads
 //! `due` (one read-mostly word beside the table's shard pointer) and
