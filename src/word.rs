@@ -237,16 +237,17 @@ pub(crate) const STATE_MASK: u64 = (1 << STATE_BITS) - 1;
 /// - an idle state may be packed as any other idle state.
 ///
 /// A packing with time in it reads a state modulo its range, so the table
-/// reclaims every idle key within [`sweep_period`](Self::sweep_period) (its
-/// wrap sweep), before an old time can read as a current one. A packing
-/// without time (`u64::MAX`) is never swept for it.
+/// rewrites every idle key's word within
+/// [`sweep_period`](Self::sweep_period) (its wrap sweep), before an old
+/// time can read as a current one. A packing without time (`u64::MAX`) is
+/// never swept for it.
 pub trait Packing: Copy + fmt::Debug + Send + Sync + 'static {
     /// The state `state` at `now`, packed (at most [`STATE_MASK`]).
     fn pack(&self, state: u64, now: u64) -> u64;
     /// The full state a packed one stands for at `now`.
     fn unpack(&self, packed: u64, now: u64) -> u64;
-    /// Nanoseconds within which the table must reclaim every idle key, or
-    /// `u64::MAX` if the packed state holds no time.
+    /// Nanoseconds within which the table must rewrite every idle key's
+    /// word, or `u64::MAX` if the packed state holds no time.
     fn sweep_period(&self) -> u64;
     /// `now` as the table's checks read it: in the packing's time unit
     /// (rounded down: a check behaves as at an instant no later than its
