@@ -9,13 +9,11 @@
 //! +--------------------+-----------------------------------------------+
 //! ```
 //!
-//! One slot is one 8-byte atomic. The whole word 0 is an empty slot (never
-//! used: a probe stops there), 1 a tombstone (a removed key: a probe goes
-//! on, an insert may reuse it); a key's tag (24 bits of its hash, `tag`) is
-//! never 0, so no live word is either. No key is stored, so the table's
-//! memory does not depend on the key type. A key whose tag equals that of
-//! a key in its chain shares that key's slot (about 2^-24 per occupied
-//! slot its lookup compares: docs/design.md, "Keyed table").
+//! One slot is one 8-byte atomic. Word 0 is an empty slot (a probe stops
+//! there), 1 a tombstone (a probe goes on, an insert may reuse it); tags
+//! are never 0, so no live word is either. No key is stored. A key whose
+//! tag equals that of a key in its chain shares its slot (about 2^-24 per
+//! slot compared: docs/design.md, "Keyed table").
 //!
 //! The table has `2^k` cache-padded shards picked by the hash's low bits.
 //! A shard's slots are a *main* region and a small *stash* after it. A key
@@ -51,8 +49,8 @@
 //! - Everything that changes a tag (insert, reclaim, eviction, the wrap
 //!   sweep, `retain_active`, `remove`) holds the shard's mutex and uses the
 //!   same compare-exchange, so it also loses cleanly to a concurrent check.
-//! - Time in a packed state is modular: the wrap sweep (`wrap.rs`) reclaims
-//!   idle keys before it wraps; every entry point asks `sweep_due` first.
+//! - Time in a packed state is modular: the wrap sweep (`wrap.rs`) rewrites
+//!   idle keys' words before it wraps; every entry point asks `sweep_due`.
 
 use super::wrap::Wrap;
 use crate::sync::{lock, AtomicU64, Mutex, Ordering};
@@ -66,7 +64,7 @@ pub(crate) const EMPTY: u64 = 0;
 /// A slot whose key was removed.
 pub(crate) const TOMB: u64 = 1;
 
-/// Slots scanned for one key: 32 x 16 B = 512 B, eight cache lines.
+/// Slots scanned for one key: 32 x 8 B = 256 B, four cache lines.
 pub(crate) const PROBE: usize = 32;
 /// Slots scanned per insert, beyond the key's chain, to reclaim idle keys
 /// when the table is at `max_keys` (amortized eviction).
@@ -569,14 +567,12 @@ impl<P: Packing> Table<P> {
     }
 
     /// Applies `f` to every tracked key's state (quota changes) with the
-    /// slot protocol (a racing check wins or loses cleanly). Takes every
-    /// shard's mutex first and holds them all: an insert reads the parameters
-    /// under its shard's mutex, so a quota change that made the parameters
-    /// unreadable while waiting for a shard would deadlock. `between` runs
-    /// once all are held, before the first state changes (it starts the
-    /// parameter change).
-    /// The keys with hashes in `skip` (per-key quotas) keep their states:
-    /// their slots are found under the mutexes, where no key can move.
+    /// slot protocol, but for the keys with hashes in `skip` (per-key
+    /// quotas; found under the mutexes, where no key moves). Takes every
+    /// shard's mutex first and holds them all (an insert reads the
+    /// parameters under its shard's mutex: taking them one by one while the
+    /// parameters are unreadable would deadlock); `between` runs once all
+    /// are held, before the first state changes (it starts the change).
     pub(crate) fn for_each_state(
         &self,
         now: u64,
@@ -764,7 +760,7 @@ fn find_in_stash<P: Packing>(shard: &Shard<P>, fp: u64) -> Option<(&AtomicU64, u
     None
 }
 
-/// What one slot of a key's chain says of the key with fingerprint `fp`.
+/// What one slot of a key's chain says of the key tagged `fp`.
 enum Look {
     /// The key's slot, holding this value.
     Found(u64),
