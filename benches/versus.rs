@@ -389,7 +389,15 @@ impl KeyedRow {
         for k in 0..self.n {
             let _ = rw.check_key(&k);
         }
-        assert_eq!(rw.len() as u64, self.n, "every key tracked");
+        // Every key tracked, but for the rare key whose 24-bit tag equals
+        // that of a key in its chain (about 2^-23 per key: it shares that
+        // key's slot; docs/design.md, "Keyed table").
+        assert!(
+            rw.len() as u64 + self.n / (1 << 20) + 2 >= self.n,
+            "every key tracked: {} of {}",
+            rw.len(),
+            self.n
+        );
         rw
     }
 

@@ -88,6 +88,19 @@ pub enum ConfigError {
         /// The largest tolerance accepted on this limit.
         max: u64,
     },
+    /// A keyed table's 8-byte slot cannot hold this quota's state: 40 bits
+    /// of state per key bound the value named (`docs/design.md`, "Keyed
+    /// table").
+    KeyedSlot {
+        /// What does not fit.
+        what: &'static str,
+        /// The value asked for.
+        value: u64,
+        /// The bound the table accepts (a maximum; for an interval, a minimum).
+        bound: u64,
+        /// What to change, in words.
+        fix: &'static str,
+    },
     /// The parts of an elastic limit do not fit together, or a quota change
     /// asks for something the limiter cannot change at run time.
     Incompatible {
@@ -145,6 +158,15 @@ impl fmt::Display for ConfigError {
             ConfigError::ToleranceTooLarge { limit, tolerance, max } => write!(
                 f,
                 "limit {limit} with a tolerance of {tolerance} does not fit this algorithm's state; use a tolerance of at most {max}"
+            ),
+            ConfigError::KeyedSlot {
+                what,
+                value,
+                bound,
+                fix,
+            } => write!(
+                f,
+                "{what} {value} does not fit a keyed table's 8-byte slot (bound {bound}); {fix}"
             ),
             ConfigError::Incompatible { reason } => f.write_str(reason),
         }

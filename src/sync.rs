@@ -36,45 +36,6 @@ pub(crate) fn park_timeout(d: std::time::Duration) {
     }
 }
 
-/// A 16-byte atomic (the keyed table's slot: fingerprint and state word
-/// change together). `portable-atomic` uses `cmpxchg16b` for the
-/// compare-exchange and, on CPUs with AVX, a plain `vmovdqa` for the load,
-/// so a load does not write the cache line and denials stay read-only.
-#[cfg(not(ratewall_loom))]
-pub(crate) use portable_atomic::AtomicU128;
-
-/// Loom stand-in for the 16-byte atomic: loom has no 128-bit atomic, so a
-/// loom mutex makes every access one indivisible step, which is what the
-/// real instruction guarantees (`cmpxchg16b` and `vmovdqa` are SeqCst).
-#[cfg(ratewall_loom)]
-#[derive(Debug)]
-pub(crate) struct AtomicU128(loom::sync::Mutex<u128>);
-
-#[cfg(ratewall_loom)]
-impl AtomicU128 {
-    pub(crate) fn new(v: u128) -> Self {
-        AtomicU128(loom::sync::Mutex::new(v))
-    }
-    pub(crate) fn load(&self, _order: Ordering) -> u128 {
-        *self.0.lock().unwrap()
-    }
-    pub(crate) fn compare_exchange(
-        &self,
-        current: u128,
-        new: u128,
-        _success: Ordering,
-        _failure: Ordering,
-    ) -> Result<u128, u128> {
-        let mut g = self.0.lock().unwrap();
-        if *g == current {
-            *g = new;
-            Ok(current)
-        } else {
-            Err(*g)
-        }
-    }
-}
-
 /// Called in every spin loop: a CPU hint normally, a scheduling point under loom
 /// (loom must see the spinning thread yield, or the model never terminates).
 #[inline]

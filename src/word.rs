@@ -18,6 +18,7 @@
 //! combine one thread's decision with another thread's state.
 
 use crate::sync::{fence, spin_hint, yield_now, AtomicU64, Ordering};
+use std::fmt;
 
 /// One packed state word.
 #[derive(Debug)]
@@ -209,6 +210,74 @@ impl ParamCell {
         // Release: pairs with `read`'s Acquire; the words above are visible
         // to any reader that sees this even version.
         self.version.store(v.wrapping_add(1), Ordering::Release);
+    }
+}
+
+/// Bits of a keyed table's 8-byte slot word that hold the key's state: the
+/// low 40. The 24 above them hold the key's tag (docs/design.md, "Keyed
+/// table").
+pub(crate) const STATE_BITS: u32 = 40;
+
+/// The largest packed state.
+pub(crate) const STATE_MASK: u64 = (1 << STATE_BITS) - 1;
+
+/// How a keyed table keeps one key's state in the [`STATE_BITS`] low bits of
+/// its slot word: the algorithm's full state word (what its step reads and
+/// writes) packed relative to `now`, and back.
+///
+/// A packing is fixed per table (from the quota it was built with, see
+/// `algo::KeyedWord`). Its contract, for every state `s` the algorithm can
+/// hold at `now` and every `later` with `later - now` under
+/// [`sweep_period`](Self::sweep_period) twice:
+///
+/// - `pack(s, now) <= STATE_MASK`;
+/// - `unpack(pack(s, now), later)` means the same as `s` at `later` (equal,
+///   or both idle), except that a packing may round a state towards "less
+///   admitted" (GCRA rounds its time up: it never admits more);
+/// - an idle state may be packed as any other idle state.
+///
+/// A packing with time in it reads a state modulo its range, so the table
+/// rewrites every idle key's word within
+/// [`sweep_period`](Self::sweep_period) (its wrap sweep), before an old
+/// time can read as a current one. A packing without time (`u64::MAX`) is
+/// never swept for it.
+pub trait Packing: Copy + fmt::Debug + Send + Sync + 'static {
+    /// The state `state` at `now`, packed (at most [`STATE_MASK`]).
+    fn pack(&self, state: u64, now: u64) -> u64;
+    /// The full state a packed one stands for at `now`.
+    fn unpack(&self, packed: u64, now: u64) -> u64;
+    /// Nanoseconds within which the table must rewrite every idle key's
+    /// word, or `u64::MAX` if the packed state holds no time.
+    fn sweep_period(&self) -> u64;
+    /// `now` as the table's checks read it: in the packing's time unit
+    /// (rounded down: a check behaves as at an instant no later than its
+    /// own, never admitting more). `now` itself for a packing that keeps
+    /// time to the nanosecond, or none.
+    #[inline]
+    fn time(&self, now: u64) -> u64 {
+        now
+    }
+}
+
+/// The packing of a state with no time in it that fits 40 bits as it is (a
+/// count): the identity. Never swept.
+// Used by the table's tests now, and by the keyed concurrency algorithm.
+#[cfg_attr(not(test), allow(dead_code))]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Plain;
+
+impl Packing for Plain {
+    #[inline]
+    fn pack(&self, state: u64, _: u64) -> u64 {
+        debug_assert!(state <= STATE_MASK);
+        state
+    }
+    #[inline]
+    fn unpack(&self, packed: u64, _: u64) -> u64 {
+        packed
+    }
+    fn sweep_period(&self) -> u64 {
+        u64::MAX
     }
 }
 

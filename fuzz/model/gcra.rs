@@ -24,6 +24,36 @@ impl Quota {
     }
 }
 
+/// The documented precision of a keyed table (docs/design.md, "Keyed
+/// table"): a keyed bucket runs in time units of `u = 2^s` ns, the least
+/// power of two (at most 2^23) with `4 * tau <= 2^38 * u` for the quota it
+/// was built with; 1 ns (exact) for burst windows up to 2^36 ns.
+pub fn keyed_unit(q: &Quota) -> u128 {
+    let units = (q.tau() * 4).min(u128::from(u64::MAX)) >> 38;
+    let shift = 128 - units.leading_zeros();
+    1 << shift.min(23)
+}
+
+/// The quota a keyed table of unit `u` runs: the interval rounded up to
+/// whole units; `None` where the table refuses it (`ConfigError::KeyedSlot`:
+/// a unit above 2^-10 of the interval, or a burst window in units above
+/// 2^38 units).
+pub fn keyed_quota(q: Quota, u: u128) -> Option<Quota> {
+    if u > 1 && u << 10 > q.emission {
+        return None;
+    }
+    let kq = Quota {
+        emission: q.emission.div_ceil(u) * u,
+        ..q
+    };
+    (kq.tau() <= (1 << 38) * u).then_some(kq)
+}
+
+/// A time as a keyed table of unit `u` reads it: rounded down to a unit.
+pub fn keyed_time(t: u128, u: u128) -> u128 {
+    t / u * u
+}
+
 /// Every documented rule the rate breaks. ratewall must return one of
 /// these (it may check them in any order), or succeed when there are none.
 pub fn violations(

@@ -14,7 +14,7 @@
 //! token buckets, all on one clock; each limiter keeps its own view of time.
 //! The model: all or nothing, and the most restrictive decision.
 
-use super::gcra::{Bucket, Quota};
+use super::gcra::{keyed_quota, keyed_time, keyed_unit, Bucket, Quota};
 use super::{assert_decision, Dec, RateSpec, SmallRate, TimeModel, TimeOp, MAX_STEPS};
 use arbitrary::{Arbitrary, Unstructured};
 use ratewall::{
@@ -90,11 +90,15 @@ pub fn run_keyed(data: &[u8]) {
     ) else {
         return;
     };
-    let Ok(mut q) = spec.model() else {
+    let Ok(q) = spec.model() else {
         return; // validation is the config target's job
     };
+    // The keyed table's documented precision: its time unit and the
+    // quota in whole units (exact, `unit == 1`, for burst windows up to
+    // 2^36 ns); a quota it cannot hold is refused.
+    let unit = keyed_unit(&q);
     let clock = ManualClock::new();
-    let real = KeyedTokenBucket::<u8, _>::builder(spec.rate())
+    let built = KeyedTokenBucket::<u8, _>::builder(spec.rate())
         .max_keys(max_keys)
         .when_full(match policy {
             Policy::Reject => WhenFull::RejectNew,
@@ -103,8 +107,15 @@ pub fn run_keyed(data: &[u8]) {
         })
         .seed(7)
         .clock(clock.clone())
-        .build()
-        .expect("a valid rate and max_keys build");
+        .build();
+    let Some(mut q) = keyed_quota(q, unit) else {
+        assert!(
+            matches!(built, Err(ratewall::ConfigError::KeyedSlot { .. })),
+            "{spec:?}: {built:?}"
+        );
+        return;
+    };
+    let real = built.expect("a valid rate and max_keys build");
     let mut time = TimeModel::default();
     let mut keys: Vec<Maybe> = (0..KEYS).map(|_| Maybe(vec![0])).collect();
     for step in 0..MAX_STEPS {
@@ -127,7 +138,7 @@ pub fn run_keyed(data: &[u8]) {
                 } else {
                     real.peek_key_n(&key, n)
                 };
-                let t = time.read();
+                let t = keyed_time(time.read(), unit);
                 for m in keys.iter_mut() {
                     m.normalize(t);
                 }
@@ -208,7 +219,12 @@ pub fn run_keyed(data: &[u8]) {
             KeyedOp::Refund { key, n } => {
                 let key = key % KEYS;
                 real.refund_key(&key, n.into());
-                let t = time.read();
+                let t = keyed_time(time.read(), unit);
+                for m in keys.iter_mut() {
+                    // Idle keys may be swept (their words rewritten) at
+                    // any entry point: they behave as fresh ones.
+                    m.normalize(t);
+                }
                 let m = &mut keys[key as usize];
                 for tat in &mut m.0 {
                     let mut b = Bucket {
@@ -224,10 +240,14 @@ pub fn run_keyed(data: &[u8]) {
                 keys[(key % KEYS) as usize] = Maybe(vec![0]);
             }
             KeyedOp::Time(op) => op.apply(&clock, &mut time),
-            KeyedOp::SetQuota(r) => match (real.set_quota(r.rate()), r.model()) {
-                (Ok(()), Ok(new)) => {
+            KeyedOp::SetQuota(r) => match (
+                real.set_quota(r.rate()),
+                r.model().map(|new| keyed_quota(new, unit)),
+            ) {
+                (Err(ratewall::ConfigError::KeyedSlot { .. }), Ok(None)) => {}
+                (Ok(()), Ok(Some(new))) => {
                     // Every key keeps its tokens in use, rescaled.
-                    let t = time.read();
+                    let t = keyed_time(time.read(), unit);
                     for m in keys.iter_mut() {
                         m.normalize(t);
                         for tat in &mut m.0 {
@@ -236,7 +256,9 @@ pub fn run_keyed(data: &[u8]) {
                                 tat: *tat,
                             };
                             b.set_quota(t, new);
-                            *tat = b.tat;
+                            // A rescaled TAT is a fraction of the old one:
+                            // the slot rounds it up to whole units.
+                            *tat = b.tat.div_ceil(unit) * unit;
                         }
                     }
                     q = new;
@@ -278,7 +300,7 @@ pub fn run_multi(data: &[u8]) {
     let Ok(specs) = <[SmallRate; 3]>::arbitrary(&mut u) else {
         return;
     };
-    let Ok(quotas) = specs
+    let Ok(mut quotas) = specs
         .iter()
         .map(|s| s.model())
         .collect::<Result<Vec<_>, _>>()
@@ -286,12 +308,23 @@ pub fn run_multi(data: &[u8]) {
         return;
     };
     let clock = ManualClock::new();
-    let keyed = KeyedTokenBucket::<u8, _>::builder(specs[0].rate())
+    let built = KeyedTokenBucket::<u8, _>::builder(specs[0].rate())
         .max_keys(64)
         .seed(7)
         .clock(clock.clone())
-        .build()
-        .unwrap();
+        .build();
+    // The keyed limit runs in its table's time unit (its documented
+    // precision); the buckets are exact.
+    let units = [keyed_unit(&quotas[0]), 1, 1];
+    let Some(kq) = keyed_quota(quotas[0], units[0]) else {
+        assert!(matches!(
+            built,
+            Err(ratewall::ConfigError::KeyedSlot { .. })
+        ));
+        return;
+    };
+    quotas[0] = kq;
+    let keyed = built.unwrap();
     let a = TokenBucket::with_clock(specs[1].rate(), clock.clone()).unwrap();
     let b = TokenBucket::with_clock(specs[2].rate(), clock.clone()).unwrap();
     // Model: per-key TATs for the keyed limit, one TAT per bucket, and each
@@ -322,7 +355,7 @@ pub fn run_multi(data: &[u8]) {
                     _ => b.check_n(n),
                 };
                 floors[i] = floors[i].max(clock_model.clock);
-                let t = u128::from(floors[i]).min(super::HORIZON);
+                let t = keyed_time(u128::from(floors[i]).min(super::HORIZON), units[i]);
                 let tat = if i == 0 {
                     &mut keyed_tat[key as usize]
                 } else {
@@ -385,7 +418,9 @@ pub fn run_multi(data: &[u8]) {
                         tats[i - 1]
                     }
                 };
-                let t_of = |i: usize| u128::from(marks[i].max(now)).min(super::HORIZON);
+                let t_of = |i: usize| {
+                    keyed_time(u128::from(marks[i].max(now)).min(super::HORIZON), units[i])
+                };
                 // All or nothing, most restrictive (every cost fits here).
                 let parts: Vec<Option<Dec>> = perm
                     .iter()

@@ -12,6 +12,7 @@
 //! word and the same model must hold, field for field (releases are not
 //! offered there, so they are skipped).
 
+use super::gcra::{keyed_quota, keyed_time, keyed_unit};
 use super::{assert_decision, gcra, Dec, RateSpec, SmallRate, TimeModel, TimeOp, MAX_STEPS};
 use arbitrary::{Arbitrary, Unstructured};
 use ratewall::{
@@ -227,7 +228,25 @@ fn run(data: &[u8], keyed: bool) {
     } else {
         StripedLimiter::with_options(spec.rate(), clock.clone(), opts).map(Subject::Striped)
     };
-    let q = match (real.as_ref(), spec.model()) {
+    // A keyed table's documented precision (`keyed_unit`): its time unit,
+    // and the quota in whole units; a quota it cannot hold is refused.
+    let unit = match spec.model() {
+        Ok(q) if keyed => keyed_unit(&q),
+        _ => 1,
+    };
+    if let (true, Ok(q)) = (keyed, spec.model()) {
+        if keyed_quota(q, unit).is_none() {
+            assert!(
+                matches!(real, Err(ConfigError::KeyedSlot { .. })),
+                "{spec:?}: {real:?}"
+            );
+            return;
+        }
+    }
+    let q = match (
+        real.as_ref(),
+        spec.model().map(|q| keyed_quota(q, unit).unwrap_or(q)),
+    ) {
         (Ok(_), Ok(q)) if stripes >= 1 && (1..=q.burst).contains(&max_lease) => q,
         (Err(ConfigError::Incompatible { .. }), Ok(q))
             if stripes == 0 || !(1..=q.burst).contains(&max_lease) =>
@@ -256,7 +275,7 @@ fn run(data: &[u8], keyed: bool) {
         // One plain check tracks the key; then it is made hot.
         let at = time.clock;
         let d = l.check_key_at(&0, at);
-        let now = time.observe(at);
+        let now = keyed_time(time.observe(at), unit);
         assert_decision(&d, &model.plain_check(now), &"the first, plain check");
         if d.is_allowed() {
             log.push(now);
@@ -272,7 +291,7 @@ fn run(data: &[u8], keyed: bool) {
             LeaseOp::Check { holder } => {
                 let at = time.clock;
                 let d = real.check_at_stripe(holder.into(), at);
-                let now = time.observe(at);
+                let now = keyed_time(time.observe(at), unit);
                 let want = model.check(holder.into(), now);
                 assert_decision(&d, &want, &ctx);
                 d.is_allowed().then_some(now)
@@ -280,7 +299,7 @@ fn run(data: &[u8], keyed: bool) {
             LeaseOp::CheckBefore { holder, ms } => {
                 let at = time.clock.saturating_sub(u64::from(ms) * 1_000_000);
                 let d = real.check_at_stripe(holder.into(), at);
-                let now = time.observe(at);
+                let now = keyed_time(time.observe(at), unit);
                 let want = model.check(holder.into(), now);
                 assert_decision(&d, &want, &ctx);
                 d.is_allowed().then_some(now)
@@ -289,7 +308,7 @@ fn run(data: &[u8], keyed: bool) {
                 if let Subject::Striped(real) = &real {
                     let at = time.clock;
                     let got = real.release_at(at);
-                    let now = time.observe(at);
+                    let now = keyed_time(time.observe(at), unit);
                     assert_eq!(u128::from(got), model.release(now), "release at {ctx:?}");
                 }
                 None

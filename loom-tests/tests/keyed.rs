@@ -1,10 +1,14 @@
 #![cfg(ratewall_loom)]
 //! Loom models of the keyed table's slot protocol: a check of one key racing
-//! with the reclaim of its slot and the slot's reuse by another key.
+//! with the reclaim of its slot and the slot's reuse by another key. The
+//! keys that compete for one slot have distinct 24-bit tags (asserted): the
+//! slot word (tag and packed state, 8 bytes) then differs between them
+//! whatever their states, which is what makes a stale exchange fail.
 
 use loom::sync::Arc;
 use loom::thread;
 use ratewall::{KeyedTokenBucket, ManualClock, Rate, Tracking, WhenFull};
+use std::time::Duration;
 
 type Job = Box<dyn Fn(&KeyedTokenBucket<u64, ManualClock>) -> Option<ratewall::Decision> + Send>;
 
@@ -21,27 +25,35 @@ fn table(clock: &ManualClock, policy: WhenFull) -> KeyedTokenBucket<u64, ManualC
 }
 
 /// A key whose probe window starts where key 1's does, so that it reuses
-/// key 1's slot rather than the table's other (empty) slot.
+/// key 1's slot rather than the table's other (empty) slot; its tag is not
+/// key 1's.
 fn rival_of_key_1(l: &KeyedTokenBucket<u64, ManualClock>) -> u64 {
-    (2..10_000)
+    let k = (2..10_000)
         .find(|k| l.__home_slot(k) == l.__home_slot(&1))
-        .expect("a key with the same home slot")
+        .expect("a key with the same home slot");
+    assert_ne!(l.__tag(&k), l.__tag(&1), "the rivals' tags must differ");
+    k
 }
 
-/// Key 1 sits idle (state 0, the value a fresh key's state also takes) in the
-/// table's only slot. Thread A checks key 1; thread B checks key 2 (which
-/// reclaims key 1's slot) and then resets key 2 (state 0 again). A's
-/// decision must never land on key 2's state, even when the state word holds
-/// the very value A saw for key 1: key 2, touched only by B, ends fresh or
-/// untracked, so a peek of it says `burst - 1` remain.
+/// Key 1 checked once (1 of 2 used), then idle a second later: tracked, its
+/// slot reclaimable.
+fn idle_key_1(l: &KeyedTokenBucket<u64, ManualClock>, clock: &ManualClock) {
+    assert!(l.check_key(&1).is_allowed());
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(l.len(), 1);
+}
+
+/// Key 1 sits idle in the table's only slot. Thread A checks key 1; thread
+/// B checks key 2 (which reclaims key 1's slot) and then resets key 2 (its
+/// slot a tombstone again). A's decision must never land on key 2's state:
+/// key 2, touched only by B, ends fresh or untracked, so a peek of it says
+/// `burst - 1` remain.
 #[test]
 fn check_racing_reclaim_and_reuse_of_its_slot() {
     loom::model(|| {
         let clock = ManualClock::new();
         let l = Arc::new(table(&clock, WhenFull::RejectNew));
-        assert!(l.check_key(&1).is_allowed());
-        l.reset_key(&1); // tracked, idle, state 0
-        assert_eq!(l.len(), 1);
+        idle_key_1(&l, &clock);
         let k2 = rival_of_key_1(&l);
 
         let a = {
@@ -87,7 +99,7 @@ fn check_racing_reclaim_and_reuse_of_its_slot() {
 /// A peek writes nothing, so it confirms its slot with a second load instead
 /// of an exchange. Key 1 sits idle in the only slot; A peeks key 1 while B
 /// checks key 2, which reclaims key 1's slot. If the second load finds
-/// another key's fingerprint, A must look key 1 up again, never read key 2's
+/// another key's tag, A must look key 1 up again, never read key 2's
 /// state: its peek is key 1 fresh (tracked, one more left after this unit)
 /// or a new key facing a full table (rejected), never key 2's last unit.
 #[test]
@@ -95,8 +107,7 @@ fn peek_racing_reclaim_of_its_slot_never_reads_the_new_key() {
     loom::model(|| {
         let clock = ManualClock::new();
         let l = Arc::new(table(&clock, WhenFull::RejectNew));
-        assert!(l.check_key(&1).is_allowed());
-        l.reset_key(&1); // tracked, idle, reclaimable
+        idle_key_1(&l, &clock); // tracked, idle, reclaimable
         let k2 = rival_of_key_1(&l);
 
         let a = {
@@ -170,8 +181,7 @@ fn check_evict_and_insert_on_one_slot() {
     loom::model(|| {
         let clock = ManualClock::new();
         let l = Arc::new(table(&clock, WhenFull::RejectNew));
-        assert!(l.check_key(&1).is_allowed());
-        l.reset_key(&1); // tracked, idle
+        idle_key_1(&l, &clock); // tracked, idle
         let k2 = rival_of_key_1(&l);
 
         let spawn = |f: Job| {

@@ -262,9 +262,9 @@ mod tests {
 // release is the `refund` step: it subtracts exactly the units the permit
 // holds, through the table's update path, by the key's hash.
 
-use crate::algo::WordStep;
+use crate::algo::{KeyedWord, WordStep};
 use crate::error::ConfigError;
-use crate::word::Params;
+use crate::word::{Params, Plain};
 
 /// The keyed concurrency algorithm: per key, a count of units in flight
 /// under a maximum of `max` (the table's parameter). Crate-private: users
@@ -296,6 +296,21 @@ impl Params for Concurrent {
     }
     fn decode(w: [u64; 3]) -> Self {
         Concurrent { max: w[0] }
+    }
+}
+
+/// The count is at most [`MAX_PERMITS`] (31 bits) and has no time in it:
+/// it fits the keyed slot's 40-bit state as it is, never swept, under any
+/// maximum.
+impl KeyedWord for Concurrent {
+    type Packing = Plain;
+
+    fn packing(&self) -> Result<Plain, ConfigError> {
+        Ok(Plain)
+    }
+
+    fn fits(&self, _: &Plain) -> Result<(), ConfigError> {
+        Ok(())
     }
 }
 

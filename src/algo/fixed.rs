@@ -20,11 +20,12 @@
 //! moves back to an older window. Allowed iff `count + n <= L`; on allow store
 //! `(window, count + n)`, on deny store nothing.
 
-use super::window::{WindowParams, LAST_NS};
-use super::{word_algorithm, WordStep};
+use super::window::{KeyedWindow, WindowParams, LAST_NS};
+use super::{word_algorithm, KeyedWord, WordStep};
 use crate::decision::Decision;
+use crate::error::ConfigError;
 use crate::quota::Window;
-use crate::word::Params;
+use crate::word::{Packing, Params, STATE_BITS};
 
 const COUNT_BITS: u32 = 24;
 const ID_SHIFT: u32 = COUNT_BITS;
@@ -170,6 +171,54 @@ impl WordStep for FixedCounter {
 word_algorithm!(FixedCounter, Window, "fixed window", |w| {
     FixedCounter::from_window(w)
 });
+
+/// Bits of the window id in a keyed slot: the id modulo 2^16.
+const KEYED_ID_BITS: u32 = 16;
+// A keyed slot holds the id's low 16 bits and the whole count.
+const _: () = assert!(KEYED_ID_BITS + COUNT_BITS == STATE_BITS);
+
+/// The fixed window in a keyed slot: `id mod 2^16 | count` (40 bits), the
+/// id read back as `KeyedWindow` says. A count of 0, or a window before
+/// `now`'s, is packed as an idle state (`KeyedWindow::idle`). Nothing of
+/// the limit is given up (`L < 2^24` as unkeyed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FixedPacking(KeyedWindow<KEYED_ID_BITS>);
+
+impl Packing for FixedPacking {
+    #[inline]
+    fn pack(&self, state: u64, now: u64) -> u64 {
+        let (sid, count) = unpack(state);
+        let nid = self.0.id(now);
+        if count == 0 || sid < nid {
+            return KeyedWindow::<KEYED_ID_BITS>::idle(nid) << COUNT_BITS;
+        }
+        KeyedWindow::<KEYED_ID_BITS>::low(sid) << COUNT_BITS | count
+    }
+
+    #[inline]
+    fn unpack(&self, packed: u64, now: u64) -> u64 {
+        match KeyedWindow::<KEYED_ID_BITS>::full(packed >> COUNT_BITS, self.0.id(now)) {
+            Some(id) if id <= MAX_ID => pack(id, packed & COUNT_MASK),
+            _ => 0,
+        }
+    }
+
+    fn sweep_period(&self) -> u64 {
+        self.0.sweep_period()
+    }
+}
+
+impl KeyedWord for FixedCounter {
+    type Packing = FixedPacking;
+
+    fn packing(&self) -> Result<FixedPacking, ConfigError> {
+        Ok(FixedPacking(KeyedWindow::new(&self.0)))
+    }
+
+    fn fits(&self, p: &FixedPacking) -> Result<(), ConfigError> {
+        p.0.fits(&self.0)
+    }
+}
 
 #[cfg(all(test, not(ratewall_loom)))]
 mod tests {

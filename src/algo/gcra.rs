@@ -16,11 +16,11 @@
 //! time `t`: `new = max(TAT, t) + n*T`; allowed iff `new - t <= tau`; on allow
 //! store `new`, on deny store nothing.
 
-use super::{word_algorithm, WordStep};
+use super::{word_algorithm, KeyedWord, WordStep};
 use crate::decision::Decision;
 use crate::error::ConfigError;
 use crate::quota::{period_ns, Rate, MAX_TOLERANCE};
-use crate::word::Params;
+use crate::word::{Packing, Params, STATE_BITS, STATE_MASK};
 
 /// The token bucket, as GCRA: the parameter type of [`TokenBucket`](crate::TokenBucket).
 ///
@@ -174,6 +174,160 @@ impl Gcra {
 }
 
 word_algorithm!(Gcra, Rate, "token bucket", |r| Gcra::from_rate(*r));
+
+/// A time (a TAT, a deadline) in a keyed slot: in units of `2^shift` ns,
+/// rounded up, modulo 2^40 units. Read back at `now`, a packed time up to
+/// [`AHEAD`] units after `now`'s unit is that time; any other is in the
+/// past, which GCRA reads as a full bucket (0, the fresh state).
+///
+/// The table holds tolerances up to [`TimePacking::max_tolerance`] =
+/// 2^38 units (a TAT is at most that far ahead of the check that stored
+/// it); the rest of the ahead range absorbs checks at instants behind the
+/// table's latest. A time that has passed reads as current again only
+/// after 2^39 units: the wrap sweep reclaims idle keys every 2^37 units
+/// (2^37 ns = 137 s with 1 ns units).
+///
+/// Rounding up makes a TAT later by less than a unit: each admission costs
+/// up to a unit more (never admits more). The unit is 1 ns (exact) unless
+/// the burst window `burst * T` is above 2^36 ns (68.7 s; 2^38 over the
+/// headroom of 4 that quota changes get); a larger unit is refused unless
+/// it is at most `T / 2^10` (0.1% of an admission).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TimePacking {
+    shift: u32,
+}
+
+/// Units ahead of `now` a packed time may be (half the modulus).
+const AHEAD: u64 = 1 << (STATE_BITS - 1);
+/// Units before `now` an idle state is packed at.
+const IDLE_BACK: u64 = 1 << (STATE_BITS - 3);
+/// The largest unit exponent: keeps `(now's unit + AHEAD) << shift` under
+/// 2^64 for every `now <= HORIZON`.
+const MAX_SHIFT: u32 = 23;
+
+impl TimePacking {
+    /// The packing whose range holds tolerances up to `tolerance` ns, with
+    /// the least unit that does (1 ns up to 2^38 ns).
+    pub(crate) fn for_tolerance(tolerance: u64) -> TimePacking {
+        let units = tolerance >> (STATE_BITS - 2);
+        let shift = if units == 0 {
+            0
+        } else {
+            64 - units.leading_zeros()
+        };
+        TimePacking {
+            shift: shift.min(MAX_SHIFT),
+        }
+    }
+
+    /// The largest tolerance (ns) this packing holds: 2^38 units.
+    pub(crate) fn max_tolerance(&self) -> u64 {
+        (1u64 << (STATE_BITS - 2)) << self.shift
+    }
+
+    /// The unit, in ns.
+    pub(crate) fn unit(&self) -> u64 {
+        1 << self.shift
+    }
+}
+
+impl Packing for TimePacking {
+    #[inline]
+    fn pack(&self, t: u64, now: u64) -> u64 {
+        if t <= now {
+            // Idle: any time not after `now` means the same. Packed 2^37
+            // units before `now`, it reads as past (idle) from 2^37 units
+            // before `now` (checks at earlier instants) to 3 * 2^37 after.
+            (now >> self.shift).wrapping_sub(IDLE_BACK) & STATE_MASK
+        } else {
+            // Rounded up: never earlier than the time it stands for.
+            (((t - 1) >> self.shift) + 1) & STATE_MASK
+        }
+    }
+
+    #[inline]
+    fn unpack(&self, packed: u64, now: u64) -> u64 {
+        let base = now >> self.shift;
+        let ahead = packed.wrapping_sub(base) & STATE_MASK;
+        if ahead < AHEAD {
+            (base + ahead) << self.shift
+        } else {
+            0
+        }
+    }
+
+    fn sweep_period(&self) -> u64 {
+        (1u64 << (STATE_BITS - 3)) << self.shift
+    }
+
+    #[inline]
+    fn time(&self, now: u64) -> u64 {
+        (now >> self.shift) << self.shift
+    }
+}
+
+impl KeyedWord for Gcra {
+    type Packing = TimePacking;
+
+    fn packing(&self) -> Result<TimePacking, ConfigError> {
+        // Headroom: quota changes and per-key quotas up to four times this
+        // burst window fit the same table.
+        let p = TimePacking::for_tolerance(self.tolerance.saturating_mul(4));
+        self.fits(&p)?;
+        Ok(p)
+    }
+
+    fn in_units(self, p: &TimePacking) -> Gcra {
+        // T rounded up to whole units (slower by at most 2^-10: `fits`);
+        // with the table's time also in units, every TAT is a whole number
+        // of units and packs exactly.
+        let emission = self.emission.div_ceil(p.unit()) * p.unit();
+        Gcra {
+            emission,
+            tolerance: self.burst.saturating_mul(emission),
+            burst: self.burst,
+        }
+    }
+
+    fn fits(&self, p: &TimePacking) -> Result<(), ConfigError> {
+        if p.unit() > 1 && p.unit() << 10 > self.emission {
+            // A unit above 0.1% of the interval: rounding the interval up
+            // to whole units would slow the rate by more than that.
+            return Err(ConfigError::KeyedSlot {
+                what: "interval (period / count) in ns",
+                value: self.emission,
+                bound: p.unit() << 10,
+                fix: "use a smaller burst (a keyed bucket's burst is at most about 2^25, by the rate), or for a per-key quota a slower rate or a table built for a shorter burst window",
+            });
+        }
+        // The burst window the table runs: in whole units.
+        if self.in_units(p).tolerance > p.max_tolerance() {
+            return Err(ConfigError::KeyedSlot {
+                what: "burst window (burst x interval) in ns",
+                value: self.tolerance,
+                bound: p.max_tolerance(),
+                fix: "use a smaller burst or a faster rate, or build the table with the largest quota it will hold (it takes up to four times its own burst window)",
+            });
+        }
+        Ok(())
+    }
+}
+
+impl KeyedWord for LeakyGcra {
+    type Packing = TimePacking;
+
+    fn packing(&self) -> Result<TimePacking, ConfigError> {
+        self.0.packing()
+    }
+
+    fn in_units(self, p: &TimePacking) -> LeakyGcra {
+        LeakyGcra(self.0.in_units(p))
+    }
+
+    fn fits(&self, p: &TimePacking) -> Result<(), ConfigError> {
+        self.0.fits(p)
+    }
+}
 
 /// The leaky bucket, as GCRA: the parameter type of [`LeakyBucket`](crate::LeakyBucket).
 ///

@@ -6,7 +6,7 @@
 
 use crate::decision::Decision;
 use crate::error::{ConfigError, InsufficientCapacity};
-use crate::word::{AtomicWord, ParamCell, Params};
+use crate::word::{AtomicWord, Packing, ParamCell, Params};
 use std::fmt;
 
 pub(crate) mod concurrency;
@@ -19,6 +19,8 @@ mod window;
 pub use fixed::FixedCounter;
 #[cfg(feature = "redis")]
 pub(crate) use gcra::gcra_decide;
+#[cfg(feature = "redis")]
+pub(crate) use gcra::TimePacking;
 pub use gcra::{Gcra, LeakyGcra};
 pub(crate) use log::LogRing;
 pub use log::SlidingLog;
@@ -102,6 +104,40 @@ pub trait WordStep: Params + Copy {
     /// leases (`src/lease/`) are token-bucket arithmetic.
     fn as_gcra(&self) -> Option<Gcra> {
         None
+    }
+}
+
+/// A single-word algorithm a keyed table can hold: how its state packs into
+/// the 40 low bits of the table's 8-byte slot word (the 24 above hold the
+/// key's tag; `docs/design.md`, "Keyed table"). The one interface between an
+/// algorithm and the keyed table: an algorithm implements it once (its
+/// packing type, the packing a table built with its parameters uses, and
+/// which parameters that packing can hold), and the table does the rest
+/// (tags, probing, reclaim, the wrap sweep of a packing with time in it).
+///
+/// A packing is fixed for the table's life: per-key quotas and quota changes
+/// whose parameters it cannot hold are refused with the `ConfigError` that
+/// [`fits`](Self::fits) returns. An algorithm whose state is a count with no
+/// time (`< 2^40`) uses [`Plain`](crate::word::Plain) and accepts any
+/// parameters.
+// `pub` in a private module, as `WordStep`: sealed.
+pub trait KeyedWord: WordStep {
+    /// The packing of the state (`word::Packing`).
+    type Packing: Packing;
+    /// The packing of a table built with these parameters, or what to
+    /// change if its slot cannot hold them.
+    fn packing(&self) -> Result<Self::Packing, ConfigError>;
+    /// Whether a table with `packing` can hold keys under these parameters
+    /// (a per-key quota, a quota change), or what to change.
+    fn fits(&self, packing: &Self::Packing) -> Result<(), ConfigError>;
+    /// These parameters as the table runs them, in the packing's units
+    /// (GCRA: the interval rounded up to whole time units, so that every
+    /// state is a whole number of units and packs exactly). The keyed
+    /// limiter stores these in its `ParamCell`, and reads time with
+    /// `Packing::time`. Itself by default.
+    fn in_units(self, packing: &Self::Packing) -> Self {
+        let _ = packing;
+        self
     }
 }
 
@@ -194,3 +230,7 @@ macro_rules! word_algorithm {
     };
 }
 pub(crate) use word_algorithm;
+
+#[cfg(all(test, not(ratewall_loom)))]
+#[path = "keyed_word_tests.rs"]
+mod keyed_word_tests;

@@ -21,11 +21,12 @@
 //! prev - floor(prev * e / W)`, and `x + c + n <= L` holds for the rational
 //! `x` iff it holds for `ceil(x)`. No floating point, no drift.
 
-use super::window::{WindowParams, LAST_NS};
-use super::{word_algorithm, WordStep};
+use super::window::{KeyedWindow, WindowParams, LAST_NS};
+use super::{word_algorithm, KeyedWord, WordStep};
 use crate::decision::Decision;
+use crate::error::ConfigError;
 use crate::quota::Window;
-use crate::word::Params;
+use crate::word::{Packing, Params, STATE_BITS};
 
 const COUNT_BITS: u32 = 14;
 const CUR_MASK: u64 = (1 << COUNT_BITS) - 1;
@@ -228,6 +229,57 @@ impl WordStep for SlidingCounter {
 word_algorithm!(SlidingCounter, Window, "sliding window counter", |w| {
     SlidingCounter::from_window(w)
 });
+
+/// Bits of the window id in a keyed slot: the id modulo 2^12, so that both
+/// counts keep their 14 bits (the sweep period is 2^9 windows: 68.7 s at
+/// the shortest window, 134 ms).
+const KEYED_ID_BITS: u32 = 12;
+const _: () = assert!(KEYED_ID_BITS + 2 * COUNT_BITS == STATE_BITS);
+
+/// The sliding window counter in a keyed slot: `id mod 2^12 | previous |
+/// current` (12 + 14 + 14 bits), the id read back as `KeyedWindow` says.
+/// Both counts 0, or a window two or more before `now`'s, is packed as an
+/// idle state (`KeyedWindow::idle`). Nothing of the limit is given up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlidingPacking(KeyedWindow<KEYED_ID_BITS>);
+
+impl Packing for SlidingPacking {
+    #[inline]
+    fn pack(&self, state: u64, now: u64) -> u64 {
+        let (sid, prev, cur) = unpack(state);
+        let nid = self.0.id(now);
+        if (prev == 0 && cur == 0) || sid + 1 < nid {
+            return KeyedWindow::<KEYED_ID_BITS>::idle(nid) << ID_SHIFT;
+        }
+        KeyedWindow::<KEYED_ID_BITS>::low(sid) << ID_SHIFT | prev << PREV_SHIFT | cur
+    }
+
+    #[inline]
+    fn unpack(&self, packed: u64, now: u64) -> u64 {
+        match KeyedWindow::<KEYED_ID_BITS>::full(packed >> ID_SHIFT, self.0.id(now)) {
+            Some(id) if id <= MAX_ID => {
+                pack(id, (packed >> PREV_SHIFT) & CUR_MASK, packed & CUR_MASK)
+            }
+            _ => 0,
+        }
+    }
+
+    fn sweep_period(&self) -> u64 {
+        self.0.sweep_period()
+    }
+}
+
+impl KeyedWord for SlidingCounter {
+    type Packing = SlidingPacking;
+
+    fn packing(&self) -> Result<SlidingPacking, ConfigError> {
+        Ok(SlidingPacking(KeyedWindow::new(&self.0)))
+    }
+
+    fn fits(&self, p: &SlidingPacking) -> Result<(), ConfigError> {
+        p.0.fits(&self.0)
+    }
+}
 
 #[cfg(all(test, not(ratewall_loom)))]
 mod tests {

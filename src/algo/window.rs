@@ -94,6 +94,80 @@ impl WindowParams {
     }
 }
 
+/// A window counter's keyed packing: its window length (fixed per table:
+/// quota changes and per-key quotas keep it) and the id arithmetic, for a
+/// window id kept modulo `2^BITS` (fixed window: 16 bits; sliding counter:
+/// 12). The id is read back relative to the id of `now`: `nid ..< nid +
+/// 2^(BITS-1)` (the current window, or a later one when time is behind the
+/// state's), or `nid - 1`; any other is a stale window. A stale id reads as
+/// current again only `2^(BITS-1)` windows later: the wrap sweep reclaims
+/// idle keys every `2^(BITS-3)` windows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct KeyedWindow<const BITS: u32> {
+    params: WindowParams,
+}
+
+impl<const BITS: u32> KeyedWindow<BITS> {
+    const MASK: u64 = (1 << BITS) - 1;
+
+    pub(crate) fn new(params: &WindowParams) -> Self {
+        KeyedWindow { params: *params }
+    }
+
+    /// The id of `now` (clamped to `LAST_NS`).
+    #[inline]
+    pub(crate) fn id(&self, now: u64) -> u64 {
+        self.params.id(now.min(LAST_NS))
+    }
+
+    /// The `BITS` low bits of `id`.
+    #[inline]
+    pub(crate) fn low(id: u64) -> u64 {
+        id & Self::MASK
+    }
+
+    /// The low bits an idle state is packed with at `now`'s id `nid`:
+    /// `2^(BITS-3)` windows (a sweep period) back, so that it reads as stale
+    /// from that many windows (less two) before `nid` (checks at earlier
+    /// instants) to three times as many after (the wrap sweep rewrites it
+    /// within two; after that it would read as a window with nothing
+    /// counted: idle all the same).
+    #[inline]
+    pub(crate) fn idle(nid: u64) -> u64 {
+        Self::low(nid.wrapping_sub(1 << (BITS - 3)))
+    }
+
+    /// The id whose low bits are `low`, read at `now`'s id `nid` (see the
+    /// type's doc); `None`: stale.
+    #[inline]
+    pub(crate) fn full(low: u64, nid: u64) -> Option<u64> {
+        let ahead = low.wrapping_sub(nid) & Self::MASK;
+        if ahead < 1 << (BITS - 1) {
+            Some(nid + ahead)
+        } else if ahead == Self::MASK {
+            nid.checked_sub(1)
+        } else {
+            None
+        }
+    }
+
+    /// `2^(BITS-3)` windows.
+    pub(crate) fn sweep_period(&self) -> u64 {
+        self.params.length.saturating_mul(1 << (BITS - 3))
+    }
+
+    /// Whether parameters `p` keep this table's window length.
+    pub(crate) fn fits(&self, p: &WindowParams) -> Result<(), ConfigError> {
+        if p.length == self.params.length {
+            Ok(())
+        } else {
+            Err(ConfigError::Incompatible {
+                reason: "a keyed window counter keeps the window length it was built with (its slots count windows of that length): change the limit only, or build another limiter for the new window",
+            })
+        }
+    }
+}
+
 #[cfg(all(test, not(ratewall_loom)))]
 mod tests {
     use super::*;

@@ -289,10 +289,11 @@ impl<K, C: Clock> KeyedConcurrencyLimiter<K, C> {
             let n = held.units;
             // The table's update: the slot's AcqRel compare-exchange (its
             // Release pairs with the next admission's Acquire load).
+            // Time 0: the count's packing (`Plain`) reads no time.
             let found = self
                 .table
                 .table
-                .update(held.h, &mut |state| ((), Some(release_count(state, n))));
+                .update(held.h, 0, &mut |state| ((), Some(release_count(state, n))));
             // (Not checked while unwinding: a second panic would abort.)
             debug_assert!(
                 found.is_some() || std::thread::panicking(),
@@ -436,7 +437,7 @@ impl<K, C: Clock> KeyedConcurrencyLimiter<K, C> {
         K: Borrow<Q>,
         Q: Hash + ?Sized,
     {
-        self.table.table.state(self.table.hash(key)).unwrap_or(0)
+        self.table.table.state(self.table.hash(key), 0).unwrap_or(0)
     }
 
     /// The maximum of keys without their own.

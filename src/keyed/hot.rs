@@ -33,12 +33,12 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         let stripes = &hot.slots[i].stripes;
         let home = stripe % stripes.len();
         if let Some(left) = l.use_lease::<true>(&stripes[home], h, now) {
-            return l.lease_decision(self.tat_of(h), left, now);
+            return l.lease_decision(self.tat_of(h, now), left, now);
         }
         let hints = l.next_size(&stripes[home], now);
         match self
             .table
-            .update(h, &mut |tat| l.take_step(tat, now, hints.0))
+            .update(h, now, &mut |tat| l.take_step(tat, now, hints.0))
         {
             // Not tracked (idle and reclaimed): the plain path of a new key.
             None => self.check_untracked(h, now),
@@ -46,7 +46,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
                 l.took(&stripes[home], now, hints);
                 if m > 1 {
                     l.install::<true>(&stripes[home], h, m - 1, end, now, |k, e, u| {
-                        self.give_back(hot, k, e, u)
+                        self.give_back(hot, k, e, u, now)
                     });
                 }
                 d
@@ -57,7 +57,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
                 for j in 1..stripes.len() {
                     let other = &stripes[(home + j) % stripes.len()];
                     if let Some(left) = l.use_lease::<true>(other, h, now) {
-                        return l.lease_decision(self.tat_of(h), left, now);
+                        return l.lease_decision(self.tat_of(h, now), left, now);
                     }
                 }
                 denial
@@ -75,14 +75,14 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         let home = stripe % stripes.len();
         let lease = |j: usize| {
             let u = l.held::<true>(&stripes[(home + j) % stripes.len()], h, now);
-            (u > 0).then(|| l.lease_decision(self.tat_of(h), u - 1, now))
+            (u > 0).then(|| l.lease_decision(self.tat_of(h, now), u - 1, now))
         };
         if let Some(d) = lease(0) {
             return Some(d);
         }
         // The take the check would make (a pure step; its size from the
         // stripe's hints, as `check_hot` reads them).
-        let tat = self.table.state(h)?;
+        let tat = self.table.state(h, now)?;
         let (k, _, _) = l.next_size(&stripes[home], now);
         match l.take_step(tat, now, k).0 {
             Ok((d, _, _)) => Some(d),
@@ -94,7 +94,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
     /// compare-exchange lost to another check of the same key.
     fn check_maybe_contended(&self, hot: &Hot, h: u64, now: u64) -> Decision {
         let mut attempts = 0u32;
-        let Some((a, state)) = self.table.apply(h, &mut |state| {
+        let Some((a, state)) = self.table.apply(h, now, &mut |state| {
             attempts += 1;
             let a = self.params_for(h);
             (a, a.step(state, now, 1).1)
@@ -109,15 +109,17 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
 
     /// The key's state in the table (0, a fresh key's, if not tracked): a
     /// snapshot for a decision's counts.
-    fn tat_of(&self, h: u64) -> u64 {
-        self.table.state(h).unwrap_or(0)
+    fn tat_of(&self, h: u64, now: u64) -> u64 {
+        self.table.state(h, now).unwrap_or(0)
     }
 
     /// Gives `units` of key `k`'s lease ending at `end` back to its entry in
     /// the table, if that lease is still the entry's tail.
-    fn give_back(&self, hot: &Hot, k: u64, end: u64, units: u64) -> bool {
+    fn give_back(&self, hot: &Hot, k: u64, end: u64, units: u64, now: u64) -> bool {
         self.table
-            .update(k, &mut |tat| hot.leases.give_back_step(tat, end, units))
+            .update(k, now, &mut |tat| {
+                hot.leases.give_back_step(tat, end, units)
+            })
             .unwrap_or(false)
     }
 
@@ -180,8 +182,8 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
                         s,
                         key,
                         now,
-                        |k| self.table.state(k),
-                        |k, e, u| self.give_back(hot, k, e, u),
+                        |k| self.table.state(k, now),
+                        |k, e, u| self.give_back(hot, k, e, u, now),
                     )
                 })
                 .sum();
@@ -216,10 +218,11 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
             return false;
         };
         let h = self.hash(key);
-        if self.table.state(h).is_none() {
+        let now = self.clamp(self.now());
+        if self.table.state(h, now).is_none() {
             return false;
         }
-        self.promote(hot, h, self.clamp(self.now()))
+        self.promote(hot, h, now)
     }
 
     /// Makes `key` plain again: frees its slot and gives its leases back to
@@ -405,7 +408,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
             };
         };
         let p = hot.leases.params;
-        let held = self.tat_of(h).saturating_sub(now);
+        let held = self.tat_of(h, now).saturating_sub(now);
         let free = p.tolerance.saturating_sub(held) / p.emission;
         let leased: u64 = hot
             .slots

@@ -10,7 +10,7 @@ use super::hot_slots::Hot;
 use super::overrides::Overrides;
 use super::table::Table;
 use super::KeyedAlgorithm;
-use crate::algo::{Algorithm, WordStep};
+use crate::algo::WordStep;
 use crate::clock::{Clock, Timebase};
 use crate::decision::Decision;
 use crate::error::{ConfigError, InsufficientCapacity};
@@ -27,12 +27,14 @@ use std::marker::PhantomData;
 /// with memory bounded by `max_keys`.
 ///
 /// - A check of a tracked key is lock-free: one hash, a short probe, one
-///   16-byte compare-exchange on the key's own slot; a denial writes nothing.
-/// - Keys are identified by a 64-bit seeded hash (`ahash`); no key is
-///   stored, so memory is 24 bytes per key of `max_keys` (small tables add
-///   their headers) whatever the key type, and `max_keys` distinct keys
-///   always fit. Two keys whose hashes collide (probability about 2^-64
-///   per pair, with a per-process random seed) share one limit.
+///   8-byte compare-exchange on the key's own slot; a denial writes nothing.
+/// - Keys are identified by a 24-bit tag of a 64-bit seeded hash (`ahash`)
+///   and their place in the table; no key is stored, so memory is 12 bytes
+///   per key of `max_keys` (small tables add their headers) whatever the
+///   key type, and `max_keys` distinct keys always fit. A new key whose tag
+///   equals that of a key its lookup passes shares that key's limit (about
+///   1.2e-7 of new keys, with a per-process random seed; docs/design.md,
+///   "Keyed table").
 /// - A key whose state equals a fresh key's carries no information and may
 ///   be reclaimed at any time; inserts reclaim such keys as they go.
 /// - When the table is full of active keys, [`WhenFull`] decides.
@@ -52,8 +54,8 @@ use std::marker::PhantomData;
 /// assert_eq!(limiter.len(), 2);
 /// # Ok::<(), ratewall::ConfigError>(())
 /// ```
-pub struct KeyedLimiter<K, A: Algorithm, C: Clock = DefaultClock> {
-    pub(super) table: Table,
+pub struct KeyedLimiter<K, A: KeyedAlgorithm, C: Clock = DefaultClock> {
+    pub(super) table: Table<A::Packing>,
     pub(super) params: CachePadded<ParamCell>,
     pub(super) hasher: ahash::RandomState,
     pub(super) time: Timebase<C>,
@@ -96,6 +98,8 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedBuilder<K, A, C> {
     /// ```
     pub fn build(self) -> Result<KeyedLimiter<K, A, C>, ConfigError> {
         let params = A::from_config(&self.config)?;
+        let packing = params.packing()?;
+        let params = params.in_units(&packing);
         let shards = self.table.validated_shards()?;
         let hasher = self.table.key_hasher();
         // `hot_keys` exists only on token-bucket builders.
@@ -104,7 +108,14 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedBuilder<K, A, C> {
             _ => None,
         };
         Ok(KeyedLimiter {
-            table: Table::new(self.table.max_keys, shards),
+            // The wrap sweep's schedule starts at the build (a reading of
+            // the clock itself: the limiter's floor is not moved).
+            table: Table::new(
+                self.table.max_keys,
+                shards,
+                packing,
+                self.clock.now().min(crate::clock::HORIZON),
+            ),
             params: CachePadded::new(ParamCell::new(params)),
             hasher,
             time: Timebase::new(self.clock),
@@ -123,9 +134,25 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         self.hasher.hash_one(key)
     }
 
+    /// `now` as every entry point uses it: clamped (`Timebase`), and only
+    /// once the table's wrap sweep is done up to it (`wrap.rs`: one load and
+    /// a compare while none is due), so that no slot is read that the sweep
+    /// should have reclaimed first.
     #[inline]
     pub(super) fn clamp(&self, now: u64) -> u64 {
-        self.time.clamp(now)
+        let now = self.table.time(self.time.clamp(now));
+        if self.table.sweep_due(now) {
+            self.sweep_wrap(now);
+        }
+        now
+    }
+
+    /// The wrap sweep's due part (out of line: once per shard per sweep
+    /// period at most).
+    #[cold]
+    #[inline(never)]
+    fn sweep_wrap(&self, now: u64) {
+        self.table.sweep_wrap(&self.view(now));
     }
 
     /// The core of every check: `consume` takes `n` if allowed.
@@ -172,7 +199,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         // table does not hold (`check_untracked`, `run_untracked`) are
         // `#[cold]` and out of line, so that `check_key` builds its decision
         // in place (both measured: docs/benchmarks.md, round 2).
-        if let Some((a, state)) = self.table.apply(h, &mut |state| {
+        if let Some((a, state)) = self.table.apply(h, now, &mut |state| {
             let a = self.params_for(h);
             let next = if take && n <= WordStep::capacity(&a) {
                 a.step(state, now, n).1
@@ -244,7 +271,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         self.table.shard_count()
     }
 
-    /// Bytes the table owns (allocated up front, constant): at most 24 per
+    /// Bytes the table owns (allocated up front, constant): at most 12 per
     /// key of `max_keys` from about 1,000 keys up, whatever the key type,
     /// plus a cache-padded line (128 bytes on x86-64) per stripe of the hot
     /// slots if it has hot keys.
@@ -252,7 +279,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
     /// ```
     /// # use ratewall::{KeyedTokenBucket, Rate};
     /// let l = KeyedTokenBucket::<String>::builder(Rate::per_second(3)).max_keys(1_000_000).build().unwrap();
-    /// assert!(l.memory_bytes() <= 24 * 1_000_000);
+    /// assert!(l.memory_bytes() <= 12 * 1_000_000);
     /// ```
     pub fn memory_bytes(&self) -> usize {
         self.table.memory_bytes()
@@ -272,6 +299,19 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         Q: Hash + ?Sized,
     {
         self.table.home(self.hash(key))
+    }
+
+    /// Loom-only test hook (as `__home_slot`): the key's 24-bit tag, so that
+    /// a model can check that two keys competing for one slot have distinct
+    /// tags (the case the slot protocol makes exact).
+    #[cfg(all(ratewall_loom, feature = "testing"))]
+    #[doc(hidden)]
+    pub fn __tag<Q>(&self, key: &Q) -> u64
+    where
+        K: std::borrow::Borrow<Q>,
+        Q: Hash + ?Sized,
+    {
+        super::table::tag(self.hash(key))
     }
 }
 
@@ -337,16 +377,16 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedTable for KeyedLimiter<K, A, C> {
         }
         let h = self.hash(key);
         let now = self.clamp(now);
-        let _ = self.table.update(h, &mut |state| {
+        let _ = self.table.update(h, now, &mut |state| {
             let a = self.params_for(h);
             ((), a.refund(state, now, n))
         });
     }
 
     fn key_reset<Q: Hash + ?Sized>(&self, key: &Q) {
-        // All-zero is every algorithm's fresh state; the slot stays the key's
-        // until an insert reclaims it.
-        let _ = self.table.update(self.hash(key), &mut |_| ((), Some(0)));
+        // A key the table does not hold is a fresh key: removing it is the
+        // reset (a packed fresh state would need a time to pack it at).
+        self.table.remove(self.hash(key));
     }
 
     fn table_len(&self) -> usize {
@@ -373,7 +413,7 @@ pub(super) fn unreachable_capacity() -> Decision {
     Decision::deny(0, 0, u64::MAX, u64::MAX)
 }
 
-impl<K, A: Algorithm, C: Clock> fmt::Debug for KeyedLimiter<K, A, C> {
+impl<K, A: KeyedAlgorithm, C: Clock> fmt::Debug for KeyedLimiter<K, A, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("KeyedLimiter")
             .field("algorithm", &A::NAME)

@@ -1,14 +1,17 @@
 //! Keyed limiters: one limit per key (user, IP address, route, tuple of
 //! them) in a bounded, lock-free table.
 //!
-//! The table (`table.rs`) keeps, per key, a 16-byte slot: the key's 64-bit
-//! hash as its fingerprint, and the algorithm's state word. A check of a key
+//! The table (`table.rs`) keeps, per key, an 8-byte slot: a 24-bit tag of
+//! the key's hash, and the algorithm's state packed in 40 bits
+//! (`algo::KeyedWord`). A check of a key
 //! already tracked takes no lock and writes nothing but that slot (a denial
 //! writes nothing at all). A new key takes its shard's mutex to claim a slot,
 //! and reclaims idle keys on its way. See `docs/design.md`, "Keyed table".
 //!
 //! Files, each importing only the ones listed before it (and `mod.rs`'s
-//! [`KeyedAlgorithm`]): `table.rs`, the slot table and its protocol;
+//! [`KeyedAlgorithm`]): `wrap.rs`, the wrap sweep's schedule (idle keys
+//! reclaimed before their packed time wraps); `table.rs`, the slot table
+//! and its protocol;
 //! `hot_slots.rs`, [`HotKeys`] and the hot slots' state; `builder.rs`,
 //! [`TableOptions`], [`WhenFull`], [`KeyedBuilder`] and their bounds;
 //! `family.rs`, the keyed interface written once (the sealed core, the
@@ -33,6 +36,7 @@ mod overrides;
 mod policy;
 mod quotas;
 pub(crate) mod table;
+pub(crate) mod wrap;
 
 pub use builder::{KeyedBuilder, TableOptions, WhenFull, MAX_KEYS};
 pub use concurrency::{
@@ -44,12 +48,13 @@ pub use limiter::KeyedLimiter;
 pub use log::KeyedSlidingWindowLog;
 pub use policy::{KeyedPolicyBuilder, KeyedPolicyLimiter};
 
-use crate::algo::{Algorithm, FixedCounter, Gcra, LeakyGcra, SlidingCounter, WordStep};
+use crate::algo::{Algorithm, FixedCounter, Gcra, KeyedWord, LeakyGcra, SlidingCounter};
 use crate::limiter::DefaultClock;
 
 /// An algorithm a [`KeyedLimiter`] can use: every single-word algorithm
-/// (the GCRA buckets and the window counters). Sealed: its step is the
-/// crate's own single-word step (`algo`'s `WordStep`).
+/// (the GCRA buckets and the window counters) whose state packs into the
+/// keyed table's 8-byte slot. Sealed: its step is the crate's own
+/// single-word step (`algo`'s `WordStep`), its packing `algo`'s `KeyedWord`.
 ///
 /// # Example
 ///
@@ -60,9 +65,9 @@ use crate::limiter::DefaultClock;
 /// let limiter = KeyedLimiter::<u64, Gcra>::builder(ratewall::Rate::per_second(5)).build().unwrap();
 /// assert_eq!(name(&limiter), "token bucket");
 /// ```
-pub trait KeyedAlgorithm: Algorithm + WordStep {}
+pub trait KeyedAlgorithm: Algorithm + KeyedWord {}
 
-impl<A: Algorithm + WordStep> KeyedAlgorithm for A {}
+impl<A: Algorithm + KeyedWord> KeyedAlgorithm for A {}
 
 /// A keyed token bucket: one GCRA bucket per key.
 ///

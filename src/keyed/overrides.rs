@@ -1,11 +1,10 @@
-//! The per-key quota store (premium tiers): [`Overrides`], by key
-//! fingerprint. The quota changes that use it are `quotas.rs`.
+//! The per-key quota store (premium tiers): [`Overrides`], by key hash.
+//! The quota changes that use it are `quotas.rs`.
 
-use super::table;
 use crate::sync::{lock, AtomicU64, Mutex, Ordering};
 use std::collections::HashMap;
 
-/// Per-key quotas, by fingerprint. Changed only under the limiter's config
+/// Per-key quotas, by key hash. Changed only under the limiter's config
 /// mutex.
 pub(super) struct Overrides<A> {
     /// How many keys have their own quota; 0 keeps the hot path off `map`.
@@ -36,7 +35,7 @@ impl<A: Copy> Overrides<A> {
     #[cold]
     #[inline(never)]
     pub(super) fn get(&self, h: u64) -> Option<A> {
-        lock(&self.map).get(&table::fingerprint(h)).copied()
+        lock(&self.map).get(&h).copied()
     }
 
     /// A copy of every override, if there is any (for `set_quota`, which
@@ -49,7 +48,7 @@ impl<A: Copy> Overrides<A> {
     /// Gives the key with hash `h` its own quota. Called under the config
     /// mutex, before the key's state is rescaled.
     pub(super) fn insert(&self, h: u64, a: A) {
-        if lock(&self.map).insert(table::fingerprint(h), a).is_none() {
+        if lock(&self.map).insert(h, a).is_none() {
             // Relaxed: ordered before the caller's rescale exchange, which a
             // check's Acquire load synchronizes with (see `get`).
             self.count.fetch_add(1, Ordering::Relaxed);
@@ -59,7 +58,7 @@ impl<A: Copy> Overrides<A> {
     /// Removes the own quota of the key with hash `h`; returns it. Called
     /// under the config mutex, before the key's state is rescaled back.
     pub(super) fn remove(&self, h: u64) -> Option<A> {
-        let removed = lock(&self.map).remove(&table::fingerprint(h));
+        let removed = lock(&self.map).remove(&h);
         if removed.is_some() {
             // Relaxed: a check that still sees the old count finds nothing in
             // the map, and one that sees the new count skips it: both use

@@ -66,17 +66,21 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
     pub fn set_quota(&self, config: A::Config) -> Result<(), ConfigError> {
         self.no_hot_keys()?;
         let new = A::from_config(&config)?;
+        new.fits(self.table.packing())?;
+        let new = new.in_units(self.table.packing());
         let mut current = lock(&self.config);
         let old: A = self.params.read();
         let now = self.clamp(self.now());
-        let overrides = self.overrides.snapshot();
         // Keys with their own quota keep it (and their state as it is).
+        let own: Vec<u64> = self
+            .overrides
+            .snapshot()
+            .map_or_else(Vec::new, |map| map.into_keys().collect());
         self.table.for_each_state(
+            now,
+            &own,
             || self.params.begin(),
-            |fp, s| match &overrides {
-                Some(map) if map.contains_key(&fp) => s,
-                _ => new.rescale(&old, s, now),
-            },
+            |s| new.rescale(&old, s, now),
         );
         self.params.publish(new);
         *current = config;
@@ -103,6 +107,8 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
     {
         self.no_hot_keys()?;
         let new = A::from_config(&config)?;
+        new.fits(self.table.packing())?;
+        let new = new.in_units(self.table.packing());
         let _serial = lock(&self.config);
         let h = self.hash(key);
         let old = self.params_for(h);
@@ -111,7 +117,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         self.overrides.insert(h, new);
         let _ = self
             .table
-            .update(h, &mut |s| ((), Some(new.rescale(&old, s, now))));
+            .update(h, now, &mut |s| ((), Some(new.rescale(&old, s, now))));
         Ok(())
     }
 
@@ -137,7 +143,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         if let Some(own) = self.overrides.remove(h) {
             let _ = self
                 .table
-                .update(h, &mut |s| ((), Some(global.rescale(&own, s, now))));
+                .update(h, now, &mut |s| ((), Some(global.rescale(&own, s, now))));
         }
     }
 

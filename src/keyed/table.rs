@@ -3,16 +3,17 @@
 //! # Layout
 //!
 //! ```text
-//!  127                           64 63                            0
-//! +-------------------------------+-------------------------------+
-//! | fingerprint (64-bit key hash) | state word (the algorithm's)  |
-//! +-------------------------------+-------------------------------+
+//!  63                40 39                                            0
+//! +--------------------+-----------------------------------------------+
+//! | tag (24 bits, !=0) | packed state (40 bits: `word::Packing`)       |
+//! +--------------------+-----------------------------------------------+
 //! ```
 //!
-//! One slot is one 16-byte atomic. Fingerprint 0 is an empty slot (never
-//! used: a probe stops there), 1 is a tombstone (a removed key: a probe goes
-//! on, an insert may reuse it); a key's hash is mapped away from 0 and 1.
-//! No key is stored, so the table's memory does not depend on the key type.
+//! One slot is one 8-byte atomic. Word 0 is an empty slot (a probe stops
+//! there), 1 a tombstone (a probe goes on, an insert may reuse it); tags
+//! are never 0, so no live word is either. No key is stored. A key whose
+//! tag equals that of a key in its chain shares its slot (about 2^-24 per
+//! slot compared: docs/design.md, "Keyed table").
 //!
 //! The table has `2^k` cache-padded shards picked by the hash's low bits.
 //! A shard's slots are a *main* region and a small *stash* after it. A key
@@ -29,36 +30,41 @@
 //! The keys tracked are counted across the whole table and never exceed
 //! `max_keys`; a shard holds as many as hash to it (no per-shard cap, so an
 //! unlucky split of the keys between shards rejects nothing). Each shard
-//! gets 24 bytes per key of its even share of `max_keys` (header
+//! gets 12 bytes per key of its even share of `max_keys` (header
 //! included): 1.5 slots per key, a two-thirds load when full. Only a shard
 //! that receives far more than its share (explicit shard counts with a few
 //! keys each) can run out of room before the table does.
 //!
 //! # Slot protocol
 //!
-//! - Check of an existing key (lock-free): load the slot; if its fingerprint
-//!   is ours, run the step on its state; a step that writes nothing returns
-//!   at once (a denial writes no memory); otherwise compare-exchange the
-//!   whole 16 bytes from (ours, seen) to (ours, next). A failure whose
-//!   fingerprint is still ours recomputes from the observed state; a failure
-//!   whose fingerprint changed means the slot was reclaimed for another key:
-//!   the check looks the key up again. Because the exchange compares the
-//!   fingerprint with the state, a decision computed for one key can never be
-//!   written over another key's state, whatever values the states take (ABA).
-//! - Everything that changes a fingerprint (insert, reclaim, eviction,
-//!   `retain_active`) holds the shard's mutex and uses the same 16-byte
-//!   compare-exchange, so it also loses cleanly to a concurrent check.
+//! - Check of an existing key (lock-free): load the word; if its tag is
+//!   ours, unpack its state and run the step; a step that writes nothing
+//!   returns at once (a denial writes no memory); otherwise compare-exchange
+//!   the whole word from seen to (ours, packed next). A failure whose tag is
+//!   still ours recomputes from the observed word; a failure whose tag
+//!   changed means the slot was reclaimed for another key: the check looks
+//!   the key up again. Because the exchange compares the tag with the
+//!   state, a decision computed for one key can never be written over the
+//!   state of a key with another tag, whatever values the states take (ABA).
+//! - Everything that changes a tag (insert, reclaim, eviction, the wrap
+//!   sweep, `retain_active`, `remove`) holds the shard's mutex and uses the
+//!   same compare-exchange, so it also loses cleanly to a concurrent check.
+//! - Time in a packed state is modular: the wrap sweep (`wrap.rs`) rewrites
+//!   idle keys' words before it wraps; every entry point asks `sweep_due`.
 
-use crate::sync::{lock, AtomicU128, AtomicU64, Mutex, Ordering};
+use super::wrap::Wrap;
+use crate::sync::{lock, AtomicU64, Mutex, Ordering};
+use crate::word::{Packing, STATE_BITS, STATE_MASK};
 use crossbeam_utils::CachePadded;
 use std::fmt;
 use std::sync::Arc;
 
-/// Fingerprint of a slot that was never used.
+/// A slot that was never used.
 pub(crate) const EMPTY: u64 = 0;
-/// Fingerprint of a slot whose key was removed.
+/// A slot whose key was removed.
 pub(crate) const TOMB: u64 = 1;
-/// Slots scanned for one key: 32 x 16 B = 512 B, eight cache lines.
+
+/// Slots scanned for one key: 32 x 8 B = 256 B, four cache lines.
 pub(crate) const PROBE: usize = 32;
 /// Slots scanned per insert, beyond the key's chain, to reclaim idle keys
 /// when the table is at `max_keys` (amortized eviction).
@@ -66,7 +72,7 @@ const SWEEP: usize = 64;
 /// Sweep ranges `evict_elsewhere` tries before giving up.
 const EVICT_ATTEMPTS: usize = 4;
 /// Bytes per key of `max_keys`, shard headers included: 1.5 slots per key.
-const BYTES_PER_KEY: usize = 24;
+const BYTES_PER_KEY: usize = 12;
 /// Largest stash per shard (slots).
 const MAX_STASH: usize = 128;
 /// Bytes set aside from the budget for the table's and the limiter's own
@@ -74,43 +80,42 @@ const MAX_STASH: usize = 128;
 const OWNER_BYTES: usize = 1024;
 
 /// Bytes per slot.
-const SLOT: usize = 16;
-#[cfg(not(ratewall_loom))]
-const _: () = assert!(std::mem::size_of::<AtomicU128>() == SLOT);
+const SLOT: usize = 8;
 
+/// A slot word: the key's tag above `STATE_BITS`, its packed state below.
 #[inline]
-fn pack(fp: u64, state: u64) -> u128 {
-    (u128::from(fp) << 64) | u128::from(state)
+fn pack(tag: u64, packed: u64) -> u64 {
+    debug_assert!(packed <= STATE_MASK);
+    (tag << STATE_BITS) | packed
 }
 
+/// The tag of a slot word (0: empty or tombstone).
 #[inline]
-fn fp_of(v: u128) -> u64 {
-    (v >> 64) as u64
+fn tag_of(v: u64) -> u64 {
+    v >> STATE_BITS
 }
 
+/// A key's tag: the top 24 bits of its hash times an odd constant (a
+/// bijection of the hash, so the bits the shard and the chain's start come
+/// from are mixed with all the others), never 0.
 #[inline]
-fn state_of(v: u128) -> u64 {
-    v as u64
+pub(crate) fn tag(h: u64) -> u64 {
+    let t = h.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> STATE_BITS;
+    t | u64::from(t == 0)
 }
 
-/// A key's fingerprint: its hash, moved away from the two reserved values.
-#[inline]
-pub(crate) fn fingerprint(h: u64) -> u64 {
-    if h <= TOMB {
-        h + 2
-    } else {
-        h
-    }
-}
-
-struct Shard {
+struct Shard<P> {
     /// The main region (`main` slots), then the stash.
-    slots: Box<[AtomicU128]>,
+    slots: Box<[AtomicU64]>,
     main: usize,
     /// The table's key count, shared by every shard.
     count: Arc<KeyCount>,
-    /// Serializes fingerprint changes; holds the reclaim sweep's cursor.
+    /// Serializes tag changes; holds the reclaim sweep's cursor.
     inner: Mutex<usize>,
+    /// The table's packing of states (a copy per shard, beside its slots).
+    packing: P,
+    /// When the wrap sweep last swept this shard (written under `inner`).
+    swept: AtomicU64,
 }
 
 /// Keys tracked by the whole table, and the most it may track.
@@ -120,7 +125,19 @@ struct KeyCount {
     max: u64,
 }
 
-impl Shard {
+impl<P: Packing> Shard<P> {
+    /// The full state a slot word holds at `now`.
+    #[inline]
+    fn state_of(&self, v: u64, now: u64) -> u64 {
+        self.packing.unpack(v & STATE_MASK, now)
+    }
+
+    /// The slot word of the key tagged `tag` in state `state` at `now`.
+    #[inline]
+    fn word(&self, tag: u64, state: u64, now: u64) -> u64 {
+        pack(tag, self.packing.pack(state, now))
+    }
+
     /// Whether the table is under `max_keys` (a hint: `reserve` decides).
     fn has_room(&self) -> bool {
         // Relaxed: a count; it publishes nothing.
@@ -216,17 +233,24 @@ pub(crate) trait StateView {
     fn is_idle(&self, state: u64) -> bool;
     /// Nanoseconds until the state goes idle (eviction picks the least).
     fn time_to_idle(&self, state: u64) -> u64;
+    /// The time the view judges states at (the word's time base).
+    fn now(&self) -> u64;
 }
 
-pub(crate) struct Table {
-    shards: Box<[CachePadded<Shard>]>,
+pub(crate) struct Table<P> {
+    shards: Box<[CachePadded<Shard<P>>]>,
     shard_mask: u64,
+    /// The wrap sweep's schedule (`wrap.rs`).
+    wrap: Wrap,
+    /// The packing (as each shard's copy), for `time`.
+    packing: P,
 }
 
-impl Table {
+impl<P: Packing> Table<P> {
     /// A table for `max_keys` keys over `shards` shards (a power of two, at
-    /// most `max_keys`; the caller validated both).
-    pub(crate) fn new(max_keys: usize, shards: usize) -> Table {
+    /// most `max_keys`; the caller validated both), built at `now` (its
+    /// clock's reading: the wrap sweep's schedule starts there).
+    pub(crate) fn new(max_keys: usize, shards: usize, packing: P, now: u64) -> Table<P> {
         debug_assert!(shards.is_power_of_two() && shards <= max_keys);
         let base = max_keys / shards;
         let extra = max_keys % shards;
@@ -236,8 +260,8 @@ impl Table {
         });
         // Each shard's header, and its part of what the table and its owner
         // hold beside the shards (`memory_bytes` counts both).
-        let header = std::mem::size_of::<CachePadded<Shard>>() + OWNER_BYTES.div_ceil(shards);
-        let shards: Box<[CachePadded<Shard>]> = (0..shards)
+        let header = std::mem::size_of::<CachePadded<Shard<P>>>() + OWNER_BYTES.div_ceil(shards);
+        let shards: Box<[CachePadded<Shard<P>>]> = (0..shards)
             .map(|i| {
                 let share = base + usize::from(i < extra);
                 // The budget, header included. Small tables, where the
@@ -248,19 +272,27 @@ impl Table {
                 let n = budget.max(small);
                 let stash = (share / 16).min(MAX_STASH);
                 CachePadded::new(Shard {
-                    slots: (0..n).map(|_| AtomicU128::new(0)).collect(),
+                    slots: (0..n).map(|_| AtomicU64::new(0)).collect(),
                     main: n - stash,
                     count: Arc::clone(&count),
                     inner: Mutex::new(0),
+                    packing,
+                    swept: AtomicU64::new(now),
                 })
             })
             .collect();
         let shard_mask = shards.len() as u64 - 1;
-        Table { shards, shard_mask }
+        let wrap = Wrap::new(packing.sweep_period(), shards.len(), now);
+        Table {
+            shards,
+            shard_mask,
+            wrap,
+            packing,
+        }
     }
 
     #[inline]
-    fn locate(&self, h: u64) -> (&Shard, usize) {
+    fn locate(&self, h: u64) -> (&Shard<P>, usize) {
         let shard = &self.shards[(h & self.shard_mask) as usize];
         let n = shard.main as u128;
         // The high bits pick the start (the low ones picked the shard).
@@ -291,17 +323,18 @@ impl Table {
     pub(crate) fn update<R>(
         &self,
         h: u64,
+        now: u64,
         step: &mut impl FnMut(u64) -> (R, Option<u64>),
     ) -> Option<R> {
-        self.apply(h, step).map(|(r, _)| r)
+        self.apply(h, now, step).map(|(r, _)| r)
     }
 
     /// The key's state, if tracked: one load of its slot (a snapshot, for a
     /// decision's counts; it decides nothing).
     #[inline]
-    pub(crate) fn state(&self, h: u64) -> Option<u64> {
+    pub(crate) fn state(&self, h: u64, now: u64) -> Option<u64> {
         let (shard, start) = self.locate(h);
-        find(shard, start, fingerprint(h)).map(|(_, v)| state_of(v))
+        find(shard, start, tag(h)).map(|(_, v)| shard.state_of(v, now))
     }
 
     /// [`update`](Self::update), also returning the state the winning step
@@ -311,16 +344,18 @@ impl Table {
     pub(crate) fn apply<R>(
         &self,
         h: u64,
+        now: u64,
         step: &mut impl FnMut(u64) -> (R, Option<u64>),
     ) -> Option<(R, u64)> {
-        let fp = fingerprint(h);
+        let fp = tag(h);
         let (shard, start) = self.locate(h);
         'lookup: loop {
             let (slot, mut seen) = find(shard, start, fp)?;
             loop {
-                let (outcome, next) = step(state_of(seen));
-                let next = match next {
-                    Some(next) if next != state_of(seen) => next,
+                let state = shard.state_of(seen, now);
+                let (outcome, next) = step(state);
+                let next = match next.map(|n| shard.word(fp, n, now)) {
+                    Some(next) if next != seen => next,
                     // No write (a denial, a peek, a step that changed
                     // nothing): nothing to publish. As in
                     // `AtomicWord::update`, confirm the slot still holds what
@@ -331,9 +366,9 @@ impl Table {
                         // Acquire: as the slot loads in `find`.
                         let again = slot.load(Ordering::Acquire);
                         if again == seen {
-                            return Some((outcome, state_of(seen)));
+                            return Some((outcome, state));
                         }
-                        if fp_of(again) != fp {
+                        if tag_of(again) != fp {
                             continue 'lookup;
                         }
                         seen = again;
@@ -342,16 +377,11 @@ impl Table {
                 };
                 // Success AcqRel / failure Acquire: as `AtomicWord::update`
                 // (pairs with a quota change's rescaling exchange).
-                match slot.compare_exchange(
-                    seen,
-                    pack(fp, next),
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                ) {
-                    Ok(_) => return Some((outcome, state_of(seen))),
+                match slot.compare_exchange(seen, next, Ordering::AcqRel, Ordering::Acquire) {
+                    Ok(_) => return Some((outcome, state)),
                     // Lost the race to a check of the same key: recompute
                     // from the state we saw, never from the one we wanted.
-                    Err(actual) if fp_of(actual) == fp => seen = actual,
+                    Err(actual) if tag_of(actual) == fp => seen = actual,
                     // The slot was reclaimed for another key meanwhile: our
                     // decision must not touch its state; look up again.
                     Err(_) => continue 'lookup,
@@ -369,13 +399,14 @@ impl Table {
         view: &impl StateView,
         policy: Full,
     ) -> Inserted<R> {
-        let fp = fingerprint(h);
+        let fp = tag(h);
+        let now = view.now();
         let (shard, start) = self.locate(h);
         let mut cursor = lock(&shard.inner);
         loop {
             // Fingerprints change only under this mutex: if the key is here
             // now, it stays; `update` only retries on a state race.
-            if let Some(r) = self.update(h, step) {
+            if let Some(r) = self.update(h, now, step) {
                 return Inserted::Existing(r);
             }
             let ChainScan {
@@ -395,7 +426,7 @@ impl Table {
                 _ => None,
             };
             if let Some((i, v, grows)) = target {
-                match place(shard, i, v, fp, grows, false, step) {
+                match place(shard, i, v, (fp, now), grows, false, step) {
                     Some(inserted) => return inserted,
                     // A check made the idle key active again, or another
                     // shard took the last unit meanwhile: start over.
@@ -434,7 +465,7 @@ impl Table {
                 }
                 (None, None) => return Inserted::Full { soonest: 0 },
             };
-            match place(shard, at, expect, fp, grows, true, step) {
+            match place(shard, at, expect, (fp, now), grows, true, step) {
                 Some(inserted) => return inserted,
                 // The victim was checked meanwhile, or the eviction freed a
                 // unit but another shard took it: choose again.
@@ -486,52 +517,94 @@ impl Table {
     /// Removes every idle key, one shard at a time (each shard's inserts
     /// wait for its own pass only). Returns how many were removed.
     pub(crate) fn retain_active(&self, view: &impl StateView) -> usize {
-        let mut removed = 0;
-        for shard in self.shards.iter() {
-            let _guard = lock(&shard.inner);
-            for i in 0..shard.slots.len() {
-                // Acquire: as in `find`.
-                let v = shard.slots[i].load(Ordering::Acquire);
-                if fp_of(v) > TOMB && view.is_idle(state_of(v)) && tombstone(shard, i, v, view) {
-                    removed += 1;
-                }
+        self.shards
+            .iter()
+            .map(|s| {
+                let _guard = lock(&s.inner);
+                reclaim_idle(s, view)
+            })
+            .sum()
+    }
+
+    /// Removes the key (a reset: its next check is a fresh key's), under
+    /// its shard's mutex. Whether it was tracked.
+    pub(crate) fn remove(&self, h: u64) -> bool {
+        let (shard, start) = self.locate(h);
+        let _guard = lock(&shard.inner);
+        // Tags change only under the mutex: a failed exchange is a racing
+        // check of this key; look again.
+        while let Some((i, v)) = position(shard, start, tag(h)) {
+            if evict(shard, i, v) {
+                return true;
             }
         }
-        removed
+        false
+    }
+
+    /// Whether the wrap sweep (`wrap.rs`) is due at `now`: every entry
+    /// point asks before it reads a slot (one load of a read-mostly word and
+    /// a compare), and runs [`sweep_wrap`](Self::sweep_wrap) if so.
+    #[inline]
+    pub(crate) fn sweep_due(&self, now: u64) -> bool {
+        self.wrap.is_due(now)
+    }
+
+    /// The wrap sweep's due part: rewrites the idle keys of the shards due
+    /// at `view.now()` as idle states packed then (`normalize_idle`). Returns the shards swept. Takes no shard mutex
+    /// while the caller holds one.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn sweep_wrap(&self, view: &impl StateView) -> usize {
+        let now = view.now();
+        self.wrap.run(now, self.shards.len(), |i| {
+            let shard = &self.shards[i];
+            let _guard = lock(&shard.inner);
+            // Relaxed: read and written under the shard's mutex.
+            let at = self.wrap.read_at(shard.swept.load(Ordering::Relaxed), now);
+            normalize_idle(shard, at, view);
+            shard.swept.store(now, Ordering::Relaxed);
+        })
     }
 
     /// Applies `f` to every tracked key's state (quota changes) with the
-    /// slot protocol (a racing check wins or loses cleanly). Takes every
-    /// shard's mutex first and holds them all: an insert reads the parameters
-    /// under its shard's mutex, so a quota change that made the parameters
-    /// unreadable while waiting for a shard would deadlock. `between` runs
-    /// once all are held, before the first state changes (it starts the
-    /// parameter change).
+    /// slot protocol, but for the keys with hashes in `skip` (per-key
+    /// quotas; found under the mutexes, where no key moves). Takes every
+    /// shard's mutex first and holds them all (an insert reads the
+    /// parameters under its shard's mutex: taking them one by one while the
+    /// parameters are unreadable would deadlock); `between` runs once all
+    /// are held, before the first state changes (it starts the change).
     pub(crate) fn for_each_state(
         &self,
+        now: u64,
+        skip: &[u64],
         between: impl FnOnce(),
-        mut f: impl FnMut(u64, u64) -> u64,
+        mut f: impl FnMut(u64) -> u64,
     ) {
         let guards: Vec<_> = self.shards.iter().map(|s| lock(&s.inner)).collect();
+        let skipped: Vec<*const AtomicU64> = skip
+            .iter()
+            .filter_map(|&h| {
+                let (shard, start) = self.locate(h);
+                find(shard, start, tag(h)).map(|(slot, _)| slot as *const AtomicU64)
+            })
+            .collect();
         between();
         for shard in self.shards.iter() {
             for slot in shard.slots.iter() {
+                if skipped.contains(&(slot as *const AtomicU64)) {
+                    continue;
+                }
                 // Acquire: as in `find`.
                 let mut v = slot.load(Ordering::Acquire);
-                while fp_of(v) > TOMB {
-                    let next = f(fp_of(v), state_of(v));
-                    if next == state_of(v) {
+                while tag_of(v) != 0 {
+                    let next = shard.word(tag_of(v), f(shard.state_of(v, now)), now);
+                    if next == v {
                         break;
                     }
                     // AcqRel: Release pairs with a checker's Acquire load (see
-                    // `ParamCell`); the fingerprint cannot change (we hold the
+                    // `ParamCell`); the tag cannot change (we hold the
                     // mutex), so a failure is a racing check: redo its result.
-                    match slot.compare_exchange(
-                        v,
-                        pack(fp_of(v), next),
-                        Ordering::AcqRel,
-                        Ordering::Acquire,
-                    ) {
+                    match slot.compare_exchange(v, next, Ordering::AcqRel, Ordering::Acquire) {
                         Ok(_) => break,
                         Err(actual) => v = actual,
                     }
@@ -547,6 +620,17 @@ impl Table {
     pub(crate) fn home(&self, h: u64) -> (usize, usize) {
         let (_, start) = self.locate(h);
         ((h & self.shard_mask) as usize, start)
+    }
+
+    /// The table's packing of states (fixed for its life).
+    pub(crate) fn packing(&self) -> &P {
+        &self.packing
+    }
+
+    /// `now` in the packing's time unit (`Packing::time`).
+    #[inline]
+    pub(crate) fn time(&self, now: u64) -> u64 {
+        self.packing.time(now)
     }
 
     /// Keys tracked (idle ones not yet reclaimed included).
@@ -568,17 +652,70 @@ impl Table {
     pub(crate) fn memory_bytes(&self) -> usize {
         self.shards
             .iter()
-            .map(|s| s.slots.len() * std::mem::size_of::<AtomicU128>())
+            .map(|s| s.slots.len() * std::mem::size_of::<AtomicU64>())
             .sum::<usize>()
-            + self.shards.len() * std::mem::size_of::<CachePadded<Shard>>()
+            + self.shards.len() * std::mem::size_of::<CachePadded<Shard<P>>>()
             + std::mem::size_of::<Self>()
             + std::mem::size_of::<KeyCount>()
+            + self.wrap.heap_bytes()
+    }
+}
+
+/// Removes every key of `shard` idle at `view.now()` (`retain_active`).
+/// Caller holds the shard's mutex.
+fn reclaim_idle<P: Packing>(shard: &Shard<P>, view: &impl StateView) -> usize {
+    let at = view.now();
+    let mut removed = 0;
+    for slot in shard.slots.iter() {
+        // Acquire: as in `find`.
+        let mut v = slot.load(Ordering::Acquire);
+        // A check that changes the slot meanwhile fails our exchange: judge
+        // its state again (a check that leaves the key idle must not make
+        // the sweep skip it until its next run).
+        while tag_of(v) != 0 && view.is_idle(shard.state_of(v, at)) {
+            // AcqRel: as in `evict`.
+            match slot.compare_exchange(v, TOMB, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => {
+                    shard.count_removal();
+                    removed += 1;
+                    break;
+                }
+                Err(actual) => v = actual,
+            }
+        }
+    }
+    removed
+}
+
+/// Rewrites every key of `shard` idle at `view.now()` (its state read at
+/// `at`, see `Wrap::read_at`) as the idle state packed at `view.now()`: the
+/// key stays tracked, exactly as an idle key not yet reclaimed, and its word
+/// reads as idle for the sweep periods to come. Caller holds the shard's
+/// mutex; a check that changes the slot meanwhile fails our exchange and
+/// the new state is judged again.
+fn normalize_idle<P: Packing>(shard: &Shard<P>, at: u64, view: &impl StateView) {
+    let now = view.now();
+    for slot in shard.slots.iter() {
+        // Acquire: as in `find`.
+        let mut v = slot.load(Ordering::Acquire);
+        while tag_of(v) != 0 && view.is_idle(shard.state_of(v, at)) {
+            let idle = shard.word(tag_of(v), 0, now);
+            if idle == v {
+                break;
+            }
+            // AcqRel: as any slot update (a check that loses to it reads the
+            // new word with Acquire and recomputes).
+            match slot.compare_exchange(v, idle, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => break,
+                Err(actual) => v = actual,
+            }
+        }
     }
 }
 
 /// The key's slot in its chain, and the value seen there.
 #[inline]
-fn find(shard: &Shard, start: usize, fp: u64) -> Option<(&AtomicU128, u128)> {
+fn find<P: Packing>(shard: &Shard<P>, start: usize, fp: u64) -> Option<(&AtomicU64, u64)> {
     let n = shard.main;
     let mut i = start;
     for _ in 0..PROBE.min(n) {
@@ -593,10 +730,26 @@ fn find(shard: &Shard, start: usize, fp: u64) -> Option<(&AtomicU128, u128)> {
     find_in_stash(shard, fp)
 }
 
+/// `find` for the cold paths that need the slot's index (same chain, same
+/// order).
+fn position<P: Packing>(shard: &Shard<P>, start: usize, fp: u64) -> Option<(usize, u64)> {
+    for i in shard.chain(start) {
+        // Acquire: as in `find`.
+        let v = shard.slots[i].load(Ordering::Acquire);
+        if tag_of(v) == fp {
+            return Some((i, v));
+        }
+        if v == EMPTY {
+            return None;
+        }
+    }
+    None
+}
+
 /// `find` past a full window: the stash (rare, kept out of line).
 #[cold]
 #[inline(never)]
-fn find_in_stash(shard: &Shard, fp: u64) -> Option<(&AtomicU128, u128)> {
+fn find_in_stash<P: Packing>(shard: &Shard<P>, fp: u64) -> Option<(&AtomicU64, u64)> {
     for slot in &shard.slots[shard.main..] {
         match look(slot, fp) {
             Look::Found(v) => return Some((slot, v)),
@@ -607,10 +760,10 @@ fn find_in_stash(shard: &Shard, fp: u64) -> Option<(&AtomicU128, u128)> {
     None
 }
 
-/// What one slot of a key's chain says of the key with fingerprint `fp`.
+/// What one slot of a key's chain says of the key tagged `fp`.
 enum Look {
     /// The key's slot, holding this value.
-    Found(u128),
+    Found(u64),
     /// An empty slot: the chain ends and the key is not in it.
     Absent,
     /// Another key or a tombstone: look at the next slot.
@@ -619,15 +772,17 @@ enum Look {
 
 /// One step of `find`'s walk (the fast path and the stash share it).
 #[inline(always)]
-fn look(slot: &AtomicU128, fp: u64) -> Look {
+fn look(slot: &AtomicU64, fp: u64) -> Look {
     // Acquire: pairs with the AcqRel exchange that stored this value, so
     // the state (and, for a quota change, the odd parameter version
     // ordered before it) is visible to the step.
     let v = slot.load(Ordering::Acquire);
-    match fp_of(v) {
-        f if f == fp => Look::Found(v),
-        EMPTY => Look::Absent,
-        _ => Look::Next,
+    if tag_of(v) == fp {
+        Look::Found(v)
+    } else if v == EMPTY {
+        Look::Absent
+    } else {
+        Look::Next
     }
 }
 
@@ -635,16 +790,16 @@ fn look(slot: &AtomicU128, fp: u64) -> Look {
 /// only; `insert` decides on it and `room` predicts from it).
 struct ChainScan {
     /// The first free slot (empty or tombstone), and the value seen there.
-    free: Option<(usize, u128)>,
+    free: Option<(usize, u64)>,
     /// The first idle key's slot, and the value seen there.
-    idle: Option<(usize, u128)>,
+    idle: Option<(usize, u64)>,
     /// The chain ends at an empty slot of the window, short of the stash.
     ends_in_window: bool,
 }
 
 /// Scans the chain from `start` (the window, then the stash) up to its
 /// first empty slot: no slot beyond it can hold or take the key.
-fn scan_chain(shard: &Shard, start: usize, view: &impl StateView) -> ChainScan {
+fn scan_chain<P: Packing>(shard: &Shard<P>, start: usize, view: &impl StateView) -> ChainScan {
     let mut scan = ChainScan {
         free: None,
         idle: None,
@@ -653,7 +808,7 @@ fn scan_chain(shard: &Shard, start: usize, view: &impl StateView) -> ChainScan {
     for i in shard.chain(start) {
         // Acquire: as in `find`.
         let v = shard.slots[i].load(Ordering::Acquire);
-        match fp_of(v) {
+        match v {
             EMPTY => {
                 scan.free.get_or_insert((i, v));
                 scan.ends_in_window = i < shard.main;
@@ -663,7 +818,7 @@ fn scan_chain(shard: &Shard, start: usize, view: &impl StateView) -> ChainScan {
                 scan.free.get_or_insert((i, v));
             }
             _ => {
-                if scan.idle.is_none() && view.is_idle(state_of(v)) {
+                if scan.idle.is_none() && view.is_idle(shard.state_of(v, view.now())) {
                     scan.idle = Some((i, v));
                 }
             }
@@ -676,21 +831,21 @@ fn scan_chain(shard: &Shard, start: usize, view: &impl StateView) -> ChainScan {
 /// the whole window from `start`, and of the stash unless the chain ends in
 /// the window, the one with the least time to idle, the first in scan order
 /// on a tie. Read only.
-fn least_time_to_idle(
-    shard: &Shard,
+fn least_time_to_idle<P: Packing>(
+    shard: &Shard<P>,
     start: usize,
     ends_in_window: bool,
     view: &impl StateView,
-) -> Option<(usize, u128, u64)> {
-    let mut victim: Option<(usize, u128, u64)> = None;
+) -> Option<(usize, u64, u64)> {
+    let mut victim: Option<(usize, u64, u64)> = None;
     for i in shard.chain(start) {
         if ends_in_window && i >= shard.main {
             break; // the key's chain stops short of the stash
         }
         // Acquire: as in `find`.
         let v = shard.slots[i].load(Ordering::Acquire);
-        if fp_of(v) > TOMB {
-            let ttl = view.time_to_idle(state_of(v));
+        if tag_of(v) != 0 {
+            let ttl = view.time_to_idle(shard.state_of(v, view.now()));
             if victim.map_or(true, |(_, _, best)| ttl < best) {
                 victim = Some((i, v, ttl));
             }
@@ -701,22 +856,22 @@ fn least_time_to_idle(
 
 /// Turns an idle key's slot into a tombstone if it is still `v` (caller holds
 /// the shard mutex). A racing check that makes the key active wins.
-fn tombstone(shard: &Shard, i: usize, v: u128, view: &impl StateView) -> bool {
-    debug_assert!(view.is_idle(state_of(v)));
+fn tombstone<P: Packing>(shard: &Shard<P>, i: usize, v: u64, view: &impl StateView) -> bool {
+    debug_assert!(view.is_idle(shard.state_of(v, view.now())));
     evict(shard, i, v)
 }
 
-/// Stores the new key (fingerprint `fp`, state from `step(0)`) in slot `i`
+/// Stores the new key (tag `fp`, state from `step(0)` packed at `now`) in slot `i`
 /// of `shard`, which must still hold `v`; `grows`: the key adds to the
 /// shard's count (a free slot), `evicted`: it replaces or follows an
 /// evicted key. `None` if the caller must choose again: another shard took
 /// the last count unit, or a check changed the slot meanwhile (made the idle
 /// key active again, or checked the victim).
-fn place<R>(
-    shard: &Shard,
+fn place<R, P: Packing>(
+    shard: &Shard<P>,
     i: usize,
-    v: u128,
-    fp: u64,
+    v: u64,
+    (fp, now): (u64, u64),
     grows: bool,
     evicted: bool,
     step: &mut impl FnMut(u64) -> (R, Option<u64>),
@@ -726,11 +881,12 @@ fn place<R>(
         // A fresh key's step that writes nothing: nothing to track.
         return Some(Inserted::NotStored(outcome));
     };
+    let next = shard.word(fp, next, now);
     if grows && !shard.reserve() {
         return None;
     }
     // AcqRel: publishes the new key's state like any update.
-    match shard.slots[i].compare_exchange(v, pack(fp, next), Ordering::AcqRel, Ordering::Acquire) {
+    match shard.slots[i].compare_exchange(v, next, Ordering::AcqRel, Ordering::Acquire) {
         Ok(_) => Some(Inserted::New { outcome, evicted }),
         Err(_) => {
             if grows {
@@ -744,11 +900,11 @@ fn place<R>(
 /// Removes the key in slot `i` (leaving a tombstone) if the slot still holds
 /// `v`; caller holds the shard mutex. A racing check that changed the slot
 /// wins, and the caller chooses again.
-fn evict(shard: &Shard, i: usize, v: u128) -> bool {
+fn evict<P: Packing>(shard: &Shard<P>, i: usize, v: u64) -> bool {
     // AcqRel: a check of the removed key that loses this race sees the
     // tombstone and looks its key up again.
     let removed = shard.slots[i]
-        .compare_exchange(v, pack(TOMB, 0), Ordering::AcqRel, Ordering::Acquire)
+        .compare_exchange(v, TOMB, Ordering::AcqRel, Ordering::Acquire)
         .is_ok();
     if removed {
         shard.count_removal();
@@ -759,14 +915,14 @@ fn evict(shard: &Shard, i: usize, v: u128) -> bool {
 /// At `max_keys`: scans the shard's next `SWEEP` slots (main region and
 /// stash alike) from the cursor and reclaims the idle keys there. Whether
 /// the table is now under `max_keys`.
-fn sweep(shard: &Shard, cursor: &mut usize, view: &impl StateView) -> bool {
+fn sweep<P: Packing>(shard: &Shard<P>, cursor: &mut usize, view: &impl StateView) -> bool {
     let n = shard.slots.len();
     for _ in 0..SWEEP.min(n) {
         let i = *cursor % n;
         *cursor = (i + 1) % n;
         // Acquire: as in `find`.
         let v = shard.slots[i].load(Ordering::Acquire);
-        if fp_of(v) > TOMB && view.is_idle(state_of(v)) {
+        if tag_of(v) != 0 && view.is_idle(shard.state_of(v, view.now())) {
             tombstone(shard, i, v, view);
         }
     }
@@ -774,21 +930,21 @@ fn sweep(shard: &Shard, cursor: &mut usize, view: &impl StateView) -> bool {
 }
 
 /// Whether `sweep` from `cursor` would reclaim a key (read only).
-fn sweep_finds_idle(shard: &Shard, cursor: usize, view: &impl StateView) -> bool {
+fn sweep_finds_idle<P: Packing>(shard: &Shard<P>, cursor: usize, view: &impl StateView) -> bool {
     let n = shard.slots.len();
     (0..SWEEP.min(n)).any(|k| {
         // Acquire: as in `find`.
         let v = shard.slots[(cursor + k) % n].load(Ordering::Acquire);
-        fp_of(v) > TOMB && view.is_idle(state_of(v))
+        tag_of(v) != 0 && view.is_idle(shard.state_of(v, view.now()))
     })
 }
 
 /// Whether `evict_elsewhere` from `cursor` would find a key (read only).
-fn sweep_finds_active(shard: &Shard, cursor: usize) -> bool {
+fn sweep_finds_active<P: Packing>(shard: &Shard<P>, cursor: usize) -> bool {
     let n = shard.slots.len();
     (0..EVICT_ATTEMPTS * SWEEP.min(n)).any(|k| {
         // Acquire: as in `find`.
-        fp_of(shard.slots[(cursor + k) % n].load(Ordering::Acquire)) > TOMB
+        tag_of(shard.slots[(cursor + k) % n].load(Ordering::Acquire)) > TOMB
     })
 }
 
@@ -796,16 +952,20 @@ fn sweep_finds_active(shard: &Shard, cursor: usize) -> bool {
 /// the cursor (the first in scan order on a tie); a range without a key
 /// moves on to the next, up to `EVICT_ATTEMPTS` ranges. Whether one was
 /// removed.
-fn evict_elsewhere(shard: &Shard, cursor: &mut usize, view: &impl StateView) -> bool {
+fn evict_elsewhere<P: Packing>(
+    shard: &Shard<P>,
+    cursor: &mut usize,
+    view: &impl StateView,
+) -> bool {
     let n = shard.slots.len();
     for _attempt in 0..EVICT_ATTEMPTS {
-        let mut best: Option<(usize, u128, u64)> = None;
+        let mut best: Option<(usize, u64, u64)> = None;
         for k in 0..SWEEP.min(n) {
             let i = (*cursor + k) % n;
             // Acquire: as in `find`.
             let v = shard.slots[i].load(Ordering::Acquire);
-            if fp_of(v) > TOMB {
-                let ttl = view.time_to_idle(state_of(v));
+            if tag_of(v) != 0 {
+                let ttl = view.time_to_idle(shard.state_of(v, view.now()));
                 if best.map_or(true, |(_, _, b)| ttl < b) {
                     best = Some((i, v, ttl));
                 }
@@ -821,7 +981,7 @@ fn evict_elsewhere(shard: &Shard, cursor: &mut usize, view: &impl StateView) -> 
     false
 }
 
-impl fmt::Debug for Table {
+impl<P: Packing> fmt::Debug for Table<P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Table")
             .field("shards", &self.shards.len())

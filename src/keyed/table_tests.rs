@@ -4,6 +4,7 @@
 //! that it predicted what the insert did.
 //! Single-threaded: the direct slot stores and loads use Relaxed.
 use super::*;
+use crate::word::Plain;
 
 struct Ttl;
 
@@ -13,6 +14,9 @@ impl StateView for Ttl {
     }
     fn time_to_idle(&self, state: u64) -> u64 {
         state
+    }
+    fn now(&self) -> u64 {
+        0
     }
 }
 
@@ -25,12 +29,15 @@ impl StateView for Active {
     fn time_to_idle(&self, _: u64) -> u64 {
         1
     }
+    fn now(&self) -> u64 {
+        0
+    }
 }
 
 /// A hash of shard `shard` whose window starts at slot `start` of that
 /// shard's main region; `salt` (small) tells keys with the same start
 /// apart.
-fn hash_at(t: &Table, shard: usize, start: usize, salt: u64) -> u64 {
+fn hash_at(t: &Table<Plain>, shard: usize, start: usize, salt: u64) -> u64 {
     let main = t.shards[shard].main;
     let base = ((start as u128) << 64).div_ceil(main as u128) as u64;
     let mut h = base + 2 + salt * (t.shard_mask + 1);
@@ -43,7 +50,7 @@ fn hash_at(t: &Table, shard: usize, start: usize, salt: u64) -> u64 {
 
 /// Inserts the new key `h` with state `ttl` (a step that stores `ttl`),
 /// after checking that `room` predicts what the insert does.
-fn put(t: &Table, h: u64, ttl: u64, policy: Full) -> Inserted<()> {
+fn put(t: &Table<Plain>, h: u64, ttl: u64, policy: Full) -> Inserted<()> {
     let predicted = t.room(h, &Ttl, policy);
     let got = t.insert(h, &mut |_| ((), Some(ttl)), &Ttl, policy);
     let did = match got {
@@ -56,25 +63,31 @@ fn put(t: &Table, h: u64, ttl: u64, policy: Full) -> Inserted<()> {
     got
 }
 
-fn state(t: &Table, h: u64) -> Option<u64> {
-    t.update(h, &mut |s| (s, None))
+fn state(t: &Table<Plain>, h: u64) -> Option<u64> {
+    t.update(h, 0, &mut |s| (s, None))
 }
 
-/// The fingerprint in slot `i` of shard 0.
-fn fp_at(t: &Table, i: usize) -> u64 {
-    fp_of(t.shards[0].slots[i].load(Ordering::Relaxed))
+/// The tag in slot `i` of shard 0, or the whole word of an empty slot or
+/// a tombstone (`EMPTY`, `TOMB`).
+fn fp_at(t: &Table<Plain>, i: usize) -> u64 {
+    let v = t.shards[0].slots[i].load(Ordering::Relaxed);
+    if tag_of(v) == 0 {
+        v
+    } else {
+        tag_of(v)
+    }
 }
 
 /// A one-shard table for 100 keys: 150 slots, the last 6 the stash.
-fn hundred() -> Table {
-    let t = Table::new(100, 1);
+fn hundred() -> Table<Plain> {
+    let t = Table::new(100, 1, Plain, 0);
     assert_eq!((t.shards[0].main, t.shards[0].slots.len()), (144, 150));
     t
 }
 
 /// 100 keys in one shard, homed at slots 44..144 of the main region (one
 /// each, so each sits at its home); key `i` has time to idle `ttl(i)`.
-fn packed(ttl: impl Fn(usize) -> u64) -> (Table, Vec<u64>) {
+fn packed(ttl: impl Fn(usize) -> u64) -> (Table<Plain>, Vec<u64>) {
     let t = hundred();
     let keys: Vec<u64> = (0..100).map(|i| hash_at(&t, 0, 44 + i, 0)).collect();
     for (i, &h) in keys.iter().enumerate() {
@@ -94,9 +107,9 @@ fn packed(ttl: impl Fn(usize) -> u64) -> (Table, Vec<u64>) {
 fn sweep_finds_active_looks_over_every_attempt_and_skips_tombstones() {
     let t = hundred();
     let s = &t.shards[0];
-    s.slots[5].store(pack(TOMB, 0), Ordering::Relaxed);
+    s.slots[5].store(TOMB, Ordering::Relaxed);
     assert!(!sweep_finds_active(s, 0), "a tombstone is not a key");
-    s.slots[100].store(pack(TOMB + 1, 7), Ordering::Relaxed);
+    s.slots[100].store(pack(2, 7), Ordering::Relaxed);
     assert!(
         sweep_finds_active(s, 0),
         "slot 100 is in the second range from 0"
@@ -187,7 +200,7 @@ fn evict_elsewhere_takes_the_least_time_to_idle_in_its_range_and_wraps() {
     // tried, up to four of them.
     for i in 0..n {
         if i != 3 {
-            shard.slots[i].store(pack(if i < 4 { EMPTY } else { TOMB }, 0), Ordering::Relaxed);
+            shard.slots[i].store(if i < 4 { EMPTY } else { TOMB }, Ordering::Relaxed);
         }
     }
     shard.slots[3].store(pack(7, 9), Ordering::Relaxed);
@@ -199,7 +212,7 @@ fn evict_elsewhere_takes_the_least_time_to_idle_in_its_range_and_wraps() {
 
 #[test]
 fn the_victim_is_the_least_time_to_idle_first_in_probe_order() {
-    let t = Table::new(4, 1);
+    let t = Table::new(4, 1, Plain, 0);
     // 6 slots, no stash: every window covers the shard.
     assert_eq!((t.shards[0].main, t.shards[0].slots.len()), (6, 6));
     let a = hash_at(&t, 0, 1, 0);
@@ -227,7 +240,7 @@ fn the_victim_is_the_least_time_to_idle_first_in_probe_order() {
     assert_eq!(state(&t, c), Some(10));
     assert_eq!(t.len(), 4);
     // An idle key's slot is reused without eviction, count unchanged.
-    assert_eq!(t.update(d, &mut |_| ((), Some(0))), Some(()));
+    assert_eq!(t.update(d, 0, &mut |_| ((), Some(0))), Some(()));
     let f = hash_at(&t, 0, 1, 5);
     assert!(matches!(
         put(&t, f, 3, Full::Reject),
@@ -237,15 +250,15 @@ fn the_victim_is_the_least_time_to_idle_first_in_probe_order() {
     assert_eq!(t.len(), 4);
     assert_eq!(t.retain_active(&Ttl), 0);
     // Make two keys idle: retain_active removes exactly those.
-    let _ = t.update(a, &mut |_| ((), Some(0)));
-    let _ = t.update(f, &mut |_| ((), Some(0)));
+    let _ = t.update(a, 0, &mut |_| ((), Some(0)));
+    let _ = t.update(f, 0, &mut |_| ((), Some(0)));
     assert_eq!(t.retain_active(&Ttl), 2);
     assert_eq!(t.len(), 2);
 }
 
 #[test]
 fn room_predicts_insert() {
-    let t = Table::new(4, 1);
+    let t = Table::new(4, 1, Plain, 0);
     let keys: Vec<u64> = (0..6).map(|i| hash_at(&t, 0, 2, i)).collect();
     for &h in &keys[..3] {
         assert_eq!(t.room(h, &Ttl, Full::Reject), Room::Tracked);
@@ -262,7 +275,7 @@ fn room_predicts_insert() {
         Room::Full { soonest: 4 }
     );
     assert_eq!(t.room(keys[4], &Ttl, Full::Evict), Room::Evict);
-    let _ = t.update(keys[1], &mut |_| ((), Some(0)));
+    let _ = t.update(keys[1], 0, &mut |_| ((), Some(0)));
     assert_eq!(t.room(keys[4], &Ttl, Full::Reject), Room::Tracked);
 }
 
@@ -286,7 +299,7 @@ fn a_full_window_overflows_into_the_stash_whose_keys_are_victims_too() {
             put(&t, h, ttl, Full::Reject),
             Inserted::New { evicted: false, .. }
         ));
-        assert_eq!(fp_at(&t, 144 + j), fingerprint(h));
+        assert_eq!(fp_at(&t, 144 + j), tag(h));
     }
     assert_eq!(t.len(), 38);
     // Window and stash full of active keys, 62 keys under `max_keys`:
@@ -305,17 +318,17 @@ fn a_full_window_overflows_into_the_stash_whose_keys_are_victims_too() {
         Inserted::New { evicted: true, .. }
     ));
     assert_eq!(state(&t, stashed[3]), None);
-    assert_eq!(fp_at(&t, 147), fingerprint(x));
+    assert_eq!(fp_at(&t, 147), tag(x));
     assert_eq!(state(&t, x), Some(7));
     assert_eq!(t.len(), 38);
     // An idle key in the stash is replaced in place, the count unchanged.
-    let _ = t.update(stashed[0], &mut |_| ((), Some(0)));
+    let _ = t.update(stashed[0], 0, &mut |_| ((), Some(0)));
     let z = home0(39);
     assert!(matches!(
         put(&t, z, 8, Full::Reject),
         Inserted::New { evicted: false, .. }
     ));
-    assert_eq!(fp_at(&t, 144), fingerprint(z));
+    assert_eq!(fp_at(&t, 144), tag(z));
     assert_eq!(t.len(), 38);
     // Fill the table: 62 keys at slots 40..102, time to idle 1000 on.
     let rest: Vec<u64> = (0..62).map(|j| hash_at(&t, 0, 40 + j, 0)).collect();
@@ -339,7 +352,7 @@ fn a_full_window_overflows_into_the_stash_whose_keys_are_victims_too() {
         Inserted::New { evicted: true, .. }
     ));
     assert_eq!(state(&t, rest[0]), None);
-    assert_eq!(fp_at(&t, 34), fingerprint(y));
+    assert_eq!(fp_at(&t, 34), tag(y));
     assert_eq!((state(&t, x), state(&t, z)), (Some(7), Some(8)));
     assert_eq!(t.len(), 100);
 }
@@ -349,7 +362,7 @@ fn a_full_window_overflows_into_the_stash_whose_keys_are_victims_too() {
 /// slots still finds the table full.
 #[test]
 fn the_key_count_is_shared_by_the_shards() {
-    let t = Table::new(8, 2);
+    let t = Table::new(8, 2, Plain, 0);
     for s in t.shards.iter() {
         assert_eq!((s.main, s.slots.len()), (6, 6)); // a share of 4 keys
     }
@@ -394,7 +407,7 @@ fn the_key_count_is_shared_by_the_shards() {
     assert_eq!(t.len(), 8);
     // An idle key in shard 0 is not reclaimed by an insert into shard 1
     // (the sweep stays in its shard)...
-    let _ = t.update(first[2], &mut |_| ((), Some(0)));
+    let _ = t.update(first[2], 0, &mut |_| ((), Some(0)));
     let v = hash_at(&t, 1, 0, 3);
     assert!(matches!(
         put(&t, v, 50, Full::Reject),
@@ -415,7 +428,7 @@ fn the_key_count_is_shared_by_the_shards() {
 /// evicting (`room` predicts it: `put` checks).
 #[test]
 fn a_shard_with_nothing_to_evict_rejects_when_other_shards_fill_the_table() {
-    let t = Table::new(2, 2);
+    let t = Table::new(2, 2, Plain, 0);
     for s in t.shards.iter() {
         assert_eq!((s.main, s.slots.len()), (2, 2));
     }
@@ -440,16 +453,18 @@ fn a_shard_with_nothing_to_evict_rejects_when_other_shards_fill_the_table() {
 /// cursor (a shard larger than the four ranges tells the start apart).
 #[test]
 fn evicting_elsewhere_starts_where_the_sweep_left_the_cursor() {
-    let t = Table::new(1200, 4);
+    let t = Table::new(1200, 4, Plain, 0);
     let n = t.shards[3].slots.len();
     let main = t.shards[3].main;
-    assert!(n > 5 * SWEEP && main > 400, "{main} + {}", n - main);
+    assert!(n > 5 * SWEEP && main > 5 * SWEEP, "{main} + {}", n - main);
     // The one key of shard 3, at slot 10.
     let k = hash_at(&t, 3, 10, 0);
     let _ = put(&t, k, 1000, Full::Reject);
     // The other shards fill the table.
     for i in 0..1199 {
-        let h = hash_at(&t, i / 400, i % 400, 0);
+        let start = i % 400;
+        let main = t.shards[i / 400].main;
+        let h = hash_at(&t, i / 400, start % main, (start / main) as u64);
         assert!(matches!(
             put(&t, h, 1000, Full::Reject),
             Inserted::New { evicted: false, .. }
@@ -480,7 +495,7 @@ fn evicting_elsewhere_starts_where_the_sweep_left_the_cursor() {
 #[test]
 fn one_shard_of_up_to_22_keys_is_covered_by_every_window_and_sweep() {
     for k in 1..=23 {
-        let t = Table::new(k, 1);
+        let t = Table::new(k, 1, Plain, 0);
         let s = &t.shards[0];
         let covered = s.main <= PROBE && s.slots.len() <= SWEEP;
         assert_eq!(
@@ -495,12 +510,16 @@ fn one_shard_of_up_to_22_keys_is_covered_by_every_window_and_sweep() {
 
 #[test]
 fn memory_and_capacity_add_up_over_shards() {
-    let t = Table::new(10, 4);
+    let t = Table::new(10, 4, Plain, 0);
     assert_eq!(t.capacity(), 10);
     assert_eq!(t.shard_count(), 4);
     let slots: usize = t.shards.iter().map(|s| s.slots.len()).sum();
-    assert!(t.memory_bytes() >= slots * 16 + 4 * std::mem::size_of::<CachePadded<Shard>>());
-    assert!(fingerprint(0) > TOMB && fingerprint(1) > TOMB && fingerprint(7) == 7);
+    assert!(t.memory_bytes() >= slots * 8 + 4 * std::mem::size_of::<CachePadded<Shard<Plain>>>());
+    // Tags are never 0: a key's word is never an empty slot or a tombstone.
+    for h in [0, 1, 2, 7, u64::MAX, 1 << 40] {
+        assert!(tag(h) != 0 && tag(h) < 1 << (64 - STATE_BITS));
+        assert!(pack(tag(h), 0) > TOMB);
+    }
 }
 
 /// A full table (as many random keys as `max_keys`) fits, and its
@@ -512,7 +531,7 @@ fn memory_and_capacity_add_up_over_shards() {
 )]
 fn a_full_table_fits_with_its_stashes_mostly_empty() {
     let n = 100_000;
-    let t = Table::new(n, 64);
+    let t = Table::new(n, 64, Plain, 0);
     let mut x = 0x1234_5678_u64;
     for _ in 0..n {
         // splitmix64: distinct, well-spread hashes.
@@ -527,13 +546,13 @@ fn a_full_table_fits_with_its_stashes_mostly_empty() {
         );
     }
     assert_eq!(t.len(), n);
-    assert!(t.memory_bytes() <= 24 * n, "{} bytes", t.memory_bytes());
+    assert!(t.memory_bytes() <= 12 * n, "{} bytes", t.memory_bytes());
     for shard in t.shards.iter() {
         let stash = &shard.slots[shard.main..];
         // Acquire: as in `find` (no other thread here).
         let used = stash
             .iter()
-            .filter(|s| fp_of(s.load(Ordering::Acquire)) > TOMB)
+            .filter(|s| tag_of(s.load(Ordering::Acquire)) > TOMB)
             .count();
         assert!(
             used * 2 <= stash.len(),

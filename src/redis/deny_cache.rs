@@ -3,9 +3,12 @@
 //! round trip.
 //!
 //! Storage is ratewall's keyed table (`src/keyed/table.rs`): bounded
-//! (`max_keys`), one 16-byte slot per key (a 64-bit fingerprint of the
-//! Redis key name and the deadline in nanoseconds on this process's
-//! monotonic clock), lock-free lookups, and expired deadlines reclaimed as
+//! (`max_keys`), one 8-byte slot per key (a 24-bit tag of the Redis key
+//! name's hash and the deadline in nanoseconds on this process's monotonic
+//! clock, modulo 2^40: deadlines at most 2^38 ns ahead, the table's wrap
+//! sweep reclaims passed ones; two names with one tag in one chain share
+//! an entry, about 2^-24 per entry compared: a denial cached for one may
+//! deny the other until it passes), lock-free lookups, and expired deadlines reclaimed as
 //! new keys arrive; when full of live deadlines the entry that expires
 //! soonest is evicted (losing one only costs a round trip).
 //!
@@ -24,12 +27,13 @@
 //! `retry_after` = the time left to the deadline (exact for a unit request,
 //! a lower bound for a larger cost) and `reset_after` the same lower bound.
 
+use crate::algo::TimePacking;
 use crate::clock::{Clock, StdClock};
 use crate::keyed::table::{Full, Inserted, StateView, Table};
 use std::fmt;
 
 pub(crate) struct DenyCache {
-    table: Table,
+    table: Table<TimePacking>,
     hasher: ahash::RandomState,
     clock: StdClock,
 }
@@ -44,20 +48,36 @@ impl StateView for Deadlines {
     fn time_to_idle(&self, until: u64) -> u64 {
         until.saturating_sub(self.0)
     }
+    fn now(&self) -> u64 {
+        self.0
+    }
 }
 
 impl DenyCache {
     pub(crate) fn new(max_keys: usize) -> DenyCache {
+        let clock = StdClock::new();
         DenyCache {
-            table: Table::new(max_keys, if max_keys >= 1024 { 16 } else { 1 }),
+            // 1 ns units: deadlines up to 2^38 ns (4.6 minutes) ahead.
+            table: Table::new(
+                max_keys,
+                if max_keys >= 1024 { 16 } else { 1 },
+                TimePacking::for_tolerance(0),
+                clock.now() + 1,
+            ),
             hasher: ahash::RandomState::new(),
-            clock: StdClock::new(),
+            clock,
         }
     }
 
+    /// The time every entry point uses, once the table's wrap sweep is
+    /// done up to it (`keyed/wrap.rs`).
     fn now(&self) -> u64 {
         // 0 is a fresh slot's state: keep live deadlines above it.
-        self.clock.now() + 1
+        let now = self.clock.now() + 1;
+        if self.table.sweep_due(now) {
+            self.table.sweep_wrap(&Deadlines(now));
+        }
+        now
     }
 
     /// The time left until `rkey`'s cached denial ends, if one is live.
@@ -65,17 +85,20 @@ impl DenyCache {
         let now = self.now();
         let until = self
             .table
-            .update(self.hasher.hash_one(rkey), &mut |s| (s, None))?;
+            .update(self.hasher.hash_one(rkey), now, &mut |s| (s, None))?;
         (until > now).then(|| until - now)
     }
 
     /// Records a denial of `rkey` for `retry_ns` from now.
     pub(crate) fn record(&self, rkey: &[u8], retry_ns: u64) {
-        let until = self.now().saturating_add(retry_ns);
+        // At most as far ahead as a slot holds: a shorter cached denial
+        // only asks Redis sooner.
+        let range = self.table.packing().max_tolerance();
+        let until = self.now().saturating_add(retry_ns.min(range));
         let h = self.hasher.hash_one(rkey);
         let mut step = |s: u64| ((), (until > s).then_some(until));
-        if self.table.update(h, &mut step).is_none() {
-            let now = self.now();
+        let now = self.now();
+        if self.table.update(h, now, &mut step).is_none() {
             match self
                 .table
                 .insert(h, &mut step, &Deadlines(now), Full::Evict)
@@ -89,7 +112,9 @@ impl DenyCache {
     /// Forgets `rkey`'s denial (a refund or reset here brought capacity back).
     pub(crate) fn clear(&self, rkey: &[u8]) {
         let h = self.hasher.hash_one(rkey);
-        let _ = self.table.update(h, &mut |s| ((), (s != 1).then_some(1)));
+        let _ = self
+            .table
+            .update(h, self.now(), &mut |s| ((), (s != 1).then_some(1)));
     }
 }
 
