@@ -72,6 +72,7 @@
 //! | `engine.rs` | the check: local rules, all or nothing; the Redis rules' branch |
 //! | `remote_check.rs` | the check of a request that matches Redis rules (feature `redis`), a Redis failure's answer |
 //! | `concurrent.rs` | concurrency rules: the limits they are built into, the permits a response body holds |
+//! | `concurrent_redis.rs` | Redis concurrency rules (feature `redis`): `Rule::redis_concurrent`, their permits on the Redis path |
 //! | `concurrent_check.rs` | the check of a layer with concurrency rules: rate and concurrency rules all or nothing |
 //! | `headers.rs` | [`Headers`], [`Items`]: the `RateLimit` and legacy headers |
 //! | `response.rs` | the 429 and other answers, [`Rejection`], [`ResponseBody`] |
@@ -88,6 +89,8 @@ mod concurrent;
 mod concurrent_check;
 #[cfg(feature = "serde")]
 mod concurrent_config;
+#[cfg(feature = "redis")]
+mod concurrent_redis;
 #[cfg(feature = "serde")]
 mod config;
 mod engine;

@@ -6,7 +6,8 @@
 //! count-only-failures Redis rules.
 
 use super::compiled::{Compiled, Entries, Entry, INLINE_RULES};
-use super::concurrent::Classes;
+use super::concurrent::{Classes, Held, Permit, Permits};
+use super::concurrent_redis::release;
 use super::engine::{Shared, Verdict};
 use super::info::RateLimitInfo;
 use super::response;
@@ -23,7 +24,6 @@ use std::sync::Arc;
 
 /// A Redis rule's units to give back when the response succeeds
 /// (count-only-failures): rule, key, cost, and where they were taken.
-
 pub(super) type RemoteRefunds = Vec<(u16, Vec<u8>, u64, DecisionSource)>;
 
 impl<C: Clock + 'static> Shared<C> {
@@ -95,29 +95,45 @@ impl<C: Clock + 'static> Shared<C> {
                 }
             }
         }
-        // 2. The local enforced rules (with concurrency rules, all or nothing
-        // with them), synchronously; a denial gives the Redis units back (to
-        // where they were taken).
-        let (local, held) = if self.concurrent {
+        // 2. The Redis concurrency rules' permits (`concurrent_redis.rs`); a
+        // denial or a failure gives the Redis units back.
+        let redis_permits = if self.concurrent {
+            match self
+                .take_redis_permits(&mut entries, &keys, grpc, &mut sources)
+                .await
+            {
+                Ok(p) => p,
+                Err(res) => {
+                    self.give_back_units(&entries, &idx, &triples, &sources)
+                        .await;
+                    return (Verdict::Reject(res), None);
+                }
+            }
+        } else {
+            Vec::new()
+        };
+        // 3. The local enforced rules (with concurrency rules, all or nothing
+        // with them), synchronously; a denial releases the Redis permits and
+        // gives the Redis units back (to where they were taken).
+        let (local, mut permits) = if self.concurrent {
             self.check_mixed(&mut entries, &classes)
         } else {
-            (self.check_enforced(&mut entries, true), None)
+            (self.check_enforced(&mut entries, true), Permits::new())
         };
         if !matches!(local, Ok(true)) {
-            let give_backs = idx.iter().zip(&triples).zip(&sources).filter_map(
-                |((&i, &(l, k, cost)), &(_, source))| {
-                    let taken = entries[i].decision.is_some_and(|d| d.is_allowed());
-                    (taken && cost > 0).then(|| l.give_back(k, cost, source))
-                },
-            );
-            // A give-back Redis cannot take follows the limiter's failure
-            // policy; the capacity then comes back as the limit refills.
-            let _ = join_all(give_backs).await;
+            release(redis_permits).await;
+            self.give_back_units(&entries, &idx, &triples, &sources)
+                .await;
             return (
                 Verdict::Reject(self.refused(local, &mut entries, grpc)),
                 None,
             );
         }
+        if !redis_permits.is_empty() {
+            self.count_redis_permits(&entries, &keys);
+            permits.extend(redis_permits.into_iter().map(Permit::Redis));
+        }
+        let held = (!permits.is_empty()).then(|| Held::new(permits));
         for &i in &idx {
             let c = &rule_of(&entries[i]).counters;
             bump(&c.allowed);
@@ -128,7 +144,7 @@ impl<C: Clock + 'static> Shared<C> {
             stats::observe(c, entries[i].decision, rule_of(&entries[i]).local());
         }
         drop(triples);
-        // 3. Shadow rules, local then Redis, never rejecting.
+        // 4. Shadow rules, local then Redis, never rejecting.
         self.check_shadow(&mut entries);
         let shadow: Vec<(usize, &RedisLimiter, &[u8], u64)> = keys
             .iter()
@@ -163,7 +179,7 @@ impl<C: Clock + 'static> Shared<C> {
             info.sources = sources.iter().map(|&(i, s)| (entries[i].rule, s)).collect();
             info
         });
-        // 4. Headers, and the refunds of count-only-failures rules.
+        // 5. Headers, and the refunds of count-only-failures rules.
         let mut after = if self.concurrent {
             self.after::<true>(&entries)
         } else {
@@ -189,6 +205,26 @@ impl<C: Clock + 'static> Shared<C> {
         (Verdict::Pass(after), info)
     }
 
+    /// Gives back the units the Redis rate rules took for a request that
+    /// is then denied (to where they were taken). A give-back Redis cannot
+    /// take follows the limiter's failure policy; the capacity then comes
+    /// back as the limit refills.
+    async fn give_back_units(
+        &self,
+        entries: &Entries,
+        idx: &[usize],
+        triples: &[(&RedisLimiter, &[u8], u64)],
+        sources: &[(usize, DecisionSource)],
+    ) {
+        let give_backs = idx.iter().zip(triples).zip(sources).filter_map(
+            |((&i, &(l, k, cost)), &(_, source))| {
+                let taken = entries[i].decision.is_some_and(|d| d.is_allowed());
+                (taken && cost > 0).then(|| l.give_back(k, cost, source))
+            },
+        );
+        let _ = join_all(give_backs).await;
+    }
+
     /// The lockout of a Redis entry's rule: the rule's own limiter (whose
     /// keys name the block, for every tier) and the block's length.
     fn redis_block(&self, e: &Entry) -> Option<(&RedisLimiter, std::time::Duration)> {
@@ -197,7 +233,7 @@ impl<C: Clock + 'static> Shared<C> {
     }
 
     /// Counts where a Redis rule's decision came from.
-    fn count_source(&self, r: &Compiled<C>, source: DecisionSource) {
+    pub(super) fn count_source(&self, r: &Compiled<C>, source: DecisionSource) {
         match source {
             DecisionSource::Fallback => bump(&r.counters.fallbacks),
             DecisionSource::FailOpen => bump(&r.counters.errors),
@@ -206,7 +242,7 @@ impl<C: Clock + 'static> Shared<C> {
     }
 
     /// The response when the Redis rules could not be decided.
-    fn remote_error(
+    pub(super) fn remote_error(
         &self,
         grpc: bool,
         entries: &Entries,
