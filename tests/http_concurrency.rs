@@ -796,7 +796,25 @@ async fn concurrency_rules_come_from_the_configuration_file() {
         field_of(bad(&|r| r.priority_header = Some("a b".into()))),
         "priority_header"
     );
-    assert_eq!(field_of(bad(&|r| r.store = Some("redis".into()))), "store");
+    // A Redis concurrency rule is built on the layer's backend
+    // (`to_builder_with_redis`, feature `redis`).
+    let redis = bad(&|r| r.store = Some("redis".into()));
+    #[cfg(feature = "redis")]
+    assert!(
+        matches!(
+            redis,
+            ratewall::http::HttpConfigError::RedisBackendMissing { .. }
+        ),
+        "{redis:?}"
+    );
+    #[cfg(not(feature = "redis"))]
+    assert!(
+        matches!(
+            redis,
+            ratewall::http::HttpConfigError::RedisFeatureMissing { .. }
+        ),
+        "{redis:?}"
+    );
     assert_eq!(field_of(bad(&|r| r.concurrent = None)), "policy");
     let mut rate = RuleConfig::new("r", "ip", "10/s");
     rate.adaptive = Some("vegas 1..9".into());
