@@ -12,7 +12,7 @@ mod support;
 use axum::body::{Body, Bytes};
 use axum::routing::get;
 use axum::Router;
-use http::{HeaderMap, Request, Response, StatusCode};
+use http::{Request, Response, StatusCode};
 use http_body::Frame;
 use http_body_util::BodyExt;
 use ratewall::http::{ClientIp, Key, LayerConfig, RateLimitLayer, Rule, RuleConfig};
@@ -23,60 +23,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
-use support::http_client::{send, serve};
+use support::http_client::{get_seen as get_, head, serve, Seen};
 use tokio::sync::Semaphore;
 use tower::{Service, ServiceExt};
-
-/// A response as the client saw it: status, headers, body.
-struct Seen {
-    status: StatusCode,
-    headers: HeaderMap,
-    body: Bytes,
-}
-
-impl Seen {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).map(|v| v.to_str().unwrap())
-    }
-    /// `r` of the `RateLimit` item of `rule`, whatever its other parameters.
-    fn r(&self, rule: &str) -> Option<i64> {
-        let v = self.header("ratelimit")?;
-        let list: sfv::List = sfv::Parser::new(v.as_bytes()).parse_list().unwrap();
-        list.into_iter().find_map(|e| {
-            let sfv::ListEntry::Item(item) = e else {
-                return None;
-            };
-            (item.bare_item.as_string()?.as_str() == rule).then(|| {
-                let r = item.params.iter().find(|(k, _)| k.as_str() == "r").unwrap();
-                i64::from(r.1.as_integer().unwrap())
-            })
-        })
-    }
-    fn json(&self) -> serde_json::Value {
-        serde_json::from_slice(&self.body).unwrap()
-    }
-}
-
-/// A connection to `addr` and the response head of `GET path`, its body
-/// not read.
-async fn head(
-    addr: SocketAddr,
-    path: &str,
-    headers: &[(&str, &str)],
-) -> Response<hyper::body::Incoming> {
-    let bytes: Vec<(&str, &[u8])> = headers.iter().map(|(k, v)| (*k, v.as_bytes())).collect();
-    send(addr, "GET", path, &bytes).await
-}
-
-/// `GET path` to the end of its body.
-async fn get_(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Seen {
-    let (parts, body) = head(addr, path, headers).await.into_parts();
-    Seen {
-        status: parts.status,
-        headers: parts.headers,
-        body: body.collect().await.unwrap().to_bytes(),
-    }
-}
 
 /// Waits (at most 5 s) until the layer's rule `rule` has `n` in flight.
 async fn in_flight_becomes(layer: &RateLimitLayer<impl ratewall::Clock>, rule: usize, n: u64) {

@@ -12,68 +12,21 @@ mod support;
 use axum::body::{Body, Bytes};
 use axum::routing::get;
 use axum::Router;
-use http::HeaderMap;
 use http::StatusCode;
 use http_body::Frame;
 use http_body_util::BodyExt;
 use ratewall::http::{Key, RateLimitLayer, Rule};
 use ratewall::redis::{FailurePolicy, RedisBackend, RedisConcurrencyLimiter};
 use ratewall::{Policy, Rate};
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
-use support::http_client::{send, serve};
+use support::http_client::{get_seen, head, serve, Seen};
 use support::redis_limits::{backend, limiter};
 use support::redis_server::RedisServer;
 use tokio::sync::Semaphore;
-
-/// A response as the client saw it (the shared `Got` expects every item to
-/// have a `t`; a concurrency rule's has none).
-struct Got {
-    status: StatusCode,
-    headers: HeaderMap,
-    body: Bytes,
-}
-
-impl Got {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).map(|v| v.to_str().unwrap())
-    }
-    /// `r` of the `RateLimit` item of `rule`.
-    fn remaining(&self, rule: &str) -> Option<i64> {
-        let v = self.header("ratelimit")?;
-        let list: sfv::List = sfv::Parser::new(v.as_bytes()).parse_list().unwrap();
-        list.into_iter().find_map(|e| {
-            let sfv::ListEntry::Item(item) = e else {
-                return None;
-            };
-            (item.bare_item.as_string()?.as_str() == rule).then(|| {
-                let r = item.params.iter().find(|(k, _)| k.as_str() == "r").unwrap();
-                i64::from(r.1.as_integer().unwrap())
-            })
-        })
-    }
-    fn retry_after(&self) -> Option<u64> {
-        self.header("retry-after")?.parse().ok()
-    }
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.body).into_owned()
-    }
-}
-
-/// `method path` over a fresh connection, to the end of its body.
-async fn fetch(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)]) -> Got {
-    let bytes: Vec<(&str, &[u8])> = headers.iter().map(|(k, v)| (*k, v.as_bytes())).collect();
-    let (parts, body) = send(addr, method, path, &bytes).await.into_parts();
-    Got {
-        status: parts.status,
-        headers: parts.headers,
-        body: body.collect().await.unwrap().to_bytes(),
-    }
-}
 
 fn permits(
     b: &RedisBackend,
@@ -194,7 +147,7 @@ async fn two_instances_share_a_per_key_bound_reached_and_never_exceeded() {
         let calls: Vec<_> = (0..12)
             .map(|i| {
                 let addr = addrs[i % 2];
-                tokio::spawn(async move { fetch(addr, "GET", "/", &[("x-tenant", "t1")]).await })
+                tokio::spawn(async move { get_seen(addr, "/", &[("x-tenant", "t1")]).await })
             })
             .collect();
         for c in calls {
@@ -203,7 +156,7 @@ async fn two_instances_share_a_per_key_bound_reached_and_never_exceeded() {
                 StatusCode::OK => ok += 1,
                 // Keyed by the client: 429, with the rule's headers.
                 StatusCode::TOO_MANY_REQUESTS => {
-                    assert_eq!(got.remaining("jobs"), Some(0), "{:?}", got.headers);
+                    assert_eq!(got.r("jobs"), Some(0), "{:?}", got.headers);
                     assert!(got.retry_after().is_some());
                 }
                 other => panic!("unexpected {other}"),
@@ -219,9 +172,7 @@ async fn two_instances_share_a_per_key_bound_reached_and_never_exceeded() {
     );
     // Another tenant has its own bound.
     assert_eq!(
-        fetch(addrs[0], "GET", "/", &[("x-tenant", "t2")])
-            .await
-            .status,
+        get_seen(addrs[0], "/", &[("x-tenant", "t2")]).await.status,
         StatusCode::OK
     );
     for (stop, task) in stops {
@@ -253,35 +204,35 @@ async fn a_rate_denial_takes_no_permit_and_a_permit_denial_gives_the_units_back(
     let (addr, stop, task) = serve("127.0.0.1:0", app(layer, Arc::default(), gate.clone())).await;
     let t1 = [("x-tenant", "t1")];
     // A holds the tenant's one permit.
-    let a = tokio::spawn(async move { fetch(addr, "GET", "/hold", &t1).await });
+    let a = tokio::spawn(async move { get_seen(addr, "/hold", &t1).await });
     held_becomes(&server, "jobs", 1).await;
     // B: the rate rule admits, the permit is refused: 429 by "jobs", and
     // the rate unit comes back.
-    let b_ = fetch(addr, "GET", "/", &t1).await;
+    let b_ = get_seen(addr, "/", &t1).await;
     assert_eq!(b_.status, StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(b_.remaining("jobs"), Some(0));
+    assert_eq!(b_.r("jobs"), Some(0));
     gate.add_permits(1);
     assert_eq!(a.await.unwrap().status, StatusCode::OK);
     held_becomes(&server, "jobs", 0).await;
     // C: 3 - A - C = 1 left (0 had B's unit been kept).
-    let c = fetch(addr, "GET", "/", &t1).await;
+    let c = get_seen(addr, "/", &t1).await;
     assert_eq!(c.status, StatusCode::OK);
-    assert_eq!(c.remaining("calls"), Some(1), "{:?}", c.headers);
-    assert_eq!(fetch(addr, "GET", "/", &t1).await.status, StatusCode::OK);
+    assert_eq!(c.r("calls"), Some(1), "{:?}", c.headers);
+    assert_eq!(get_seen(addr, "/", &t1).await.status, StatusCode::OK);
     // An admitted request ran three scripts (rate, acquire, release) ...
     held_becomes(&server, "jobs", 0).await;
     let before = script_calls(&server);
     assert_eq!(
-        fetch(addr, "GET", "/", &[("x-tenant", "t9")]).await.status,
+        get_seen(addr, "/", &[("x-tenant", "t9")]).await.status,
         StatusCode::OK
     );
     held_becomes(&server, "jobs", 0).await;
     assert_eq!(script_calls(&server) - before, 3);
     // ... a request the rate rule denies runs the rate script only.
     let before = script_calls(&server);
-    let denied = fetch(addr, "GET", "/", &t1).await;
+    let denied = get_seen(addr, "/", &t1).await;
     assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(denied.remaining("calls"), Some(0));
+    assert_eq!(denied.r("calls"), Some(0));
     assert_eq!(
         script_calls(&server) - before,
         1,
@@ -333,32 +284,32 @@ async fn permits_are_held_by_the_body_and_released_at_its_end_or_drop() {
         .layer(layer);
     let (addr, stop, task) = serve("127.0.0.1:0", app).await;
     // At the body's end.
-    let got = fetch(addr, "GET", "/", &[]).await;
+    let got = get_seen(addr, "/", &[]).await;
     assert_eq!(got.status, StatusCode::OK);
     assert_eq!(
         got.header("ratelimit-policy"),
         Some("\"stream\";q=1;qu=\"concurrent-requests\""),
     );
-    assert_eq!(got.remaining("stream"), Some(0));
+    assert_eq!(got.r("stream"), Some(0));
     held_becomes(&server, "stream", 0).await;
     // Held while the body streams; a global rule sheds with 503.
-    let res = send(addr, "GET", "/stream", &[]).await;
+    let res = head(addr, "/stream", &[]).await;
     assert_eq!(res.status(), StatusCode::OK);
     let mut body = res.into_body();
     body.frame().await.unwrap().unwrap();
     assert_eq!(held_in_redis(&server, "stream"), 1);
-    let shed = fetch(addr, "GET", "/", &[]).await;
+    let shed = get_seen(addr, "/", &[]).await;
     assert_eq!(shed.status, StatusCode::SERVICE_UNAVAILABLE);
     assert!(shed.retry_after().is_some());
     // The client goes away: the body is dropped, the permit released.
     drop(body);
     held_becomes(&server, "stream", 0).await;
-    assert_eq!(fetch(addr, "GET", "/", &[]).await.status, StatusCode::OK);
+    assert_eq!(get_seen(addr, "/", &[]).await.status, StatusCode::OK);
     drop(stop);
     task.await.unwrap();
 }
 
-async fn killed(failure: FailurePolicy) -> (Got, Duration) {
+async fn killed(failure: FailurePolicy) -> (Seen, Duration) {
     let mut server = RedisServer::start();
     let b = backend(&server);
     let layer = RateLimitLayer::builder()
@@ -375,10 +326,10 @@ async fn killed(failure: FailurePolicy) -> (Got, Duration) {
     )
     .await;
     let t1 = [("x-tenant", "t1")];
-    assert_eq!(fetch(addr, "GET", "/", &t1).await.status, StatusCode::OK);
+    assert_eq!(get_seen(addr, "/", &t1).await.status, StatusCode::OK);
     server.kill9();
     let start = Instant::now();
-    let got = fetch(addr, "GET", "/", &t1).await;
+    let got = get_seen(addr, "/", &t1).await;
     let took = start.elapsed();
     drop(stop);
     task.await.unwrap();

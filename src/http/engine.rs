@@ -18,8 +18,6 @@ use super::concurrent::Held;
 use super::headers::{Admitted, Headers};
 use super::info::RateLimitInfo;
 use super::key::{Absent, Fingerprint, RequestParts, RuleKey};
-#[cfg(feature = "redis")]
-pub(super) use super::remote_check::RemoteRefunds;
 use super::response::{self, Responder};
 use super::rule::{Missing, Mode, UnknownClient};
 use super::stats::{self, bump};
@@ -139,6 +137,11 @@ impl Later {
         }
     }
 }
+
+/// A Redis rule's units to give back when the response succeeds
+/// (count-only-failures): rule, key, cost, and where they were taken.
+#[cfg(feature = "redis")]
+pub(super) type RemoteRefunds = Vec<(u16, Vec<u8>, u64, crate::redis::DecisionSource)>;
 
 /// (rule, key, cost) of each unit taken by a count-only-failures rule.
 pub(super) type RefundList = SmallVec<[(u16, u128, u64); 2]>;

@@ -8,7 +8,7 @@
 use super::compiled::{Compiled, Entries, Entry, INLINE_RULES};
 use super::concurrent::{Classes, Held, Permit, Permits};
 use super::concurrent_redis::release;
-use super::engine::{Shared, Verdict};
+use super::engine::{RemoteRefunds, Shared, Verdict};
 use super::info::RateLimitInfo;
 use super::response;
 use super::stats::{self, bump};
@@ -21,10 +21,6 @@ use http::header::{HeaderValue, RETRY_AFTER};
 use http::Response;
 use smallvec::SmallVec;
 use std::sync::Arc;
-
-/// A Redis rule's units to give back when the response succeeds
-/// (count-only-failures): rule, key, cost, and where they were taken.
-pub(super) type RemoteRefunds = Vec<(u16, Vec<u8>, u64, DecisionSource)>;
 
 impl<C: Clock + 'static> Shared<C> {
     /// Decides a request whose matching rules include Redis rules.

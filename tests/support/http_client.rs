@@ -252,3 +252,61 @@ pub async fn admitted_per_value(
     }
     out
 }
+
+/// A response as the client saw it: status, headers, body, with no field
+/// checked (a concurrency rule's `RateLimit` item has no `t`).
+pub struct Seen {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Seen {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).map(|v| v.to_str().unwrap())
+    }
+    /// `r` of the `RateLimit` item of `rule`, whatever its other parameters.
+    pub fn r(&self, rule: &str) -> Option<i64> {
+        let v = self.header("ratelimit")?;
+        let list: sfv::List = sfv::Parser::new(v.as_bytes()).parse_list().unwrap();
+        list.into_iter().find_map(|e| {
+            let sfv::ListEntry::Item(item) = e else {
+                return None;
+            };
+            (item.bare_item.as_string()?.as_str() == rule).then(|| {
+                let r = item.params.iter().find(|(k, _)| k.as_str() == "r").unwrap();
+                i64::from(r.1.as_integer().unwrap())
+            })
+        })
+    }
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap()
+    }
+    pub fn retry_after(&self) -> Option<u64> {
+        self.header("retry-after")?.parse().ok()
+    }
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// A connection to `addr` and the response head of `GET path`, its body
+/// not read.
+pub async fn head(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Response<hyper::body::Incoming> {
+    let bytes: Vec<(&str, &[u8])> = headers.iter().map(|(k, v)| (*k, v.as_bytes())).collect();
+    send(addr, "GET", path, &bytes).await
+}
+
+/// `GET path` to the end of its body.
+pub async fn get_seen(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Seen {
+    let (parts, body) = head(addr, path, headers).await.into_parts();
+    Seen {
+        status: parts.status,
+        headers: parts.headers,
+        body: body.collect().await.unwrap().to_bytes(),
+    }
+}
