@@ -9,21 +9,18 @@
 
 mod support;
 
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::routing::get;
 use axum::Router;
 use http::{Request, Response, StatusCode};
-use http_body::Frame;
 use http_body_util::BodyExt;
 use ratewall::http::{ClientIp, Key, LayerConfig, RateLimitLayer, Rule, RuleConfig};
 use ratewall::{Adaptive, ManualClock, Policy, Priority, Rate};
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
-use support::http_client::{get_seen as get_, head, serve, Seen};
+use support::http_client::{get_seen as get_, head, serve, Seen, Stalling};
 use tokio::sync::Semaphore;
 use tower::{Service, ServiceExt};
 
@@ -338,34 +335,6 @@ async fn retry_after_of_a_shed_request_is_the_mean_hold_time_rounded_up() {
     assert_eq!(shed.header("retry-after"), Some("3"));
     drop(stop);
     server.abort();
-}
-
-/// A body that sends one chunk, then never ends; it counts its drops.
-struct Stalling {
-    sent: bool,
-    dropped: Arc<AtomicUsize>,
-}
-
-impl http_body::Body for Stalling {
-    type Data = Bytes;
-    type Error = std::convert::Infallible;
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        _: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        if self.sent {
-            Poll::Pending
-        } else {
-            self.sent = true;
-            Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(b"first chunk")))))
-        }
-    }
-}
-
-impl Drop for Stalling {
-    fn drop(&mut self) {
-        self.dropped.fetch_add(1, Ordering::SeqCst);
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

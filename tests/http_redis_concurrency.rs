@@ -9,21 +9,18 @@
 
 mod support;
 
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::routing::get;
 use axum::Router;
 use http::StatusCode;
-use http_body::Frame;
 use http_body_util::BodyExt;
 use ratewall::http::{Key, RateLimitLayer, Rule};
 use ratewall::redis::{FailurePolicy, RedisBackend, RedisConcurrencyLimiter};
 use ratewall::{Policy, Rate};
-use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
-use support::http_client::{get_seen, head, serve, Seen};
+use support::http_client::{get_seen, head, serve, Seen, Stalling};
 use support::redis_limits::{backend, limiter};
 use support::redis_server::RedisServer;
 use tokio::sync::Semaphore;
@@ -242,27 +239,6 @@ async fn a_rate_denial_takes_no_permit_and_a_permit_denial_gives_the_units_back(
     task.await.unwrap();
 }
 
-/// A body that sends one chunk, then never ends.
-struct Stalling {
-    sent: bool,
-}
-
-impl http_body::Body for Stalling {
-    type Data = Bytes;
-    type Error = std::convert::Infallible;
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        _: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        if self.sent {
-            Poll::Pending
-        } else {
-            self.sent = true;
-            Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(b"first")))))
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn permits_are_held_by_the_body_and_released_at_its_end_or_drop() {
     let server = RedisServer::start();
@@ -275,10 +251,20 @@ async fn permits_are_held_by_the_body_and_released_at_its_end_or_drop() {
         ))
         .build()
         .unwrap();
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let d = dropped.clone();
     let app = Router::new()
         .route(
             "/stream",
-            get(|| async { Body::new(Stalling { sent: false }) }),
+            get(move || {
+                let dropped = d.clone();
+                async move {
+                    Body::new(Stalling {
+                        sent: false,
+                        dropped,
+                    })
+                }
+            }),
         )
         .route("/", get(|| async { "ok" }))
         .layer(layer);
@@ -304,6 +290,7 @@ async fn permits_are_held_by_the_body_and_released_at_its_end_or_drop() {
     // The client goes away: the body is dropped, the permit released.
     drop(body);
     held_becomes(&server, "stream", 0).await;
+    assert_eq!(dropped.load(Ordering::SeqCst), 1);
     assert_eq!(get_seen(addr, "/", &[]).await.status, StatusCode::OK);
     drop(stop);
     task.await.unwrap();

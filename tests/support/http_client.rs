@@ -310,3 +310,34 @@ pub async fn get_seen(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) ->
         body: body.collect().await.unwrap().to_bytes(),
     }
 }
+
+/// A body that sends one chunk, then never ends; it counts its drops.
+pub struct Stalling {
+    pub sent: bool,
+    pub dropped: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl http_body::Body for Stalling {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        if self.sent {
+            std::task::Poll::Pending
+        } else {
+            self.sent = true;
+            std::task::Poll::Ready(Some(Ok(http_body::Frame::data(Bytes::from_static(
+                b"first chunk",
+            )))))
+        }
+    }
+}
+
+impl Drop for Stalling {
+    fn drop(&mut self) {
+        self.dropped
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
