@@ -9,7 +9,6 @@
 
 mod support;
 
-use axum::body::Body;
 use axum::routing::get;
 use axum::Router;
 use http::{Request, Response, StatusCode};
@@ -344,20 +343,8 @@ async fn a_permit_is_held_while_the_body_streams_and_released_when_it_is_dropped
         .build()
         .unwrap();
     let dropped = Arc::new(AtomicUsize::new(0));
-    let d = dropped.clone();
     let app = Router::new()
-        .route(
-            "/stream",
-            get(move || {
-                let dropped = d.clone();
-                async move {
-                    Body::new(Stalling {
-                        sent: false,
-                        dropped,
-                    })
-                }
-            }),
-        )
+        .route("/stream", Stalling::route(dropped.clone()))
         .route("/", get(|| async { "ok" }))
         .layer(layer.clone());
     let (addr, stop, server) = serve("127.0.0.1:0", app).await;

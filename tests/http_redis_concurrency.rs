@@ -9,7 +9,6 @@
 
 mod support;
 
-use axum::body::Body;
 use axum::routing::get;
 use axum::Router;
 use http::StatusCode;
@@ -252,20 +251,8 @@ async fn permits_are_held_by_the_body_and_released_at_its_end_or_drop() {
         .build()
         .unwrap();
     let dropped = Arc::new(AtomicUsize::new(0));
-    let d = dropped.clone();
     let app = Router::new()
-        .route(
-            "/stream",
-            get(move || {
-                let dropped = d.clone();
-                async move {
-                    Body::new(Stalling {
-                        sent: false,
-                        dropped,
-                    })
-                }
-            }),
-        )
+        .route("/stream", Stalling::route(dropped.clone()))
         .route("/", get(|| async { "ok" }))
         .layer(layer);
     let (addr, stop, task) = serve("127.0.0.1:0", app).await;

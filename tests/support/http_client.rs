@@ -341,3 +341,20 @@ impl Drop for Stalling {
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     }
 }
+
+impl Stalling {
+    /// `GET` answering a `Stalling` body, each counting its drop in `dropped`.
+    pub fn route(
+        dropped: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    ) -> axum::routing::MethodRouter {
+        axum::routing::get(move || {
+            let dropped = dropped.clone();
+            async move {
+                axum::body::Body::new(Stalling {
+                    sent: false,
+                    dropped,
+                })
+            }
+        })
+    }
+}
