@@ -19,7 +19,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use support::http_client::{get_seen as get_, head, serve, Seen, Stalling};
+use support::http_client::{get_seen as get_, head, held_route, serve, Gauge, Seen, Stalling};
 use tokio::sync::Semaphore;
 use tower::{Service, ServiceExt};
 
@@ -35,23 +35,6 @@ async fn in_flight_becomes(layer: &RateLimitLayer<impl ratewall::Clock>, rule: u
         "in flight stayed {}, not {n}",
         layer.stats()[rule].in_flight()
     );
-}
-
-/// Requests in the handler now, and the most seen at once.
-#[derive(Default)]
-struct Gauge {
-    now: AtomicUsize,
-    most: AtomicUsize,
-}
-
-impl Gauge {
-    fn enter(&self) {
-        let n = self.now.fetch_add(1, Ordering::SeqCst) + 1;
-        self.most.fetch_max(n, Ordering::SeqCst);
-    }
-    fn leave(&self) {
-        self.now.fetch_sub(1, Ordering::SeqCst);
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -116,16 +99,7 @@ fn gated<C: ratewall::Clock + 'static>(
     extra: Router,
 ) -> Router {
     extra
-        .route(
-            "/hold",
-            get(move || {
-                let gate = gate.clone();
-                async move {
-                    gate.acquire().await.unwrap().forget();
-                    "held"
-                }
-            }),
-        )
+        .route("/hold", held_route(gate))
         .route("/", get(|| async { "ok" }))
         .layer(layer.clone())
 }

@@ -19,7 +19,7 @@ use ratewall::{Policy, Rate};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use support::http_client::{get_seen, head, serve, Seen, Stalling};
+use support::http_client::{get_seen, head, held_route, serve, Gauge, Seen, Stalling};
 use support::redis_limits::{backend, limiter};
 use support::redis_server::RedisServer;
 use tokio::sync::Semaphore;
@@ -79,14 +79,6 @@ fn script_calls(server: &RedisServer) -> u64 {
         .sum()
 }
 
-/// Requests in a handler now, and the most seen at once (over every
-/// instance).
-#[derive(Default)]
-struct Gauge {
-    now: AtomicUsize,
-    most: AtomicUsize,
-}
-
 /// `/` sleeps 150 ms inside `gauge`; `/hold` waits for a permit of `gate`.
 fn app(layer: RateLimitLayer, gauge: Arc<Gauge>, gate: Arc<Semaphore>) -> Router {
     Router::new()
@@ -95,24 +87,14 @@ fn app(layer: RateLimitLayer, gauge: Arc<Gauge>, gate: Arc<Semaphore>) -> Router
             get(move || {
                 let g = gauge.clone();
                 async move {
-                    let n = g.now.fetch_add(1, Ordering::SeqCst) + 1;
-                    g.most.fetch_max(n, Ordering::SeqCst);
+                    g.enter();
                     tokio::time::sleep(Duration::from_millis(150)).await;
-                    g.now.fetch_sub(1, Ordering::SeqCst);
+                    g.leave();
                     "ok"
                 }
             }),
         )
-        .route(
-            "/hold",
-            get(move || {
-                let gate = gate.clone();
-                async move {
-                    gate.acquire().await.unwrap().forget();
-                    "held"
-                }
-            }),
-        )
+        .route("/hold", held_route(gate))
         .layer(layer)
 }
 

@@ -358,3 +358,32 @@ impl Stalling {
         })
     }
 }
+
+/// Requests in a handler now, and the most seen at once.
+#[derive(Default)]
+pub struct Gauge {
+    pub now: std::sync::atomic::AtomicUsize,
+    pub most: std::sync::atomic::AtomicUsize,
+}
+
+impl Gauge {
+    pub fn enter(&self) {
+        use std::sync::atomic::Ordering::SeqCst;
+        let n = self.now.fetch_add(1, SeqCst) + 1;
+        self.most.fetch_max(n, SeqCst);
+    }
+    pub fn leave(&self) {
+        self.now.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// `GET` that waits until the test lets it go (one permit of `gate` each).
+pub fn held_route(gate: std::sync::Arc<tokio::sync::Semaphore>) -> axum::routing::MethodRouter {
+    axum::routing::get(move || {
+        let gate = gate.clone();
+        async move {
+            gate.acquire().await.unwrap().forget();
+            "held"
+        }
+    })
+}
