@@ -44,20 +44,8 @@ async fn the_limit_is_reached_and_never_exceeded_under_parallel_slow_requests() 
         .build()
         .unwrap();
     let gauge = Arc::new(Gauge::default());
-    let g = gauge.clone();
     let app = Router::new()
-        .route(
-            "/",
-            get(move || {
-                let g = g.clone();
-                async move {
-                    g.enter();
-                    tokio::time::sleep(Duration::from_millis(150)).await;
-                    g.leave();
-                    "ok"
-                }
-            }),
-        )
+        .route("/", gauge.slow_route(Duration::from_millis(150)))
         .layer(layer.clone());
     let (addr, stop, server) = serve("127.0.0.1:0", app).await;
     for _round in 0..3 {

@@ -82,18 +82,7 @@ fn script_calls(server: &RedisServer) -> u64 {
 /// `/` sleeps 150 ms inside `gauge`; `/hold` waits for a permit of `gate`.
 fn app(layer: RateLimitLayer, gauge: Arc<Gauge>, gate: Arc<Semaphore>) -> Router {
     Router::new()
-        .route(
-            "/",
-            get(move || {
-                let g = gauge.clone();
-                async move {
-                    g.enter();
-                    tokio::time::sleep(Duration::from_millis(150)).await;
-                    g.leave();
-                    "ok"
-                }
-            }),
-        )
+        .route("/", gauge.slow_route(Duration::from_millis(150)))
         .route("/hold", held_route(gate))
         .layer(layer)
 }

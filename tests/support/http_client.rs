@@ -375,6 +375,22 @@ impl Gauge {
     pub fn leave(&self) {
         self.now.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
     }
+    /// `GET` answering "ok" after `delay`, counted in the gauge meanwhile.
+    pub fn slow_route(
+        self: &std::sync::Arc<Self>,
+        delay: std::time::Duration,
+    ) -> axum::routing::MethodRouter {
+        let g = self.clone();
+        axum::routing::get(move || {
+            let g = g.clone();
+            async move {
+                g.enter();
+                tokio::time::sleep(delay).await;
+                g.leave();
+                "ok"
+            }
+        })
+    }
 }
 
 /// `GET` that waits until the test lets it go (one permit of `gate` each).
