@@ -311,7 +311,8 @@ impl RuleConfig {
 
     /// As [`to_rule`](Self::to_rule), and a rule with `store = "redis"`
     /// becomes a [`Rule::redis`] on `redis` (features `tower`, `serde` and
-    /// `redis`): its limiter is named after the rule, so its Redis keys are
+    /// `redis`; a concurrency rule, a [`Rule::redis_concurrent`]): its
+    /// limiter is named after the rule, so its Redis keys are
     /// `prefix:name:key`, shared by every instance with the same
     /// configuration.
     ///
