@@ -265,17 +265,22 @@ async fn killed(failure: FailurePolicy) -> (Seen, Duration) {
         ))
         .build()
         .unwrap();
-    let (addr, stop, task) = serve(
-        "127.0.0.1:0",
-        app(layer, Arc::default(), Arc::new(Semaphore::new(0))),
-    )
-    .await;
+    let gate = Arc::new(Semaphore::new(0));
+    let (addr, stop, task) = serve("127.0.0.1:0", app(layer, Arc::default(), gate.clone())).await;
     let t1 = [("x-tenant", "t1")];
     assert_eq!(get_seen(addr, "/", &t1).await.status, StatusCode::OK);
+    // One request holds a permit when Redis goes.
+    let holding = tokio::spawn(async move { get_seen(addr, "/hold", &t1).await });
+    held_becomes(&server, "jobs", 1).await;
     server.kill9();
     let start = Instant::now();
     let got = get_seen(addr, "/", &t1).await;
     let took = start.elapsed();
+    // The holder's response is unharmed: its release cannot reach Redis
+    // and is left to the permit's expiry.
+    gate.add_permits(1);
+    let held = tokio::time::timeout(Duration::from_secs(3), holding).await;
+    assert_eq!(held.unwrap().unwrap().status, StatusCode::OK);
     drop(stop);
     task.await.unwrap();
     (got, took)
