@@ -9,74 +9,19 @@
 
 mod support;
 
-use axum::body::{Body, Bytes};
 use axum::routing::get;
 use axum::Router;
-use http::{HeaderMap, Request, Response, StatusCode};
-use http_body::Frame;
+use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use ratewall::http::{ClientIp, Key, LayerConfig, RateLimitLayer, Rule, RuleConfig};
 use ratewall::{Adaptive, ManualClock, Policy, Priority, Rate};
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
-use support::http_client::{send, serve};
+use support::http_client::{get_seen as get_, head, held_route, serve, Gauge, Seen, Stalling};
 use tokio::sync::Semaphore;
 use tower::{Service, ServiceExt};
-
-/// A response as the client saw it: status, headers, body.
-struct Seen {
-    status: StatusCode,
-    headers: HeaderMap,
-    body: Bytes,
-}
-
-impl Seen {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).map(|v| v.to_str().unwrap())
-    }
-    /// `r` of the `RateLimit` item of `rule`, whatever its other parameters.
-    fn r(&self, rule: &str) -> Option<i64> {
-        let v = self.header("ratelimit")?;
-        let list: sfv::List = sfv::Parser::new(v.as_bytes()).parse_list().unwrap();
-        list.into_iter().find_map(|e| {
-            let sfv::ListEntry::Item(item) = e else {
-                return None;
-            };
-            (item.bare_item.as_string()?.as_str() == rule).then(|| {
-                let r = item.params.iter().find(|(k, _)| k.as_str() == "r").unwrap();
-                i64::from(r.1.as_integer().unwrap())
-            })
-        })
-    }
-    fn json(&self) -> serde_json::Value {
-        serde_json::from_slice(&self.body).unwrap()
-    }
-}
-
-/// A connection to `addr` and the response head of `GET path`, its body
-/// not read.
-async fn head(
-    addr: SocketAddr,
-    path: &str,
-    headers: &[(&str, &str)],
-) -> Response<hyper::body::Incoming> {
-    let bytes: Vec<(&str, &[u8])> = headers.iter().map(|(k, v)| (*k, v.as_bytes())).collect();
-    send(addr, "GET", path, &bytes).await
-}
-
-/// `GET path` to the end of its body.
-async fn get_(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Seen {
-    let (parts, body) = head(addr, path, headers).await.into_parts();
-    Seen {
-        status: parts.status,
-        headers: parts.headers,
-        body: body.collect().await.unwrap().to_bytes(),
-    }
-}
 
 /// Waits (at most 5 s) until the layer's rule `rule` has `n` in flight.
 async fn in_flight_becomes(layer: &RateLimitLayer<impl ratewall::Clock>, rule: usize, n: u64) {
@@ -92,23 +37,6 @@ async fn in_flight_becomes(layer: &RateLimitLayer<impl ratewall::Clock>, rule: u
     );
 }
 
-/// Requests in the handler now, and the most seen at once.
-#[derive(Default)]
-struct Gauge {
-    now: AtomicUsize,
-    most: AtomicUsize,
-}
-
-impl Gauge {
-    fn enter(&self) {
-        let n = self.now.fetch_add(1, Ordering::SeqCst) + 1;
-        self.most.fetch_max(n, Ordering::SeqCst);
-    }
-    fn leave(&self) {
-        self.now.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_limit_is_reached_and_never_exceeded_under_parallel_slow_requests() {
     let layer = RateLimitLayer::builder()
@@ -116,20 +44,8 @@ async fn the_limit_is_reached_and_never_exceeded_under_parallel_slow_requests() 
         .build()
         .unwrap();
     let gauge = Arc::new(Gauge::default());
-    let g = gauge.clone();
     let app = Router::new()
-        .route(
-            "/",
-            get(move || {
-                let g = g.clone();
-                async move {
-                    g.enter();
-                    tokio::time::sleep(Duration::from_millis(150)).await;
-                    g.leave();
-                    "ok"
-                }
-            }),
-        )
+        .route("/", gauge.slow_route(Duration::from_millis(150)))
         .layer(layer.clone());
     let (addr, stop, server) = serve("127.0.0.1:0", app).await;
     for _round in 0..3 {
@@ -171,16 +87,7 @@ fn gated<C: ratewall::Clock + 'static>(
     extra: Router,
 ) -> Router {
     extra
-        .route(
-            "/hold",
-            get(move || {
-                let gate = gate.clone();
-                async move {
-                    gate.acquire().await.unwrap().forget();
-                    "held"
-                }
-            }),
-        )
+        .route("/hold", held_route(gate))
         .route("/", get(|| async { "ok" }))
         .layer(layer.clone())
 }
@@ -391,34 +298,6 @@ async fn retry_after_of_a_shed_request_is_the_mean_hold_time_rounded_up() {
     server.abort();
 }
 
-/// A body that sends one chunk, then never ends; it counts its drops.
-struct Stalling {
-    sent: bool,
-    dropped: Arc<AtomicUsize>,
-}
-
-impl http_body::Body for Stalling {
-    type Data = Bytes;
-    type Error = std::convert::Infallible;
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        _: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        if self.sent {
-            Poll::Pending
-        } else {
-            self.sent = true;
-            Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(b"first chunk")))))
-        }
-    }
-}
-
-impl Drop for Stalling {
-    fn drop(&mut self) {
-        self.dropped.fetch_add(1, Ordering::SeqCst);
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_permit_is_held_while_the_body_streams_and_released_when_it_is_dropped() {
     let layer = RateLimitLayer::builder()
@@ -426,20 +305,8 @@ async fn a_permit_is_held_while_the_body_streams_and_released_when_it_is_dropped
         .build()
         .unwrap();
     let dropped = Arc::new(AtomicUsize::new(0));
-    let d = dropped.clone();
     let app = Router::new()
-        .route(
-            "/stream",
-            get(move || {
-                let dropped = d.clone();
-                async move {
-                    Body::new(Stalling {
-                        sent: false,
-                        dropped,
-                    })
-                }
-            }),
-        )
+        .route("/stream", Stalling::route(dropped.clone()))
         .route("/", get(|| async { "ok" }))
         .layer(layer.clone());
     let (addr, stop, server) = serve("127.0.0.1:0", app).await;
@@ -796,7 +663,25 @@ async fn concurrency_rules_come_from_the_configuration_file() {
         field_of(bad(&|r| r.priority_header = Some("a b".into()))),
         "priority_header"
     );
-    assert_eq!(field_of(bad(&|r| r.store = Some("redis".into()))), "store");
+    // A Redis concurrency rule is built on the layer's backend
+    // (`to_builder_with_redis`, feature `redis`).
+    let redis = bad(&|r| r.store = Some("redis".into()));
+    #[cfg(feature = "redis")]
+    assert!(
+        matches!(
+            redis,
+            ratewall::http::HttpConfigError::RedisBackendMissing { .. }
+        ),
+        "{redis:?}"
+    );
+    #[cfg(not(feature = "redis"))]
+    assert!(
+        matches!(
+            redis,
+            ratewall::http::HttpConfigError::RedisFeatureMissing { .. }
+        ),
+        "{redis:?}"
+    );
     assert_eq!(field_of(bad(&|r| r.concurrent = None)), "policy");
     let mut rate = RuleConfig::new("r", "ip", "10/s");
     rate.adaptive = Some("vegas 1..9".into());

@@ -339,3 +339,72 @@ async fn the_redis_example_file_serves_what_the_server_sets_in_rust() {
     assert!(keys.contains("ratewall:ip:203.0.113.5"), "{keys}");
     assert!(keys.contains("ratewall:key:h:demo"), "{keys}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_concurrency_rule_with_store_redis_holds_its_permits_in_redis() {
+    let server = RedisServer::start();
+    let rule = |extra: &str| {
+        format!(
+            "[[rules]]\nname = \"jobs\"\nkey = \"header:x-tenant\"\nconcurrent = 1\nstore = \"redis\"\n{extra}"
+        )
+    };
+    let build = |text: &str| {
+        let config: LayerConfig = toml::from_str(text).unwrap();
+        config.to_builder_with_redis(&backend(&server))
+    };
+    // What a permit cannot have is a typed error naming the field.
+    for (extra, field) in [
+        ("on_failure = \"fallback 10/s\"", "on_failure"),
+        ("deny_cache = 100", "deny_cache"),
+        ("redis_prefix = \"a:b\"", "redis_prefix"),
+    ] {
+        match build(&rule(extra)) {
+            Err(ratewall::http::HttpConfigError::InvalidValue { field: f, .. }) => {
+                assert_eq!(f, field)
+            }
+            other => panic!("{extra}: {other:?}"),
+        }
+    }
+    let config: LayerConfig = toml::from_str(&rule("on_failure = \"closed\"")).unwrap();
+    assert!(matches!(
+        config.to_builder(),
+        Err(ratewall::http::HttpConfigError::RedisBackendMissing { .. })
+    ));
+    let layer = build(&rule("on_failure = \"closed\"\nredis_prefix = \"cfgc\""))
+        .unwrap()
+        .build()
+        .unwrap();
+    let app = app(layer);
+    let req = || {
+        let mut r = Request::get("/")
+            .header("x-tenant", "t1")
+            .body(Body::empty())
+            .unwrap();
+        r.extensions_mut()
+            .insert(axum::extract::ConnectInfo(SocketAddr::new(
+                "192.0.2.1".parse().unwrap(),
+                40_000,
+            )));
+        r
+    };
+    // The first response's body, not read yet, holds the tenant's permit.
+    let first = app.clone().oneshot(req()).await.unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    assert_eq!(
+        server.keys_with_pttl("cfgc:jobs:*").len(),
+        2,
+        "permits and their sum"
+    );
+    let second = app.clone().oneshot(req()).await.unwrap();
+    assert_eq!(second.status(), StatusCode::TOO_MANY_REQUESTS);
+    drop(first);
+    let mut status = StatusCode::TOO_MANY_REQUESTS;
+    for _ in 0..200 {
+        status = app.clone().oneshot(req()).await.unwrap().status();
+        if status == StatusCode::OK {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(status, StatusCode::OK, "released when the body was dropped");
+}

@@ -487,7 +487,9 @@ impl<C: Clock + Clone> RateLimitBuilder<C> {
                     }
                 }
             }
-            let limit = if conc.is_some() {
+            let limit = if let Some(l) = redis_concurrent(conc.as_ref()) {
+                l
+            } else if conc.is_some() {
                 // Unused (`Compiled::conc`): the smallest table.
                 let mut one = rule.clone();
                 one.table = one.table.max_keys(1).shards(1);
@@ -712,7 +714,7 @@ fn compile<C: Clock>(
     let max_keys = match &limit {
         RuleLimit::Local(l) => Some(l.max_keys()),
         #[cfg(feature = "redis")]
-        RuleLimit::Redis(_) => None,
+        RuleLimit::Redis(_) | RuleLimit::RedisConcurrent => None,
     };
     let mut item = Buf::new();
     item.policy_item(&rule.name, &rule.policy);
@@ -741,6 +743,17 @@ fn not_for_concurrency(rule: &Rule) -> Option<&'static str> {
     if remote_of(rule).is_some() {
         return Some("a Redis rule cannot be a concurrency rule");
     }
+    None
+}
+
+/// The limit of a Redis concurrency rule (its limiter is in `conc`).
+#[cfg(feature = "redis")]
+fn redis_concurrent<C: Clock>(conc: Option<&ConcLimit<C>>) -> Option<RuleLimit<C>> {
+    conc?.redis().map(|_| RuleLimit::RedisConcurrent)
+}
+
+#[cfg(not(feature = "redis"))]
+fn redis_concurrent<C: Clock>(_: Option<&ConcLimit<C>>) -> Option<RuleLimit<C>> {
     None
 }
 
@@ -789,6 +802,10 @@ fn charged_twice<C: Clock>(rules: &[Compiled<C>]) -> Option<(String, String)> {
 fn remote_id(r: &Rule) -> String {
     #[cfg(feature = "redis")]
     if let Some(l) = &r.remote {
+        return format!("{:p}", Arc::as_ptr(l));
+    }
+    #[cfg(feature = "redis")]
+    if let Some(l) = r.concurrency.as_ref().and_then(|c| c.redis.as_ref()) {
         return format!("{:p}", Arc::as_ptr(l));
     }
     let _ = r;

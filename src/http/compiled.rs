@@ -35,6 +35,10 @@ pub(super) enum RuleLimit<C: Clock> {
     Local(KeyedPolicyLimiter<u128, C>),
     #[cfg(feature = "redis")]
     Redis(Arc<RedisLimiter>),
+    /// A Redis concurrency rule (its limiter in `Compiled::conc`): keyed by
+    /// bytes, like a Redis rule, and checked on the Redis path.
+    #[cfg(feature = "redis")]
+    RedisConcurrent,
 }
 
 /// A rule as built.
@@ -76,7 +80,7 @@ impl<C: Clock> Compiled<C> {
         match &self.limit {
             RuleLimit::Local(l) => Some(l),
             #[cfg(feature = "redis")]
-            RuleLimit::Redis(_) => None,
+            RuleLimit::Redis(_) | RuleLimit::RedisConcurrent => None,
         }
     }
 
@@ -85,7 +89,7 @@ impl<C: Clock> Compiled<C> {
     pub(super) fn remote(&self) -> Option<&RedisLimiter> {
         match &self.limit {
             RuleLimit::Redis(l) => Some(l),
-            RuleLimit::Local(_) => None,
+            RuleLimit::Local(_) | RuleLimit::RedisConcurrent => None,
         }
     }
 }

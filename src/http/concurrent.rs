@@ -16,6 +16,8 @@ use crate::concurrency::{Adaptive, ConcurrencyLimiter, Outcome, OwnedPermit, Pri
 use crate::decision::Decision;
 use crate::error::{ConfigError, InsufficientCapacity};
 use crate::keyed::{KeyedConcurrencyLimiter, OwnedKeyedPermit, TableOptions};
+#[cfg(feature = "redis")]
+use crate::redis::{RedisConcurrencyLimiter, RedisPermit};
 use http::header::HeaderName;
 use http::{HeaderMap, StatusCode};
 use smallvec::SmallVec;
@@ -31,6 +33,9 @@ pub(super) struct Concurrency {
     pub(super) priority_header: Option<String>,
     /// A concurrency setting was given to a rate rule: `build` says so.
     pub(super) on_rate_rule: bool,
+    /// The permits live in Redis ([`Rule::redis_concurrent`](super::Rule::redis_concurrent)).
+    #[cfg(feature = "redis")]
+    pub(super) redis: Option<Arc<RedisConcurrencyLimiter>>,
 }
 
 impl Concurrency {
@@ -41,6 +46,8 @@ impl Concurrency {
             reserved: Vec::new(),
             priority_header: None,
             on_rate_rule: false,
+            #[cfg(feature = "redis")]
+            redis: None,
         }
     }
 }
@@ -59,16 +66,24 @@ pub(super) struct ConcLimit<C: Clock> {
     pub(super) shed: Counter,
 }
 
-/// One limit for every request the rule matches, or one per key.
+/// One limit for every request the rule matches, or one per key, or
+/// (feature `redis`) one per key in Redis, taken on the Redis path
+/// (`remote_check.rs`), never by the local check.
 enum Limiter<C: Clock> {
     One(Arc<ConcurrencyLimiter<C>>),
     Keyed(Arc<KeyedConcurrencyLimiter<u128, C>>),
+    #[cfg(feature = "redis")]
+    Redis(Arc<RedisConcurrencyLimiter>),
 }
 
-/// A permit of either kind.
+/// A permit of any kind.
 pub(super) enum Permit<C: Clock> {
     One(OwnedPermit<C>),
     Keyed(OwnedKeyedPermit<u128, C>),
+    /// Released by its drop: a call spawned on the tokio runtime; dropped
+    /// outside one, the permit's expiry in Redis reclaims it.
+    #[cfg(feature = "redis")]
+    Redis(RedisPermit),
 }
 
 impl<C: Clock> Permit<C> {
@@ -84,6 +99,8 @@ impl<C: Clock> Permit<C> {
         match self {
             Permit::One(p) => p.release(outcome),
             Permit::Keyed(p) => drop(p),
+            #[cfg(feature = "redis")]
+            Permit::Redis(p) => drop(p),
         }
     }
 }
@@ -117,6 +134,18 @@ impl<C: Clock + Clone> ConcLimit<C> {
                 Some(HeaderName::from_bytes(h.as_bytes()).map_err(|_| ConcError::BadHeader)?)
             }
         };
+        #[cfg(feature = "redis")]
+        if let Some(l) = &c.redis {
+            if c.adaptive.is_some() || !c.reserved.is_empty() || priority.is_some() {
+                return refuse("an adaptive maximum, reserved shares and request classes apply to local concurrency rules only: drop them from the Redis concurrency rule, or make it with `Rule::concurrent`");
+            }
+            return Ok(ConcLimit {
+                limiter: Limiter::Redis(l.clone()),
+                priority,
+                sheds: !key.names_client(),
+                shed: Counter::new(name, "shed"),
+            });
+        }
         let limiter = if key.is_global() {
             let mut b = ConcurrencyLimiter::builder(c.max).clock(clock.clone());
             for &(class, pct) in &c.reserved {
@@ -162,6 +191,8 @@ impl<C: Clock> ConcLimit<C> {
         match &self.limiter {
             Limiter::One(l) => l.adaptive_bounds().map_or(l.max(), |(_, ceiling)| ceiling),
             Limiter::Keyed(l) => l.max(),
+            #[cfg(feature = "redis")]
+            Limiter::Redis(l) => l.max(),
         }
     }
 
@@ -170,15 +201,26 @@ impl<C: Clock> ConcLimit<C> {
         match &self.limiter {
             Limiter::One(l) => l.max(),
             Limiter::Keyed(l) => l.max(),
+            #[cfg(feature = "redis")]
+            Limiter::Redis(l) => l.max(),
         }
     }
 
     /// The permits in flight now (0 for a per-key rule: its keys are not
-    /// summed).
+    /// summed; 0 for a Redis rule: its count is in Redis).
     pub(super) fn in_flight(&self) -> u64 {
         match &self.limiter {
             Limiter::One(l) => l.in_flight(),
-            Limiter::Keyed(_) => 0,
+            _ => 0,
+        }
+    }
+
+    /// The Redis limiter of a Redis concurrency rule.
+    #[cfg(feature = "redis")]
+    pub(super) fn redis(&self) -> Option<&Arc<RedisConcurrencyLimiter>> {
+        match &self.limiter {
+            Limiter::Redis(l) => Some(l),
+            _ => None,
         }
     }
 
@@ -199,6 +241,10 @@ impl<C: Clock> ConcLimit<C> {
                 let a = l.try_acquire_key_owned(&key, n)?;
                 (a.decision(), a.into_permit().map(Permit::Keyed))
             }
+            // Not reached: the local check leaves Redis rules out
+            // (`check_mixed`); were it reached, the rule takes nothing here.
+            #[cfg(feature = "redis")]
+            Limiter::Redis(_) => (Decision::allow(u64::MAX, u64::MAX, 0), None),
         })
     }
 
@@ -207,6 +253,9 @@ impl<C: Clock> ConcLimit<C> {
         let l = match &self.limiter {
             Limiter::Keyed(l) => return l.peek_key_n(&key, n),
             Limiter::One(l) => l,
+            // Not reached, as in `acquire`.
+            #[cfg(feature = "redis")]
+            Limiter::Redis(_) => return Ok(Decision::allow(u64::MAX, u64::MAX, 0)),
         };
         let (max, out) = (l.max(), l.in_flight());
         InsufficientCapacity::check(n, max)?;

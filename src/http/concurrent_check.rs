@@ -161,7 +161,7 @@ impl<C: Clock + 'static> Shared<C> {
         insert: &mut Option<RateLimitInfo>,
     ) -> Verdict {
         let classes = self.classes(&entries, req.headers);
-        let (checked, held) = self.check_mixed(&mut entries, &classes);
+        let (checked, permits) = self.check_mixed(&mut entries, &classes);
         if !matches!(checked, Ok(true)) {
             let grpc = response::is_grpc(req.headers);
             return Verdict::Reject(self.refused(checked, &mut entries, grpc));
@@ -173,25 +173,29 @@ impl<C: Clock + 'static> Shared<C> {
             *insert = Some(RateLimitInfo::of(&self.names, &entries));
         }
         let mut after = self.after::<true>(&entries);
-        self.hold(&mut after, held);
+        self.hold(
+            &mut after,
+            (!permits.is_empty()).then(|| Held::new(permits)),
+        );
         Verdict::Pass(after)
     }
 
     /// The local enforced entries, rate and concurrency, all or nothing
     /// ([`check_enforced`](Shared::check_enforced)'s contract, counted the
     /// same way; a shed request counted as shed), and the permits of an
-    /// admitted request.
+    /// admitted request (none for another).
     pub(super) fn check_mixed(
         &self,
         entries: &mut [Entry],
         classes: &[Priority],
-    ) -> (Result<bool, (u16, InsufficientCapacity)>, Option<Held>) {
+    ) -> (Result<bool, (u16, InsufficientCapacity)>, Permits<C>) {
         let kind = |e: &Entry| {
             let r = &self.rules[usize::from(e.rule)];
             match (e.shadow, r.conc.is_some(), r.local().is_some()) {
                 (true, ..) | (false, false, false) => None,
                 (false, conc, true) => Some(conc),
-                (false, true, false) => Some(true),
+                // A Redis concurrency rule: on the Redis path, not here.
+                (false, true, false) => None,
             }
         };
         let pick = |conc: bool| -> SmallVec<[u16; INLINE_RULES]> {
@@ -219,7 +223,7 @@ impl<C: Clock + 'static> Shared<C> {
         let taken = set.taken.into_inner();
         let allowed = match checked {
             Ok(allowed) => allowed,
-            Err(e) => return (Err((self.culprit(entries, e.capacity), e)), None),
+            Err(e) => return (Err((self.culprit(entries, e.capacity), e)), Permits::new()),
         };
         for i in rate_map.iter().chain(&conc_map).map(|&i| usize::from(i)) {
             let e = &entries[i];
@@ -243,9 +247,12 @@ impl<C: Clock + 'static> Shared<C> {
                 }
             }
         }
-        let permits: Permits<C> = taken.into_iter().flatten().collect();
-        let held = (allowed && !permits.is_empty()).then(|| Held::new(permits));
-        (Ok(allowed), held)
+        let permits: Permits<C> = if allowed {
+            taken.into_iter().flatten().collect()
+        } else {
+            Permits::new()
+        };
+        (Ok(allowed), permits)
     }
 
     /// Whether a concurrency rule shared by every client denied the

@@ -5,7 +5,7 @@
 //! rule and the field.
 
 use super::builder::HttpConfigError;
-use super::config::RuleConfig;
+use super::config::{Backend, RuleConfig};
 use super::key::Key;
 use super::rule::Rule;
 use crate::concurrency::{Adaptive, Priority};
@@ -67,16 +67,14 @@ impl RuleConfig {
         &self,
         key: Key,
         in_redis: bool,
+        redis: Option<&Backend>,
     ) -> Result<Rule, HttpConfigError> {
         let max = self.concurrent.unwrap_or(0);
-        if in_redis {
-            return Err(self.bad(
-                "store",
-                "redis",
-                "`local` (or leave it out): a concurrency rule's permits are held in this process",
-            ));
-        }
-        let mut rule = Rule::concurrent(self.name.clone(), key, max);
+        let mut rule = if in_redis {
+            self.redis_concurrency_rule(key, max, redis)?
+        } else {
+            Rule::concurrent(self.name.clone(), key, max)
+        };
         if let Some(text) = &self.adaptive {
             let a = parse_adaptive(text).ok_or_else(|| self.bad("adaptive", text, ADAPTIVE))?;
             rule = rule.adaptive(a);
@@ -98,6 +96,61 @@ impl RuleConfig {
             rule = rule.priority_by_header(h);
         }
         Ok(rule)
+    }
+}
+
+impl RuleConfig {
+    /// A concurrency rule with `store = "redis"`: a
+    /// [`Rule::redis_concurrent`] on the layer's Redis backend, its limiter
+    /// named after the rule (`on_failure` and `redis_prefix` as for a Redis
+    /// rate rule; `fallback POLICY` is not offered for permits).
+    #[cfg(feature = "redis")]
+    fn redis_concurrency_rule(
+        &self,
+        key: Key,
+        max: u64,
+        redis: Option<&Backend>,
+    ) -> Result<Rule, HttpConfigError> {
+        use crate::redis::{FailurePolicy, RedisConcurrencyLimiter};
+        let (backend, failure) = self.redis_settings(redis)?;
+        if let FailurePolicy::Fallback(_) = failure {
+            let text = self.on_failure.as_deref().unwrap_or_default();
+            return Err(self.bad(
+                "on_failure",
+                text,
+                "`open`, `closed` or `fallback-share N` for a concurrency rule (a rate policy cannot hold permits)",
+            ));
+        }
+        if let Some(n) = self.deny_cache {
+            return Err(self.bad(
+                "deny_cache",
+                &n.to_string(),
+                "nothing on a concurrency rule (leave the field out)",
+            ));
+        }
+        let mut b = RedisConcurrencyLimiter::builder(max, backend)
+            .name(self.name.clone())
+            .on_failure(failure);
+        if let Some(prefix) = &self.redis_prefix {
+            b = b.prefix(prefix.clone());
+        }
+        let limiter = b.build().map_err(|error| HttpConfigError::Redis {
+            rule: self.name.clone(),
+            error,
+        })?;
+        Ok(Rule::redis_concurrent(self.name.clone(), key, limiter))
+    }
+
+    #[cfg(not(feature = "redis"))]
+    fn redis_concurrency_rule(
+        &self,
+        _key: Key,
+        _max: u64,
+        _redis: Option<&Backend>,
+    ) -> Result<Rule, HttpConfigError> {
+        Err(HttpConfigError::RedisFeatureMissing {
+            rule: self.name.clone(),
+        })
     }
 }
 

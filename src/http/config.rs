@@ -258,9 +258,9 @@ pub struct RuleConfig {
 /// What a Redis rule is built with: the backend with the `redis` feature,
 /// nothing without it.
 #[cfg(feature = "redis")]
-type Backend = crate::redis::RedisBackend;
+pub(super) type Backend = crate::redis::RedisBackend;
 #[cfg(not(feature = "redis"))]
-type Backend = std::convert::Infallible;
+pub(super) type Backend = std::convert::Infallible;
 
 fn is_false(b: &bool) -> bool {
     !*b
@@ -311,7 +311,8 @@ impl RuleConfig {
 
     /// As [`to_rule`](Self::to_rule), and a rule with `store = "redis"`
     /// becomes a [`Rule::redis`] on `redis` (features `tower`, `serde` and
-    /// `redis`): its limiter is named after the rule, so its Redis keys are
+    /// `redis`; a concurrency rule, a [`Rule::redis_concurrent`]): its
+    /// limiter is named after the rule, so its Redis keys are
     /// `prefix:name:key`, shared by every instance with the same
     /// configuration.
     ///
@@ -397,7 +398,7 @@ impl RuleConfig {
             ));
         }
         let mut rule = match policy {
-            None => self.concurrency_rule(key, in_redis)?,
+            None => self.concurrency_rule(key, in_redis, redis)?,
             Some(policy) if in_redis => self.redis_rule(key, policy, redis)?,
             Some(policy) => Rule::new(self.name.clone(), key, policy),
         };
@@ -562,14 +563,14 @@ impl RuleConfig {
         })
     }
 
+    /// A Redis rule's backend and failure policy, with its name and
+    /// `redis_prefix` checked (rate and concurrency rules alike).
     #[cfg(feature = "redis")]
-    fn redis_rule(
+    pub(super) fn redis_settings<'a>(
         &self,
-        key: Key,
-        policy: Policy,
-        redis: Option<&Backend>,
-    ) -> Result<Rule, HttpConfigError> {
-        use crate::redis::{FailurePolicy, RedisLimiter};
+        redis: Option<&'a Backend>,
+    ) -> Result<(&'a Backend, crate::redis::FailurePolicy), HttpConfigError> {
+        use crate::redis::FailurePolicy;
         let failure = match &self.on_failure {
             None => FailurePolicy::default(),
             Some(text) => parse_failure(text).ok_or_else(|| {
@@ -602,6 +603,18 @@ impl RuleConfig {
                 rule: self.name.clone(),
             });
         };
+        Ok((backend, failure))
+    }
+
+    #[cfg(feature = "redis")]
+    fn redis_rule(
+        &self,
+        key: Key,
+        policy: Policy,
+        redis: Option<&Backend>,
+    ) -> Result<Rule, HttpConfigError> {
+        use crate::redis::RedisLimiter;
+        let (backend, failure) = self.redis_settings(redis)?;
         let mut limiter = RedisLimiter::builder(policy, backend)
             .name(self.name.clone())
             .on_failure(failure);

@@ -69,8 +69,10 @@
 //! | `key.rs` | [`Key`]: a request's key for a rule, as a fingerprint or as bytes |
 //! | `client_ip.rs` | [`ClientIp`], [`Cidr`], [`ProxyHeader`]: who the client is |
 //! | `compiled.rs` | the rules as built, and a request's matching rules |
-//! | `engine.rs` | the check: local rules, Redis rules, all or nothing |
+//! | `engine.rs` | the check: local rules, all or nothing; the Redis rules' branch |
+//! | `remote_check.rs` | the check of a request that matches Redis rules (feature `redis`), a Redis failure's answer |
 //! | `concurrent.rs` | concurrency rules: the limits they are built into, the permits a response body holds |
+//! | `concurrent_redis.rs` | Redis concurrency rules (feature `redis`): `Rule::redis_concurrent`, their permits on the Redis path |
 //! | `concurrent_check.rs` | the check of a layer with concurrency rules: rate and concurrency rules all or nothing |
 //! | `headers.rs` | [`Headers`], [`Items`]: the `RateLimit` and legacy headers |
 //! | `response.rs` | the 429 and other answers, [`Rejection`], [`ResponseBody`] |
@@ -87,6 +89,8 @@ mod concurrent;
 mod concurrent_check;
 #[cfg(feature = "serde")]
 mod concurrent_config;
+#[cfg(feature = "redis")]
+mod concurrent_redis;
 #[cfg(feature = "serde")]
 mod config;
 mod engine;
@@ -94,6 +98,8 @@ mod headers;
 mod info;
 mod key;
 mod lockout;
+#[cfg(feature = "redis")]
+mod remote_check;
 mod response;
 mod rule;
 mod service;

@@ -252,3 +252,154 @@ pub async fn admitted_per_value(
     }
     out
 }
+
+/// A response as the client saw it: status, headers, body, with no field
+/// checked (a concurrency rule's `RateLimit` item has no `t`).
+pub struct Seen {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Seen {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).map(|v| v.to_str().unwrap())
+    }
+    /// `r` of the `RateLimit` item of `rule`, whatever its other parameters.
+    pub fn r(&self, rule: &str) -> Option<i64> {
+        let v = self.header("ratelimit")?;
+        let list: sfv::List = sfv::Parser::new(v.as_bytes()).parse_list().unwrap();
+        list.into_iter().find_map(|e| {
+            let sfv::ListEntry::Item(item) = e else {
+                return None;
+            };
+            (item.bare_item.as_string()?.as_str() == rule).then(|| {
+                let r = item.params.iter().find(|(k, _)| k.as_str() == "r").unwrap();
+                i64::from(r.1.as_integer().unwrap())
+            })
+        })
+    }
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap()
+    }
+    pub fn retry_after(&self) -> Option<u64> {
+        self.header("retry-after")?.parse().ok()
+    }
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// A connection to `addr` and the response head of `GET path`, its body
+/// not read.
+pub async fn head(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Response<hyper::body::Incoming> {
+    let bytes: Vec<(&str, &[u8])> = headers.iter().map(|(k, v)| (*k, v.as_bytes())).collect();
+    send(addr, "GET", path, &bytes).await
+}
+
+/// `GET path` to the end of its body.
+pub async fn get_seen(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Seen {
+    let (parts, body) = head(addr, path, headers).await.into_parts();
+    Seen {
+        status: parts.status,
+        headers: parts.headers,
+        body: body.collect().await.unwrap().to_bytes(),
+    }
+}
+
+/// A body that sends one chunk, then never ends; it counts its drops.
+pub struct Stalling {
+    pub sent: bool,
+    pub dropped: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl http_body::Body for Stalling {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        if self.sent {
+            std::task::Poll::Pending
+        } else {
+            self.sent = true;
+            std::task::Poll::Ready(Some(Ok(http_body::Frame::data(Bytes::from_static(
+                b"first chunk",
+            )))))
+        }
+    }
+}
+
+impl Drop for Stalling {
+    fn drop(&mut self) {
+        self.dropped
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Stalling {
+    /// `GET` answering a `Stalling` body, each counting its drop in `dropped`.
+    pub fn route(
+        dropped: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    ) -> axum::routing::MethodRouter {
+        axum::routing::get(move || {
+            let dropped = dropped.clone();
+            async move {
+                axum::body::Body::new(Stalling {
+                    sent: false,
+                    dropped,
+                })
+            }
+        })
+    }
+}
+
+/// Requests in a handler now, and the most seen at once.
+#[derive(Default)]
+pub struct Gauge {
+    pub now: std::sync::atomic::AtomicUsize,
+    pub most: std::sync::atomic::AtomicUsize,
+}
+
+impl Gauge {
+    pub fn enter(&self) {
+        use std::sync::atomic::Ordering::SeqCst;
+        let n = self.now.fetch_add(1, SeqCst) + 1;
+        self.most.fetch_max(n, SeqCst);
+    }
+    pub fn leave(&self) {
+        self.now.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+    /// `GET` answering "ok" after `delay`, counted in the gauge meanwhile.
+    pub fn slow_route(
+        self: &std::sync::Arc<Self>,
+        delay: std::time::Duration,
+    ) -> axum::routing::MethodRouter {
+        let g = self.clone();
+        axum::routing::get(move || {
+            let g = g.clone();
+            async move {
+                g.enter();
+                tokio::time::sleep(delay).await;
+                g.leave();
+                "ok"
+            }
+        })
+    }
+}
+
+/// `GET` that waits until the test lets it go (one permit of `gate` each).
+pub fn held_route(gate: std::sync::Arc<tokio::sync::Semaphore>) -> axum::routing::MethodRouter {
+    axum::routing::get(move || {
+        let gate = gate.clone();
+        async move {
+            gate.acquire().await.unwrap().forget();
+            "held"
+        }
+    })
+}
