@@ -40,7 +40,7 @@ use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::error::{ConfigError, InsufficientCapacity};
 use crate::keyed::builder::{table_setters, TableOptions};
-use crate::keyed::family::{keyed_methods, Checked, KeyedCore, KeyedTable};
+use crate::keyed::family::{keyed_methods, Checked, KeyedCore, KeyedRefund};
 use crate::keyed::KeyedPolicyLimiter;
 use crate::keyed::KeyedRef;
 use crate::limiter::DefaultClock;

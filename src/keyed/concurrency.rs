@@ -23,7 +23,7 @@
 //! See docs/concurrency.md, "Keyed concurrency".
 
 use super::builder::{table_setters, KeyedBuilder, TableOptions, WhenFull};
-use super::family::KeyedCore;
+use super::family::{table_methods, KeyedCore, KeyedTable};
 use super::limiter::KeyedLimiter;
 use crate::algo::concurrency::{mean_hold, release_count, Concurrent};
 use crate::clock::Clock;
@@ -553,72 +553,6 @@ impl<K, C: Clock> KeyedConcurrencyLimiter<K, C> {
         Duration::from_nanos(self.hold_ns.load(Ordering::Relaxed))
     }
 
-    /// Keys tracked now, idle ones not yet reclaimed included; never above
-    /// [`max_keys`](Self::max_keys).
-    ///
-    /// ```
-    /// # use ratewall::KeyedConcurrencyLimiter;
-    /// let l = KeyedConcurrencyLimiter::<u64>::new(1)?;
-    /// let _p = (l.try_acquire_key(&1, 1).unwrap(), l.try_acquire_key(&2, 1).unwrap());
-    /// assert_eq!(l.len(), 2);
-    /// # Ok::<(), ratewall::ConfigError>(())
-    /// ```
-    pub fn len(&self) -> usize {
-        self.table.len()
-    }
-
-    /// Whether no key is tracked.
-    ///
-    /// ```
-    /// # use ratewall::KeyedConcurrencyLimiter;
-    /// assert!(KeyedConcurrencyLimiter::<u64>::new(1)?.is_empty());
-    /// # Ok::<(), ratewall::ConfigError>(())
-    /// ```
-    pub fn is_empty(&self) -> bool {
-        self.table.is_empty()
-    }
-
-    /// The most keys tracked at once.
-    ///
-    /// ```
-    /// # use ratewall::KeyedConcurrencyLimiter;
-    /// assert_eq!(KeyedConcurrencyLimiter::<u64>::builder(1).max_keys(64).build()?.max_keys(), 64);
-    /// # Ok::<(), ratewall::ConfigError>(())
-    /// ```
-    pub fn max_keys(&self) -> usize {
-        self.table.max_keys()
-    }
-
-    /// The policy when the table is full, as configured
-    /// ([`WhenFull::EvictLeastRecent`] rejects here: see
-    /// [`KeyedConcurrencyBuilder::build`]).
-    ///
-    /// ```
-    /// # use ratewall::{KeyedConcurrencyLimiter, WhenFull};
-    /// assert_eq!(KeyedConcurrencyLimiter::<u64>::new(1)?.when_full(), WhenFull::RejectNew);
-    /// # Ok::<(), ratewall::ConfigError>(())
-    /// ```
-    pub fn when_full(&self) -> WhenFull {
-        self.when_full
-    }
-
-    /// Removes every key with nothing in flight; returns how many. Never
-    /// required (inserts reclaim such keys as they go), but it makes
-    /// [`len`](Self::len) exact. Keys with permits out stay.
-    ///
-    /// ```
-    /// # use ratewall::KeyedConcurrencyLimiter;
-    /// let l = KeyedConcurrencyLimiter::<u64>::new(1)?;
-    /// let held = l.try_acquire_key(&1, 1).unwrap();
-    /// drop(l.try_acquire_key(&2, 1).unwrap());
-    /// assert_eq!((l.retain_active(), l.len()), (1, 1)); // key 2 went; key 1 holds a permit
-    /// # drop(held);
-    /// # Ok::<(), ratewall::ConfigError>(())
-    /// ```
-    pub fn retain_active(&self) -> usize {
-        self.table.retain_active()
-    }
-
     /// One reading of the clock that times permits, in nanoseconds.
     ///
     /// ```
@@ -655,6 +589,30 @@ impl<K, C: Clock> KeyedConcurrencyLimiter<K, C> {
         Q: Hash + ?Sized,
     {
         self.table.__home_slot(key)
+    }
+}
+
+table_methods!([K, C: Clock] KeyedConcurrencyLimiter<K, C>);
+
+/// The table's size and policy. `when_full` is the policy asked for (the
+/// table runs `RejectNew` for `EvictLeastRecent`: a key with permits out is
+/// never evicted), and `retain_active` removes the keys with nothing in
+/// flight: keys with permits out stay.
+impl<K, C: Clock> KeyedTable for KeyedConcurrencyLimiter<K, C> {
+    fn table_len(&self) -> usize {
+        self.table.len()
+    }
+
+    fn table_max_keys(&self) -> usize {
+        self.table.max_keys()
+    }
+
+    fn table_when_full(&self) -> WhenFull {
+        self.when_full
+    }
+
+    fn table_retain_active(&self) -> usize {
+        self.table.retain_active()
     }
 }
 

@@ -6,9 +6,10 @@
 //! [`KeyedRef`] that binds a keyed limiter to a key, and the one
 //! [`Limit`](crate::Limit) implementation for it.
 //!
-//! Each limiter implements the small sealed core ([`KeyedCore`], and
-//! [`KeyedTable`] if it is one table of keys), and gets the family as
-//! inherent methods from one line, `keyed_methods!` (and `table_methods!`):
+//! Each limiter implements the small sealed core ([`KeyedCore`]; and
+//! [`KeyedRefund`] if its units can be given back, [`KeyedTable`] if it is
+//! one table of keys), and gets the family as inherent methods from one
+//! line each, `keyed_methods!`, `refund_methods!` and `table_methods!`:
 //! method-call syntax needs no import, the calls are static and inline as
 //! before, and a new keyed limiter costs one core implementation plus one
 //! line. See `docs/design.md`, "One keyed interface".
@@ -61,13 +62,19 @@ pub trait KeyedCore {
     fn key_give_back<Q: Hash + ?Sized>(&self, key: &Q, now: u64, n: u64, memo: &Self::Memo);
 }
 
-/// A [`KeyedCore`] that is one bounded table of keys: refunds, resets and
-/// the table's size and policy. Sealed like [`KeyedCore`].
-pub(crate) trait KeyedTable: KeyedCore {
+/// A [`KeyedCore`] whose units can be given back and whose keys can be
+/// forgotten: a table of rate limits (not a table of permits, whose units
+/// only their permits give back). Sealed like [`KeyedCore`].
+pub(crate) trait KeyedRefund: KeyedCore {
     /// Gives back `n` units `key` took, at `now` (not yet clamped).
     fn key_refund<Q: Hash + ?Sized>(&self, key: &Q, now: u64, n: u64);
     /// Forgets `key`'s history.
     fn key_reset<Q: Hash + ?Sized>(&self, key: &Q);
+}
+
+/// One bounded table of keys: its size and policy (every keyed table, the
+/// keyed concurrency limiter's too). Sealed like [`KeyedCore`].
+pub(crate) trait KeyedTable {
     /// Keys tracked now.
     fn table_len(&self) -> usize;
     /// The most keys tracked at once.
@@ -188,8 +195,8 @@ where
     }
 }
 
-/// The method family of a keyed limiter, as inherent methods of `$ty`
-/// (which implements [`KeyedCore`]; `$k` is its key type parameter).
+/// A table's give-back methods, as inherent methods of `$ty` (which
+/// implements [`KeyedRefund`]; `$k` is its key type parameter).
 macro_rules! keyed_methods {
     ([$($g:tt)*] $ty:ty, $k:ident) => {
         impl<$($g)*> $ty {
@@ -353,7 +360,7 @@ pub(crate) use keyed_methods;
 
 /// The table half of the family, as inherent methods of `$ty` (which
 /// implements [`KeyedTable`]; `$k` is its key type parameter).
-macro_rules! table_methods {
+macro_rules! refund_methods {
     ([$($g:tt)*] $ty:ty, $k:ident) => {
         impl<$($g)*> $ty {
             /// Gives back `n` units an allowed check of `key` took. Nothing
@@ -391,7 +398,7 @@ macro_rules! table_methods {
             pub fn refund_key_at<Q: ::std::hash::Hash + ?Sized>(&self, key: &Q, now: u64, n: u64)
                 where $k: ::std::borrow::Borrow<Q>
             {
-                $crate::keyed::family::KeyedTable::key_refund(self, key, now, n);
+                $crate::keyed::family::KeyedRefund::key_refund(self, key, now, n);
             }
 
             /// Forgets `key`'s history: its next check is a fresh key's.
@@ -406,9 +413,18 @@ macro_rules! table_methods {
             pub fn reset_key<Q: ::std::hash::Hash + ?Sized>(&self, key: &Q)
                 where $k: ::std::borrow::Borrow<Q>
             {
-                $crate::keyed::family::KeyedTable::key_reset(self, key);
+                $crate::keyed::family::KeyedRefund::key_reset(self, key);
             }
+        }
+    };
+}
+pub(crate) use refund_methods;
 
+/// The size and policy methods of a keyed table, as inherent methods of
+/// `$ty` (which implements [`KeyedTable`]).
+macro_rules! table_methods {
+    ([$($g:tt)*] $ty:ty) => {
+        impl<$($g)*> $ty {
             /// Keys tracked now, idle ones not yet reclaimed included. Never
             /// above [`max_keys`](Self::max_keys).
             ///

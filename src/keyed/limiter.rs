@@ -5,7 +5,9 @@
 //! `hot.rs`.
 
 use super::builder::{KeyedBuilder, WhenFull};
-use super::family::{keyed_methods, table_methods, Checked, KeyedCore, KeyedTable};
+use super::family::{
+    keyed_methods, refund_methods, table_methods, Checked, KeyedCore, KeyedRefund, KeyedTable,
+};
 use super::hot_slots::Hot;
 use super::overrides::Overrides;
 use super::table::Table;
@@ -71,7 +73,8 @@ pub struct KeyedLimiter<K, A: KeyedAlgorithm, C: Clock = DefaultClock> {
 
 // The keyed method family (`family.rs`), from this type's core below.
 keyed_methods!([K, A: KeyedAlgorithm, C: Clock] KeyedLimiter<K, A, C>, K);
-table_methods!([K, A: KeyedAlgorithm, C: Clock] KeyedLimiter<K, A, C>, K);
+refund_methods!([K, A: KeyedAlgorithm, C: Clock] KeyedLimiter<K, A, C>, K);
+table_methods!([K, A: KeyedAlgorithm, C: Clock] KeyedLimiter<K, A, C>);
 
 impl<K, A: KeyedAlgorithm> KeyedLimiter<K, A, DefaultClock> {
     /// A builder for the quota `config`, with defaults: 65,536 keys, up to 64
@@ -370,7 +373,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedCore for KeyedLimiter<K, A, C> {
     }
 }
 
-impl<K, A: KeyedAlgorithm, C: Clock> KeyedTable for KeyedLimiter<K, A, C> {
+impl<K, A: KeyedAlgorithm, C: Clock> KeyedRefund for KeyedLimiter<K, A, C> {
     fn key_refund<Q: Hash + ?Sized>(&self, key: &Q, now: u64, n: u64) {
         if n == 0 || self.hot.is_some() {
             return;
@@ -388,7 +391,9 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedTable for KeyedLimiter<K, A, C> {
         // reset (a packed fresh state would need a time to pack it at).
         self.table.remove(self.hash(key));
     }
+}
 
+impl<K, A: KeyedAlgorithm, C: Clock> KeyedTable for KeyedLimiter<K, A, C> {
     fn table_len(&self) -> usize {
         self.table.len()
     }

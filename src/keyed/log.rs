@@ -33,7 +33,9 @@
 //!   shard lock while the version is odd, so none can wait on it.
 
 use super::builder::{KeyedBuilder, WhenFull};
-use super::family::{keyed_methods, table_methods, Checked, KeyedCore, KeyedTable};
+use super::family::{
+    keyed_methods, refund_methods, table_methods, Checked, KeyedCore, KeyedRefund, KeyedTable,
+};
 use crate::algo::sealed::Core;
 use crate::algo::{LogRing, SlidingLog};
 use crate::clock::{Clock, Timebase};
@@ -92,7 +94,8 @@ pub struct KeyedSlidingWindowLog<K, C: Clock = DefaultClock> {
 
 // The keyed method family (`family.rs`), from this type's core below.
 keyed_methods!([K, C: Clock] KeyedSlidingWindowLog<K, C>, K);
-table_methods!([K, C: Clock] KeyedSlidingWindowLog<K, C>, K);
+refund_methods!([K, C: Clock] KeyedSlidingWindowLog<K, C>, K);
+table_methods!([K, C: Clock] KeyedSlidingWindowLog<K, C>);
 
 struct Shard {
     rings: hashbrown::HashMap<u64, LogRing, Fingerprint>,
@@ -446,7 +449,7 @@ impl<K, C: Clock> KeyedCore for KeyedSlidingWindowLog<K, C> {
     }
 }
 
-impl<K, C: Clock> KeyedTable for KeyedSlidingWindowLog<K, C> {
+impl<K, C: Clock> KeyedRefund for KeyedSlidingWindowLog<K, C> {
     fn key_refund<Q: Hash + ?Sized>(&self, key: &Q, now: u64, n: u64) {
         let now = self.clamp(now);
         let fp = self.fingerprint(key);
@@ -466,7 +469,9 @@ impl<K, C: Clock> KeyedTable for KeyedSlidingWindowLog<K, C> {
             shard.idle_exact = false;
         }
     }
+}
 
+impl<K, C: Clock> KeyedTable for KeyedSlidingWindowLog<K, C> {
     fn table_len(&self) -> usize {
         self.shards.iter().map(|s| lock(s).rings.len()).sum()
     }

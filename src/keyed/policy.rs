@@ -4,7 +4,9 @@
 //! `log.rs`); the method family comes from `family.rs`.
 
 use super::builder::{table_setters, KeyedBuilder, TableOptions, WhenFull};
-use super::family::{keyed_methods, table_methods, Checked, KeyedCore, KeyedTable};
+use super::family::{
+    keyed_methods, refund_methods, table_methods, Checked, KeyedCore, KeyedRefund, KeyedTable,
+};
 use super::limiter::KeyedLimiter;
 use super::log::KeyedSlidingWindowLog;
 use crate::algo::{FixedCounter, Gcra, LeakyGcra, SlidingCounter};
@@ -51,7 +53,8 @@ pub struct KeyedPolicyLimiter<K, C: Clock = DefaultClock> {
 
 // The keyed method family (`family.rs`), from this type's core below.
 keyed_methods!([K, C: Clock] KeyedPolicyLimiter<K, C>, K);
-table_methods!([K, C: Clock] KeyedPolicyLimiter<K, C>, K);
+refund_methods!([K, C: Clock] KeyedPolicyLimiter<K, C>, K);
+table_methods!([K, C: Clock] KeyedPolicyLimiter<K, C>);
 
 enum Inner<K, C: Clock> {
     Token(KeyedLimiter<K, Gcra, C>),
@@ -328,7 +331,7 @@ impl<K, C: Clock> KeyedCore for KeyedPolicyLimiter<K, C> {
     }
 }
 
-impl<K, C: Clock> KeyedTable for KeyedPolicyLimiter<K, C> {
+impl<K, C: Clock> KeyedRefund for KeyedPolicyLimiter<K, C> {
     fn key_refund<Q: Hash + ?Sized>(&self, key: &Q, now: u64, n: u64) {
         dispatch!(&self.inner, l => l.key_refund(key, now, n))
     }
@@ -336,7 +339,9 @@ impl<K, C: Clock> KeyedTable for KeyedPolicyLimiter<K, C> {
     fn key_reset<Q: Hash + ?Sized>(&self, key: &Q) {
         dispatch!(&self.inner, l => l.key_reset(key))
     }
+}
 
+impl<K, C: Clock> KeyedTable for KeyedPolicyLimiter<K, C> {
     fn table_len(&self) -> usize {
         dispatch!(&self.inner, l => l.table_len())
     }
