@@ -179,7 +179,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
     }
 
     /// `run` for a key the table holds; `None` if it does not.
-    #[inline]
+    #[inline(always)]
     fn run_tracked(
         &self,
         h: u64,
@@ -236,6 +236,16 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         if let Some(hot) = self.hot.as_deref() {
             return self.check_hot(hot, h, thread_index(), now);
         }
+        self.check_tracked(h, now)
+    }
+
+    /// `check_hashed` past the hot keys: `run_tracked` inlined with a unit
+    /// cost, out of line itself, so that the decision is built in the
+    /// caller's return slot (not in an `Option<Result<Decision>>` the caller
+    /// copies out) and the cost's checks fold away (docs/benchmarks.md,
+    /// "cuts on the 8-byte slot").
+    #[inline(never)]
+    fn check_tracked(&self, h: u64, now: u64) -> Decision {
         match self.run_tracked(h, now, 1, true) {
             Some(Ok(d)) => d,
             Some(Err(_)) => unreachable_capacity(),
