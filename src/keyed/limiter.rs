@@ -193,12 +193,13 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         // the state the winning step saw (the same pure function of the same
         // inputs), so no decision is stored across the exchange and copied
         // out (a store-forwarding stall on every check, see
-        // docs/benchmarks.md). Nothing on this path is forced inline: with
+        // docs/benchmarks.md). This function is forced inline into its two
+        // callers (`run`, and `check_tracked` with a unit cost), and with
         // plain `#[inline]` this one closure and `Table::apply` inline into
-        // the check. What is forced is the other way: the paths of a key the
-        // table does not hold (`check_untracked`, `run_untracked`) are
-        // `#[cold]` and out of line, so that `check_key` builds its decision
-        // in place (both measured: docs/benchmarks.md, round 2).
+        // it. The paths of a key the table does not hold
+        // (`check_untracked`, `run_untracked`) are `#[cold]` and out of
+        // line, so that `check_key` builds its decision in place (measured:
+        // docs/benchmarks.md, round 2 and "cuts on the 8-byte slot").
         if let Some((a, state)) = self.table.apply(h, now, &mut |state| {
             let a = self.params_for(h);
             let next = if take && n <= WordStep::capacity(&a) {
