@@ -731,17 +731,23 @@ fn find<P: Packing>(shard: &Shard<P>, start: usize, fp: u64) -> Option<(&AtomicU
     find_in_stash(shard, fp)
 }
 
-/// `look` over `slots` in order: `Some` of what the walk found (the key's
-/// slot, or `None` at an empty slot, where the chain ends), or `None` if
-/// every slot holds another key or a tombstone.
+/// `find`'s walk over `slots` in order (the window's two parts and the
+/// stash share it): `Some` of what it found (the key's slot, or `None` at
+/// an empty slot, where the chain ends), or `None` if every slot holds
+/// another key or a tombstone.
 #[inline(always)]
 #[allow(clippy::option_option)]
 fn walk(slots: &[AtomicU64], fp: u64) -> Option<Option<(&AtomicU64, u64)>> {
     for slot in slots {
-        match look(slot, fp) {
-            Look::Found(v) => return Some(Some((slot, v))),
-            Look::Absent => return Some(None),
-            Look::Next => {}
+        // Acquire: pairs with the AcqRel exchange that stored this value,
+        // so the state (and, for a quota change, the odd parameter version
+        // ordered before it) is visible to the step.
+        let v = slot.load(Ordering::Acquire);
+        if tag_of(v) == fp {
+            return Some(Some((slot, v)));
+        }
+        if v == EMPTY {
+            return Some(None);
         }
     }
     None
@@ -768,32 +774,6 @@ fn position<P: Packing>(shard: &Shard<P>, start: usize, fp: u64) -> Option<(usiz
 #[inline(never)]
 fn find_in_stash<P: Packing>(shard: &Shard<P>, fp: u64) -> Option<(&AtomicU64, u64)> {
     walk(&shard.slots[shard.main..], fp).flatten()
-}
-
-/// What one slot of a key's chain says of the key tagged `fp`.
-enum Look {
-    /// The key's slot, holding this value.
-    Found(u64),
-    /// An empty slot: the chain ends and the key is not in it.
-    Absent,
-    /// Another key or a tombstone: look at the next slot.
-    Next,
-}
-
-/// One step of `find`'s walk (the fast path and the stash share it).
-#[inline(always)]
-fn look(slot: &AtomicU64, fp: u64) -> Look {
-    // Acquire: pairs with the AcqRel exchange that stored this value, so
-    // the state (and, for a quota change, the odd parameter version
-    // ordered before it) is visible to the step.
-    let v = slot.load(Ordering::Acquire);
-    if tag_of(v) == fp {
-        Look::Found(v)
-    } else if v == EMPTY {
-        Look::Absent
-    } else {
-        Look::Next
-    }
 }
 
 /// What a scan of a key's chain, up to its first empty slot, found (read
