@@ -174,16 +174,27 @@ impl ParamCell {
     fn read_contended<P: Params>(&self) -> P {
         let mut spins = 0u32;
         loop {
-            if spins < 64 {
-                spin_hint();
-            } else {
-                // The writer was likely preempted; on 2 cores spinning only delays it.
-                yield_now();
-            }
-            spins += 1;
+            spins = wait_for_writer(spins);
             if let Some(p) = self.try_read() {
                 return p;
             }
+        }
+    }
+
+    /// [`read`](Self::read) with only the wait out of line (the same tries
+    /// and waits), so that the snapshot stays in registers: `read`'s slow
+    /// path joins its fast one through memory (a store and a reload of the
+    /// words on every read). For the keyed check; the one-limiter's check
+    /// compiles worse with this shape (docs/benchmarks.md, "cuts on the
+    /// 8-byte slot").
+    #[inline]
+    pub(crate) fn read_in_registers<P: Params>(&self) -> P {
+        let mut spins = 0u32;
+        loop {
+            if let Some(p) = self.try_read() {
+                return p;
+            }
+            spins = wait_for_writer(spins);
         }
     }
 
@@ -220,6 +231,21 @@ pub(crate) const STATE_BITS: u32 = 40;
 
 /// The largest packed state.
 pub(crate) const STATE_MASK: u64 = (1 << STATE_BITS) - 1;
+
+/// A `ParamCell` reader's wait after a torn or contended try (`spins`:
+/// the waits so far); returns the new count. Out of line: it runs only
+/// while a change is under way.
+#[cold]
+#[inline(never)]
+fn wait_for_writer(spins: u32) -> u32 {
+    if spins < 64 {
+        spin_hint();
+    } else {
+        // The writer was likely preempted; on 2 cores spinning only delays it.
+        yield_now();
+    }
+    spins + 1
+}
 
 /// How a keyed table keeps one key's state in the [`STATE_BITS`] low bits of
 /// its slot word: the algorithm's full state word (what its step reads and

@@ -182,7 +182,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
     }
 
     /// `run` for a key the table holds; `None` if it does not.
-    #[inline]
+    #[inline(always)]
     fn run_tracked(
         &self,
         h: u64,
@@ -196,12 +196,13 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         // the state the winning step saw (the same pure function of the same
         // inputs), so no decision is stored across the exchange and copied
         // out (a store-forwarding stall on every check, see
-        // docs/benchmarks.md). Nothing on this path is forced inline: with
+        // docs/benchmarks.md). This function is forced inline into its two
+        // callers (`run`, and `check_tracked` with a unit cost), and with
         // plain `#[inline]` this one closure and `Table::apply` inline into
-        // the check. What is forced is the other way: the paths of a key the
-        // table does not hold (`check_untracked`, `run_untracked`) are
-        // `#[cold]` and out of line, so that `check_key` builds its decision
-        // in place (both measured: docs/benchmarks.md, round 2).
+        // it. The paths of a key the table does not hold
+        // (`check_untracked`, `run_untracked`) are `#[cold]` and out of
+        // line, so that `check_key` builds its decision in place (measured:
+        // docs/benchmarks.md, round 2 and "cuts on the 8-byte slot").
         if let Some((a, state)) = self.table.apply(h, now, &mut |state| {
             let a = self.params_for(h);
             let next = if take && n <= WordStep::capacity(&a) {
@@ -239,6 +240,16 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         if let Some(hot) = self.hot.as_deref() {
             return self.check_hot(hot, h, thread_index(), now);
         }
+        self.check_tracked(h, now)
+    }
+
+    /// `check_hashed` past the hot keys: `run_tracked` inlined with a unit
+    /// cost, out of line itself, so that the decision is built in the
+    /// caller's return slot (not in an `Option<Result<Decision>>` the caller
+    /// copies out) and the cost's checks fold away (docs/benchmarks.md,
+    /// "cuts on the 8-byte slot").
+    #[inline(never)]
+    fn check_tracked(&self, h: u64, now: u64) -> Decision {
         match self.run_tracked(h, now, 1, true) {
             Some(Ok(d)) => d,
             Some(Err(_)) => unreachable_capacity(),

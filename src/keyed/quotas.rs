@@ -39,7 +39,7 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
                 return a;
             }
         }
-        self.params.read()
+        self.params.read_in_registers()
     }
 
     /// Changes the quota of every key at run time, keeping each key's usage

@@ -716,18 +716,41 @@ fn normalize_idle<P: Packing>(shard: &Shard<P>, at: u64, view: &impl StateView) 
 /// The key's slot in its chain, and the value seen there.
 #[inline]
 fn find<P: Packing>(shard: &Shard<P>, start: usize, fp: u64) -> Option<(&AtomicU64, u64)> {
-    let n = shard.main;
-    let mut i = start;
-    for _ in 0..PROBE.min(n) {
-        let slot = &shard.slots[i];
-        match look(slot, fp) {
-            Look::Found(v) => return Some((slot, v)),
-            Look::Absent => return None,
-            Look::Next => {}
-        }
-        i = if i + 1 == n { 0 } else { i + 1 };
+    // The window (`PROBE.min(main)` slots from `start`, wrapping at `main`)
+    // as two plain slices, `start..main` then `0..`: no index wrap and no
+    // bounds check per slot (docs/benchmarks.md, "cuts on the 8-byte slot").
+    let (before, from) = shard.slots[..shard.main].split_at(start);
+    let first = from.len().min(PROBE);
+    if let Some(found) = walk(&from[..first], fp) {
+        return found;
+    }
+    let rest = (PROBE - first).min(before.len());
+    if let Some(found) = walk(&before[..rest], fp) {
+        return found;
     }
     find_in_stash(shard, fp)
+}
+
+/// `find`'s walk over `slots` in order (the window's two parts and the
+/// stash share it): `Some` of what it found (the key's slot, or `None` at
+/// an empty slot, where the chain ends), or `None` if every slot holds
+/// another key or a tombstone.
+#[inline(always)]
+#[allow(clippy::option_option)]
+fn walk(slots: &[AtomicU64], fp: u64) -> Option<Option<(&AtomicU64, u64)>> {
+    for slot in slots {
+        // Acquire: pairs with the AcqRel exchange that stored this value,
+        // so the state (and, for a quota change, the odd parameter version
+        // ordered before it) is visible to the step.
+        let v = slot.load(Ordering::Acquire);
+        if tag_of(v) == fp {
+            return Some(Some((slot, v)));
+        }
+        if v == EMPTY {
+            return Some(None);
+        }
+    }
+    None
 }
 
 /// `find` for the cold paths that need the slot's index (same chain, same
@@ -750,40 +773,7 @@ fn position<P: Packing>(shard: &Shard<P>, start: usize, fp: u64) -> Option<(usiz
 #[cold]
 #[inline(never)]
 fn find_in_stash<P: Packing>(shard: &Shard<P>, fp: u64) -> Option<(&AtomicU64, u64)> {
-    for slot in &shard.slots[shard.main..] {
-        match look(slot, fp) {
-            Look::Found(v) => return Some((slot, v)),
-            Look::Absent => return None,
-            Look::Next => {}
-        }
-    }
-    None
-}
-
-/// What one slot of a key's chain says of the key tagged `fp`.
-enum Look {
-    /// The key's slot, holding this value.
-    Found(u64),
-    /// An empty slot: the chain ends and the key is not in it.
-    Absent,
-    /// Another key or a tombstone: look at the next slot.
-    Next,
-}
-
-/// One step of `find`'s walk (the fast path and the stash share it).
-#[inline(always)]
-fn look(slot: &AtomicU64, fp: u64) -> Look {
-    // Acquire: pairs with the AcqRel exchange that stored this value, so
-    // the state (and, for a quota change, the odd parameter version
-    // ordered before it) is visible to the step.
-    let v = slot.load(Ordering::Acquire);
-    if tag_of(v) == fp {
-        Look::Found(v)
-    } else if v == EMPTY {
-        Look::Absent
-    } else {
-        Look::Next
-    }
+    walk(&shard.slots[shard.main..], fp).flatten()
 }
 
 /// What a scan of a key's chain, up to its first empty slot, found (read
