@@ -87,6 +87,7 @@ impl Wait {
     /// [`until_async`](Self::until_async) for tries whose denials'
     /// `retry_after` is only a hint (`Waiter::hinted`): a Redis concurrency
     /// permit, which comes back when its holder is done.
+    #[cfg(feature = "redis")]
     pub(crate) async fn until_hinted<F, Fut>(&self, attempt: F) -> Waited<Fut::Output>
     where
         F: FnMut() -> Fut,

@@ -401,7 +401,8 @@ impl Waiter {
     /// A waiter whose denials' `retry_after` is only a hint: it sleeps for
     /// it (plus jitter), cut at the deadline, and gives up only when a try
     /// at the deadline is denied.
-    #[cfg(feature = "wait")]
+    // Only the Redis concurrency limiter waits on a hint.
+    #[cfg(all(feature = "wait", any(feature = "redis", test)))]
     #[inline]
     pub(crate) fn hinted(wait: &Wait) -> Self {
         Waiter {
