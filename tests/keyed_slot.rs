@@ -191,3 +191,47 @@ fn window_counters_keep_their_limits_and_their_window_length() {
         Err(ConfigError::Incompatible { .. })
     ));
 }
+
+/// A monotonic clock the test moves (`ManualClock` is not monotonic: it
+/// floors readings at explicit instants, so time never goes back there).
+#[derive(Debug, Clone, Default)]
+struct SteadyClock(std::sync::Arc<std::sync::atomic::AtomicU64>);
+
+impl ratewall::Clock for SteadyClock {
+    fn now(&self) -> u64 {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+    fn is_monotonic(&self) -> bool {
+        true
+    }
+}
+
+/// An explicit instant far ahead of a monotonic clock makes the wrap sweep
+/// due (one shard, period 2^37 ns: about 137 s), but the sweep judges idle
+/// keys at the clock's own time, where key 1 still holds its token until
+/// 60 s. Judged at the explicit instant (150 s), key 1 was idle and was
+/// rewritten as idle then (a TAT 2^37 ns before 150 s, about 12.6 s), so a
+/// check at the clock's 20 s admitted it: usage forgotten.
+#[test]
+fn an_explicit_instant_ahead_of_the_clock_keeps_the_usage_held_at_the_clocks_time() {
+    let clock = SteadyClock::default();
+    let l = KeyedTokenBucket::<u64, _>::builder(Rate::per_minute(1).burst(1))
+        .shards(1)
+        .max_keys(16)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    assert!(l.check_key(&1).is_allowed());
+    assert!(!l.check_key(&1).is_allowed());
+    assert!(l.check_key_at(&2, 150 * S).is_allowed());
+    clock.0.store(20 * S, std::sync::atomic::Ordering::SeqCst);
+    let d = l.check_key(&1);
+    assert!(!d.is_allowed(), "key 1's token is in use until 60 s: {d:?}");
+    assert_eq!(d.retry_after(), Duration::from_secs(40));
+    clock.0.store(60 * S, std::sync::atomic::Ordering::SeqCst);
+    assert!(l.check_key(&1).is_allowed());
+    // Key 2, used at the explicit instant only, was left as it was: at
+    // 150 s it has no token left.
+    assert!(!l.check_key_at(&2, 150 * S).is_allowed());
+    assert_eq!(l.len(), 2);
+}

@@ -151,11 +151,18 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
     }
 
     /// The wrap sweep's due part (out of line: once per shard per sweep
-    /// period at most).
+    /// period at most). It runs when `now` asks, but judges and packs idle
+    /// keys at the clock's own reading if `now` is ahead of it: a monotonic
+    /// clock's explicit instants are trusted as they come (`Timebase`), and
+    /// a key idle at an instant far ahead may still hold usage at the
+    /// clock's time, which later checks read at. (A clock that is not
+    /// monotonic floors its readings at the explicit instants, so the two
+    /// agree there.)
     #[cold]
     #[inline(never)]
     fn sweep_wrap(&self, now: u64) {
-        self.table.sweep_wrap(&self.view(now));
+        let clock = self.table.time(self.time.clamped_now());
+        self.table.sweep_wrap(now, &self.view(now.min(clock)));
     }
 
     /// The core of every check: `consume` takes `n` if allowed.

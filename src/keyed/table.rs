@@ -549,20 +549,27 @@ impl<P: Packing> Table<P> {
         self.wrap.is_due(now)
     }
 
-    /// The wrap sweep's due part: rewrites the idle keys of the shards due
-    /// at `view.now()` as idle states packed then (`normalize_idle`). Returns the shards swept. Takes no shard mutex
-    /// while the caller holds one.
+    /// The wrap sweep's due part: the shards due at `now` (the entry
+    /// point's time: it drives the schedule) have their idle keys rewritten
+    /// as idle states (`normalize_idle`), judged and packed at `view.now()`
+    /// (at most `now`: the owner's own clock when an explicit instant runs
+    /// ahead of it, so that usage still held at the clock's time is kept).
+    /// Returns the shards swept. Takes no shard mutex while the caller
+    /// holds one.
     #[cold]
     #[inline(never)]
-    pub(crate) fn sweep_wrap(&self, view: &impl StateView) -> usize {
-        let now = view.now();
+    pub(crate) fn sweep_wrap(&self, now: u64, view: &impl StateView) -> usize {
+        let judged = view.now();
+        debug_assert!(judged <= now);
         self.wrap.run(now, self.shards.len(), |i| {
             let shard = &self.shards[i];
             let _guard = lock(&shard.inner);
             // Relaxed: read and written under the shard's mutex.
-            let at = self.wrap.read_at(shard.swept.load(Ordering::Relaxed), now);
+            let at = self
+                .wrap
+                .read_at(shard.swept.load(Ordering::Relaxed), judged);
             normalize_idle(shard, at, view);
-            shard.swept.store(now, Ordering::Relaxed);
+            shard.swept.store(judged, Ordering::Relaxed);
         })
     }
 

@@ -75,7 +75,7 @@ impl DenyCache {
         // 0 is a fresh slot's state: keep live deadlines above it.
         let now = self.clock.now() + 1;
         if self.table.sweep_due(now) {
-            self.table.sweep_wrap(&Deadlines(now));
+            self.table.sweep_wrap(now, &Deadlines(now));
         }
         now
     }
