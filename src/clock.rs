@@ -518,6 +518,14 @@ impl<C: Clock> Timebase<C> {
         t.min(HORIZON)
     }
 
+    /// The clock's own reading, clamped at [`HORIZON`], if the clock is
+    /// monotonic; `None` otherwise, where a reading would move the floor
+    /// that explicit instants are judged against (so only a check may).
+    #[inline]
+    pub(crate) fn monotonic_now(&self) -> Option<u64> {
+        self.monotonic.then(|| self.clock.now().min(HORIZON))
+    }
+
     /// One reading for the state words: [`now`](Self::now), clamped at
     /// [`HORIZON`].
     #[inline]

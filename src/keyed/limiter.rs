@@ -152,17 +152,21 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
 
     /// The wrap sweep's due part (out of line: once per shard per sweep
     /// period at most). It runs when `now` asks, but judges and packs idle
-    /// keys at the clock's own reading if `now` is ahead of it: a monotonic
-    /// clock's explicit instants are trusted as they come (`Timebase`), and
-    /// a key idle at an instant far ahead may still hold usage at the
-    /// clock's time, which later checks read at. (A clock that is not
-    /// monotonic floors its readings at the explicit instants, so the two
-    /// agree there.)
+    /// keys at a monotonic clock's own reading if `now` is ahead of it: such
+    /// a clock's explicit instants are trusted as they come (`Timebase`),
+    /// and a key idle at an instant far ahead may still hold usage at the
+    /// clock's time, which later checks read at. A clock that is not
+    /// monotonic is not read here: its explicit instants already moved the
+    /// floor that its readings never go below, and a reading would move it
+    /// further (past instants the caller passes next).
     #[cold]
     #[inline(never)]
     fn sweep_wrap(&self, now: u64) {
-        let clock = self.table.time(self.time.clamped_now());
-        self.table.sweep_wrap(now, &self.view(now.min(clock)));
+        let judged = self
+            .time
+            .monotonic_now()
+            .map_or(now, |clock| now.min(self.table.time(clock)));
+        self.table.sweep_wrap(now, &self.view(judged));
     }
 
     /// The core of every check: `consume` takes `n` if allowed.
