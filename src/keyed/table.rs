@@ -671,53 +671,56 @@ impl<P: Packing> Table<P> {
 /// Removes every key of `shard` idle at `view.now()` (`retain_active`).
 /// Caller holds the shard's mutex.
 fn reclaim_idle<P: Packing>(shard: &Shard<P>, view: &impl StateView) -> usize {
-    let at = view.now();
-    let mut removed = 0;
-    for slot in shard.slots.iter() {
-        // Acquire: as in `find`.
-        let mut v = slot.load(Ordering::Acquire);
-        // A check that changes the slot meanwhile fails our exchange: judge
-        // its state again (a check that leaves the key idle must not make
-        // the sweep skip it until its next run).
-        while tag_of(v) != 0 && view.is_idle(shard.state_of(v, at)) {
-            // AcqRel: as in `evict`.
-            match slot.compare_exchange(v, TOMB, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => {
-                    shard.count_removal();
-                    removed += 1;
-                    break;
-                }
-                Err(actual) => v = actual,
-            }
-        }
-    }
-    removed
+    rewrite_idle(shard, view.now(), view, |_| TOMB)
 }
 
 /// Rewrites every key of `shard` idle at `view.now()` (its state read at
 /// `at`, see `Wrap::read_at`) as the idle state packed at `view.now()`: the
 /// key stays tracked, exactly as an idle key not yet reclaimed, and its word
 /// reads as idle for the sweep periods to come. Caller holds the shard's
-/// mutex; a check that changes the slot meanwhile fails our exchange and
-/// the new state is judged again.
+/// mutex.
 fn normalize_idle<P: Packing>(shard: &Shard<P>, at: u64, view: &impl StateView) {
     let now = view.now();
+    rewrite_idle(shard, at, view, |tag| shard.word(tag, 0, now));
+}
+
+/// The pass `reclaim_idle` and `normalize_idle` share: every key of `shard`
+/// whose state, read at `at`, is idle at `view.now()` gets the word
+/// `to(its tag)` (a key given a tombstone leaves the table's count).
+/// Returns how many words it changed. Caller holds the shard's mutex.
+fn rewrite_idle<P: Packing>(
+    shard: &Shard<P>,
+    at: u64,
+    view: &impl StateView,
+    to: impl Fn(u64) -> u64,
+) -> usize {
+    let mut changed = 0;
     for slot in shard.slots.iter() {
         // Acquire: as in `find`.
         let mut v = slot.load(Ordering::Acquire);
+        // A check that changes the slot meanwhile fails our exchange: judge
+        // its state again (a check that leaves the key idle must not make
+        // the pass skip it until its next run).
         while tag_of(v) != 0 && view.is_idle(shard.state_of(v, at)) {
-            let idle = shard.word(tag_of(v), 0, now);
-            if idle == v {
+            let next = to(tag_of(v));
+            if next == v {
                 break;
             }
             // AcqRel: as any slot update (a check that loses to it reads the
             // new word with Acquire and recomputes).
-            match slot.compare_exchange(v, idle, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => break,
+            match slot.compare_exchange(v, next, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => {
+                    if next == TOMB {
+                        shard.count_removal();
+                    }
+                    changed += 1;
+                    break;
+                }
                 Err(actual) => v = actual,
             }
         }
     }
+    changed
 }
 
 /// The key's slot in its chain, and the value seen there.
