@@ -286,9 +286,7 @@ pub trait Packing: Copy + fmt::Debug + Send + Sync + 'static {
 }
 
 /// The packing of a state with no time in it that fits 40 bits as it is (a
-/// count): the identity. Never swept.
-// Used by the table's tests now, and by the keyed concurrency algorithm.
-#[cfg_attr(not(test), allow(dead_code))]
+/// count: the keyed concurrency algorithm's): the identity. Never swept.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Plain;
 
