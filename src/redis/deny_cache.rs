@@ -94,10 +94,10 @@ impl DenyCache {
         // At most as far ahead as a slot holds: a shorter cached denial
         // only asks Redis sooner.
         let range = self.table.packing().max_tolerance();
-        let until = self.now().saturating_add(retry_ns.min(range));
+        let now = self.now();
+        let until = now.saturating_add(retry_ns.min(range));
         let h = self.hasher.hash_one(rkey);
         let mut step = |s: u64| ((), (until > s).then_some(until));
-        let now = self.now();
         if self.table.update(h, now, &mut step).is_none() {
             match self
                 .table
