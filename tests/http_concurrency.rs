@@ -511,6 +511,15 @@ async fn reserved_shares_keep_room_for_critical_requests() {
     }
     let normal = svc.clone().oneshot(request("/")).await.unwrap();
     assert_eq!(normal.status(), StatusCode::SERVICE_UNAVAILABLE);
+    // The class header sent twice names no class: a normal request, shed.
+    let mut twice = request("/");
+    for _ in 0..2 {
+        twice
+            .headers_mut()
+            .append("x-priority", "critical".parse().unwrap());
+    }
+    let res = svc.clone().oneshot(twice).await.unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
     let mut critical = request("/");
     critical
         .headers_mut()
@@ -535,7 +544,7 @@ async fn reserved_shares_keep_room_for_critical_requests() {
     );
     drop(held);
     assert_eq!(layer.stats()[0].in_flight(), 0);
-    assert_eq!(layer.stats()[0].shed(), 2);
+    assert_eq!(layer.stats()[0].shed(), 3);
 }
 
 trait CloneForTest {

@@ -9,7 +9,7 @@
 //! all (the inner service failed, panicked or was cancelled, often by a
 //! timeout) dropped; `4xx` ignored.
 
-use super::key::Key;
+use super::key::{single_header, Key};
 use super::stats::Counter;
 use crate::clock::Clock;
 use crate::concurrency::{Adaptive, ConcurrencyLimiter, Outcome, OwnedPermit, Priority};
@@ -178,7 +178,8 @@ impl<C: Clock> ConcLimit<C> {
         let Some(name) = &self.priority else {
             return Priority::Normal;
         };
-        match headers.get(name).map(|v| v.as_bytes()) {
+        // Sent more than once: no class of the client's choosing.
+        match single_header(headers, name).ok().map(|v| v.as_bytes()) {
             Some(v) if v.eq_ignore_ascii_case(b"critical") => Priority::Critical,
             Some(v) if v.eq_ignore_ascii_case(b"sheddable") => Priority::Sheddable,
             _ => Priority::Normal,

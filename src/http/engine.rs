@@ -459,6 +459,11 @@ impl<C: Clock + 'static> Shared<C> {
         }
         bump(&r.counters.missing_key);
         match rule.missing {
+            // Never skipped: a key header sent twice must not be a way
+            // around the rule, whatever it does with a missing key.
+            _ if why == Absent::Repeated && rule.mode == Mode::Enforce => {
+                Err(Some((StatusCode::BAD_REQUEST, why)))
+            }
             Missing::Reject(status) if rule.mode == Mode::Enforce => {
                 let status = if why != Absent::NoPeer && status.is_server_error() {
                     StatusCode::BAD_REQUEST

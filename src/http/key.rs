@@ -7,7 +7,7 @@
 //! process, while the bytes must be the same in every process.
 
 use super::client_ip::{mask, unmap, Resolved};
-use http::header::{HeaderName, HeaderValue, ValueIter};
+use http::header::{HeaderName, HeaderValue};
 use http::{Extensions, HeaderMap, Method, Uri};
 use std::fmt;
 use std::hash::{Hash, Hasher};
@@ -121,8 +121,16 @@ impl Key {
     }
 
     /// The value of a request header (an API key), as a 128-bit
-    /// fingerprint. Sent more than once, the values are joined in order.
-    /// An invalid header name is reported when the layer is built.
+    /// fingerprint. An invalid header name is reported when the layer is
+    /// built.
+    ///
+    /// A request that sends the header **more than once** has no key for
+    /// the rule, and an enforced rule answers it `400 Bad Request`,
+    /// whatever [`when_missing`](super::Rule::when_missing) says:
+    /// applications read the first line, so a key made of every line would
+    /// let a client pair its real key with a fresh one on each request and
+    /// never meet its limit, and skipping the rule would let it through
+    /// unlimited (docs/security.md).
     ///
     /// ```
     /// # use ratewall::http::Key;
@@ -285,15 +293,7 @@ impl Key {
         match &self.0 {
             // Inline in `extract`, which does not come back here for them.
             KeyKind::ClientIp { .. } | KeyKind::Global => self.extract(req, fp),
-            KeyKind::Header(name) => {
-                let (first, values) = req.header_lines(name.as_ref())?;
-                let mut acc = fp.of_bytes(first.as_bytes());
-                // Sent more than once (rare): chain the lines in order.
-                for more in values {
-                    acc = fp.of(&(acc, more.as_bytes()));
-                }
-                Ok(acc)
-            }
+            KeyKind::Header(name) => Ok(fp.of_bytes(req.header_value(name.as_ref())?.as_bytes())),
             KeyKind::Extension(_, f, _) => f(req.extensions, fp).ok_or(Absent::Value),
             KeyKind::Route => Ok(fp.of(req.route())),
             KeyKind::Composite(keys) => {
@@ -339,14 +339,9 @@ impl Key {
                 Ok(())
             }
             KeyKind::Header(name) => {
-                let (first, values) = req.header_lines(name.as_ref())?;
+                let value = req.header_value(name.as_ref())?;
                 out.extend_from_slice(b"h:");
-                out.extend_from_slice(first.as_bytes());
-                // Sent more than once: NUL (never in a header value) between lines.
-                for more in values {
-                    out.push(0);
-                    out.extend_from_slice(more.as_bytes());
-                }
+                out.extend_from_slice(value.as_bytes());
                 Ok(())
             }
             KeyKind::Extension(_, _, hash) => {
@@ -408,6 +403,9 @@ pub(super) enum Absent {
     UnknownClient,
     /// The header or extension is not there.
     Value,
+    /// The header is sent more than once: which line is the key is the
+    /// client's choice, so none is (an enforced rule answers 400).
+    Repeated,
 }
 
 impl Absent {
@@ -420,6 +418,9 @@ impl Absent {
                  (unknown, obfuscated or malformed), or the chain is too long"
             }
             Absent::Value => "the request does not carry the value this rule is keyed by",
+            Absent::Repeated => {
+                "the header this rule is keyed by is sent more than once: send it once"
+            }
         }
     }
 }
@@ -453,16 +454,30 @@ impl RequestParts<'_> {
         }
     }
 
-    /// The lines of a header, the first apart (both encodings): absent
-    /// when the header is not there or its name is not valid.
+    /// The one value of a header (both encodings): absent when the
+    /// header is not there or its name is not valid, [`Absent::Repeated`]
+    /// when it is sent more than once.
     #[inline]
-    fn header_lines(
-        &self,
-        name: Option<&HeaderName>,
-    ) -> Result<(&HeaderValue, ValueIter<'_, HeaderValue>), Absent> {
-        let mut lines = self.headers.get_all(name.ok_or(Absent::Value)?).iter();
-        let first = lines.next().ok_or(Absent::Value)?;
-        Ok((first, lines))
+    fn header_value(&self, name: Option<&HeaderName>) -> Result<&HeaderValue, Absent> {
+        single_header(self.headers, name.ok_or(Absent::Value)?)
+    }
+}
+
+/// The one line of header `name`: [`Absent::Value`] when it is not there,
+/// [`Absent::Repeated`] when it is sent more than once. Every reader of a
+/// client's header that picks a key, a tier or a class goes through here,
+/// so they all see the value the application sees with `headers.get`, or
+/// none.
+#[inline]
+pub(super) fn single_header<'h>(
+    headers: &'h HeaderMap,
+    name: &HeaderName,
+) -> Result<&'h HeaderValue, Absent> {
+    let mut lines = headers.get_all(name).iter();
+    let first = lines.next().ok_or(Absent::Value)?;
+    match lines.next() {
+        None => Ok(first),
+        Some(_) => Err(Absent::Repeated),
     }
 }
 

@@ -23,10 +23,16 @@ fn keys_separate_values_and_report_absence() {
         .unwrap();
     assert_ne!(a, b);
     h.append("x-api-key", "gamma".parse().unwrap());
-    let bg = k
-        .extract(&RequestParts::sample(&m, &u, &h, &e), &fp)
-        .unwrap();
-    assert_ne!(bg, b, "a second line changes the key");
+    assert_eq!(
+        k.extract(&RequestParts::sample(&m, &u, &h, &e), &fp),
+        Err(Absent::Repeated),
+        "a second line is no key, never a new one"
+    );
+    let both = Key::composite([Key::client_ip(), k.clone()]);
+    assert_eq!(
+        both.extract(&RequestParts::sample(&m, &u, &h, &e), &fp),
+        Err(Absent::Repeated)
+    );
     assert!(Key::header("bad header").has_invalid_header());
     let g = Key::global()
         .extract(&RequestParts::sample(&m, &u, &h, &e), &fp)
@@ -85,7 +91,7 @@ fn byte_keys_are_the_same_in_every_process_and_unambiguous() {
     h.insert("x-api-key", "alpha".parse().unwrap());
     assert_eq!(bytes(&k, &h, &e, v4).unwrap(), "h:alpha");
     h.append("x-api-key", "beta".parse().unwrap());
-    assert_eq!(bytes(&k, &h, &e, v4).unwrap(), "h:alpha\0beta");
+    assert_eq!(bytes(&k, &h, &e, v4), Err(Absent::Repeated));
     // Composites: each part with its length, so parts cannot run together.
     let c = Key::composite([Key::client_ip(), Key::route()]);
     assert_eq!(bytes(&c, &h, &e, v4).unwrap(), "10:192.0.2.7710:r:/items/7");
@@ -298,10 +304,17 @@ fn what_a_key_needs_and_how_it_prints() {
 
 #[test]
 fn absence_reasons_are_told_apart_and_say_no_server_detail() {
-    let texts = [Absent::NoPeer, Absent::UnknownClient, Absent::Value].map(Absent::describe);
+    let texts = [
+        Absent::NoPeer,
+        Absent::UnknownClient,
+        Absent::Value,
+        Absent::Repeated,
+    ]
+    .map(Absent::describe);
     assert!(texts[0].contains("set-up error"), "{}", texts[0]);
     assert!(texts[1].contains("unknown"), "{}", texts[1]);
     assert!(texts[2].contains("does not carry"), "{}", texts[2]);
+    assert!(texts[3].contains("more than once"), "{}", texts[3]);
     for t in texts {
         // The fix for the server goes to the log, not to the client.
         assert!(!t.contains("into_make_service"), "{t}");

@@ -8,6 +8,7 @@
 //! points the entry at the tier's limit (`TierPick::pick`); rules without
 //! tiers never reach this file.
 
+use super::key::single_header;
 use crate::policy::Policy;
 use http::header::HeaderName;
 use http::{Extensions, HeaderMap};
@@ -175,14 +176,18 @@ impl TierPick {
     /// rule's own policy; so is a name that is not one of the tiers).
     pub(super) fn pick(&self, own: u16, headers: &HeaderMap, extensions: &Extensions) -> u16 {
         if let Some((header, map)) = &self.keys {
-            if let Some(&at) = headers.get(header).and_then(|v| map.get(v.as_bytes())) {
+            // A line of many names no tier: see `single_header`.
+            if let Some(&at) = single_header(headers, header)
+                .ok()
+                .and_then(|v| map.get(v.as_bytes()))
+            {
                 return at;
             }
         }
         let name = match &self.by {
             None => None,
             Some(TierBy::Fn(f)) => f(headers, extensions),
-            Some(TierBy::Header(h)) => headers.get(h).and_then(|v| v.to_str().ok()),
+            Some(TierBy::Header(h)) => single_header(headers, h).ok().and_then(|v| v.to_str().ok()),
         };
         name.and_then(|n| self.names.iter().position(|t| &**t == n))
             // Fits: at most u16::MAX limits.
@@ -223,6 +228,15 @@ mod tests {
             3,
             "a name that is no tier: the own policy"
         );
+        // A header sent twice names nothing, even when both lines agree.
+        let mut h = HeaderMap::new();
+        h.append("x-api-key", "k-gold".parse().unwrap());
+        h.append("x-api-key", "k-gold".parse().unwrap());
+        assert_eq!(pick.pick(3, &h, &ext), 3, "a key listed twice");
+        h.insert("x-api-key", "k-other".parse().unwrap());
+        h.append("x-plan", "premium".parse().unwrap());
+        h.append("x-plan", "premium".parse().unwrap());
+        assert_eq!(pick.pick(3, &h, &ext), 3, "a tier named twice");
     }
 
     #[test]
