@@ -81,3 +81,8 @@ fn lease_keyed_corpus() {
 fn announce_corpus() {
     replay("announce", model::run_announce);
 }
+
+#[test]
+fn client_keys_corpus() {
+    replay("client_keys", model::run_client_keys);
+}

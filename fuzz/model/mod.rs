@@ -855,3 +855,11 @@ pub mod announce;
 
 #[allow(unused_imports)]
 pub use announce::run_announce;
+
+// ---------------------------------------------------------------------------
+// One client, one key: hostile header lines through the HTTP layer.
+
+pub mod client_keys;
+
+#[allow(unused_imports)]
+pub use client_keys::run_client_keys;
