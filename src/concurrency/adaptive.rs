@@ -121,11 +121,19 @@ impl Adaptive {
 
     /// TCP Vegas, as in Netflix's concurrency-limits: the queue at the
     /// backend is estimated as `limit × (1 − shortest latency / latency)`;
-    /// below `2·log10(limit)` the limit grows by `log10(limit)` per window,
-    /// above `4·log10(limit)` it shrinks by as much, and a drop shrinks it.
-    /// It settles a few permits above the backend's knee. (Netflix uses 3
-    /// and 6; 2 and 4 keep a shorter queue at the backend, which matters
-    /// most for small knees.)
+    /// with `s = max(1, log10(limit))`, below `2·s` the limit grows by `s`
+    /// per window, above `4·s` it shrinks by as much, and a drop shrinks
+    /// it. It settles a few permits above the backend's knee. (Netflix
+    /// uses 3 and 6; 2 and 4 keep a shorter queue at the backend, which
+    /// matters most for small knees.)
+    ///
+    /// `s` is at least 1, as in Netflix's `Log10RootFunction`: below a
+    /// limit of 10, `log10` would make the thresholds and the step vanish,
+    /// so a limit of 1 could never grow (`log10(1) = 0`) and any queue at
+    /// all would shrink a small limit to the floor. So below 10 the
+    /// thresholds are a queue of 2 and 4 permits and the step one permit
+    /// per window: at 3× the shortest latency (a queue of two thirds of the
+    /// limit) a limit settles at 6, the largest whose queue is not above 4.
     ///
     /// The shortest latency is never forgotten: a backend whose *unloaded*
     /// latency grows for good reads as a queue, and the limit falls to the
@@ -264,11 +272,9 @@ impl Controller {
                         limit
                     }
                 }
-                (Algorithm::Vegas { .. }, Outcome::Dropped) => {
-                    limit - limit.log10().max(1.0) / limit
-                }
+                (Algorithm::Vegas { .. }, Outcome::Dropped) => limit - vegas_step(limit) / limit,
                 (Algorithm::Vegas { alpha, beta }, Outcome::Success) => {
-                    let log = limit.log10().max(1.0);
+                    let log = vegas_step(limit);
                     let queue = limit * (1.0 - min_units as f64 / rtt_units as f64);
                     if queue < alpha * log && busy {
                         limit + log / limit
@@ -286,6 +292,12 @@ impl Controller {
         // Nearest whole permit: float steps leave 90.9999 for 91.
         limit.round() as u64
     }
+}
+
+/// Vegas's `s`: `log10(limit)`, but at least 1 (see [`Adaptive::vegas`]):
+/// the thresholds' unit and the step per window.
+fn vegas_step(limit: f64) -> f64 {
+    limit.log10().max(1.0)
 }
 
 #[cfg(all(test, not(ratewall_loom)))]
@@ -364,5 +376,39 @@ mod tests {
         let shrunk = unpack(c.state.load()).0;
         assert!(shrunk < grown - 1.5, "{shrunk}");
         assert_eq!(unpack(c.state.load()).1, 10_000_000 / RTT_UNIT_NS);
+    }
+
+    /// Below a limit of 10 the documented `s = max(1, log10(limit))`: a
+    /// limit of 1 grows without a queue (with `log10` alone it would stay
+    /// at 1 for ever), and at 3× the shortest latency a limit settles at 6
+    /// from above and at 3 from below (a queue of two thirds of the limit
+    /// held between the thresholds 2 and 4).
+    #[test]
+    fn vegas_below_ten_steps_by_one_permit_with_thresholds_of_two_and_four() {
+        let c = controller(Adaptive::vegas(1, 60), 1);
+        c.sample(10_000_000, Outcome::Success, 1);
+        for _ in 0..5 {
+            c.sample(10_000_000, Outcome::Success, 1);
+        }
+        assert!(unpack(c.state.load()).0 >= 2.0, "a limit of 1 grows");
+        let settle = |initial: u64| {
+            let c = controller(Adaptive::vegas(1, 60), initial);
+            c.sample(10_000_000, Outcome::Success, initial);
+            let mut last = 0;
+            for _ in 0..2_000 {
+                last = c.sample(30_000_000, Outcome::Success, 60);
+            }
+            last
+        };
+        assert_eq!(
+            settle(20),
+            6,
+            "from above: the largest limit whose queue is <= 4"
+        );
+        assert_eq!(
+            settle(2),
+            3,
+            "from below: the smallest limit whose queue is >= 2"
+        );
     }
 }
