@@ -24,7 +24,8 @@ use std::convert::Infallible;
 use std::future::{ready, Future, Ready};
 use std::net::SocketAddr;
 use std::pin::pin;
-use std::task::{Context, Poll, Waker};
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 use tower_layer::Layer;
 use tower_service::Service;
@@ -210,6 +211,14 @@ pub fn run_client_keys(data: &[u8]) {
     }
 }
 
+/// A waker that does nothing (`Waker::noop` is newer than the crate's
+/// minimum Rust).
+struct NoWake;
+
+impl Wake for NoWake {
+    fn wake(self: Arc<Self>) {}
+}
+
 /// The layer's answer: a local rule answers without waiting, so one poll
 /// with a no-op waker is enough.
 fn answer<S, F, B>(service: &mut S, req: Request<()>) -> StatusCode
@@ -217,7 +226,8 @@ where
     S: Service<Request<()>, Response = Response<B>, Error = Infallible, Future = F>,
     F: Future<Output = Result<Response<B>, Infallible>>,
 {
-    let mut cx = Context::from_waker(Waker::noop());
+    let waker = Waker::from(Arc::new(NoWake));
+    let mut cx = Context::from_waker(&waker);
     assert!(service.poll_ready(&mut cx).is_ready());
     match pin!(service.call(req)).poll(&mut cx) {
         Poll::Ready(Ok(res)) => res.status(),

@@ -18,6 +18,7 @@ use super::limiter::KeyedLimiter;
 use super::KeyedAlgorithm;
 use crate::clock::Clock;
 use crate::decision::Decision;
+use crate::lease::Claim;
 use crate::sync::Ordering;
 use std::borrow::Borrow;
 use std::hash::Hash;
@@ -31,31 +32,50 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         };
         let l = &hot.leases;
         let stripes = &hot.slots[i].stripes;
-        let home = stripe % stripes.len();
-        if let Some(left) = l.use_lease::<true>(&stripes[home], h, now) {
+        let at = stripe % stripes.len();
+        let home = &stripes[at];
+        if let Some(left) = l.use_lease::<true>(home, h, now) {
             return l.lease_decision(self.tat_of(h, now), left, now);
         }
-        let hints = l.next_size(&stripes[home], now);
-        match self
+        // The stripe is claimed before the take (`Leases::claim`): while
+        // another check of it is taking, this one takes a plain unit.
+        let (lock, k, hints) = match l.claim::<true>(home, h, now) {
+            Claim::Locked(lock) => {
+                let hints = l.next_size(home, now);
+                (Some(lock), hints.0, Some(hints))
+            }
+            Claim::Filled => {
+                if let Some(left) = l.use_lease::<true>(home, h, now) {
+                    return l.lease_decision(self.tat_of(h, now), left, now);
+                }
+                (None, 1, None)
+            }
+            Claim::Busy => (None, 1, None),
+        };
+        let taken = self
             .table
-            .update(h, now, &mut |tat| l.take_step(tat, now, hints.0))
-        {
+            .update(h, now, &mut |tat| l.take_step(tat, now, k));
+        if let Some(lock) = lock {
+            let (held, end) = match taken {
+                Some(Ok((_, m, end))) => (m - 1, end),
+                _ => (0, 0),
+            };
+            if let (Some(hints), Some(Ok(_))) = (hints, &taken) {
+                l.took(home, now, hints);
+            }
+            l.publish::<true>(home, lock, held, end, now, |k, e, u| {
+                self.give_back(hot, k, e, u, now)
+            });
+        }
+        match taken {
             // Not tracked (idle and reclaimed): the plain path of a new key.
             None => self.check_untracked(h, now),
-            Some(Ok((d, m, end))) => {
-                l.took(&stripes[home], now, hints);
-                if m > 1 {
-                    l.install::<true>(&stripes[home], h, m - 1, end, now, |k, e, u| {
-                        self.give_back(hot, k, e, u, now)
-                    });
-                }
-                d
-            }
+            Some(Ok((d, _, _))) => d,
             Some(Err(denial)) => {
                 // The key's entry is empty: before denying, use a unit of the
                 // key that another stripe of its slot holds.
                 for j in 1..stripes.len() {
-                    let other = &stripes[(home + j) % stripes.len()];
+                    let other = &stripes[(at + j) % stripes.len()];
                     if let Some(left) = l.use_lease::<true>(other, h, now) {
                         return l.lease_decision(self.tat_of(h, now), left, now);
                     }

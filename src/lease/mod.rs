@@ -48,7 +48,7 @@ mod stripe;
 
 #[cfg(all(test, not(ratewall_loom)))]
 use stripe::MAX_STRIPES;
-pub(crate) use stripe::{Leases, Stripe};
+pub(crate) use stripe::{Claim, Leases, Stripe};
 
 /// How a [`StripedLimiter`] leases: the number of stripes, the largest lease
 /// and how quickly a lease grows.
@@ -342,21 +342,42 @@ impl<C: Clock> StripedLimiter<C> {
     }
 
     /// Takes a new lease for `stripe` from the word and admits its first
-    /// unit; `Err(denial)` if the word has no unit free.
+    /// unit; `Err(denial)` if the word has no unit free. The stripe is
+    /// claimed first (`Leases::claim`): while another check of it is
+    /// taking, this one takes a plain unit.
     fn take(&self, stripe: &Stripe, now: u64) -> Result<Decision, Decision> {
+        let lock = match self.leases.claim::<false>(stripe, 0, now) {
+            Claim::Locked(lock) => lock,
+            Claim::Filled => match self.use_lease(stripe, now) {
+                Some(left) => return Ok(self.lease_decision(left, now)),
+                None => return self.take_unit(now),
+            },
+            Claim::Busy => return self.take_unit(now),
+        };
         let hints = self.leases.next_size(stripe, now);
         let taken = self
             .word
             .update(|tat| self.leases.take_step(tat, now, hints.0));
-        let (d, m, end) = taken?;
-        self.leases.took(stripe, now, hints);
-        if m > 1 {
-            self.leases
-                .install::<false>(stripe, 0, m - 1, end, now, |_, end, units| {
-                    self.give_back(end, units)
-                });
-        }
-        Ok(d)
+        let (held, end) = match taken {
+            Ok((_, m, end)) => {
+                self.leases.took(stripe, now, hints);
+                (m - 1, end)
+            }
+            Err(_) => (0, 0),
+        };
+        self.leases
+            .publish::<false>(stripe, lock, held, end, now, |_, end, units| {
+                self.give_back(end, units)
+            });
+        taken.map(|(d, _, _)| d)
+    }
+
+    /// A plain unit from the word, no lease: while another check is taking
+    /// a lease for this stripe.
+    fn take_unit(&self, now: u64) -> Result<Decision, Decision> {
+        self.word
+            .update(|tat| self.leases.take_step(tat, now, 1))
+            .map(|(d, _, _)| d)
     }
 
     /// Gives `units` (usable, out of every stripe) of the lease ending at

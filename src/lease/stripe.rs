@@ -1,9 +1,14 @@
 //! The stripe machinery shared by [`StripedLimiter`](super::StripedLimiter)
 //! (one shared word) and a keyed table's hot keys (`src/keyed/hot.rs`, the
 //! key's slot in the table): the stripe and its lease word, the use, install
-//! and release protocol, the lease size rule and the take step. The shared
+//! claim and release protocol, the lease size rule and the take step. The shared
 //! state itself (a word, or a key's table slot) is the caller's: these
 //! functions get it as a closure.
+//!
+//! A check whose stripe has no usable lease claims the stripe (locks its
+//! lease word), takes from the shared state, and publishes the lease (or
+//! gives the stripe back what it held); a check that finds the stripe
+//! claimed takes a plain unit instead of waiting.
 //!
 //! A *keyed* stripe (`KEYED = true`) also records which key its lease was
 //! taken from (`Stripe::key`), and a use or steal for key `h` admits only
@@ -105,6 +110,30 @@ pub(crate) fn usable(units: u64, end: u64, now: u64, emission: u64) -> u64 {
     } else {
         ahead / emission
     }
+}
+
+/// What [`Leases::claim`] finds.
+#[derive(Debug)]
+pub(crate) enum Claim {
+    /// The caller holds the stripe's claim (its lease word locked).
+    Locked(Locked),
+    /// Another check holds the claim (it is taking a lease right now).
+    Busy,
+    /// A usable lease (of the key) is there.
+    Filled,
+}
+
+/// A held claim: the locked lease word and what the stripe held before
+/// (its units, and the key and end they were taken for).
+#[derive(Debug)]
+#[must_use = "a claim must be ended with `publish`, or the stripe stays locked"]
+pub(crate) struct Locked {
+    locked: u64,
+    /// The key the claim is for.
+    key: u64,
+    old: u64,
+    old_key: u64,
+    old_end: u64,
 }
 
 /// What a take hands back: the caller's decision, the units taken (the
@@ -279,73 +308,101 @@ impl Leases {
         (Ok((d, m, end)), Some(end))
     }
 
-    /// Puts a fresh lease of `units` of `key` ending at `end` into `stripe`.
-    /// If another thread on the same stripe installed a usable lease (of the
-    /// same key, if `KEYED`) meanwhile, or holds the install lock, the fresh
-    /// units go back (`give_back(key, end, units)`: to the shared state if
-    /// still its tail) or are left to expire: never used, so never
-    /// over-admitted. A keyed stripe holding another key's lease is taken
-    /// over: the lock empties it, and its usable units go back to their own
-    /// key (if its tail) or expire.
-    pub(crate) fn install<const KEYED: bool>(
-        &self,
-        stripe: &Stripe,
-        key: u64,
-        units: u64,
-        end: u64,
-        now: u64,
-        give_back: impl Fn(u64, u64, u64) -> bool,
-    ) {
+    /// Claims `stripe` for a take: a check whose home stripe had no usable
+    /// lease (of `key`, if `KEYED`) locks the stripe *before* it takes units
+    /// from the shared state, so that one take at a time fills a stripe and
+    /// every fresh lease has a place to go. (Taking first and installing
+    /// after let two checks of one stripe take at once; the second install
+    /// found the first lease and could only try to give its own units back,
+    /// which fails once it is no longer the shared state's tail: units
+    /// neither admitted nor available until their slots passed, for ever
+    /// on a frozen clock. The loom model
+    /// `two_threads_taking_for_one_stripe_lose_no_unit` found it.)
+    ///
+    /// [`Claim::Busy`]: another check holds the claim; take a plain unit
+    /// (no lease) rather than wait. [`Claim::Filled`]: a usable lease
+    /// appeared meanwhile; use it. [`Claim::Locked`]: the caller holds the
+    /// claim and must end it with [`publish`](Self::publish), whatever
+    /// the take answers.
+    pub(crate) fn claim<const KEYED: bool>(&self, stripe: &Stripe, key: u64, now: u64) -> Claim {
         // Acquire: as in `use_lease`.
         let mut seen = stripe.lease.load(Ordering::Acquire);
         loop {
-            let old = units_of(seen);
-            // Relaxed: as in `use_lease` (validated by the CAS below).
+            if seen & LOCK != 0 {
+                return Claim::Busy;
+            }
+            let old = seen & UNITS;
+            // Relaxed: as in `use_lease` (validated by the CAS below: `end`
+            // and `key` change only under a claim, which changes the word).
             let old_end = stripe.end.load(Ordering::Relaxed);
             let old_key = if KEYED {
                 stripe.key.load(Ordering::Relaxed)
             } else {
                 key
             };
-            let old_usable = if old > 0 {
-                usable(old, old_end, now, self.params.emission)
-            } else {
-                0
-            };
-            if seen & LOCK != 0 || (old_usable > 0 && old_key == key) {
-                // Another installer at work, or a usable lease already there.
-                give_back(key, end, units);
-                return;
+            if old_key == key && old > 0 && usable(old, old_end, now, self.params.emission) > 0 {
+                return Claim::Filled;
             }
             let locked = next_generation(seen) | LOCK;
             // Success AcqRel: Acquire as the load; Release orders the lock
-            // before the stores below. Failure Acquire: as the load.
+            // before the claim holder's stores. Failure Acquire: as the load.
             match stripe
                 .lease
                 .compare_exchange(seen, locked, Ordering::AcqRel, Ordering::Acquire)
             {
                 Ok(_) => {
-                    // Relaxed: published by the Release store below. Only the
-                    // lock holder writes `end`, `key` or the lease word now
-                    // (users and other installers see no units and a lock).
-                    stripe.end.store(end, Ordering::Relaxed);
-                    if KEYED {
-                        stripe.key.store(key, Ordering::Relaxed);
-                    }
-                    // Release: pairs with `use_lease`'s Acquire load: the
-                    // `end` and `key` above and the take before them are
-                    // visible.
-                    stripe
-                        .lease
-                        .store((locked & !LOCK) | units, Ordering::Release);
-                    if old_usable > 0 {
-                        // Another key's lease, emptied by the lock: its units
-                        // are ours to give back (or to leave to expire).
-                        give_back(old_key, old_end, old_usable);
-                    }
-                    return;
+                    return Claim::Locked(Locked {
+                        locked,
+                        key,
+                        old,
+                        old_key,
+                        old_end,
+                    })
                 }
                 Err(actual) => seen = actual,
+            }
+        }
+    }
+
+    /// Ends a claim: puts the fresh lease of `units` (of the claim's key)
+    /// ending at `end` into `stripe`, or, with no units (the take admitted one unit
+    /// only, or denied), gives the stripe back what it held (another key's
+    /// lease keeps serving its key). A lease of another key that a fresh
+    /// one replaces goes back to its key through `give_back(key, end,
+    /// units)` if it is still its tail, or expires unused.
+    pub(crate) fn publish<const KEYED: bool>(
+        &self,
+        stripe: &Stripe,
+        lock: Locked,
+        units: u64,
+        end: u64,
+        now: u64,
+        give_back: impl Fn(u64, u64, u64) -> bool,
+    ) {
+        let (open, key) = (lock.locked & !LOCK, lock.key);
+        if units == 0 {
+            // Release: pairs with `use_lease`'s Acquire load; `end` and
+            // `key` are as they were, and so is the lease.
+            stripe.lease.store(open | lock.old, Ordering::Release);
+            return;
+        }
+        // Relaxed: published by the Release store below. Only the claim
+        // holder writes `end`, `key` or the lease word now (users and other
+        // claims see no units and a lock).
+        stripe.end.store(end, Ordering::Relaxed);
+        if KEYED {
+            stripe.key.store(key, Ordering::Relaxed);
+        }
+        // Release: pairs with `use_lease`'s Acquire load: the `end` and
+        // `key` above and the take before them are visible.
+        stripe.lease.store(open | units, Ordering::Release);
+        if KEYED && lock.old_key != key {
+            // Another key's lease, emptied by the claim: its usable units
+            // are ours to give back (or to leave to expire). (A lease of
+            // this key had none usable, or there was no claim.)
+            let u = usable(lock.old, lock.old_end, now, self.params.emission);
+            if u > 0 {
+                give_back(lock.old_key, lock.old_end, u);
             }
         }
     }
@@ -442,13 +499,25 @@ mod tests {
             given.set(v);
             true
         };
-        l.install::<true>(&s, 7, 3, 400_000_000, 0, record);
+        let claimed = |key| match l.claim::<true>(&s, key, 0) {
+            Claim::Locked(lock) => lock,
+            other => panic!("{other:?}"),
+        };
+        l.publish::<true>(&s, claimed(7), 3, 400_000_000, 0, record);
         assert_eq!(l.use_lease::<true>(&s, 8, 0), None, "another key");
         assert_eq!(l.held::<true>(&s, 8, 0), 0);
         assert_eq!(l.held::<true>(&s, 7, 0), 3);
         assert_eq!(l.use_lease::<true>(&s, 7, 0), Some(2));
-        // Key 8's install takes the stripe over and gives key 7's 2 back.
-        l.install::<true>(&s, 8, 1, 500_000_000, 0, record);
+        assert!(matches!(l.claim::<true>(&s, 7, 0), Claim::Filled));
+        // A claim for key 8 that takes nothing leaves key 7's lease.
+        l.publish::<true>(&s, claimed(8), 0, 0, 0, record);
+        assert_eq!(l.held::<true>(&s, 7, 0), 2);
+        // While a claim is held, another is busy and no unit is usable.
+        let held = claimed(8);
+        assert!(matches!(l.claim::<true>(&s, 9, 0), Claim::Busy));
+        assert_eq!(l.use_lease::<true>(&s, 7, 0), None);
+        // Key 8's lease takes the stripe over and gives key 7's 2 back.
+        l.publish::<true>(&s, held, 1, 500_000_000, 0, record);
         assert_eq!(given.take(), vec![(7, 400_000_000, 2)]);
         assert_eq!(l.use_lease::<true>(&s, 7, 0), None);
         assert_eq!(l.use_lease::<true>(&s, 8, 0), Some(0));
