@@ -14,9 +14,11 @@ use http::header::{HeaderName, RETRY_AFTER};
 use http::{HeaderMap, HeaderValue, StatusCode};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// The longest pause an announcement can ask for: one day. A longer
+/// The longest wait one response can ask for: one day. A longer
 /// `Retry-After`, `t` or `X-RateLimit-Reset` (a hostile or broken upstream
-/// saying "come back in ten years") is read as one day.
+/// saying "come back in ten years") is read as one day, and an announced
+/// quota paces at most one request per day (`q=1;w=31622400`, one a
+/// year, paces one a day): the one bound on every wait an upstream sets.
 pub const MAX_PAUSE: Duration = Duration::from_secs(86_400);
 
 /// The longest quota window read (`w`): 366 days. An item with a longer

@@ -65,8 +65,9 @@ pub(crate) fn count(counter: &AtomicU64) {
 /// and its local pace admits it; every response teaches the partition what
 /// the upstream announced ([`Announcement::read`](super::Announcement::read)):
 /// a 429 or `r=0` pauses it, an announced quota slows its pace (never
-/// speeds it up). Retries of idempotent requests after a 429 or a 503 are
-/// opt-in ([`PacingBuilder::retries`]). Needs a tokio runtime (the wait
+/// speeds it up; no response makes it wait longer than
+/// [`MAX_PAUSE`](super::MAX_PAUSE)). Retries of idempotent requests after a
+/// 429 or a 503 are opt-in ([`PacingBuilder::retries`]) and back off. Needs a tokio runtime (the wait
 /// sleeps on tokio's timer). Clones share one state.
 ///
 /// ```
@@ -268,9 +269,12 @@ impl<K, C> PacingBuilder<K, C> {
 
     /// Retries an idempotent request (GET, HEAD, OPTIONS, PUT, DELETE,
     /// TRACE) with an empty body up to `retries` times after a 429 or a
-    /// 503, each after waiting its turn again (the pause included). Other
-    /// requests are never retried. 0 (the default) is off; at most
-    /// [`MAX_RETRIES`].
+    /// 503, each after a backoff (retry `n` waits a random time in
+    /// `[d_n, 2·d_n]`, `d_n` = [`RETRY_BACKOFF_BASE`](super::RETRY_BACKOFF_BASE)
+    /// doubled per retry up to [`RETRY_BACKOFF_CAP`](super::RETRY_BACKOFF_CAP),
+    /// whatever `Retry-After` says) and then its turn again (the pause
+    /// included). Other requests are never retried. 0 (the default) is
+    /// off; at most [`MAX_RETRIES`].
     ///
     /// ```
     /// # use ratewall::client::{PacingConfigError, PacingLayer};

@@ -8,8 +8,8 @@
 //!   `X-RateLimit-Limit`, `-Remaining` and `-Reset` (delta seconds, or a
 //!   Unix time in seconds or milliseconds, told apart by magnitude), and
 //!   `Retry-After` on a 429 or a 503 (delta seconds or an HTTP date).
-//!   Malformed, hostile or absurd values are ignored; pauses are clamped
-//!   to [`MAX_PAUSE`].
+//!   Malformed, hostile or absurd values are ignored; pauses, and the
+//!   interval of an announced pace, are clamped to [`MAX_PAUSE`].
 //! - [`Partitions`] keeps, per upstream partition, the announced quota,
 //!   what is left, and how long the partition is paused, in a bounded
 //!   table (least recently used evicted), with counters of waits and 429s
@@ -19,7 +19,9 @@
 //!   and one unit of the partition's pace free, through
 //!   [`Wait::until`](crate::wait::Wait::until)), learns from every
 //!   response, and retries idempotent empty-body requests after a 429 or
-//!   a 503 when asked to.
+//!   a 503 when asked to, backing off between retries
+//!   ([`RETRY_BACKOFF_BASE`] doubling up to [`RETRY_BACKOFF_CAP`], jitter
+//!   on top).
 //!
 //! docs/client.md ("What the client reads and trusts") gives every rule
 //! in one place.
@@ -29,6 +31,7 @@
 //! | `sf.rs` | the RFC 9651 structured-field subset (a List of Items with Parameters), bounded and allocation-free |
 //! | `announce.rs` | [`Announcement`], [`Quota`], [`Remaining`], the clamps |
 //! | `partition.rs` | [`Partitions`], [`PartitionView`], [`PartitionsError`] |
+//! | `backoff.rs` | the wait before a retry: exponential, capped, jittered |
 //! | `pacer.rs` | one partition's local pace: a token bucket at the pace in force |
 //! | `layer.rs` | [`PacingLayer`], [`PacingBuilder`], [`PacingConfigError`], [`PacingError`] |
 //! | `service.rs` | [`PacingService`]: one request's loop (wait, send, learn, retry) |
@@ -48,6 +51,7 @@
 //! ```
 
 mod announce;
+mod backoff;
 mod layer;
 mod pacer;
 mod partition;
@@ -55,6 +59,7 @@ mod service;
 mod sf;
 
 pub use announce::{Announcement, Quota, Remaining, DEFAULT_PAUSE, MAX_PAUSE, MAX_WINDOW};
+pub use backoff::{RETRY_BACKOFF_BASE, RETRY_BACKOFF_CAP};
 pub use layer::{
     PacingBuilder, PacingConfigError, PacingError, PacingLayer, DEFAULT_PARTITIONS,
     DEFAULT_TIMEOUT, MAX_RETRIES,

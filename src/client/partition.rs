@@ -198,12 +198,15 @@ fn nanos(d: Duration) -> u64 {
 
 /// The announced quota as a pace: one request every `ceil(w / q)`, burst
 /// 1, so at most `q` in any window of length `w` whatever the upstream's
-/// algorithm (rounding up only slows it). `None` without a window.
+/// algorithm (rounding up only slows it), and at most one every
+/// [`MAX_PAUSE`]: no single response makes the client wait longer than
+/// that (`q=1;w=31622400` paces one a day, not one a year). `None`
+/// without a window.
 fn announced_pace(quota: Quota) -> Option<Rate> {
     let window = u128::from(nanos(quota.window?));
     let interval = window.div_ceil(u128::from(quota.limit.max(1))).max(1);
     let interval = u64::try_from(interval).unwrap_or(u64::MAX);
-    Some(Rate::every(Duration::from_nanos(interval)))
+    Some(Rate::every(Duration::from_nanos(interval).min(MAX_PAUSE)))
 }
 
 /// The slower of the user's pace and the announced quota's: an
@@ -480,8 +483,8 @@ impl<K: Hash + Eq + Clone, C: Clock> Partitions<K, C> {
 
     /// The pace to keep for partition `key`: the slower of `user` (the
     /// pace the user set, if any) and the announced quota (`q` per `w` as
-    /// one request every `w/q`, rounded up, burst 1). `None` if neither
-    /// is known.
+    /// one request every `w/q`, rounded up, burst 1, at most one every
+    /// [`MAX_PAUSE`]). `None` if neither is known.
     ///
     /// ```
     /// use ratewall::client::Partitions;

@@ -135,6 +135,10 @@ fn announced_paces_round_the_interval_up() {
         pace(999_999_999_999_999, 1),
         Some(Rate::every(Duration::from_nanos(1)))
     );
+    // One per 366 days: one per day at most (MAX_PAUSE), no slower.
+    assert_eq!(pace(1, 366 * 86_400), Some(Rate::every(MAX_PAUSE)));
+    assert_eq!(pace(2, 2 * 86_400 + 2), Some(Rate::every(MAX_PAUSE)));
+    assert_eq!(pace(2, 2 * 86_400 - 2), Some(Rate::every(secs(86_399))));
     // No window: no pace.
     let windowless = Quota {
         limit: 5,
@@ -287,7 +291,10 @@ fn any_rate() -> impl Strategy<Value = Rate> {
 }
 
 fn any_quota() -> impl Strategy<Value = Quota> {
-    (1u64..=999_999_999_999_999, 1u64..=MAX_WINDOW.as_secs()).prop_map(|(limit, w)| Quota {
+    // Any quota, and often one slower than one a day (a hostile upstream's).
+    let any = (1u64..=999_999_999_999_999, 1u64..=MAX_WINDOW.as_secs());
+    let slow = (1u64..=400, 86_400u64..=MAX_WINDOW.as_secs());
+    prop_oneof![any, slow].prop_map(|(limit, w)| Quota {
         limit,
         window: Some(secs(w)),
     })
@@ -309,9 +316,13 @@ proptest! {
         let ap = announced.period().as_nanos();
         prop_assert!(pc * ap <= pp, "{pace:?} faster than the announced {announced:?}");
         if pace == announced {
-            // At most q per w: the interval times q covers w.
-            prop_assert!(pp * u128::from(quota.limit) >= w);
+            // At most q per w (the interval times q covers w), unless that
+            // would be slower than one per MAX_PAUSE: then one per MAX_PAUSE.
+            let max = MAX_PAUSE.as_nanos();
+            prop_assert!(pp * u128::from(quota.limit) >= w || pp == max, "{pace:?}");
         }
+        // No announcement paces slower than one per MAX_PAUSE.
+        prop_assert!(ap <= MAX_PAUSE.as_nanos(), "{announced:?}");
         // Every announced pace builds a limiter (the layer's local pace).
         let bucket = crate::limiter::TokenBucket::with_clock(announced, ManualClock::new());
         prop_assert!(bucket.is_ok(), "{announced:?}: {bucket:?}");

@@ -1,9 +1,11 @@
 //! [`PacingService`]: one request's loop. Wait for the partition's turn
 //! (through [`Wait::until`](crate::wait::Wait::until), the one wait loop),
 //! send, learn from the response, and retry only an idempotent request
-//! with an empty body, only when retries are on.
+//! with an empty body, only when retries are on, after a backoff
+//! (`backoff.rs`).
 
 use super::announce::Announcement;
+use super::backoff::Backoff;
 use super::layer::{count, PacingError, PacingLayer, Shared};
 use super::partition::Partition;
 use crate::clock::Clock;
@@ -162,6 +164,7 @@ where
     let replay = Replay::of(&parts, &body, shared.retries);
     let mut req = Request::from_parts(parts, body);
     let mut retried = 0;
+    let mut backoff = Backoff::default();
     loop {
         let partition = shared.partitions.partition(&key);
         turn(&shared, &partition).await?;
@@ -178,6 +181,11 @@ where
             Some(replay) if refused && retried < shared.retries => {
                 retried += 1;
                 count(&shared.retried);
+                // Back off before the retry's turn (which then waits out
+                // whatever pause is left): never again at once, however
+                // short the upstream's `Retry-After`.
+                drop(response);
+                tokio::time::sleep(backoff.wait(retried)).await;
                 req = replay.request();
                 std::future::poll_fn(|cx| inner.poll_ready(cx))
                     .await
@@ -244,7 +252,7 @@ mod tests {
             calls.fetch_add(1, O::SeqCst);
             let mut res = Response::new(());
             *res.status_mut() = status;
-            // Retry at once: the tests count calls, not time.
+            // "Retry at once": the layer backs off all the same.
             res.headers_mut()
                 .insert("retry-after", http::HeaderValue::from_static("0"));
             async move { Ok(res) }
@@ -260,13 +268,26 @@ mod tests {
             .uri("http://api.example.com/x")
             .body(body.to_owned())
             .unwrap();
+        let start = tokio::time::Instant::now();
         let res = svc.oneshot(req).await.unwrap();
+        let took = start.elapsed();
         assert_eq!(res.status(), status);
-        assert_eq!(layer.retries_made(), calls.load(O::SeqCst) - 1);
+        let made = calls.load(O::SeqCst) - 1;
+        assert_eq!(layer.retries_made(), made);
+        // Each retry backed off at least its floor, at most twice it (and
+        // tokio's millisecond tick).
+        let retries = u32::try_from(made).unwrap();
+        let least: std::time::Duration = (1..=retries).map(super::super::backoff::floor).sum();
+        let tick = std::time::Duration::from_millis(1);
+        assert!(
+            took >= least && took <= 2 * least + tick * retries,
+            "{took:?}"
+        );
         calls.load(O::SeqCst)
     }
 
-    #[tokio::test]
+    // Paused: the backoffs (1 s, 2 s, 4 s at least) take no wall time.
+    #[tokio::test(start_paused = true)]
     async fn retries_only_idempotent_empty_requests_after_429_or_503_and_at_most_n_times() {
         let too_many = StatusCode::TOO_MANY_REQUESTS;
         let unavailable = StatusCode::SERVICE_UNAVAILABLE;

@@ -442,18 +442,26 @@ impl Waiter {
         if self.jitter_ns == 0 {
             return Duration::ZERO;
         }
-        if self.rng == 0 {
-            self.rng = seed();
-        }
-        // xorshift64* (Vigna 2016): full period over non-zero states.
-        self.rng ^= self.rng >> 12;
-        self.rng ^= self.rng << 25;
-        self.rng ^= self.rng >> 27;
-        let r = self.rng.wrapping_mul(0x2545_F491_4F6C_DD1D);
-        Duration::from_nanos(match self.jitter_ns.checked_add(1) {
-            Some(span) => r % span,
-            None => r,
-        })
+        Duration::from_nanos(random_up_to(&mut self.rng, self.jitter_ns))
+    }
+}
+
+/// A random number in `[0, max]` from the xorshift64* generator state
+/// `rng` (0: not seeded yet; it is seeded here on first use). Not for
+/// secrets: it spreads waits, which is all its callers ask.
+#[inline]
+pub(crate) fn random_up_to(rng: &mut u64, max: u64) -> u64 {
+    if *rng == 0 {
+        *rng = seed();
+    }
+    // xorshift64* (Vigna 2016): full period over non-zero states.
+    *rng ^= *rng >> 12;
+    *rng ^= *rng << 25;
+    *rng ^= *rng >> 27;
+    let r = rng.wrapping_mul(0x2545_F491_4F6C_DD1D);
+    match max.checked_add(1) {
+        Some(span) => r % span,
+        None => r,
     }
 }
 

@@ -3,6 +3,8 @@
 //! the attack reaches the store). Every test here failed before the fix it
 //! holds; docs/security.md cites each one beside the promise it keeps.
 
-mod repeated_header;
 #[path = "../support/mod.rs"]
 mod support;
+
+mod hostile_upstream;
+mod repeated_header;
