@@ -5,3 +5,6 @@
 
 #[path = "../support/mod.rs"]
 mod support;
+
+mod key_spray;
+mod lockout_wear;
