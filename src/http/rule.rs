@@ -267,7 +267,9 @@ impl Rule {
             missing,
             unknown_client: UnknownClient::AsMissing,
             visibility: Visibility::Shown,
-            table: super::spray::rule_table(),
+            // The keyed tables' defaults, but evicting when full: a client
+            // spraying new keys evicts its own (`spray.rs`, docs/http.md).
+            table: TableOptions::new().when_full(WhenFull::EvictLeastRecent),
             refund_on_success: false,
             tiers: Tiers::default(),
             block_for: None,

@@ -1,8 +1,9 @@
-//! A rule's tables against a client that sprays keys: the default
-//! [`WhenFull`] of a rule's table, the build's warning when a table that
-//! rejects new keys is cheap to fill, and the lockout table's own size and
-//! policy ([`Rule::lockout_max_keys`]). `docs/http.md`, "Key spraying and
-//! full tables", gives what a spray costs under each policy.
+//! A rule's tables against a client that sprays keys: the build's warning
+//! when a rule's table rejects new keys and is cheap to fill (a rule's
+//! table evicts by default, [`WhenFull::EvictLeastRecent`], set in
+//! `Rule::new`), and the lockout table's own size and policy
+//! ([`Rule::lockout_max_keys`]). `docs/http.md`, "Key spraying and full
+//! tables", gives what a spray costs under each policy.
 
 use super::rule::{Mode, Rule};
 use crate::keyed::{TableOptions, WhenFull};
@@ -17,14 +18,6 @@ pub(super) const SPRAY_WARN_RATE: u128 = 10_000;
 /// The least size of a lockout table when [`Rule::lockout_max_keys`] is
 /// not given: the keyed tables' default `max_keys`.
 pub(super) const LOCKOUT_MIN_KEYS: usize = 1 << 16;
-
-/// A rule's table when nothing else is said: the keyed tables' defaults
-/// (65,536 keys), but [`WhenFull::EvictLeastRecent`]: a client that sprays
-/// new keys into a full table evicts the keys closest to idle (its own
-/// one-request keys first), never locks out the next new client.
-pub(super) const fn rule_table() -> TableOptions {
-    TableOptions::new().when_full(WhenFull::EvictLeastRecent)
-}
 
 /// How long one request keeps a new key active under `policy` (its time
 /// to idle): one emission interval for a bucket, until the window's end
@@ -206,5 +199,26 @@ mod tests {
         let big = small.clone().max_keys(1 << 20);
         assert_eq!(lockout_table(&big).max_keys, 1 << 20);
         assert_eq!(lockout_table(&small.lockout_max_keys(3)).max_keys, 3);
+    }
+
+    #[test]
+    fn a_lockout_table_of_no_blocks_is_a_typed_error() {
+        use super::super::{HttpConfigError, RateLimitLayer};
+        for bad in [0, crate::keyed::MAX_KEYS + 1] {
+            let rule = daily_header(None)
+                .block_for(Duration::from_secs(60))
+                .lockout_max_keys(bad);
+            let err = RateLimitLayer::builder().rule(rule).build().unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    HttpConfigError::InvalidValue {
+                        field: "lockout_max_keys",
+                        ..
+                    }
+                ),
+                "{err:?}"
+            );
+        }
     }
 }
