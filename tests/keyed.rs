@@ -157,6 +157,43 @@ fn evict_least_recent_evicts_the_key_closest_to_idle() {
 }
 
 #[test]
+fn window_keys_that_go_idle_together_evict_the_one_holding_least() {
+    // Every key of a window goes idle at its end: a tie on time to idle.
+    // The victim is the key that holds the fewest units, so a spray of
+    // one-request keys evicts its own keys, not a key that spent more
+    // (before: the first in scan order went, whatever it held).
+    use ratewall::{KeyedPolicyLimiter, Policy, TableOptions, Window};
+    for policy in [
+        Policy::fixed_window(Window::per_hour(100)),
+        Policy::sliding_window_counter(Window::per_hour(100)),
+    ] {
+        for order in [[1u64, 2, 3], [3, 2, 1], [2, 3, 1]] {
+            let clock = ManualClock::new();
+            let table = TableOptions::new()
+                .max_keys(3)
+                .shards(1)
+                .when_full(WhenFull::EvictLeastRecent)
+                .seed(1);
+            let l = KeyedPolicyLimiter::<u64, _>::builder(policy)
+                .table(table)
+                .clock(clock.clone())
+                .build()
+                .unwrap();
+            // Key k spends 10 * k units (key 1 the least), in `order`; a
+            // peek reports what would be left after one more.
+            for k in order {
+                let _ = l.check_key_n(&k, 10 * k).unwrap();
+            }
+            let d = l.check_key(&4);
+            assert_eq!(d.tracking(), Tracking::EvictedOther, "{policy:?} {order:?}");
+            assert_eq!(l.peek_key(&2).remaining(), 79, "{policy:?} {order:?}");
+            assert_eq!(l.peek_key(&3).remaining(), 69, "{policy:?} {order:?}");
+            assert_eq!(l.peek_key(&1).tracking(), Tracking::EvictedOther);
+        }
+    }
+}
+
+#[test]
 fn idle_keys_are_reclaimed_by_inserts_and_retain_active() {
     let clock = ManualClock::new();
     let l = bucket::<u64>(Rate::per_second(10), 100, WhenFull::RejectNew, &clock);

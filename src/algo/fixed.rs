@@ -166,6 +166,15 @@ impl WordStep for FixedCounter {
         let (sid, _) = unpack(state);
         (sid + 1) * self.0.length - now.min(LAST_NS)
     }
+
+    #[inline]
+    fn held(&self, state: u64, now: u64) -> u64 {
+        if self.is_idle(state, now) {
+            0
+        } else {
+            unpack(state).1
+        }
+    }
 }
 
 word_algorithm!(FixedCounter, Window, "fixed window", |w| {

@@ -100,6 +100,13 @@ pub trait WordStep: Params + Copy {
     /// Nanoseconds from `now` until `state` is idle (0 iff `is_idle`): the
     /// earliest moment a keyed table may reclaim the key.
     fn time_to_idle(&self, state: u64, now: u64) -> u64;
+    /// The units `state` holds at `now`: among keys equally close to idle
+    /// (a window's keys all go idle at its end), eviction takes the one
+    /// that holds least, so a key-spraying client's one-request keys go
+    /// before a key that spent more. 0 where the time to idle says it all.
+    fn held(&self, _state: u64, _now: u64) -> u64 {
+        0
+    }
     /// The token bucket's parameters (`None` for every other algorithm):
     /// leases (`src/lease/`) are token-bucket arithmetic.
     fn as_gcra(&self) -> Option<Gcra> {

@@ -224,6 +224,12 @@ impl WordStep for SlidingCounter {
             (0, 0) => 0,
         }
     }
+
+    #[inline]
+    fn held(&self, state: u64, now: u64) -> u64 {
+        let (_, _, pv, c, _) = self.view(state, now.min(LAST_NS));
+        pv + c
+    }
 }
 
 word_algorithm!(SlidingCounter, Window, "sliding window counter", |w| {

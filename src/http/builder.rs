@@ -13,6 +13,7 @@ use super::lockout::Lockout;
 use super::response::{Rejection, Responder};
 use super::rule::{self, Mode, Rule, Visibility};
 use super::service::RateLimitLayer;
+use super::spray;
 use super::stats::Counters;
 use super::tier::TierError;
 use crate::clock::Clock;
@@ -497,6 +498,9 @@ impl<C: Clock + Clone> RateLimitBuilder<C> {
             } else {
                 limit_of(&self.clock, &rule, rule.policy, None)?
             };
+            if let Some(w) = spray::spray_warning(&rule, remote_of(&rule).is_none()) {
+                warn_now(&w);
+            }
             let lockout = match rule.block_for {
                 None => None,
                 Some(block) => lockout_of(&self.clock, &rule, block)?,
@@ -676,7 +680,17 @@ fn lockout_of<C: Clock + Clone>(
             Ok(None)
         };
     }
-    Lockout::new(block, rule.table, clock.clone())
+    if let Some(n) = rule.lockout_max_keys {
+        if n == 0 || n > crate::keyed::MAX_KEYS {
+            return Err(HttpConfigError::InvalidValue {
+                rule: Some(rule.name.clone()),
+                field: "lockout_max_keys",
+                value: n.to_string(),
+                expected: "from 1 to 2^32 blocks",
+            });
+        }
+    }
+    Lockout::new(block, spray::lockout_table(rule), clock.clone())
         .map(Some)
         .map_err(|_| bad())
 }

@@ -120,7 +120,7 @@ pub struct LayerConfig {
 /// | `hide_headers` | `true`: left out of the headers of allowed responses |
 /// | `count_failures_only` | `true`: given back when the response is 2xx or 3xx |
 /// | `max_keys` | the most keys tracked at once |
-/// | `when_full` | `"reject-new"` (default), `"admit-untracked"` or `"evict-least-recent"` |
+/// | `when_full` | `"evict-least-recent"` (default), `"reject-new"` or `"admit-untracked"` |
 /// | `store` | `"local"` (default) or `"redis"`: the state lives in Redis, shared by every instance (built by `LayerConfig::to_builder_with_redis`) |
 /// | `redis_prefix` | Redis rules: the first part of the key names (default `"ratewall"`; keys are `prefix:name:key`) |
 /// | `on_failure` | Redis rules: `"open"`, `"closed"`, `"fallback-share N"` (default `"fallback-share 1"`) or `"fallback POLICY"` |
@@ -129,12 +129,13 @@ pub struct LayerConfig {
 /// | `tier_keys` | for a rule keyed by one header: the key values of each tier, `{ premium = ["key-1"] }` |
 /// | `tier_header` | or: a header whose value names the tier (set by your authenticating proxy) |
 /// | `block_for` | a lockout after a breach: the key is denied this long after the rule denies it, `"15min"` |
+/// | `lockout_max_keys` | the most live blocks tracked at once (default: `max_keys`, at least 65,536) |
 /// | `concurrent` | instead of `policy`: a concurrency rule, at most this many requests in flight (`key = "global"`) |
 /// | `adaptive` | concurrency rules: `"vegas FLOOR..CEILING"` or `"aimd FLOOR..CEILING LATENCY"` (`backoff 0.8` optional) |
 /// | `reserve` | concurrency rules: percent reserved per class, `{ critical = 20, normal = 10 }` |
 /// | `priority_header` | concurrency rules: the header naming a request's class (`critical`, `normal`, `sheddable`) |
 ///
-/// `max_keys` and `when_full` are for local rules only, the `redis_*`,
+/// `max_keys`, `when_full` and `lockout_max_keys` are for local rules only, the `redis_*`,
 /// `on_failure` and `deny_cache` fields for Redis rules only; either on
 /// the other kind is an error naming the field.
 ///
@@ -238,6 +239,10 @@ pub struct RuleConfig {
     /// A lockout after a breach, such as `"15min"` ([`Rule::block_for`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub block_for: Option<String>,
+    /// The most live blocks of the lockout tracked at once
+    /// ([`Rule::lockout_max_keys`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lockout_max_keys: Option<usize>,
     /// A concurrency rule's maximum in flight, instead of `policy`
     /// ([`Rule::concurrent`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -380,6 +385,10 @@ impl RuleConfig {
         let local_only = [
             ("max_keys", self.max_keys.map(|n| n.to_string())),
             ("when_full", self.when_full.clone()),
+            (
+                "lockout_max_keys",
+                self.lockout_max_keys.map(|n| n.to_string()),
+            ),
         ];
         if in_redis {
             if let Some((field, Some(value))) = local_only.iter().find(|(_, v)| v.is_some()) {
@@ -524,6 +533,9 @@ impl RuleConfig {
                     )
                 })?;
             rule = rule.block_for(block);
+        }
+        if let Some(n) = self.lockout_max_keys {
+            rule = rule.lockout_max_keys(n);
         }
         if self.hide_headers {
             rule = rule.hide_headers();

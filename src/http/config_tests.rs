@@ -92,3 +92,21 @@ fn missing_and_methods_parse_strictly() {
         assert_eq!(parse_method(bad), None, "{bad}");
     }
 }
+
+#[test]
+fn a_rule_from_a_file_evicts_when_full_unless_it_says_otherwise() {
+    use crate::keyed::WhenFull;
+    let header = RuleConfig::new("key", "header:x-api-key", "1000/day");
+    assert_eq!(
+        header.to_rule().unwrap().table.when_full,
+        WhenFull::EvictLeastRecent
+    );
+    let reject = RuleConfig {
+        when_full: Some("reject-new".into()),
+        lockout_max_keys: Some(9),
+        ..header
+    };
+    let rule = reject.to_rule().unwrap();
+    assert_eq!(rule.table.when_full, WhenFull::RejectNew);
+    assert_eq!(rule.lockout_max_keys, Some(9));
+}

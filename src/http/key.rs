@@ -216,6 +216,18 @@ impl Key {
         }
     }
 
+    /// Whether a client can make new values of the key at will, and so fill
+    /// a rule's table (`spray.rs`): a header or a path it writes, or its
+    /// address (one IPv6 /48 holds 65,536 /64s). An extension is set by the
+    /// application, and [`Key::global`] has one value.
+    pub(super) fn client_sprays(&self) -> bool {
+        match &self.0 {
+            KeyKind::Extension(..) | KeyKind::Global => false,
+            KeyKind::Composite(keys) => keys.iter().any(Key::client_sprays),
+            _ => true,
+        }
+    }
+
     /// Whether every request has the same key ([`Key::global`], alone or
     /// in composites of it).
     pub(super) fn is_global(&self) -> bool {

@@ -6,17 +6,20 @@
 //! one unit per block length: a key is blocked while its unit is taken
 //! (its TAT is in the future), and the unit's `retry_after` is the time
 //! to the block's end. So the blocks live in the crate's keyed table:
-//! lock-free, bounded by the rule's table options (`max_keys`,
-//! `when_full`), and a key whose block has ended is idle, so its slot can
-//! be reclaimed. A key that is not blocked costs one peek (a hash and a
+//! lock-free, and a key whose block has ended is idle, so its slot can be
+//! reclaimed. A key that is not blocked costs one peek (a hash and a
 //! probe, no write); a blocked key's request is answered from the peek
 //! and takes no unit of any rule.
 //!
-//! When the table is full of live blocks, a new block follows the rule's
-//! [`WhenFull`](crate::keyed::WhenFull): `RejectNew` and `AdmitUntracked`
-//! do not record it (the key is limited by its rule alone, as before the
-//! breach), `EvictLeastRecent` ends the least recently touched block to
-//! make room.
+//! The table is the lockout's own (`spray::lockout_table`), not the rule's:
+//! [`Rule::lockout_max_keys`](super::Rule::lockout_max_keys) blocks (by
+//! default the rule's `max_keys`, at least 65,536), and
+//! [`WhenFull::EvictLeastRecent`](crate::keyed::WhenFull::EvictLeastRecent):
+//! when it is full of live blocks, a new breach is still blocked, and the
+//! block that ends soonest among the new one's neighbours (the least time
+//! to idle) ends early. A block that could not be recorded at all (a
+//! table given `RejectNew` or `AdmitUntracked`, as the unit tests do)
+//! leaves the key limited by its rule alone, as before the breach.
 
 use crate::clock::Clock;
 use crate::decision::{Decision, Tracking};
@@ -64,8 +67,16 @@ impl<C: Clock> Lockout<C> {
 
     /// Starts a block for `key` after its rule denied `denial`: the denial
     /// to report, until the block's end. If the table could not record the
-    /// block (full, see the module docs), the rule's own denial stands.
+    /// block (full, see the module docs), or the rule denied the key only
+    /// because its own table was full (`Tracking::Rejected`), the rule's
+    /// own denial stands.
     pub(super) fn start(&self, key: &u128, denial: Decision) -> Decision {
+        if denial.tracking() == Tracking::Rejected {
+            // The rule's table was full (`WhenFull::RejectNew`): not this
+            // key's breach, so no block (a spray that fills the table must
+            // not lock each new client out for `block_for`).
+            return denial;
+        }
         let d = self.blocks.check_key(key);
         let recorded = matches!(d.tracking(), Tracking::Tracked | Tracking::EvictedOther);
         if d.is_allowed() && recorded {
@@ -110,6 +121,33 @@ mod tests {
             l.start(&7, Decision::deny(5, 0, 1, 1)).retry_after(),
             Duration::from_secs(10)
         );
+    }
+
+    #[test]
+    fn a_full_table_ends_the_block_nearest_its_end_and_records_the_new_one() {
+        let clock = ManualClock::new();
+        let own = Decision::deny(5, 0, 1_000_000_000, 1_000_000_000);
+        // A one-shard table of 4 blocks: every insert sees all of them.
+        let table = TableOptions::new()
+            .max_keys(4)
+            .shards(1)
+            .when_full(crate::keyed::WhenFull::EvictLeastRecent);
+        let l = Lockout::new(Duration::from_secs(100), table, clock.clone()).unwrap();
+        for k in 1..=4u128 {
+            assert_eq!(l.start(&k, own).retry_after(), Duration::from_secs(100));
+            clock.advance(Duration::from_secs(10));
+        }
+        // Full: key 1's block ends first (in 60 s); a fifth breach takes its place.
+        assert_eq!(l.start(&5, own).retry_after(), Duration::from_secs(100));
+        assert!(l.blocked(&1, 5).is_none(), "the block nearest its end went");
+        for k in 2..=5u128 {
+            let left = l.blocked(&k, 5).expect("still blocked").retry_after();
+            assert_eq!(
+                left,
+                Duration::from_secs(100 - 10 * (5 - k as u64)),
+                "key {k}"
+            );
+        }
     }
 
     #[test]

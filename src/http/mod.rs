@@ -80,6 +80,7 @@
 //! | `stats.rs` | [`RuleStats`], [`Offender`]: each rule's counters and top offenders (and, feature `metrics`, their facade handles) |
 //! | `tier.rs` | premium tiers: a rule's other policies and how a request picks one |
 //! | `lockout.rs` | lockouts after a breach: the blocked keys of a local rule |
+//! | `spray.rs` | a rule's tables against key spraying: the default `WhenFull`, the build's warning, the lockout table's size |
 //! | `service.rs` | [`RateLimitLayer`], [`RateLimitService`], [`ResponseFuture`] |
 
 mod builder;
@@ -103,6 +104,7 @@ mod remote_check;
 mod response;
 mod rule;
 mod service;
+mod spray;
 mod stats;
 mod tier;
 

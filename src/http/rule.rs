@@ -199,6 +199,8 @@ pub struct Rule {
     pub(super) tiers: Tiers,
     /// The lockout after a denial.
     pub(super) block_for: Option<Duration>,
+    /// The lockout table's size ([`Rule::lockout_max_keys`]).
+    pub(super) lockout_max_keys: Option<usize>,
     /// The Redis limit this rule is checked against instead of a local table.
     #[cfg(feature = "redis")]
     pub(super) remote: Option<std::sync::Arc<crate::redis::RedisLimiter>>,
@@ -229,6 +231,7 @@ impl fmt::Debug for Rule {
             .field("refund_on_success", &self.refund_on_success)
             .field("tiers", &self.tiers)
             .field("block_for", &self.block_for)
+            .field("lockout_max_keys", &self.lockout_max_keys)
             .field("concurrency", &self.concurrency);
         #[cfg(feature = "redis")]
         d.field("remote", &self.remote);
@@ -264,10 +267,13 @@ impl Rule {
             missing,
             unknown_client: UnknownClient::AsMissing,
             visibility: Visibility::Shown,
-            table: TableOptions::new(),
+            // The keyed tables' defaults, but evicting when full: a client
+            // spraying new keys evicts its own (`spray.rs`, docs/http.md).
+            table: TableOptions::new().when_full(WhenFull::EvictLeastRecent),
             refund_on_success: false,
             tiers: Tiers::default(),
             block_for: None,
+            lockout_max_keys: None,
             #[cfg(feature = "redis")]
             remote: None,
             concurrency: None,
@@ -678,12 +684,17 @@ impl Rule {
     }
 
     /// What to do with a new key when the table is full of active keys
-    /// (default: reject it; see [`WhenFull`]).
+    /// (default: [`WhenFull::EvictLeastRecent`], so that a client spraying
+    /// new keys evicts the keys closest to idle, its own first, and never
+    /// locks out the next new client; `RejectNew` on a key a client picks
+    /// warns when the layer is built if a spray fills the table cheaply:
+    /// `docs/http.md`, "Key spraying and full tables").
     ///
     /// ```
     /// # use ratewall::http::Rule;
     /// # use ratewall::{Policy, Rate, WhenFull};
-    /// let r = Rule::per_ip("ip", Policy::token_bucket(Rate::per_second(1))).when_full(WhenFull::EvictLeastRecent);
+    /// // Fail closed: while the table is full, a new client waits (1 s at most here).
+    /// let r = Rule::per_ip("ip", Policy::token_bucket(Rate::per_second(1))).when_full(WhenFull::RejectNew);
     /// # let _ = r;
     /// ```
     pub fn when_full(mut self, when_full: WhenFull) -> Rule {
@@ -694,7 +705,8 @@ impl Rule {
     /// This rule's whole table ([`TableOptions`]: `max_keys`, shards,
     /// [`WhenFull`], seed), the value every keyed builder takes, replacing
     /// what [`max_keys`](Self::max_keys) and [`when_full`](Self::when_full)
-    /// set. For local rules only; a Redis rule's table is in Redis.
+    /// set. `TableOptions::new()` is [`WhenFull::RejectNew`], not the
+    /// rule's default. For local rules only; a Redis rule's table is in Redis.
     ///
     /// ```
     /// # use ratewall::http::Rule;

@@ -35,7 +35,10 @@ use std::marker::PhantomData;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum WhenFull {
     /// Deny the new key without tracking it (fail closed): an attacker
-    /// spraying keys cannot push out the keys already limited. The
+    /// spraying keys cannot push out the keys already limited, but while
+    /// its keys fill the table every new key is denied: `max_keys`
+    /// requests lock new keys out for as long as one request keeps a key
+    /// active (a fixed window: until its end). The
     /// rejection's `retry_after` is the time until the first active key in
     /// the new key's way goes idle: a check then is admitted.
     #[default]
@@ -44,8 +47,9 @@ pub enum WhenFull {
     AdmitUntracked,
     /// Evict an active key with the least time to idle (the time until its
     /// state equals a fresh key's: the least recently active by the
-    /// algorithm's own measure) among the new key's neighbours, and track
-    /// the new key in its place. The neighbours are the whole table for one
+    /// algorithm's own measure; on a tie, such as the keys of one window,
+    /// the one holding the fewest units) among the new key's neighbours,
+    /// and track the new key in its place. The neighbours are the whole table for one
     /// shard of `max_keys <= 22`, else the key's 32-slot probe window (and
     /// its shard's small overflow stash when that window holds no empty
     /// slot), or, if the window holds no key, the next slots of its shard;

@@ -27,6 +27,9 @@ impl<A: KeyedAlgorithm> StateView for View<A> {
     fn time_to_idle(&self, state: u64) -> u64 {
         self.params.time_to_idle(state, self.now)
     }
+    fn held(&self, state: u64) -> u64 {
+        self.params.held(state, self.now)
+    }
     fn now(&self) -> u64 {
         self.now
     }

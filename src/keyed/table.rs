@@ -27,30 +27,26 @@
 //!
 //! # Sizing: `max_keys` is a promise
 //!
-//! The keys tracked are counted across the whole table and never exceed
-//! `max_keys`; a shard holds as many as hash to it (no per-shard cap, so an
-//! unlucky split of the keys between shards rejects nothing). Each shard
-//! gets 12 bytes per key of its even share of `max_keys` (header
-//! included): 1.5 slots per key, a two-thirds load when full. Only a shard
-//! that receives far more than its share (explicit shard counts with a few
-//! keys each) can run out of room before the table does.
+//! The keys tracked are counted across the whole table and never exceed `max_keys`; a shard
+//! holds as many as hash to it (no per-shard cap, so an unlucky split of the keys between shards
+//! rejects nothing). Each shard gets 12 bytes per key of its even share of `max_keys` (header
+//! included): 1.5 slots per key, a two-thirds load when full. Only a shard that receives far
+//! more than its share (explicit shard counts with a few keys each) can run out of room first.
 //!
 //! # Slot protocol
 //!
-//! - Check of an existing key (lock-free): load the word; if its tag is
-//!   ours, unpack its state and run the step; a step that writes nothing
-//!   returns at once (a denial writes no memory); otherwise compare-exchange
-//!   the whole word from seen to (ours, packed next). A failure whose tag is
-//!   still ours recomputes from the observed word; a failure whose tag
-//!   changed means the slot was reclaimed for another key: the check looks
-//!   the key up again. Because the exchange compares the tag with the
-//!   state, a decision computed for one key can never be written over the
-//!   state of a key with another tag, whatever values the states take (ABA).
-//! - Everything that changes a tag (insert, reclaim, eviction, the wrap
-//!   sweep, `retain_active`, `remove`) holds the shard's mutex and uses the
-//!   same compare-exchange, so it also loses cleanly to a concurrent check.
-//! - Time in a packed state is modular: the wrap sweep (`wrap.rs`) rewrites
-//!   idle keys' words before it wraps; every entry point asks `sweep_due`.
+//! - Check of an existing key (lock-free): load the word; if its tag is ours, unpack its state
+//!   and run the step; a step that writes nothing returns at once (a denial writes no memory);
+//!   otherwise compare-exchange the whole word from seen to (ours, packed next). A failure whose
+//!   tag is still ours recomputes from the observed word; a failure whose tag changed means the
+//!   slot was reclaimed for another key: the check looks the key up again. Because the exchange
+//!   compares the tag with the state, a decision computed for one key can never be written over
+//!   the state of a key with another tag, whatever values the states take (ABA).
+//! - Everything that changes a tag (insert, reclaim, eviction, the wrap sweep, `retain_active`,
+//!   `remove`) holds the shard's mutex and uses the same compare-exchange, so it also loses
+//!   cleanly to a concurrent check.
+//! - Time in a packed state is modular: the wrap sweep (`wrap.rs`) rewrites idle keys' words
+//!   before it wraps; every entry point asks `sweep_due`.
 
 use super::wrap::Wrap;
 use crate::sync::{lock, AtomicU64, Mutex, Ordering};
@@ -233,6 +229,8 @@ pub(crate) trait StateView {
     fn is_idle(&self, state: u64) -> bool;
     /// Nanoseconds until the state goes idle (eviction picks the least).
     fn time_to_idle(&self, state: u64) -> u64;
+    /// The units the state holds (eviction's tie-break: the least).
+    fn held(&self, state: u64) -> u64;
     /// The time the view judges states at (the word's time base).
     fn now(&self) -> u64;
 }
@@ -827,17 +825,16 @@ fn scan_chain<P: Packing>(shard: &Shard<P>, start: usize, view: &impl StateView)
     scan
 }
 
-/// The insert's victim (or a rejected key's `soonest`): among the keys of
-/// the whole window from `start`, and of the stash unless the chain ends in
-/// the window, the one with the least time to idle, the first in scan order
-/// on a tie. Read only.
+/// The insert's victim (or a rejected key's `soonest`): among the keys of the whole window from
+/// `start`, and of the stash unless the chain ends in the window, the least by `rank`, the
+/// first in scan order on a tie. Read only.
 fn least_time_to_idle<P: Packing>(
     shard: &Shard<P>,
     start: usize,
     ends_in_window: bool,
     view: &impl StateView,
 ) -> Option<(usize, u64, u64)> {
-    let mut victim: Option<(usize, u64, u64)> = None;
+    let mut victim: Option<(usize, u64, (u64, u64))> = None;
     for i in shard.chain(start) {
         if ends_in_window && i >= shard.main {
             break; // the key's chain stops short of the stash
@@ -845,13 +842,19 @@ fn least_time_to_idle<P: Packing>(
         // Acquire: as in `find`.
         let v = shard.slots[i].load(Ordering::Acquire);
         if tag_of(v) != 0 {
-            let ttl = view.time_to_idle(shard.state_of(v, view.now()));
-            if victim.map_or(true, |(_, _, best)| ttl < best) {
-                victim = Some((i, v, ttl));
+            let rank = rank(shard, v, view);
+            if victim.map_or(true, |(_, _, best)| rank < best) {
+                victim = Some((i, v, rank));
             }
         }
     }
-    victim
+    victim.map(|(i, v, (ttl, _))| (i, v, ttl))
+}
+
+/// Eviction's order: the time to idle, then the units held (a window's keys go idle together).
+fn rank<P: Packing>(shard: &Shard<P>, v: u64, view: &impl StateView) -> (u64, u64) {
+    let s = shard.state_of(v, view.now());
+    (view.time_to_idle(s), view.held(s))
 }
 
 /// Turns an idle key's slot into a tombstone if it is still `v` (caller holds
@@ -948,8 +951,8 @@ fn sweep_finds_active<P: Packing>(shard: &Shard<P>, cursor: usize) -> bool {
     })
 }
 
-/// Evicts the key closest to idle among the shard's next `SWEEP` slots from
-/// the cursor (the first in scan order on a tie); a range without a key
+/// Evicts the key closest to idle (`rank`) among the shard's next `SWEEP`
+/// slots from the cursor (the first in scan order on a tie); a range without a key
 /// moves on to the next, up to `EVICT_ATTEMPTS` ranges. Whether one was
 /// removed.
 fn evict_elsewhere<P: Packing>(
@@ -959,15 +962,15 @@ fn evict_elsewhere<P: Packing>(
 ) -> bool {
     let n = shard.slots.len();
     for _attempt in 0..EVICT_ATTEMPTS {
-        let mut best: Option<(usize, u64, u64)> = None;
+        let mut best: Option<(usize, u64, (u64, u64))> = None;
         for k in 0..SWEEP.min(n) {
             let i = (*cursor + k) % n;
             // Acquire: as in `find`.
             let v = shard.slots[i].load(Ordering::Acquire);
             if tag_of(v) != 0 {
-                let ttl = view.time_to_idle(shard.state_of(v, view.now()));
-                if best.map_or(true, |(_, _, b)| ttl < b) {
-                    best = Some((i, v, ttl));
+                let rank = rank(shard, v, view);
+                if best.map_or(true, |(_, _, b)| rank < b) {
+                    best = Some((i, v, rank));
                 }
             }
         }

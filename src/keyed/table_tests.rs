@@ -15,6 +15,9 @@ impl StateView for Ttl {
     fn time_to_idle(&self, state: u64) -> u64 {
         state
     }
+    fn held(&self, _: u64) -> u64 {
+        0
+    }
     fn now(&self) -> u64 {
         0
     }
@@ -28,6 +31,9 @@ impl StateView for Active {
     }
     fn time_to_idle(&self, _: u64) -> u64 {
         1
+    }
+    fn held(&self, _: u64) -> u64 {
+        0
     }
     fn now(&self) -> u64 {
         0

@@ -48,6 +48,9 @@ impl StateView for Deadlines {
     fn time_to_idle(&self, until: u64) -> u64 {
         until.saturating_sub(self.0)
     }
+    fn held(&self, _: u64) -> u64 {
+        0
+    }
     fn now(&self) -> u64 {
         self.0
     }

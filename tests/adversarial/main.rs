@@ -7,4 +7,6 @@
 mod support;
 
 mod hostile_upstream;
+mod key_spray;
+mod lockout_wear;
 mod repeated_header;
