@@ -84,6 +84,12 @@ async fn a_breach_locks_the_key_out_for_its_time_and_the_429s_tell_the_block_end
     assert_eq!(free.remaining("all"), Some(1000 - 5));
     let s = &layer.stats()[0];
     assert_eq!((s.allowed(), s.denied()), (5, 7));
+    // The top offenders count every refusal, the breach and the six
+    // refused during the block (issue 30: they counted the breach only).
+    assert_eq!(s.offender_denials(), 7);
+    let top = s.top_offenders();
+    assert_eq!(top.len(), 1);
+    assert_eq!((top[0].key(), top[0].count()), ("192.0.2.7", 7));
 }
 
 #[tokio::test]

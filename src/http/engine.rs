@@ -559,7 +559,9 @@ impl<C: Clock + 'static> Shared<C> {
                 let r = &self.rules[usize::from(e.rule)];
                 if r.local().is_some() {
                     if let Some(d) = l.blocked(&e.key, r.rule.policy.limit()) {
-                        bump(&r.counters.denied);
+                        // A refusal like any other: counted, and the key
+                        // among the rule's offenders.
+                        stats::denied(&r.counters, e.key, false, Some(d));
                         e.decision = Some(d);
                         blocked = true;
                     }
