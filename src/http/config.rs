@@ -35,6 +35,7 @@ use std::collections::BTreeMap;
 /// | `headers` | `"draft"` (default), `"draft-closest"`, `"legacy"` or `"none"` |
 /// | `trusted_proxies` | networks of proxies to walk past, `["10.0.0.0/8"]` |
 /// | `trusted_hops` | or: how many proxies stand in front of the server |
+/// | `trusted_peers` | with `trusted_hops`: the proxies' networks; a peer outside them is the client, whatever its headers say |
 /// | `proxy_header` | `"x-forwarded-for"` (default) or `"forwarded"` |
 /// | `client_ip_header` | a CDN's single header, believed from `trusted_proxies` only |
 /// | `allow` | networks whose clients pass unlimited |
@@ -81,6 +82,11 @@ pub struct LayerConfig {
     /// ([`ClientIp::behind_hops`]); not with `trusted_proxies`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub trusted_hops: Option<u32>,
+    /// With `trusted_hops`: the networks the TCP peer must be in for the
+    /// chain to be read ([`ClientIp::from_peers`]). Without it a hop count
+    /// believes every peer, and the layer warns when it is built.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub trusted_peers: Vec<String>,
     /// The list header the proxies write: `"x-forwarded-for"` (default) or
     /// `"forwarded"` (RFC 7239).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -751,6 +757,14 @@ impl LayerConfig {
             })?);
         }
         let proxies = networks("trusted_proxies", &self.trusted_proxies)?;
+        if !self.trusted_peers.is_empty() && self.trusted_hops.is_none() {
+            return Err(bad(
+                "trusted_peers",
+                &self.trusted_peers.join(", "),
+                "`trusted_hops` too: the peers are the proxies a hop count trusts \
+                 (`trusted_proxies` and `client_ip_header` already check the peer)",
+            ));
+        }
         let proxy_header =
             match &self.proxy_header {
                 None => None,
@@ -808,7 +822,11 @@ impl LayerConfig {
                     .ok()
                     .filter(|&n| n <= MAX_HOPS)
                     .ok_or_else(|| bad("trusted_hops", &n.to_string(), "a count from 0 to 32"))?;
-                ClientIp::behind_hops(hops)
+                match self.trusted_peers.is_empty() {
+                    true => ClientIp::behind_hops(hops),
+                    false => ClientIp::behind_hops(hops)
+                        .from_peers(networks("trusted_peers", &self.trusted_peers)?),
+                }
             }
             (None, None) if !proxies.is_empty() => ClientIp::behind_proxies(proxies),
             (None, None) => {

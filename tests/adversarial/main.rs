@@ -6,3 +6,5 @@
 mod repeated_header;
 #[path = "../support/mod.rs"]
 mod support;
+
+mod forged_forwarded;
