@@ -458,6 +458,7 @@ fn every_bad_value_is_a_typed_error_naming_the_rule_and_field() {
         ("methods = [\"GET\", \"post\"]", "methods"),
         ("methods = [\"GE T\"]", "methods"),
         ("path_prefix = \"login\"", "path_prefix"),
+        ("ignore_path_case = true", "ignore_path_case"),
         ("route = \"items/{id}\"", "route"),
         ("mode = \"dry-run\"", "mode"),
         ("when_missing = \"reject 200\"", "when_missing"),

@@ -117,7 +117,8 @@ pub struct LayerConfig {
 /// | `key` | `"ip"`, `"header:x-api-key"`, `"route"`, `"global"`, or parts joined by `+` (`"ip + route"`) |
 /// | `ipv4_prefix`, `ipv6_prefix` | for `ip` keys: group clients by this many leading bits (defaults 32 and 64) |
 /// | `methods` | only these methods, `["POST"]` (case-sensitive) |
-/// | `path_prefix` | only paths under this prefix, whole segments: `"/login"` |
+/// | `path_prefix` | only paths under this prefix, whole segments, both normalized (`//login`, `/%6Cogin` are `/login`): `"/login"` |
+/// | `ignore_path_case` | `true`: the path prefix matches letters in either case |
 /// | `route` | only this axum route (`MatchedPath`), `"/items/{id}"` |
 /// | `cost` | units per request (default 1) |
 /// | `mode` | `"enforce"` (default), `"shadow"` or `"off"` |
@@ -180,6 +181,10 @@ pub struct RuleConfig {
     /// Only paths under this prefix ([`Rule::on_path_prefix`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path_prefix: Option<String>,
+    /// The path prefix matches letters in either case
+    /// ([`Rule::ignore_path_case`]).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub ignore_path_case: bool,
     /// Only this axum route ([`Rule::on_route`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub route: Option<String>,
@@ -456,6 +461,16 @@ impl RuleConfig {
                 ));
             }
             rule = rule.on_path_prefix(prefix.clone());
+        }
+        if self.ignore_path_case {
+            if self.path_prefix.is_none() {
+                return Err(self.bad(
+                    "ignore_path_case",
+                    "true",
+                    "a `path_prefix` too: it says how the prefix is compared",
+                ));
+            }
+            rule = rule.ignore_path_case();
         }
         if let Some(route) = &self.route {
             if !route.starts_with('/') {

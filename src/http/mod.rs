@@ -98,6 +98,7 @@ mod headers;
 mod info;
 mod key;
 mod lockout;
+mod path;
 #[cfg(feature = "redis")]
 mod remote_check;
 mod response;

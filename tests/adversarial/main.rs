@@ -8,3 +8,4 @@ mod repeated_header;
 mod support;
 
 mod forged_forwarded;
+mod hardening;
