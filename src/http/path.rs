@@ -65,25 +65,23 @@ pub(super) fn normalize(path: &str) -> String {
         || decoded.ends_with(b"/..")
         || decoded == b"."
         || decoded == b"..";
-    let mut segments: Vec<&[u8]> = Vec::new();
+    let mut out = Vec::with_capacity(decoded.len() + 1);
     for seg in decoded.split(|&c| c == b'/') {
         match seg {
             b"" | b"." => {}
-            b".." => {
-                segments.pop();
+            // Up one: drop the last segment written (none above the root).
+            b".." => out.truncate(out.iter().rposition(|&c| c == b'/').unwrap_or(0)),
+            s => {
+                out.push(b'/');
+                out.extend_from_slice(s);
             }
-            s => segments.push(s),
         }
-    }
-    let mut out = Vec::with_capacity(decoded.len() + 1);
-    for s in &segments {
-        out.push(b'/');
-        out.extend_from_slice(s);
     }
     if out.is_empty() || ends_open {
         out.push(b'/');
     }
-    // Only ASCII went in: escapes of other bytes stay escapes.
+    // Still UTF-8 (never fails): the path was, splits at `/` keep its
+    // characters whole, and decoding yields ASCII only.
     String::from_utf8(out).unwrap_or_default()
 }
 

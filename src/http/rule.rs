@@ -554,7 +554,8 @@ impl Rule {
     /// `/x/../login` and `/%6Cogin` are `/login`. Escapes of other
     /// characters stay escapes (`/login%2Fotp` is one segment). Letters
     /// are compared as written, as axum's router does; see
-    /// [`ignore_path_case`](Self::ignore_path_case).
+    /// [`ignore_path_case`](Self::ignore_path_case). A prefix without a
+    /// leading `/` is read as if it had one.
     ///
     /// ```
     /// # use ratewall::http::Rule;
