@@ -139,7 +139,8 @@ pub struct LayerConfig {
 /// | `concurrent` | instead of `policy`: a concurrency rule, at most this many requests in flight (`key = "global"`) |
 /// | `adaptive` | concurrency rules: `"vegas FLOOR..CEILING"` or `"aimd FLOOR..CEILING LATENCY"` (`backoff 0.8` optional) |
 /// | `reserve` | concurrency rules: percent reserved per class, `{ critical = 20, normal = 10 }` |
-/// | `priority_header` | concurrency rules: the header naming a request's class (`critical`, `normal`, `sheddable`) |
+/// | `priority_header` | concurrency rules: the header naming a request's class (`critical`, `normal`, `sheddable`); a client can send it too: set it in a trusted proxy that strips it from clients |
+/// | `release_permit` | concurrency rules: `"body-end"` (default: a slow reader holds its permit until its body ends) or `"response-head"` |
 ///
 /// `max_keys` and `when_full` are for local rules only, the `redis_*`,
 /// `on_failure` and `deny_cache` fields for Redis rules only; either on
@@ -261,9 +262,15 @@ pub struct RuleConfig {
     /// ([`Rule::reserve`]).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub reserve: BTreeMap<String, u8>,
-    /// The header naming a request's class ([`Rule::priority_by_header`]).
+    /// The header naming a request's class ([`Rule::priority_by_header`]):
+    /// a client can send it too, so set it in a trusted proxy that strips
+    /// it from clients.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority_header: Option<String>,
+    /// When a concurrency rule's permit is given back: `"body-end"`
+    /// (default) or `"response-head"` ([`Rule::release_permit`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub release_permit: Option<String>,
 }
 
 /// What a Redis rule is built with: the backend with the `redis` feature,

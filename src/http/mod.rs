@@ -109,6 +109,7 @@ mod tier;
 
 pub use builder::{HttpConfigError, RateLimitBuilder};
 pub use client_ip::{Cidr, CidrParseError, ClientIp, ProxyHeader, MAX_HOPS};
+pub use concurrent::PermitRelease;
 #[cfg(feature = "serde")]
 pub use config::{LayerConfig, RuleConfig};
 pub use headers::{Headers, Items};

@@ -1,7 +1,7 @@
 //! Rules: a name, a key, a policy, where it applies, what a request costs,
 //! and what to do when the key is missing.
 
-use super::concurrent::Concurrency;
+use super::concurrent::{Concurrency, PermitRelease};
 use super::key::{Key, RequestParts};
 use super::path;
 use super::tier::{TierBy, Tiers};
@@ -355,9 +355,11 @@ impl Rule {
 
     /// A concurrency rule reads a request's [`Priority`] from header
     /// `header`: `critical`, `normal` or `sheddable` (any case); a missing
-    /// or other value is `normal`. Set the header in a trusted proxy or an
-    /// inner layer, not from clients: a client that can send it picks its
-    /// own class. An invalid header name is
+    /// or other value is `normal`. **A client can send this header too**:
+    /// set it in a trusted layer (your authenticating proxy, or a layer
+    /// outside this one that computes it) and strip it from clients at the
+    /// edge. Otherwise any client that sends `critical` takes the share
+    /// reserved for critical requests. An invalid header name is
     /// [`HttpConfigError::InvalidHeaderName`](super::HttpConfigError::InvalidHeaderName)
     /// when the layer is built.
     ///
@@ -372,6 +374,24 @@ impl Rule {
     /// ```
     pub fn priority_by_header(mut self, header: &str) -> Rule {
         self.concurrency_mut().priority_header = Some(header.to_owned());
+        self
+    }
+
+    /// When a concurrency rule gives a request's permit back: at the end
+    /// of the response body (the default), or at the response head, so a
+    /// client that reads slowly or not at all holds no permit while its
+    /// body streams ([`PermitRelease`] says what each bounds). Local
+    /// concurrency rules only.
+    ///
+    /// ```
+    /// use ratewall::http::{Key, PermitRelease, Rule};
+    ///
+    /// let handlers = Rule::concurrent("handlers", Key::global(), 64)
+    ///     .release_permit(PermitRelease::ResponseHead);
+    /// # let _ = handlers;
+    /// ```
+    pub fn release_permit(mut self, when: PermitRelease) -> Rule {
+        self.concurrency_mut().release = when;
         self
     }
 

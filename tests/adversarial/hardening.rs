@@ -1,15 +1,18 @@
 //! Hardening: a client spells a limited path another way (`//login`,
 //! `/%6cogin`, `/LOGIN`) that a normalizing router still sends to the
-//! login handler.
+//! login handler; and slow readers hold a global concurrency rule's
+//! permits while their bodies stall, shedding everyone else.
 
-use crate::support::http_client::serve;
+use crate::support::http_client::{head, held_route, serve, Stalling};
 use axum::body::Body;
 use axum::routing::get;
 use axum::Router;
-use http::Request;
-use ratewall::http::{LayerConfig, RateLimitLayer, Rule};
+use http::{Request, StatusCode};
+use ratewall::http::{Key, LayerConfig, PermitRelease, RateLimitLayer, Rule};
 use ratewall::{Policy, Rate};
 use std::net::SocketAddr;
+use std::sync::atomic::AtomicUsize;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -159,4 +162,102 @@ async fn axum_alone_and_a_case_sensitive_rule_agree() {
     assert!(status == 200 && text.contains("ratelimit-policy: \"login\""));
     drop(stop);
     server.await.unwrap();
+}
+
+/// The server of a slow-reader test: its address, the slow readers'
+/// responses (heads read, bodies never), the gate of `/held`, and what
+/// stops it.
+struct Slow {
+    addr: SocketAddr,
+    readers: Vec<http::Response<hyper::body::Incoming>>,
+    gate: Arc<tokio::sync::Semaphore>,
+    stop: tokio::sync::oneshot::Sender<()>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+/// A stalling route, a held route and `/` behind `layer`; `stalled` slow
+/// readers take a response head each and never read on.
+async fn slow_readers(layer: RateLimitLayer, stalled: usize) -> Slow {
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let app = Router::new()
+        .route("/stream", Stalling::route(dropped))
+        .route("/held", held_route(gate.clone()))
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    let (addr, stop, server) = serve("127.0.0.1:0", app).await;
+    let mut readers = Vec::new();
+    for _ in 0..stalled {
+        let res = head(addr, "/stream", &[]).await;
+        assert_eq!(res.status(), StatusCode::OK);
+        readers.push(res);
+    }
+    Slow {
+        addr,
+        readers,
+        gate,
+        stop,
+        server,
+    }
+}
+
+async fn in_flight_becomes(layer: &RateLimitLayer, want: u64) {
+    for _ in 0..200 {
+        if layer.stats()[0].in_flight() == want {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!(
+        "in flight {} never became {want}",
+        layer.stats()[0].in_flight()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_readers_hold_no_permit_released_at_the_response_head() {
+    let rule = || Rule::concurrent("all", Key::global(), 2);
+    // By default, two readers that never finish hold both permits: every
+    // other request is shed (docs/concurrency.md says so).
+    let by_body = RateLimitLayer::builder().rule(rule()).build().unwrap();
+    let slow = slow_readers(by_body.clone(), 2).await;
+    assert_eq!(by_body.stats()[0].in_flight(), 2);
+    assert_eq!(raw_get(slow.addr, "/").await.0, 503);
+    drop(slow.readers);
+    in_flight_becomes(&by_body, 0).await;
+    drop(slow.stop);
+    slow.server.abort();
+
+    // Released at the head (in Rust, and in a file): the same readers
+    // hold nothing.
+    let in_rust = RateLimitLayer::builder()
+        .rule(rule().release_permit(PermitRelease::ResponseHead))
+        .build()
+        .unwrap();
+    let config: LayerConfig = toml::from_str(
+        "[[rules]]\nname = \"all\"\nkey = \"global\"\nconcurrent = 2\n\
+         release_permit = \"response-head\"\n",
+    )
+    .unwrap();
+    let from_file = config.to_builder().unwrap().build().unwrap();
+    for by_head in [in_rust, from_file] {
+        let slow = slow_readers(by_head.clone(), 8).await;
+        let addr = slow.addr;
+        in_flight_becomes(&by_head, 0).await;
+        assert_eq!(raw_get(addr, "/").await.0, 200);
+        // Each permit was given back once: the rule still admits exactly
+        // two handlers at once (none lost, none given back twice).
+        let (a, b) = (
+            tokio::spawn(async move { raw_get(addr, "/held").await.0 }),
+            tokio::spawn(async move { raw_get(addr, "/held").await.0 }),
+        );
+        in_flight_becomes(&by_head, 2).await;
+        assert_eq!(raw_get(addr, "/").await.0, 503);
+        slow.gate.add_permits(2);
+        assert_eq!((a.await.unwrap(), b.await.unwrap()), (200, 200));
+        in_flight_becomes(&by_head, 0).await;
+        drop(slow.readers);
+        drop(slow.stop);
+        slow.server.abort();
+    }
 }
