@@ -398,6 +398,12 @@ impl ClientIp {
     /// against their networks, and both checks then apply. Given more than
     /// once, the last list counts.
     ///
+    /// Only the TCP peer is checked: with two or more hops, a client that
+    /// can reach the nearest proxy without passing the outer ones (a load
+    /// balancer reachable around the CDN) still writes the entries those
+    /// would have written. Where the outer proxies' networks are known,
+    /// [`behind_proxies`](Self::behind_proxies) checks every hop.
+    ///
     /// ```
     /// # use ratewall::http::ClientIp;
     /// // Two proxies (a CDN, then our load balancers in 10.0.0.0/8): only
