@@ -17,11 +17,14 @@
 //! `RATEWALL_REDIS_URL=redis://127.0.0.1:6379 cargo run --example server --features axum,redis`.
 //! If Redis stops answering, each instance limits with its local share.
 //!
-//! Operators' routes sit beside the API, off the rate-limited paths:
-//! `GET /admin/limits` (JSON: each rule's counters and top offenders) and,
-//! with the `metrics` feature, `GET /metrics` (Prometheus text, through
-//! `metrics-exporter-prometheus`). Bind them to a private address in
-//! production: the top offenders name client addresses. With the `tracing`
+//! Operators' routes are served on a second listener, the admin port,
+//! bound to `127.0.0.1` only (`ADMIN_PORT`, default 3001), never on the
+//! public API's router: `GET /admin/limits` (JSON: each rule's counters and
+//! top offenders, which name client addresses) and, with the `metrics`
+//! feature, `GET /metrics` (Prometheus text, through
+//! `metrics-exporter-prometheus`): `curl http://127.0.0.1:3001/admin/limits`.
+//! Scrapes are never rate limited, and a client of the API cannot reach
+//! them. With the `tracing`
 //! feature the layer's warnings and the store's failover events go to
 //! `tracing`, so `main` installs a subscriber (`RUST_LOG` is not read: all
 //! events at `info` and above are printed).
@@ -153,14 +156,16 @@ pub fn limits_from_file_on_redis(
     Ok(layer)
 }
 
-/// The API behind the limits, and the operators' routes beside them
-/// (not rate-limited: [`admin`]).
+/// The public API behind the limits. The operators' routes are not on
+/// it: serve [`admin`] on a listener of its own, on a private address.
 pub fn router<C: Clock + Clone + 'static>(limits: RateLimitLayer<C>) -> Router {
-    api(limits.clone()).merge(admin(limits))
+    api(limits)
 }
 
-/// The operators' routes: `/admin/limits` and (feature `metrics`, once
-/// [`install_metrics`] ran) `/metrics`.
+/// The operators' routes, for the admin port only (not rate-limited, and
+/// not for clients: the top offenders name client addresses):
+/// `/admin/limits` and (feature `metrics`, once [`install_metrics`] ran)
+/// `/metrics`.
 pub fn admin<C: Clock + Clone + 'static>(limits: RateLimitLayer<C>) -> Router {
     let router = Router::new().route(
         "/admin/limits",
@@ -335,16 +340,28 @@ async fn main() {
             std::process::exit(2);
         }
     };
+    let admin_port: u16 = std::env::var("ADMIN_PORT")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(3001);
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
         .await
         .expect("bind 127.0.0.1");
+    // The operators' routes: loopback only, whatever address the API uses.
+    let admin_listener = tokio::net::TcpListener::bind(("127.0.0.1", admin_port))
+        .await
+        .expect("bind the admin port on 127.0.0.1");
     println!("listening on http://{}", listener.local_addr().unwrap());
-    println!("operators: /admin/limits, and /metrics with the `metrics` feature");
-    let app = router(layer);
-    axum::serve(
+    println!(
+        "operators: http://{}/admin/limits, and /metrics with the `metrics` feature",
+        admin_listener.local_addr().unwrap()
+    );
+    let public = axum::serve(
         listener,
-        app.into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .await
-    .expect("server");
+        router(layer.clone()).into_make_service_with_connect_info::<SocketAddr>(),
+    );
+    let private = axum::serve(admin_listener, admin(layer).into_make_service());
+    let (public, private) = tokio::join!(public, private);
+    public.expect("server");
+    private.expect("admin server");
 }

@@ -86,3 +86,52 @@ fn with_draft_headers_only_http_allocates() {
     let n = allocations(Headers::default());
     assert!((1..=4).contains(&n), "{n} allocations");
 }
+
+/// Allocations for one request to `path` under a path-prefix rule.
+fn prefix_allocations(path: &str) -> u64 {
+    let layer = RateLimitLayer::builder()
+        .clock(ManualClock::new())
+        .headers(Headers::None)
+        .rule(
+            Rule::per_ip("login", Policy::token_bucket(Rate::per_second(1000)))
+                .on_path_prefix("/login")
+                .ignore_path_case(),
+        )
+        .build()
+        .unwrap();
+    let mut svc = layer.layer(tower::service_fn(|_req: Request<()>| {
+        std::future::ready(Ok::<_, Infallible>(Response::new(String::new())))
+    }));
+    let waker = Waker::from(Arc::new(Noop));
+    let mut cx = Context::from_waker(&waker);
+    let mut one = || {
+        let mut req = Request::builder().uri(path).body(()).unwrap();
+        req.extensions_mut()
+            .insert(SocketAddr::from(([192, 0, 2, 1], 4000)));
+        let counted = allocation_counter::measure(|| {
+            assert!(svc.poll_ready(&mut cx).is_ready());
+            let fut = pin!(svc.call(req));
+            let Poll::Ready(Ok(r)) = fut.poll(&mut cx) else {
+                panic!("not ready")
+            };
+            assert_eq!(r.status(), 200);
+        });
+        counted.count_total
+    };
+    let _ = one(); // the key's first request claims its slot
+    one()
+}
+
+#[test]
+fn a_path_prefix_allocates_only_for_a_path_that_is_not_normal() {
+    // Already normal (matched or not, any case): matched in place.
+    for path in ["/login", "/LOGIN/otp", "/items/1", "/"] {
+        assert_eq!(prefix_allocations(path), 0, "{path}");
+    }
+    // Another spelling is normalized into a new string (the escapes
+    // decoded, then the segments), for this request only.
+    for path in ["//login", "/%6Cogin", "/a/../login"] {
+        let n = prefix_allocations(path);
+        assert!((1..=2).contains(&n), "{path}: {n}");
+    }
+}

@@ -13,7 +13,7 @@ use axum::routing::get;
 use axum::Router;
 use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
-use ratewall::http::{ClientIp, Key, LayerConfig, RateLimitLayer, Rule, RuleConfig};
+use ratewall::http::{ClientIp, Key, LayerConfig, PermitRelease, RateLimitLayer, Rule, RuleConfig};
 use ratewall::{Adaptive, ManualClock, Policy, Priority, Rate};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -582,6 +582,8 @@ fn settings_the_layer_cannot_honour_are_typed_errors() {
         Rule::concurrent("c", Key::global(), 4).count_failures_only(),
         Rule::per_ip("c", Policy::token_bucket(Rate::per_second(1)))
             .adaptive(Adaptive::vegas(1, 9)),
+        Rule::per_ip("c", Policy::token_bucket(Rate::per_second(1)))
+            .release_permit(PermitRelease::ResponseHead),
         Rule::concurrent("c", Key::global(), 40).adaptive(Adaptive::vegas(1, 9)),
         Rule::concurrent("c", Key::global(), 4).reserve(Priority::Critical, 100),
     ] {
@@ -621,6 +623,7 @@ async fn concurrency_rules_come_from_the_configuration_file() {
         path_prefix = "/reports"
         reserve = { critical = 30 }
         priority_header = "x-priority"
+        release_permit = "body-end"
 
         [[rules]]
         name = "backend"
@@ -691,10 +694,17 @@ async fn concurrency_rules_come_from_the_configuration_file() {
         ),
         "{redis:?}"
     );
+    assert_eq!(
+        field_of(bad(&|r| r.release_permit = Some("head".into()))),
+        "release_permit"
+    );
     assert_eq!(field_of(bad(&|r| r.concurrent = None)), "policy");
     let mut rate = RuleConfig::new("r", "ip", "10/s");
     rate.adaptive = Some("vegas 1..9".into());
     assert_eq!(field_of(rate.to_rule().unwrap_err()), "adaptive");
+    rate.adaptive = None;
+    rate.release_permit = Some("response-head".into());
+    assert_eq!(field_of(rate.to_rule().unwrap_err()), "release_permit");
     let msg = bad(&|r| r.adaptive = Some("vegas".into())).to_string();
     assert!(msg.contains("vegas FLOOR..CEILING"), "{msg}");
 }

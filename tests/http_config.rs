@@ -371,13 +371,24 @@ async fn every_field_builds_what_the_rust_api_builds() {
 async fn hop_counts_and_single_headers_build_what_the_rust_api_builds() {
     type InRust = fn(ManualClock) -> RateLimitBuilder<ManualClock>;
     let ip_rule = || Rule::per_ip("ip", Policy::token_bucket(Rate::per_minute(20).burst(5)));
-    let cases: [(&str, InRust); 3] = [
+    let cases: [(&str, InRust); 4] = [
         ("headers = \"legacy\"\ntrusted_hops = 1\n", |c| {
             RateLimitLayer::builder()
                 .clock(c)
                 .headers(Headers::Legacy)
                 .client_ip(ClientIp::behind_hops(1))
         }),
+        (
+            "trusted_hops = 1\ntrusted_peers = [\"10.0.0.0/8\", \"2001:db8::1\"]\n",
+            |c| {
+                RateLimitLayer::builder()
+                    .clock(c)
+                    .client_ip(ClientIp::behind_hops(1).from_peers([
+                        "10.0.0.0/8".parse().unwrap(),
+                        "2001:db8::1".parse().unwrap(),
+                    ]))
+            },
+        ),
         (
             "headers = \"none\"\ntrusted_hops = 2\nproxy_header = \"forwarded\"\n",
             |c| {
@@ -447,6 +458,7 @@ fn every_bad_value_is_a_typed_error_naming_the_rule_and_field() {
         ("methods = [\"GET\", \"post\"]", "methods"),
         ("methods = [\"GE T\"]", "methods"),
         ("path_prefix = \"login\"", "path_prefix"),
+        ("ignore_path_case = true", "ignore_path_case"),
         ("route = \"items/{id}\"", "route"),
         ("mode = \"dry-run\"", "mode"),
         ("when_missing = \"reject 200\"", "when_missing"),
@@ -534,6 +546,9 @@ fn every_bad_value_is_a_typed_error_naming_the_rule_and_field() {
         ("trusted_hops = 33", "trusted_hops"),
         ("trusted_hops = 1\ntrusted_proxies = [\"10.0.0.0/8\"]", "trusted_hops"),
         ("trusted_hops = 1\nproxy_header = \"via\"", "proxy_header"),
+        ("trusted_hops = 1\ntrusted_peers = [\"10.0.0.0/33\"]", "trusted_peers"),
+        ("trusted_peers = [\"10.0.0.0/8\"]", "trusted_peers"),
+        ("trusted_peers = [\"10.0.0.0/8\"]\ntrusted_proxies = [\"10.0.0.0/8\"]", "trusted_peers"),
         ("proxy_header = \"forwarded\"", "proxy_header"),
         ("client_ip_header = \"cf-connecting-ip\"", "client_ip_header"),
         ("client_ip_header = \"bad header\"\ntrusted_proxies = [\"10.0.0.0/8\"]", "client_ip_header"),

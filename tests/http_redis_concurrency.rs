@@ -13,7 +13,7 @@ use axum::routing::get;
 use axum::Router;
 use http::StatusCode;
 use http_body_util::BodyExt;
-use ratewall::http::{Key, RateLimitLayer, Rule};
+use ratewall::http::{Key, PermitRelease, RateLimitLayer, Rule};
 use ratewall::redis::{FailurePolicy, RedisBackend, RedisConcurrencyLimiter};
 use ratewall::{Policy, Rate};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -296,4 +296,23 @@ async fn redis_killed_open_admits_closed_answers_503_and_neither_hangs() {
     assert!(closed.retry_after().is_some_and(|s| s >= 1));
     assert!(closed.text().contains("jobs"), "{}", closed.text());
     assert!(took < Duration::from_secs(3), "took {took:?}");
+}
+
+#[tokio::test]
+async fn a_redis_permit_cannot_be_released_at_the_response_head() {
+    let server = RedisServer::start();
+    let b = backend(&server);
+    let jobs = permits(&b, "jobs", 4, FailurePolicy::Closed);
+    let err = RateLimitLayer::builder()
+        .rule(
+            Rule::redis_concurrent("jobs", Key::client_ip(), jobs)
+                .release_permit(PermitRelease::ResponseHead),
+        )
+        .build()
+        .unwrap_err();
+    assert!(
+        matches!(&err, ratewall::http::HttpConfigError::Policy { rule, error: ratewall::ConfigError::Incompatible { .. } } if rule == "jobs"),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("release_permit"), "{err}");
 }

@@ -1,9 +1,10 @@
 //! Issue 22 item 4, end to end: the example server (`examples/server.rs`)
 //! with its limits in a real `redis-server`, a real client on loopback
 //! sending traffic while Redis is killed and restarted, and its operators'
-//! routes scraped meanwhile: `/metrics` (Prometheus text through
-//! `metrics-exporter-prometheus`) and `/admin/limits` (JSON). Their counts
-//! must match what the client saw, and the scrapes are never rate limited.
+//! routes scraped meanwhile on the admin port: `/metrics` (Prometheus text
+//! through `metrics-exporter-prometheus`) and `/admin/limits` (JSON). Their
+//! counts must match what the client saw, the scrapes are never rate
+//! limited, and the public port does not serve them (issue 34).
 #![cfg(all(feature = "axum", feature = "redis", feature = "metrics"))]
 
 mod support;
@@ -77,7 +78,8 @@ async fn scrapes_match_the_client_through_a_redis_outage() {
     // Before the limits are built: they register their metrics then.
     server::install_metrics();
     let layer = server::redis_limits(&redis.url()).unwrap();
-    let (addr, stop, task) = serve("127.0.0.1:0", server::router(layer)).await;
+    let (addr, stop, task) = serve("127.0.0.1:0", server::router(layer.clone())).await;
+    let (admin_addr, stop_admin, admin_task) = serve("127.0.0.1:0", server::admin(layer)).await;
 
     let (mut ok, mut limited) = (0u64, 0u64);
     let mut tally = |statuses: Vec<StatusCode>| {
@@ -91,7 +93,7 @@ async fn scrapes_match_the_client_through_a_redis_outage() {
     };
     // Healthy: the per-IP burst of 20, then denials, from Redis.
     tally(send(addr, 30).await);
-    let (m, _) = scrape(addr).await;
+    let (m, _) = scrape(admin_addr).await;
     assert_eq!(
         series(&m, "ratewall_redis_failing", &[("limiter", "ip")]),
         0.0
@@ -100,7 +102,7 @@ async fn scrapes_match_the_client_through_a_redis_outage() {
     // Redis dies: the local share answers (a fresh burst), reported once.
     redis.kill9();
     tally(send(addr, 40).await);
-    let (m, admin) = scrape(addr).await;
+    let (m, admin) = scrape(admin_addr).await;
     assert_eq!(
         series(&m, "ratewall_redis_failing", &[("limiter", "ip")]),
         1.0
@@ -116,7 +118,7 @@ async fn scrapes_match_the_client_through_a_redis_outage() {
     // Scrapes are not rate limited, however many.
     for _ in 0..30 {
         assert_eq!(
-            fetch(addr, "GET", "/admin/limits", &[]).await.status,
+            fetch(admin_addr, "GET", "/admin/limits", &[]).await.status,
             StatusCode::OK
         );
     }
@@ -126,7 +128,7 @@ async fn scrapes_match_the_client_through_a_redis_outage() {
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         tally(send(addr, 5).await);
-        let (m, _) = scrape(addr).await;
+        let (m, _) = scrape(admin_addr).await;
         if series(&m, "ratewall_redis_failing", &[("limiter", "ip")]) == 0.0 {
             break;
         }
@@ -136,7 +138,7 @@ async fn scrapes_match_the_client_through_a_redis_outage() {
     tally(send(addr, 10).await);
 
     // The counts match what the client saw.
-    let (m, admin) = scrape(addr).await;
+    let (m, admin) = scrape(admin_addr).await;
     let count = |rule: &str, outcome: &str| {
         series(
             &m,
@@ -165,7 +167,7 @@ async fn scrapes_match_the_client_through_a_redis_outage() {
     assert_eq!(top["key"], "127.0.0.1");
     assert_eq!(top["count"].as_u64(), Some(limited));
     // No label and no admin field holds the API key.
-    let text = fetch(addr, "GET", "/metrics", &[]).await.text();
+    let text = fetch(admin_addr, "GET", "/metrics", &[]).await.text();
     assert!(!text.contains("sk-live") && !admin.to_string().contains("sk-live"));
     // The Redis limiter's own series: fallback decisions while Redis was
     // down, Redis decisions before and after, calls and the breaker.
@@ -186,6 +188,21 @@ async fn scrapes_match_the_client_through_a_redis_outage() {
         series(&m, "ratewall_redis_breaker_state", &[("backend", "redis")]),
         0.0
     );
-    drop(stop);
+    // The public API does not serve the operators' routes (asked last: its
+    // limits count these requests too, and may refuse them).
+    for path in ["/admin/limits", "/metrics"] {
+        let got = fetch(addr, "GET", path, &[]).await;
+        assert!(
+            matches!(
+                got.status,
+                StatusCode::NOT_FOUND | StatusCode::TOO_MANY_REQUESTS
+            ),
+            "{path} on the public port: {} {}",
+            got.status,
+            got.text()
+        );
+    }
+    drop((stop, stop_admin));
     task.await.unwrap();
+    admin_task.await.unwrap();
 }

@@ -586,6 +586,15 @@ impl<C: Clock + Clone> RateLimitBuilder<C> {
         } else {
             None
         };
+        if needs_ip && self.client_ip.hops_from_any_peer() {
+            warn_now(
+                "`ClientIp::behind_hops` without `from_peers` believes X-Forwarded-For from every \
+                 peer: a client that reaches the server directly can write any address (another \
+                 client's key, an allowed network). Name the proxies with \
+                 `ClientIp::behind_hops(n).from_peers(..)` (`trusted_peers` in a file) unless only \
+                 they can connect",
+            );
+        }
         if let Some((a, b)) = charged_twice(&rules) {
             warn_now(&format!(
                 "rules {a:?} and {b:?} charge the same requests under the same key with the same \

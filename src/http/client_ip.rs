@@ -261,6 +261,9 @@ pub struct ClientIp {
     trust: Trust,
     header: ProxyHeader,
     peer_fn: Option<PeerFn>,
+    /// The networks the TCP peer must be in for any header to be read
+    /// ([`ClientIp::from_peers`]); `None`: no such check.
+    peers: Option<Vec<Cidr>>,
 }
 
 /// A custom peer lookup ([`ClientIp::peer_from`]).
@@ -278,6 +281,7 @@ impl fmt::Debug for ClientIp {
             .field("trust", &self.trust)
             .field("header", &self.header)
             .field("custom_peer", &self.peer_fn.is_some())
+            .field("peers", &self.peers)
             .finish()
     }
 }
@@ -309,6 +313,7 @@ impl ClientIp {
             trust: Trust::Peer,
             header: ProxyHeader::XForwardedFor,
             peer_fn: None,
+            peers: None,
         }
     }
 
@@ -337,10 +342,23 @@ impl ClientIp {
     /// left-most entry (written by a proxy of ours), or with none (a direct
     /// request, a health check) the peer. `0` means the peer.
     ///
+    /// **Say which peers the proxies are** with
+    /// [`from_peers`](Self::from_peers). A hop count alone believes the
+    /// chain from *every* peer: if the server can be reached without the
+    /// proxies (a public address, another listener, a neighbour in the
+    /// same network), a client that connects directly and writes
+    /// `X-Forwarded-For: <victim>` is counted as the victim, and passes an
+    /// [`allow`](super::RateLimitBuilder::allow) list as any address it
+    /// names. Without peers the layer warns once when it is built; a hop
+    /// count alone is right only where nothing but the proxies can connect.
+    ///
     /// ```
     /// # use ratewall::http::ClientIp;
-    /// let ip = ClientIp::behind_hops(1); // one load balancer
+    /// // One load balancer, in 10.0.0.0/8: a direct client is keyed by its
+    /// // own address, whatever its headers say.
+    /// let ip = ClientIp::behind_hops(1).from_peers(["10.0.0.0/8".parse()?]);
     /// # let _ = ip;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn behind_hops(hops: usize) -> ClientIp {
         ClientIp {
@@ -367,6 +385,36 @@ impl ClientIp {
             trust: Trust::Single(name, networks.into_iter().collect()),
             ..ClientIp::peer()
         }
+    }
+
+    /// Headers are read only from a TCP peer inside `networks` (the
+    /// proxies' addresses): a request from any other peer is that peer's,
+    /// and its `X-Forwarded-For`, `Forwarded` or single header is ignored,
+    /// so a client that reaches the server directly can neither take
+    /// another client's key nor pass the allow list under an address it
+    /// wrote. Made for [`behind_hops`](Self::behind_hops), which otherwise
+    /// trusts every peer; [`behind_proxies`](Self::behind_proxies) and
+    /// [`single_header`](Self::single_header) already check the peer
+    /// against their networks, and both checks then apply. Given more than
+    /// once, the last list counts.
+    ///
+    /// Only the TCP peer is checked: with two or more hops, a client that
+    /// can reach the nearest proxy without passing the outer ones (a load
+    /// balancer reachable around the CDN) still writes the entries those
+    /// would have written. Where the outer proxies' networks are known,
+    /// [`behind_proxies`](Self::behind_proxies) checks every hop.
+    ///
+    /// ```
+    /// # use ratewall::http::ClientIp;
+    /// // Two proxies (a CDN, then our load balancers in 10.0.0.0/8): only
+    /// // the load balancers may speak for a client.
+    /// let ip = ClientIp::behind_hops(2).from_peers(["10.0.0.0/8".parse()?, "fd00::/8".parse()?]);
+    /// # let _ = ip;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn from_peers(mut self, networks: impl IntoIterator<Item = Cidr>) -> ClientIp {
+        self.peers = Some(networks.into_iter().collect());
+        self
     }
 
     /// Which list header to walk (`X-Forwarded-For` by default).
@@ -412,6 +460,12 @@ impl ClientIp {
         !matches!(self.trust, Trust::Peer)
     }
 
+    /// A hop count that believes the chain from any peer (no
+    /// [`from_peers`](Self::from_peers)): the build warns.
+    pub(super) fn hops_from_any_peer(&self) -> bool {
+        matches!(self.trust, Trust::Hops(n) if n > 0) && self.peers.is_none()
+    }
+
     /// The TCP peer's address, unmapped.
     pub(super) fn peer_addr(&self, ext: &Extensions) -> Option<IpAddr> {
         if let Some(f) = &self.peer_fn {
@@ -439,6 +493,12 @@ impl ClientIp {
         let Some(peer) = self.peer_addr(ext) else {
             return Resolved::NoPeer;
         };
+        if let Some(peers) = &self.peers {
+            // Not a proxy of ours: the peer is the client, whatever it wrote.
+            if !peers.iter().any(|n| n.contains(peer)) {
+                return Resolved::Ip(peer);
+            }
+        }
         match &self.trust {
             Trust::Peer => Resolved::Ip(peer),
             Trust::Networks(nets) => {

@@ -178,6 +178,56 @@ fn hop_counts_take_the_nth_entry_from_the_right() {
 }
 
 #[test]
+fn hop_counts_from_named_peers_ignore_the_headers_of_any_other_peer() {
+    let lb: Cidr = "10.0.0.0/8".parse().unwrap();
+    let c = ClientIp::behind_hops(1).from_peers([lb, "fd00::/8".parse().unwrap()]);
+    let forged = headers("x-forwarded-for", &[b"198.51.100.7"]);
+    // Through a load balancer: the chain is read as before.
+    assert_eq!(c.resolve(&forged, &peer("10.0.0.1")), ip("198.51.100.7"));
+    assert_eq!(c.resolve(&forged, &peer("fd00::9")), ip("198.51.100.7"));
+    assert_eq!(
+        c.resolve(&forged, &peer("::ffff:10.1.1.1")),
+        ip("198.51.100.7")
+    );
+    // Directly: the peer, whatever it wrote (a list, garbage, a Forwarded).
+    assert_eq!(c.resolve(&forged, &peer("203.0.113.9")), ip("203.0.113.9"));
+    let garbage = headers("x-forwarded-for", &[b"unknown"]);
+    assert_eq!(c.resolve(&garbage, &peer("203.0.113.9")), ip("203.0.113.9"));
+    assert_eq!(c.resolve(&garbage, &peer("10.0.0.1")), unknown("10.0.0.1"));
+    let fwd = c.clone().header(ProxyHeader::Forwarded);
+    let h = headers("forwarded", &[b"for=198.51.100.7"]);
+    assert_eq!(fwd.resolve(&h, &peer("2001:db8::5")), ip("2001:db8::5"));
+    assert_eq!(fwd.resolve(&h, &peer("10.9.9.9")), ip("198.51.100.7"));
+    // An empty list trusts no peer: every request is its peer's.
+    let none = ClientIp::behind_hops(1).from_peers([]);
+    assert_eq!(none.resolve(&forged, &peer("10.0.0.1")), ip("10.0.0.1"));
+    // With another trust, both checks apply; the last list counts.
+    let cdn = ClientIp::single_header("cf-connecting-ip", ["173.245.48.0/20".parse().unwrap()])
+        .from_peers([lb])
+        .from_peers(["173.245.48.0/24".parse().unwrap()]);
+    let h = headers("cf-connecting-ip", &[b"198.51.100.7"]);
+    assert_eq!(cdn.resolve(&h, &peer("173.245.48.1")), ip("198.51.100.7"));
+    assert_eq!(cdn.resolve(&h, &peer("173.245.49.1")), ip("173.245.49.1"));
+    assert!(format!("{c:?}").contains("peers: Some([10.0.0.0/8, fd00::/8])"));
+}
+
+#[test]
+fn only_a_hop_count_without_peers_is_warned_about() {
+    let lb: Cidr = "10.0.0.0/8".parse().unwrap();
+    assert!(ClientIp::behind_hops(1).hops_from_any_peer());
+    assert!(ClientIp::behind_hops(2)
+        .header(ProxyHeader::Forwarded)
+        .hops_from_any_peer());
+    assert!(!ClientIp::behind_hops(1)
+        .from_peers([lb])
+        .hops_from_any_peer());
+    assert!(!ClientIp::behind_hops(0).hops_from_any_peer());
+    assert!(!ClientIp::peer().hops_from_any_peer());
+    assert!(!ClientIp::behind_proxies([lb]).hops_from_any_peer());
+    assert!(!ClientIp::single_header("x-ip", [lb]).hops_from_any_peer());
+}
+
+#[test]
 fn forwarded_is_walked_with_quotes_and_obfuscation_stops_it() {
     let c =
         ClientIp::behind_proxies(["10.0.0.0/8".parse().unwrap()]).header(ProxyHeader::Forwarded);

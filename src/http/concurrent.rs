@@ -33,9 +33,44 @@ pub(super) struct Concurrency {
     pub(super) priority_header: Option<String>,
     /// A concurrency setting was given to a rate rule: `build` says so.
     pub(super) on_rate_rule: bool,
+    /// When a permit is given back ([`Rule::release_permit`](super::Rule::release_permit)).
+    pub(super) release: PermitRelease,
     /// The permits live in Redis ([`Rule::redis_concurrent`](super::Rule::redis_concurrent)).
     #[cfg(feature = "redis")]
     pub(super) redis: Option<Arc<RedisConcurrencyLimiter>>,
+}
+
+/// When a concurrency rule gives an admitted request's permit back
+/// ([`Rule::release_permit`](super::Rule::release_permit)).
+///
+/// By default a permit is held until the response body ends, so a rule
+/// bounds the responses being streamed as well as the handlers running.
+/// A client that reads slowly, or not at all, then holds its permit for
+/// as long as the body takes to send (the server's own write timeouts,
+/// if any, are the only end): enough such clients hold all of a global
+/// rule's permits and every other request is shed. `ResponseHead` gives
+/// the permit back when the inner service returns the response head, so
+/// the rule bounds the handlers only and a reader's pace costs it nothing.
+///
+/// ```
+/// use ratewall::http::{Key, PermitRelease, Rule};
+///
+/// // At most 64 handlers at once, however slowly clients read.
+/// let handlers = Rule::concurrent("handlers", Key::global(), 64)
+///     .release_permit(PermitRelease::ResponseHead);
+/// # let _ = handlers;
+/// ```
+#[non_exhaustive]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum PermitRelease {
+    /// When the response body ends, fails or is dropped (the default):
+    /// streaming a response counts as in flight.
+    #[default]
+    BodyEnd,
+    /// When the inner service returns the response head (or fails without
+    /// one): only the handler's work counts as in flight, and an adaptive
+    /// maximum learns the time to the head.
+    ResponseHead,
 }
 
 impl Concurrency {
@@ -46,6 +81,7 @@ impl Concurrency {
             reserved: Vec::new(),
             priority_header: None,
             on_rate_rule: false,
+            release: PermitRelease::BodyEnd,
             #[cfg(feature = "redis")]
             redis: None,
         }
@@ -64,6 +100,8 @@ pub(super) struct ConcLimit<C: Clock> {
     /// counter more would grow every rule's cache-padded counters past a
     /// line, and the rate-only check's cost with it).
     pub(super) shed: Counter,
+    /// Its permits are given back at the response head.
+    pub(super) at_head: bool,
 }
 
 /// One limit for every request the rule matches, or one per key, or
@@ -126,7 +164,7 @@ impl<C: Clock + Clone> ConcLimit<C> {
     ) -> Result<ConcLimit<C>, ConcError> {
         let refuse = |reason| Err(ConcError::Config(ConfigError::Incompatible { reason }));
         if c.on_rate_rule {
-            return refuse("`adaptive`, `reserve` and `priority_by_header` apply to concurrency rules only: make the rule with `Rule::concurrent` (in a file, `concurrent = N` instead of `policy`)");
+            return refuse("`adaptive`, `reserve`, `priority_by_header` and `release_permit` apply to concurrency rules only: make the rule with `Rule::concurrent` (in a file, `concurrent = N` instead of `policy`)");
         }
         let priority = match &c.priority_header {
             None => None,
@@ -136,14 +174,19 @@ impl<C: Clock + Clone> ConcLimit<C> {
         };
         #[cfg(feature = "redis")]
         if let Some(l) = &c.redis {
-            if c.adaptive.is_some() || !c.reserved.is_empty() || priority.is_some() {
-                return refuse("an adaptive maximum, reserved shares and request classes apply to local concurrency rules only: drop them from the Redis concurrency rule, or make it with `Rule::concurrent`");
+            if c.adaptive.is_some()
+                || !c.reserved.is_empty()
+                || priority.is_some()
+                || c.release != PermitRelease::BodyEnd
+            {
+                return refuse("an adaptive maximum, reserved shares, request classes and `release_permit` apply to local concurrency rules only: drop them from the Redis concurrency rule, or make it with `Rule::concurrent`");
             }
             return Ok(ConcLimit {
                 limiter: Limiter::Redis(l.clone()),
                 priority,
                 sheds: !key.names_client(),
                 shed: Counter::new(name, "shed"),
+                at_head: false,
             });
         }
         let limiter = if key.is_global() {
@@ -168,6 +211,7 @@ impl<C: Clock + Clone> ConcLimit<C> {
             priority,
             sheds: !key.names_client(),
             shed: Counter::new(name, "shed"),
+            at_head: c.release == PermitRelease::ResponseHead,
         })
     }
 }
@@ -272,7 +316,9 @@ impl<C: Clock> ConcLimit<C> {
 /// The permits one admitted request holds, type-erased so the response
 /// body need not know the layer's clock.
 trait Release: Send + Sync {
+    /// Releases every permit still held (each once: they are drained).
     fn release(&mut self, outcome: Outcome);
+    fn is_empty(&self) -> bool;
 }
 
 /// The request class of each entry of a request (a concurrency rule's,
@@ -283,11 +329,43 @@ pub(super) type Classes = SmallVec<[Priority; 4]>; // 4: `compiled::INLINE_RULES
 /// The permits of one request, one per concurrency rule it matched.
 pub(super) type Permits<C> = SmallVec<[Permit<C>; 2]>;
 
+/// An admitted request's permits: those its response body holds, and
+/// those given back at the response head ([`PermitRelease`]).
+pub(super) struct Taken<C: Clock> {
+    pub(super) body: Permits<C>,
+    pub(super) head: Permits<C>,
+}
+
+impl<C: Clock + 'static> Taken<C> {
+    pub(super) fn none() -> Taken<C> {
+        Taken {
+            body: Permits::new(),
+            head: Permits::new(),
+        }
+    }
+
+    /// What the response will hold, if anything.
+    pub(super) fn held(self) -> Option<Held> {
+        if self.body.is_empty() && self.head.is_empty() {
+            return None;
+        }
+        Some(Held {
+            permits: Box::new(self.body),
+            at_head: (!self.head.is_empty()).then(|| Box::new(self.head) as Box<dyn Release>),
+            outcome: Outcome::Dropped,
+        })
+    }
+}
+
 impl<C: Clock + 'static> Release for Permits<C> {
     fn release(&mut self, outcome: Outcome) {
         for p in self.drain(..) {
             p.release(outcome);
         }
+    }
+
+    fn is_empty(&self) -> bool {
+        SmallVec::is_empty(self)
     }
 }
 
@@ -300,21 +378,18 @@ impl<C: Clock + 'static> Release for Permits<C> {
 /// to its end); during a panic, `Dropped`.
 pub(crate) struct Held {
     permits: Box<dyn Release>,
+    /// The permits given back at the response head; `None` once they are
+    /// (or when there are none).
+    at_head: Option<Box<dyn Release>>,
     /// What a drop reports.
     outcome: Outcome,
 }
 
 impl Held {
-    /// Holds `permits`; a drop before the response head reports `Dropped`.
-    pub(super) fn new<C: Clock + 'static>(permits: Permits<C>) -> Held {
-        Held {
-            permits: Box::new(permits),
-            outcome: Outcome::Dropped,
-        }
-    }
-
-    /// The response head arrived with `status`.
-    pub(super) fn responded(&mut self, status: StatusCode) {
+    /// The response head arrived with `status`: the permits of
+    /// [`PermitRelease::ResponseHead`] rules are given back now, with the
+    /// status's outcome. Whether the body still holds any permit.
+    pub(super) fn responded(&mut self, status: StatusCode) -> bool {
         self.outcome = if status.is_server_error() {
             Outcome::Dropped
         } else if status.is_client_error() {
@@ -322,6 +397,10 @@ impl Held {
         } else {
             Outcome::Success
         };
+        if let Some(mut head) = self.at_head.take() {
+            head.release(self.outcome);
+        }
+        !self.permits.is_empty()
     }
 
     /// The response body ended: release with the response's outcome.
@@ -341,6 +420,9 @@ impl Drop for Held {
             self.outcome
         };
         self.permits.release(outcome);
+        if let Some(mut head) = self.at_head.take() {
+            head.release(outcome);
+        }
     }
 }
 

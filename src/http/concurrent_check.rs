@@ -16,7 +16,7 @@
 //! releases them with its future.
 //! What an adaptive rule learns is in `concurrent.rs`'s docs.
 use super::compiled::{Entries, Entry, INLINE_RULES};
-use super::concurrent::{Classes, ConcLimit, Held, Permit, Permits};
+use super::concurrent::{Classes, ConcLimit, Held, Permit, Taken};
 use super::engine::{After, LocalSet, RequestHead, Shared, Verdict};
 use super::info::RateLimitInfo;
 use super::response;
@@ -161,7 +161,7 @@ impl<C: Clock + 'static> Shared<C> {
         insert: &mut Option<RateLimitInfo>,
     ) -> Verdict {
         let classes = self.classes(&entries, req.headers);
-        let (checked, permits) = self.check_mixed(&mut entries, &classes);
+        let (checked, taken) = self.check_mixed(&mut entries, &classes);
         if !matches!(checked, Ok(true)) {
             let grpc = response::is_grpc(req.headers);
             return Verdict::Reject(self.refused(checked, &mut entries, grpc));
@@ -173,10 +173,7 @@ impl<C: Clock + 'static> Shared<C> {
             *insert = Some(RateLimitInfo::of(&self.names, &entries));
         }
         let mut after = self.after::<true>(&entries);
-        self.hold(
-            &mut after,
-            (!permits.is_empty()).then(|| Held::new(permits)),
-        );
+        self.hold(&mut after, taken.held());
         Verdict::Pass(after)
     }
 
@@ -188,7 +185,7 @@ impl<C: Clock + 'static> Shared<C> {
         &self,
         entries: &mut [Entry],
         classes: &[Priority],
-    ) -> (Result<bool, (u16, InsufficientCapacity)>, Permits<C>) {
+    ) -> (Result<bool, (u16, InsufficientCapacity)>, Taken<C>) {
         let kind = |e: &Entry| {
             let r = &self.rules[usize::from(e.rule)];
             match (e.shadow, r.conc.is_some(), r.local().is_some()) {
@@ -223,7 +220,7 @@ impl<C: Clock + 'static> Shared<C> {
         let taken = set.taken.into_inner();
         let allowed = match checked {
             Ok(allowed) => allowed,
-            Err(e) => return (Err((self.culprit(entries, e.capacity), e)), Permits::new()),
+            Err(e) => return (Err((self.culprit(entries, e.capacity), e)), Taken::none()),
         };
         for i in rate_map.iter().chain(&conc_map).map(|&i| usize::from(i)) {
             let e = &entries[i];
@@ -247,11 +244,17 @@ impl<C: Clock + 'static> Shared<C> {
                 }
             }
         }
-        let permits: Permits<C> = if allowed {
-            taken.into_iter().flatten().collect()
-        } else {
-            Permits::new()
-        };
+        let mut permits = Taken::none();
+        if allowed {
+            for (j, p) in taken.into_iter().enumerate() {
+                let Some(p) = p else { continue };
+                let rule = &self.rules[usize::from(entries[usize::from(conc_map[j])].rule)];
+                match rule.conc.as_ref().is_some_and(|c| c.at_head) {
+                    true => permits.head.push(p),
+                    false => permits.body.push(p),
+                }
+            }
+        }
         (Ok(allowed), permits)
     }
 

@@ -1,10 +1,11 @@
 //! A [`RuleConfig`]'s concurrency fields (features `tower` and `serde`):
 //! `concurrent = N` instead of `policy` makes a concurrency rule
-//! ([`Rule::concurrent`]); `adaptive`, `reserve` and `priority_header`
-//! apply to it only. Each bad value is an [`HttpConfigError`] naming the
+//! ([`Rule::concurrent`]); `adaptive`, `reserve`, `priority_header` and
+//! `release_permit` apply to it only. Each bad value is an [`HttpConfigError`] naming the
 //! rule and the field.
 
 use super::builder::HttpConfigError;
+use super::concurrent::PermitRelease;
 use super::config::{Backend, RuleConfig};
 use super::key::Key;
 use super::rule::Rule;
@@ -40,6 +41,7 @@ impl RuleConfig {
         let only = [
             ("adaptive", self.adaptive.clone()),
             ("priority_header", self.priority_header.clone()),
+            ("release_permit", self.release_permit.clone()),
             (
                 "reserve",
                 (!self.reserve.is_empty()).then(|| format!("{:?}", self.reserve)),
@@ -94,6 +96,20 @@ impl RuleConfig {
                 self.bad("priority_header", h, "a header name such as `x-priority`")
             })?;
             rule = rule.priority_by_header(h);
+        }
+        if let Some(text) = &self.release_permit {
+            let when = match text.as_str() {
+                "body-end" => PermitRelease::BodyEnd,
+                "response-head" => PermitRelease::ResponseHead,
+                _ => {
+                    return Err(self.bad(
+                        "release_permit",
+                        text,
+                        "`body-end` (the default) or `response-head`",
+                    ))
+                }
+            };
+            rule = rule.release_permit(when);
         }
         Ok(rule)
     }

@@ -35,6 +35,7 @@ use std::collections::BTreeMap;
 /// | `headers` | `"draft"` (default), `"draft-closest"`, `"legacy"` or `"none"` |
 /// | `trusted_proxies` | networks of proxies to walk past, `["10.0.0.0/8"]` |
 /// | `trusted_hops` | or: how many proxies stand in front of the server |
+/// | `trusted_peers` | with `trusted_hops`: the proxies' networks; a peer outside them is the client, whatever its headers say |
 /// | `proxy_header` | `"x-forwarded-for"` (default) or `"forwarded"` |
 /// | `client_ip_header` | a CDN's single header, believed from `trusted_proxies` only |
 /// | `allow` | networks whose clients pass unlimited |
@@ -81,6 +82,11 @@ pub struct LayerConfig {
     /// ([`ClientIp::behind_hops`]); not with `trusted_proxies`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub trusted_hops: Option<u32>,
+    /// With `trusted_hops`: the networks the TCP peer must be in for the
+    /// chain to be read ([`ClientIp::from_peers`]). Without it a hop count
+    /// believes every peer, and the layer warns when it is built.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub trusted_peers: Vec<String>,
     /// The list header the proxies write: `"x-forwarded-for"` (default) or
     /// `"forwarded"` (RFC 7239).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -111,7 +117,8 @@ pub struct LayerConfig {
 /// | `key` | `"ip"`, `"header:x-api-key"`, `"route"`, `"global"`, or parts joined by `+` (`"ip + route"`) |
 /// | `ipv4_prefix`, `ipv6_prefix` | for `ip` keys: group clients by this many leading bits (defaults 32 and 64) |
 /// | `methods` | only these methods, `["POST"]` (case-sensitive) |
-/// | `path_prefix` | only paths under this prefix, whole segments: `"/login"` |
+/// | `path_prefix` | only paths under this prefix, whole segments, both normalized (`//login`, `/%6Cogin` are `/login`): `"/login"` |
+/// | `ignore_path_case` | `true`: the path prefix matches letters in either case |
 /// | `route` | only this axum route (`MatchedPath`), `"/items/{id}"` |
 /// | `cost` | units per request (default 1) |
 /// | `mode` | `"enforce"` (default), `"shadow"` or `"off"` |
@@ -133,7 +140,8 @@ pub struct LayerConfig {
 /// | `concurrent` | instead of `policy`: a concurrency rule, at most this many requests in flight (`key = "global"`) |
 /// | `adaptive` | concurrency rules: `"vegas FLOOR..CEILING"` or `"aimd FLOOR..CEILING LATENCY"` (`backoff 0.8` optional) |
 /// | `reserve` | concurrency rules: percent reserved per class, `{ critical = 20, normal = 10 }` |
-/// | `priority_header` | concurrency rules: the header naming a request's class (`critical`, `normal`, `sheddable`) |
+/// | `priority_header` | concurrency rules: the header naming a request's class (`critical`, `normal`, `sheddable`); a client can send it too: set it in a trusted proxy that strips it from clients |
+/// | `release_permit` | concurrency rules: `"body-end"` (default: a slow reader holds its permit until its body ends) or `"response-head"` |
 ///
 /// `max_keys`, `when_full` and `lockout_max_keys` are for local rules only, the `redis_*`,
 /// `on_failure` and `deny_cache` fields for Redis rules only; either on
@@ -175,6 +183,10 @@ pub struct RuleConfig {
     /// Only paths under this prefix ([`Rule::on_path_prefix`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path_prefix: Option<String>,
+    /// The path prefix matches letters in either case
+    /// ([`Rule::ignore_path_case`]).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub ignore_path_case: bool,
     /// Only this axum route ([`Rule::on_route`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub route: Option<String>,
@@ -255,9 +267,15 @@ pub struct RuleConfig {
     /// ([`Rule::reserve`]).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub reserve: BTreeMap<String, u8>,
-    /// The header naming a request's class ([`Rule::priority_by_header`]).
+    /// The header naming a request's class ([`Rule::priority_by_header`]):
+    /// a client can send it too, so set it in a trusted proxy that strips
+    /// it from clients.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority_header: Option<String>,
+    /// When a concurrency rule's permit is given back: `"body-end"`
+    /// (default) or `"response-head"` ([`Rule::release_permit`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub release_permit: Option<String>,
 }
 
 /// What a Redis rule is built with: the backend with the `redis` feature,
@@ -459,6 +477,16 @@ impl RuleConfig {
                 ));
             }
             rule = rule.on_path_prefix(prefix.clone());
+        }
+        if self.ignore_path_case {
+            if self.path_prefix.is_none() {
+                return Err(self.bad(
+                    "ignore_path_case",
+                    "true",
+                    "a `path_prefix` too: it says how the prefix is compared",
+                ));
+            }
+            rule = rule.ignore_path_case();
         }
         if let Some(route) = &self.route {
             if !route.starts_with('/') {
@@ -763,6 +791,14 @@ impl LayerConfig {
             })?);
         }
         let proxies = networks("trusted_proxies", &self.trusted_proxies)?;
+        if !self.trusted_peers.is_empty() && self.trusted_hops.is_none() {
+            return Err(bad(
+                "trusted_peers",
+                &self.trusted_peers.join(", "),
+                "`trusted_hops` too: the peers are the proxies a hop count trusts \
+                 (`trusted_proxies` and `client_ip_header` already check the peer)",
+            ));
+        }
         let proxy_header =
             match &self.proxy_header {
                 None => None,
@@ -820,7 +856,11 @@ impl LayerConfig {
                     .ok()
                     .filter(|&n| n <= MAX_HOPS)
                     .ok_or_else(|| bad("trusted_hops", &n.to_string(), "a count from 0 to 32"))?;
-                ClientIp::behind_hops(hops)
+                match self.trusted_peers.is_empty() {
+                    true => ClientIp::behind_hops(hops),
+                    false => ClientIp::behind_hops(hops)
+                        .from_peers(networks("trusted_peers", &self.trusted_peers)?),
+                }
             }
             (None, None) if !proxies.is_empty() => ClientIp::behind_proxies(proxies),
             (None, None) => {

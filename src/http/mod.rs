@@ -99,6 +99,7 @@ mod headers;
 mod info;
 mod key;
 mod lockout;
+mod path;
 #[cfg(feature = "redis")]
 mod remote_check;
 mod response;
@@ -110,6 +111,7 @@ mod tier;
 
 pub use builder::{HttpConfigError, RateLimitBuilder};
 pub use client_ip::{Cidr, CidrParseError, ClientIp, ProxyHeader, MAX_HOPS};
+pub use concurrent::PermitRelease;
 #[cfg(feature = "serde")]
 pub use config::{LayerConfig, RuleConfig};
 pub use headers::{Headers, Items};

@@ -6,7 +6,7 @@
 //! count-only-failures Redis rules.
 
 use super::compiled::{Compiled, Entries, Entry, INLINE_RULES};
-use super::concurrent::{Classes, Held, Permit, Permits};
+use super::concurrent::{Classes, Permit, Taken};
 use super::concurrent_redis::release;
 use super::engine::{RemoteRefunds, Shared, Verdict};
 use super::info::RateLimitInfo;
@@ -114,7 +114,7 @@ impl<C: Clock + 'static> Shared<C> {
         let (local, mut permits) = if self.concurrent {
             self.check_mixed(&mut entries, &classes)
         } else {
-            (self.check_enforced(&mut entries, true), Permits::new())
+            (self.check_enforced(&mut entries, true), Taken::none())
         };
         if !matches!(local, Ok(true)) {
             release(redis_permits).await;
@@ -127,9 +127,11 @@ impl<C: Clock + 'static> Shared<C> {
         }
         if !redis_permits.is_empty() {
             self.count_redis_permits(&entries, &keys);
-            permits.extend(redis_permits.into_iter().map(Permit::Redis));
+            permits
+                .body
+                .extend(redis_permits.into_iter().map(Permit::Redis));
         }
-        let held = (!permits.is_empty()).then(|| Held::new(permits));
+        let held = permits.held();
         for &i in &idx {
             let c = &rule_of(&entries[i]).counters;
             bump(&c.allowed);

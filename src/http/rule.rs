@@ -1,8 +1,9 @@
 //! Rules: a name, a key, a policy, where it applies, what a request costs,
 //! and what to do when the key is missing.
 
-use super::concurrent::Concurrency;
+use super::concurrent::{Concurrency, PermitRelease};
 use super::key::{Key, RequestParts};
+use super::path;
 use super::tier::{TierBy, Tiers};
 use crate::concurrency::{Adaptive, Priority};
 use crate::keyed::{TableOptions, WhenFull};
@@ -109,7 +110,10 @@ pub(super) enum Cost {
 #[derive(Clone, Debug, Default)]
 pub(super) struct Matcher {
     methods: Vec<Method>,
+    /// Normal (`path::normalize`): the request's path is normalized too.
     path_prefix: Option<String>,
+    /// The prefix matches ASCII letters in either case.
+    ignore_case: bool,
     route: Option<String>,
 }
 
@@ -134,12 +138,7 @@ impl Matcher {
             return false;
         }
         if let Some(prefix) = &self.path_prefix {
-            let path = req.uri.path();
-            let ok = path.starts_with(prefix.as_str())
-                && (prefix.ends_with('/')
-                    || path.len() == prefix.len()
-                    || path.as_bytes().get(prefix.len()) == Some(&b'/'));
-            if !ok {
+            if !path::under(prefix, req.uri.path(), self.ignore_case) {
                 return false;
             }
         }
@@ -362,9 +361,11 @@ impl Rule {
 
     /// A concurrency rule reads a request's [`Priority`] from header
     /// `header`: `critical`, `normal` or `sheddable` (any case); a missing
-    /// or other value is `normal`. Set the header in a trusted proxy or an
-    /// inner layer, not from clients: a client that can send it picks its
-    /// own class. An invalid header name is
+    /// or other value is `normal`. **A client can send this header too**:
+    /// set it in a trusted layer (your authenticating proxy, or a layer
+    /// outside this one that computes it) and strip it from clients at the
+    /// edge. Otherwise any client that sends `critical` takes the share
+    /// reserved for critical requests. An invalid header name is
     /// [`HttpConfigError::InvalidHeaderName`](super::HttpConfigError::InvalidHeaderName)
     /// when the layer is built.
     ///
@@ -379,6 +380,24 @@ impl Rule {
     /// ```
     pub fn priority_by_header(mut self, header: &str) -> Rule {
         self.concurrency_mut().priority_header = Some(header.to_owned());
+        self
+    }
+
+    /// When a concurrency rule gives a request's permit back: at the end
+    /// of the response body (the default), or at the response head, so a
+    /// client that reads slowly or not at all holds no permit while its
+    /// body streams ([`PermitRelease`] says what each bounds). Local
+    /// concurrency rules only.
+    ///
+    /// ```
+    /// use ratewall::http::{Key, PermitRelease, Rule};
+    ///
+    /// let handlers = Rule::concurrent("handlers", Key::global(), 64)
+    ///     .release_permit(PermitRelease::ResponseHead);
+    /// # let _ = handlers;
+    /// ```
+    pub fn release_permit(mut self, when: PermitRelease) -> Rule {
+        self.concurrency_mut().release = when;
         self
     }
 
@@ -553,8 +572,16 @@ impl Rule {
         self
     }
 
-    /// Applies only to paths under `prefix` (`/login` matches `/login` and
-    /// `/login/otp`, not `/loginx`).
+    /// Applies only to paths under `prefix`, by whole segments (`/login`
+    /// matches `/login` and `/login/otp`, not `/loginx`; a prefix ending
+    /// in `/` matches what follows it). Both are compared normalized as
+    /// RFC 3986 says, so every spelling a normalizing router or proxy
+    /// sends to the same route is matched: `//login`, `/./login`,
+    /// `/x/../login` and `/%6Cogin` are `/login`. Escapes of other
+    /// characters stay escapes (`/login%2Fotp` is one segment). Letters
+    /// are compared as written, as axum's router does; see
+    /// [`ignore_path_case`](Self::ignore_path_case). A prefix without a
+    /// leading `/` is read as if it had one.
     ///
     /// ```
     /// # use ratewall::http::Rule;
@@ -563,7 +590,25 @@ impl Rule {
     /// # let _ = r;
     /// ```
     pub fn on_path_prefix(mut self, prefix: impl Into<String>) -> Rule {
-        self.matcher.path_prefix = Some(prefix.into());
+        self.matcher.path_prefix = Some(path::normalize(&prefix.into()));
+        self
+    }
+
+    /// The path prefix matches ASCII letters in either case (`/LOGIN` is
+    /// under `/login`): for a server whose router, or a layer inside this
+    /// one, ignores case. Without it a case-insensitive router reaches
+    /// the route around the rule.
+    ///
+    /// ```
+    /// # use ratewall::http::Rule;
+    /// # use ratewall::{Policy, Window};
+    /// let r = Rule::per_ip("login", Policy::sliding_window_log(Window::per_minute(5)))
+    ///     .on_path_prefix("/login")
+    ///     .ignore_path_case();
+    /// # let _ = r;
+    /// ```
+    pub fn ignore_path_case(mut self) -> Rule {
+        self.matcher.ignore_case = true;
         self
     }
 
@@ -940,50 +985,5 @@ pub(super) fn valid_name(name: &str) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use http::Extensions;
-
-    #[test]
-    fn names_are_tokens_without_escapes() {
-        for ok in ["default", "ip", "per-ip/v6:56", "a", "Login_1.x"] {
-            assert!(valid_name(ok), "{ok}");
-        }
-        let long = "a".repeat(65);
-        for bad in [
-            "",
-            "1ip",
-            "-x",
-            "a b",
-            "a\"b",
-            "a\\b",
-            "a,b",
-            "a;b",
-            "é",
-            long.as_str(),
-            "*x",
-        ] {
-            assert!(!valid_name(bad), "{bad}");
-        }
-    }
-
-    #[test]
-    fn path_prefixes_match_whole_segments() {
-        let m = Matcher {
-            methods: vec![Method::POST],
-            path_prefix: Some("/login".into()),
-            route: None,
-        };
-        let (h, e) = (HeaderMap::new(), Extensions::new());
-        let check = |method: Method, path: &str| {
-            let uri: Uri = path.parse().unwrap();
-            m.matches(&RequestParts::sample(&method, &uri, &h, &e))
-        };
-        assert!(check(Method::POST, "/login"));
-        assert!(check(Method::POST, "/login/otp"));
-        assert!(check(Method::POST, "/login?x=1"));
-        assert!(!check(Method::POST, "/loginx"));
-        assert!(!check(Method::GET, "/login"));
-        assert!(!check(Method::POST, "/"));
-    }
-}
+#[path = "rule_tests.rs"]
+mod tests;

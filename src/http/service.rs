@@ -307,8 +307,8 @@ fn apply_after<B>(res: &mut Response<B>, after: &mut Option<After>) -> Option<He
             }
         }
         if let Some(mut held) = later.held {
-            held.responded(s);
-            return Some(held);
+            // Nothing left for the body to hold: the body goes unwrapped.
+            return held.responded(s).then_some(held);
         }
     }
     None

@@ -6,6 +6,8 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod forged_forwarded;
+mod hardening;
 mod hostile_upstream;
 mod key_spray;
 mod lockout_wear;
