@@ -57,6 +57,10 @@ pub(crate) const STORE_BATCH: &str = "ratewall_redis_batch_size";
 #[cfg(feature = "redis")]
 pub(crate) const STORE_BREAKER: &str = "ratewall_redis_breaker_state";
 
+/// A concurrency rule's maximum permits in flight (`rule`): an adaptive
+/// rule's current maximum.
+pub(crate) const HTTP_CONCURRENCY_MAX: &str = "ratewall_http_concurrency_max";
+
 /// How often (in admitted requests of a rule) its table's occupancy is read.
 #[cfg(feature = "tower")]
 pub(crate) const OCCUPANCY_EVERY: u64 = 1024;
@@ -233,5 +237,37 @@ impl StoreMetrics {
     /// A batch of `n` checks sent as one script call.
     pub(crate) fn batch(&self, n: usize) {
         self.batch.record(n as f64);
+    }
+}
+
+/// [`HTTP_CONCURRENCY_MAX`] of an adaptive rule, and the value it last
+/// set: a request that finds the maximum unchanged writes nothing.
+#[cfg(feature = "tower")]
+pub(crate) struct MaxGauge {
+    gauge: Gauge,
+    last: crate::sync::AtomicU64,
+}
+
+#[cfg(feature = "tower")]
+impl MaxGauge {
+    /// The gauge of rule `rule`, set to `max`.
+    pub(crate) fn new(rule: &str, max: u64) -> MaxGauge {
+        let gauge = gauge!(HTTP_CONCURRENCY_MAX, "rule" => rule.to_owned());
+        gauge.set(max as f64);
+        MaxGauge {
+            gauge,
+            last: crate::sync::AtomicU64::new(max),
+        }
+    }
+
+    /// Sets the gauge to `max` if it changed.
+    #[inline]
+    pub(crate) fn observe(&self, max: u64) {
+        // Relaxed: a reporting cache that publishes nothing; two requests
+        // racing may both set the gauge, each to a maximum that held.
+        if self.last.load(crate::sync::Ordering::Relaxed) != max {
+            self.last.store(max, crate::sync::Ordering::Relaxed);
+            self.gauge.set(max as f64);
+        }
     }
 }

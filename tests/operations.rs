@@ -375,3 +375,88 @@ fn a_tiered_rule_reports_each_table_under_its_tier() {
         (Some(1_000.0), Some(1_000.0))
     );
 }
+
+/// Concurrency rules (issue 30): an adaptive rule's current maximum as
+/// `RuleStats::max_in_flight` and as the gauge `ratewall_http_concurrency_max`
+/// (set when a request's acquire finds it changed), following the limit as
+/// slow responses shrink it; a table's capacity only where there is a table
+/// (a per-key rule's, not one limit shared by every request).
+#[tokio::test]
+async fn concurrency_rules_report_their_maximum_and_only_real_tables() {
+    use ratewall::{Adaptive, ManualClock};
+    use tower::ServiceExt;
+    // One request through `app` in process, its body read to the end (a
+    // concurrency rule's `RateLimit` item has no `t`: no field check).
+    async fn call(app: &Router) -> StatusCode {
+        let mut req = http::Request::new(axum::body::Body::empty());
+        req.extensions_mut()
+            .insert(axum::extract::ConnectInfo(std::net::SocketAddr::from((
+                [192, 0, 2, 1],
+                40_000,
+            ))));
+        let res = app.clone().oneshot(req).await.unwrap();
+        let status = res.status();
+        let _ = http_body_util::BodyExt::collect(res.into_body()).await;
+        status
+    }
+    let recorder = DebuggingRecorder::new();
+    let snap = recorder.snapshotter();
+    let clock = ManualClock::new();
+    let layer = metrics::with_local_recorder(&recorder, || {
+        RateLimitLayer::builder()
+            .clock(clock.clone())
+            .rule(
+                Rule::concurrent("db", Key::global(), 20).adaptive(Adaptive::aimd(
+                    2,
+                    40,
+                    Duration::from_millis(10),
+                )),
+            )
+            .rule(Rule::concurrent("per-ip", Key::client_ip(), 3).max_keys(500))
+            .build()
+            .unwrap()
+    });
+    let s = take(&snap);
+    assert_eq!(
+        s.gauge("ratewall_http_concurrency_max", &[("rule", "db")]),
+        Some(20.0)
+    );
+    assert_eq!(
+        s.gauge("ratewall_http_concurrency_max", &[("rule", "per-ip")]),
+        None
+    );
+    let capacity = |rule: &str| s.gauge("ratewall_http_table_capacity", &[("rule", rule)]);
+    assert_eq!((capacity("db"), capacity("per-ip")), (None, Some(500.0)));
+    assert_eq!(
+        layer
+            .stats()
+            .iter()
+            .map(|r| r.max_in_flight())
+            .collect::<Vec<_>>(),
+        vec![Some(20), Some(3)]
+    );
+    // Every response takes 50 ms, past the 10 ms AIMD threshold: the
+    // maximum shrinks.
+    let slow = clock.clone();
+    let app = Router::new()
+        .route(
+            "/",
+            get(move || {
+                slow.advance(Duration::from_millis(50));
+                async { "ok" }
+            }),
+        )
+        .layer(layer.clone());
+    for _ in 0..60 {
+        assert_eq!(call(&app).await, StatusCode::OK);
+    }
+    let shrunk = layer.stats()[0].max_in_flight().unwrap();
+    assert!(shrunk < 20, "{shrunk}");
+    // The next request's acquire reports the maximum it met.
+    assert_eq!(call(&app).await, StatusCode::OK);
+    let s = take(&snap);
+    assert_eq!(
+        s.gauge("ratewall_http_concurrency_max", &[("rule", "db")]),
+        Some(shrunk as f64)
+    );
+}

@@ -507,7 +507,13 @@ impl<C: Clock + Clone> RateLimitBuilder<C> {
             };
             // Fits: at most u16::MAX rules (checked above).
             let base = i as u16;
-            let mut compiled = compile(rule, limit, base, lockout, "");
+            // A concurrency rule's table is its limiter's (none for one
+            // limit shared by all); the rate table beside it is unused.
+            let table = match &conc {
+                Some(c) => c.max_keys(),
+                None => table_of(&limit),
+            };
+            let mut compiled = compile(rule, limit, base, lockout, "", table);
             if let Some(c) = conc {
                 let mut item = Buf::new();
                 item.concurrency_policy_item(&compiled.rule.name, c.quota());
@@ -537,7 +543,8 @@ impl<C: Clock + Clone> RateLimitBuilder<C> {
                     return Err(HttpConfigError::TooManyRules);
                 }
                 // Fits: `i` is a rule's index.
-                rules.push(compile(t, limit, i as u16, None, tier));
+                let table = table_of(&limit);
+                rules.push(compile(t, limit, i as u16, None, tier, table));
             }
             rules[i].tiers = Some(Box::new(pick));
         }
@@ -727,18 +734,16 @@ fn tier_error(rule: &str, e: TierError) -> HttpConfigError {
 }
 
 /// A rule as built: its limit, headers rendered once, its counters.
+/// `max_keys`: the capacity of the rule's table, if it has one (a rate
+/// rule's `limit`, a per-key concurrency rule's limiter; see [`table_of`]).
 fn compile<C: Clock>(
     rule: Rule,
     limit: RuleLimit<C>,
     base: u16,
     lockout: Option<Lockout<C>>,
     tier: &str,
+    max_keys: Option<usize>,
 ) -> Compiled<C> {
-    let max_keys = match &limit {
-        RuleLimit::Local(l) => Some(l.max_keys()),
-        #[cfg(feature = "redis")]
-        RuleLimit::Redis(_) | RuleLimit::RedisConcurrent => None,
-    };
     let mut item = Buf::new();
     item.policy_item(&rule.name, &rule.policy);
     Compiled {
@@ -752,6 +757,15 @@ fn compile<C: Clock>(
         lockout,
         conc: None,
         rule,
+    }
+}
+
+/// The capacity of a rate rule's table (none for a Redis rule).
+fn table_of<C: Clock>(limit: &RuleLimit<C>) -> Option<usize> {
+    match limit {
+        RuleLimit::Local(l) => Some(l.max_keys()),
+        #[cfg(feature = "redis")]
+        RuleLimit::Redis(_) | RuleLimit::RedisConcurrent => None,
     }
 }
 

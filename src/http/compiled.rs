@@ -107,6 +107,7 @@ pub(super) fn stats<C: Clock>(rules: &[Compiled<C>]) -> Vec<RuleStats> {
             let mut sum = r.counters.snapshot(r.rule.name.clone());
             if let Some(c) = &r.conc {
                 sum.in_flight = c.in_flight();
+                sum.max_in_flight = Some(c.max());
                 sum.shed = c.shed.get();
             }
             for t in tiers {

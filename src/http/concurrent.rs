@@ -102,6 +102,10 @@ pub(super) struct ConcLimit<C: Clock> {
     pub(super) shed: Counter,
     /// Its permits are given back at the response head.
     pub(super) at_head: bool,
+    /// An adaptive rule's maximum as a gauge, set when an acquire sees it
+    /// changed.
+    #[cfg(feature = "metrics")]
+    max_gauge: Option<crate::metrics::MaxGauge>,
 }
 
 /// One limit for every request the rule matches, or one per key, or
@@ -187,6 +191,8 @@ impl<C: Clock + Clone> ConcLimit<C> {
                 sheds: !key.names_client(),
                 shed: Counter::new(name, "shed"),
                 at_head: false,
+                #[cfg(feature = "metrics")]
+                max_gauge: None,
             });
         }
         let limiter = if key.is_global() {
@@ -206,12 +212,19 @@ impl<C: Clock + Clone> ConcLimit<C> {
                 .clock(clock.clone());
             Limiter::Keyed(Arc::new(b.build().map_err(ConcError::Config)?))
         };
+        #[cfg(feature = "metrics")]
+        let max_gauge = match (&limiter, c.adaptive) {
+            (Limiter::One(l), Some(_)) => Some(crate::metrics::MaxGauge::new(name, l.max())),
+            _ => None,
+        };
         Ok(ConcLimit {
             limiter,
             priority,
             sheds: !key.names_client(),
             shed: Counter::new(name, "shed"),
             at_head: c.release == PermitRelease::ResponseHead,
+            #[cfg(feature = "metrics")]
+            max_gauge,
         })
     }
 }
@@ -238,6 +251,15 @@ impl<C: Clock> ConcLimit<C> {
             Limiter::Keyed(l) => l.max(),
             #[cfg(feature = "redis")]
             Limiter::Redis(l) => l.max(),
+        }
+    }
+
+    /// The capacity of the rule's key table: a per-key rule's; none for
+    /// one limit shared by all, or for a Redis rule.
+    pub(super) fn max_keys(&self) -> Option<usize> {
+        match &self.limiter {
+            Limiter::Keyed(l) => Some(l.max_keys()),
+            _ => None,
         }
     }
 
@@ -280,6 +302,11 @@ impl<C: Clock> ConcLimit<C> {
         Ok(match &self.limiter {
             Limiter::One(l) => {
                 let a = l.try_acquire_owned_with(n, class)?;
+                // The maximum moves on releases; the next acquire reports it.
+                #[cfg(feature = "metrics")]
+                if let Some(g) = &self.max_gauge {
+                    g.observe(l.max());
+                }
                 (a.decision(), a.into_permit().map(Permit::One))
             }
             Limiter::Keyed(l) => {

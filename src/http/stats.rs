@@ -39,6 +39,7 @@ pub struct RuleStats {
     refunded: u64,
     pub(super) shed: u64,
     pub(super) in_flight: u64,
+    pub(super) max_in_flight: Option<u64>,
     top_offenders: Vec<Offender>,
     offender_denials: u64,
 }
@@ -157,6 +158,26 @@ impl RuleStats {
     /// ```
     pub fn in_flight(&self) -> u64 {
         self.in_flight
+    }
+
+    /// A concurrency rule's maximum when the stats were read: the most
+    /// permits it admits at once (per key, for a per-key rule), which for
+    /// an adaptive rule is its current maximum, between its floor and
+    /// ceiling. `None` for a rate rule.
+    ///
+    /// ```
+    /// # use ratewall::http::{Key, RateLimitLayer, Rule};
+    /// # use ratewall::{Adaptive, Policy, Rate};
+    /// let layer = RateLimitLayer::builder()
+    ///     .rule(Rule::concurrent("db", Key::global(), 16).adaptive(Adaptive::vegas(4, 64)))
+    ///     .rule(Rule::per_ip("ip", Policy::token_bucket(Rate::per_second(10))))
+    ///     .build()?;
+    /// assert_eq!(layer.stats()[0].max_in_flight(), Some(16));
+    /// assert_eq!(layer.stats()[1].max_in_flight(), None);
+    /// # Ok::<(), ratewall::http::HttpConfigError>(())
+    /// ```
+    pub fn max_in_flight(&self) -> Option<u64> {
+        self.max_in_flight
     }
 
     /// The keys this rule denied most (shadow rules: would have denied),
@@ -370,6 +391,7 @@ impl Counters {
             refunded: self.refunded.get(),
             shed: 0,
             in_flight: 0,
+            max_in_flight: None,
             top_offenders: top
                 .into_iter()
                 .map(|c| Offender {
