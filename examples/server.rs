@@ -263,6 +263,8 @@ async fn main() {
     #[cfg(feature = "tracing")]
     tracing_subscriber::fmt()
         .with_max_level(tracing::Level::INFO)
+        // Colours for a terminal only, never escape codes in a log file.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
         .init();
     // Before the limits are built: they register their metrics then.
     #[cfg(feature = "metrics")]
@@ -344,13 +346,15 @@ async fn main() {
         .ok()
         .and_then(|p| p.parse().ok())
         .unwrap_or(3001);
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
-        .await
-        .expect("bind 127.0.0.1");
+    let listen = |port, env| async move {
+        bind(port, env).await.unwrap_or_else(|e| {
+            eprintln!("{e}");
+            std::process::exit(1);
+        })
+    };
+    let listener = listen(port, "PORT").await;
     // The operators' routes: loopback only, whatever address the API uses.
-    let admin_listener = tokio::net::TcpListener::bind(("127.0.0.1", admin_port))
-        .await
-        .expect("bind the admin port on 127.0.0.1");
+    let admin_listener = listen(admin_port, "ADMIN_PORT").await;
     println!("listening on http://{}", listener.local_addr().unwrap());
     println!(
         "operators: http://{}/admin/limits, and /metrics with the `metrics` feature",
@@ -362,6 +366,19 @@ async fn main() {
     );
     let private = axum::serve(admin_listener, admin(layer).into_make_service());
     let (public, private) = tokio::join!(public, private);
-    public.expect("server");
-    private.expect("admin server");
+    for (what, served) in [("server", public), ("admin server", private)] {
+        if let Err(e) = served {
+            eprintln!("{what}: {e}");
+            std::process::exit(1);
+        }
+    }
+}
+
+/// A listener on 127.0.0.1:`port`, or the one line `main` prints before it
+/// exits with status 1: what failed and which setting (`env`) to change (a
+/// busy port is a user's mistake, not a panic with a backtrace).
+pub async fn bind(port: u16, env: &str) -> Result<tokio::net::TcpListener, String> {
+    tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .map_err(|e| format!("cannot listen on 127.0.0.1:{port} ({e}): set {env} to a free port"))
 }

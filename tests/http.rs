@@ -1307,3 +1307,66 @@ async fn capturing_closures_skip_cost_and_find_the_peer() {
     let got = Got::read(app.clone().oneshot(req).await.unwrap()).await;
     assert_eq!(got.remaining("ip"), Some(99));
 }
+
+/// axum applies `Router::layer` to what the router holds when it is
+/// called: routes and a fallback added before it are limited (the default
+/// 404 too), a fallback (or route) added after it is not, so an unknown
+/// path is answered unlimited. Wrapping the whole router
+/// (`Router::new().fallback_service(limits.layer(router))`) covers every
+/// request whatever the order. docs/http.md, "Axum: routes and the fallback".
+#[tokio::test]
+async fn a_fallback_added_after_the_layer_is_unlimited_and_wrapping_the_router_covers_it() {
+    use tower::Layer;
+    let layer = |clock: &ManualClock| {
+        RateLimitLayer::builder()
+            .clock(clock.clone())
+            .rule(Rule::per_ip(
+                "ip",
+                Policy::fixed_window(Window::per_minute(2)),
+            ))
+            .build()
+            .unwrap()
+    };
+    async fn missing() -> StatusCode {
+        StatusCode::NOT_FOUND
+    }
+    let routes = || Router::new().route("/", get(|| async { "ok" }));
+    async fn four<S>(svc: S) -> Vec<StatusCode>
+    where
+        S: tower::Service<Request<Body>, Response = axum::response::Response> + Clone,
+        S::Error: std::fmt::Debug,
+    {
+        let mut seen = Vec::new();
+        for _ in 0..4 {
+            let mut req = Request::get("/no-such-path").body(Body::empty()).unwrap();
+            req.extensions_mut()
+                .insert(axum::extract::ConnectInfo(SocketAddr::from((
+                    [192, 0, 2, 1],
+                    40_000,
+                ))));
+            seen.push(svc.clone().oneshot(req).await.unwrap().status());
+        }
+        seen
+    }
+    let limited = vec![
+        StatusCode::NOT_FOUND,
+        StatusCode::NOT_FOUND,
+        StatusCode::TOO_MANY_REQUESTS,
+        StatusCode::TOO_MANY_REQUESTS,
+    ];
+    let clock = ManualClock::new();
+    // The fallback before the layer (or axum's default 404): limited.
+    let before = routes().fallback(missing).layer(layer(&clock));
+    assert_eq!(four(before).await, limited);
+    let default = routes().layer(layer(&clock));
+    assert_eq!(four(default).await, limited);
+    // The fallback after the layer: every unknown path unlimited.
+    let after = routes().layer(layer(&clock)).fallback(missing);
+    assert_eq!(four(after).await, vec![StatusCode::NOT_FOUND; 4]);
+    // The whole router wrapped, whatever the order, and put back into a
+    // router (so that `into_make_service_with_connect_info` still applies):
+    // limited.
+    let inner = routes().fallback(missing);
+    let wrapped = Router::new().fallback_service(layer(&clock).layer(inner));
+    assert_eq!(four(wrapped).await, limited);
+}

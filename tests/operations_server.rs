@@ -206,3 +206,17 @@ async fn scrapes_match_the_client_through_a_redis_outage() {
     task.await.unwrap();
     admin_task.await.unwrap();
 }
+
+/// A busy port is one line that names the setting to change (the example
+/// prints it and exits with status 1), not a panic with a backtrace.
+#[tokio::test]
+async fn a_busy_port_is_a_one_line_error_naming_the_setting() {
+    let taken = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let e = server::bind(port, "PORT").await.unwrap_err();
+    assert!(!e.contains('\n'), "{e}");
+    assert!(
+        e.contains(&format!("127.0.0.1:{port}")) && e.contains("set PORT"),
+        "{e}"
+    );
+}

@@ -1,7 +1,7 @@
 //! What a client learns per upstream partition (an authority, or whatever
 //! key the caller picks), and the bounded table that holds it.
 //!
-//! # Rules (DESIGN.md §5.2)
+//! # Rules
 //!
 //! - A pause ([`Announcement::pause`]: a 429, `r=0`, a `Retry-After`)
 //!   holds the partition until the upstream says. Pauses only lengthen:
