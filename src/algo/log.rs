@@ -111,24 +111,35 @@ impl SlidingLog {
         // long idle), binary search. No overflow: times are at most 2^63
         // and W at most 2^62.
         let gone = |r: &Run| r.time + w <= t;
-        let runs = &ring.runs;
-        let mut expired = runs.iter().take(SCAN).take_while(|r| gone(r)).count();
-        if expired == SCAN {
-            expired = runs.partition_point(gone);
+        // The units before the first run kept: the last expired run's count.
+        let (mut expired, mut before) = (0, ring.base);
+        for r in ring.runs.iter().take(SCAN) {
+            if !gone(r) {
+                break;
+            }
+            expired += 1;
+            before = r.upto;
         }
-        let before = ring.upto_before(expired);
-        let total = ring.total();
+        if expired == SCAN {
+            expired = ring.runs.partition_point(gone);
+            before = ring.upto_before(expired);
+        }
+        let newest = ring.runs.back().copied();
+        let total = newest.map_or(ring.base, |r| r.upto);
         // Wrapping: the counts are exact modulo 2^64 and at most L apart.
         let in_window = total.wrapping_sub(before);
         if in_window + n <= l {
             if consume {
-                ring.admit(expired, before, t, total.wrapping_add(n), l);
+                // `t >= floor >= every run's time`: equal means this instant.
+                let joins = newest.is_some_and(|r| r.time == t);
+                ring.admit(expired, before, t, total.wrapping_add(n), joins, l);
             }
             return Decision::allow(l, l - in_window - n, t + w - now);
         }
         // The (in_window + n - L)-th oldest unit in the window must leave:
         // the first run whose count since `before` reaches it. The window
         // is not empty here (n <= L), so that run exists.
+        let runs = &ring.runs;
         let must_leave = in_window + n - l;
         let (mut lo, mut hi) = (expired, runs.len() - 1);
         while lo < hi {
@@ -140,7 +151,7 @@ impl SlidingLog {
             }
         }
         let oldest = runs[lo].time;
-        let newest = runs[runs.len() - 1].time;
+        let newest = newest.map_or(t, |r| r.time);
         Decision::deny(l, l - in_window, oldest + w - now, newest + w - now)
     }
 }
@@ -214,9 +225,9 @@ impl Ring {
 
     /// Records an admission at `t` whose units bring the total to `upto`:
     /// drops the first `expired` runs (`before` units came before the
-    /// first run kept), then joins the back run if it is at `t`, else
-    /// appends one run. The ring holds at most `limit` runs.
-    fn admit(&mut self, expired: usize, before: u64, t: u64, upto: u64, limit: u64) {
+    /// first run kept), then adds to the back run if it `joins` (it is at
+    /// `t`), else appends one run. The ring holds at most `limit` runs.
+    fn admit(&mut self, expired: usize, before: u64, t: u64, upto: u64, joins: bool, limit: u64) {
         let runs = &mut self.runs;
         if expired > 0 {
             // Plain pops: cheaper than `drain` for the usual one run.
@@ -225,23 +236,27 @@ impl Ring {
             }
             self.base = before;
             // A quarter full: halve, so a burst's memory goes back.
-            if runs.capacity() > KEEP_RUNS && runs.len() * 4 <= runs.capacity() {
+            if runs.len() * 4 <= runs.capacity() && runs.capacity() > KEEP_RUNS {
                 runs.shrink_to((runs.capacity() / 2).max(KEEP_RUNS));
             }
         }
-        match runs.back_mut() {
-            // `t >= floor >= every run's time`: equal means the same instant.
-            Some(back) if back.time == t => back.upto = upto,
-            _ => {
-                if runs.len() == runs.capacity() {
-                    // Double, but never past L runs (each holds a unit).
-                    // A run in the window holds a unit, so len < L here.
-                    let len = runs.len() as u64;
-                    let grow = len.max(KEEP_RUNS as u64).min(limit - len).max(1);
-                    runs.reserve_exact(grow as usize);
-                }
-                runs.push_back(Run { time: t, upto });
+        if joins {
+            // The back run is at `t`, so in the window: it was not popped.
+            if let Some(back) = runs.back_mut() {
+                back.upto = upto;
             }
+        } else {
+            if runs.len() == runs.capacity() {
+                // Double, but never past L runs: a run in the window holds
+                // a unit, so len < L here.
+                let len = runs.len() as u64;
+                let grow = len
+                    .max(KEEP_RUNS as u64)
+                    .min(limit.saturating_sub(len))
+                    .max(1);
+                runs.reserve_exact(grow as usize);
+            }
+            runs.push_back(Run { time: t, upto });
         }
         self.floor = t;
     }

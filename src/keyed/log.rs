@@ -1,6 +1,6 @@
 //! The exact sliding-window log, per key: `KeyedSlidingWindowLog`.
 //!
-//! The log keeps up to `L` timestamps per key, not one word, so it does not
+//! The log keeps up to `L` runs per key, not one word, so it does not
 //! fit the slot table of `KeyedLimiter`. It lives in sharded maps instead:
 //!
 //! ```text
