@@ -27,8 +27,8 @@
 //! at most `L` runs (each holds at least one unit), whatever the costs: a
 //! cost-`n` admission is one run. A new key allocates nothing until its
 //! first admission; the ring then grows by doubling, never past `L` runs,
-//! and halves when a check finds it a quarter full; a reset gives all but
-//! a few runs back. A key admitted `L` times at `L` distinct instants
+//! and halves when an admission that drops expired runs finds it a quarter
+//! full; a reset gives all but a few runs back. A key admitted `L` times at `L` distinct instants
 //! holds `16*L` bytes; one admitted once at cost `L`, 64.
 //!
 //! # Why a lock
