@@ -125,7 +125,7 @@ pub type SlidingWindowLog<C = DefaultClock> = Limiter<SlidingLog, C>;
 /// Use it through the aliases [`TokenBucket`], [`LeakyBucket`] and the window
 /// types. All methods take `&self`; share a limiter between threads with an
 /// `Arc` or a `static`. The state is one cache-padded atomic word (a ring of
-/// timestamps for the sliding log): an allowed check is one compare-exchange,
+/// admission runs for the sliding log): an allowed check is one compare-exchange,
 /// a denied check writes nothing.
 ///
 /// # Example

@@ -1,28 +1,43 @@
 //! Sliding-window log: the exact rolling window, from a per-key ring of
-//! admission timestamps behind a small lock.
+//! admission runs behind a small lock.
 //!
 //! ```text
-//! LogRing = Mutex { times: VecDeque<u64>, floor: u64 }   capacity L, allocated once
-//!   front                                   back
-//!   [ t_0 <= t_1 <= ... <= t_(len-1) ]      len <= L, one entry per cost unit
+//! LogRing = Mutex { runs: VecDeque<Run>, base: u64, floor: u64 }   grows with use, from empty
+//!   front                                                   back
+//!   [ (t_0, upto_0), (t_1, upto_1), ..., (t_(k-1), upto_(k-1)) ]   t_0 < t_1 < ... ; k <= L
+//!   upto_i = units admitted up to and including run i (wrapping u64);
+//!   base   = units admitted before the front run, so run i holds
+//!            upto_i - upto_(i-1) units (upto_(-1) = base)
 //! ```
 //!
 //! A check at `now` of cost `n`, under the key's lock: `t = max(now, floor)`
 //! where `floor` is the time of the latest admission (a clock that stepped
-//! back is evaluated there, so the ring stays sorted; a refund does not
-//! lower it, so a refund never reopens room for an older reading); entries with `ts + W <= t` have left the window
-//! `(t - W, t]` (found by a short scan from the front, then a binary search); allowed iff `in_window + n <= L`;
-//! on allow the expired entries are dropped and `n` copies of `t` appended.
-//! The ring never holds more than `L` entries, so it never reallocates after
-//! construction (a quota change to a larger limit grows it once).
+//! back is evaluated there, so the runs stay sorted; a refund does not
+//! lower it, so a refund never reopens room for an older reading); runs
+//! with `ts + W <= t` have left the window `(t - W, t]` (found by a short
+//! scan from the front, then a binary search); the units in the window are
+//! `upto_back - upto_(expired - 1)`, one subtraction; allowed iff
+//! `in_window + n <= L`. On allow the expired runs are dropped and the `n`
+//! units join the back run if it is at `t`, else one run `(t, upto + n)` is
+//! appended. A denial writes nothing.
+//!
+//! # Memory
+//!
+//! One run of 16 bytes per distinct admission time still in the window, so
+//! at most `L` runs (each holds at least one unit), whatever the costs: a
+//! cost-`n` admission is one run. A new key allocates nothing until its
+//! first admission; the ring then grows by doubling, never past `L` runs,
+//! and halves when an admission that drops expired runs finds it a quarter
+//! full; a reset gives all but a few runs back. A key admitted `L` times at `L` distinct instants
+//! holds `16*L` bytes; one admitted once at cost `L`, 64.
 //!
 //! # Why a lock
 //!
 //! A lock-free ring needs a slot claim that no delayed writer can make stale:
 //! either a 128-bit slot (timestamp plus sequence number) or a helping
-//! protocol, and a cost-`n` admission claims `n` slots at once. The per-key
-//! critical section here is a binary search and a few stores (tens of
-//! nanoseconds); `std`'s futex mutex takes it with one uncontended
+//! protocol, and a cost-`n` admission updates a run and a count at once. The
+//! per-key critical section here is a binary search and a few stores (tens
+//! of nanoseconds); `std`'s futex mutex takes it with one uncontended
 //! compare-exchange and releases it with one swap, which costs the same as
 //! the window counters' CAS. Measured figures are in `docs/algorithms.md`.
 
@@ -36,19 +51,25 @@ use crate::word::{ParamCell, Params};
 use std::collections::VecDeque;
 use std::fmt;
 
-/// How many expired entries a check looks for one by one before it
+/// How many expired runs a check looks for one by one before it
 /// switches to a binary search.
 const SCAN: usize = 4;
 
-/// The largest limit: 2^20 timestamps, 8 MiB per key.
+/// The runs a ring keeps through a reset or a shrink (64 bytes): a key in
+/// light use never returns to the allocator.
+const KEEP_RUNS: usize = 4;
+
+/// The largest limit: 2^20 units in any window.
 pub(crate) const LOG_MAX_LIMIT: u64 = 1 << 20;
 
 /// The exact sliding-window log: the parameter type of
 /// [`SlidingWindowLog`](crate::SlidingWindowLog).
 ///
 /// Never more than `L` admitted in any rolling window of length `W`. State:
-/// a ring of `L` timestamps per key (`8*L` bytes plus 48 bytes), behind a
-/// per-key lock.
+/// a ring of admission runs per key, one `(time, count)` run of 16 bytes per
+/// distinct admission time still in the window (at most `L`, whatever the
+/// costs), plus 56 bytes, behind a per-key lock. A new key allocates
+/// nothing until it is admitted.
 ///
 /// # Example
 ///
@@ -79,42 +100,58 @@ impl SlidingLog {
         Ok(SlidingLog { length, limit })
     }
 
-    /// The decision for cost `n` (`1..=L`) at `now`; appends on allow if `consume`.
+    /// The decision for cost `n` (`1..=L`) at `now`; records it on allow if `consume`.
     fn step(&self, ring: &mut Ring, now: u64, n: u64, consume: bool) -> Decision {
         let (w, l) = (self.length, self.limit);
-        // Never earlier than the latest admission: the ring stays sorted and
+        // Never earlier than the latest admission: the runs stay sorted and
         // a clock that stepped back never reopens room.
         let t = now.max(ring.floor);
-        let times = &mut ring.times;
-        // Entries that have left (t - W, t]. Usually none or one (each
-        // allow drains them), so scan from the front; past a few (a peek
-        // after a long idle), binary search. No overflow: times are at most
-        // 2^63 and W at most 2^62.
-        let gone = |ts: &u64| ts + w <= t;
-        let mut expired = times.iter().take(SCAN).take_while(|ts| gone(ts)).count();
-        if expired == SCAN {
-            expired = times.partition_point(gone);
+        // Runs that have left (t - W, t]. Usually none or one (each allow
+        // drains them), so scan from the front; past a few (a peek after a
+        // long idle), binary search. No overflow: times are at most 2^63
+        // and W at most 2^62.
+        let gone = |r: &Run| r.time + w <= t;
+        // The units before the first run kept: the last expired run's count.
+        let (mut expired, mut before) = (0, ring.base);
+        for r in ring.runs.iter().take(SCAN) {
+            if !gone(r) {
+                break;
+            }
+            expired += 1;
+            before = r.upto;
         }
-        let in_window = (times.len() - expired) as u64;
+        if expired == SCAN {
+            expired = ring.runs.partition_point(gone);
+            before = ring.upto_before(expired);
+        }
+        let newest = ring.runs.back().copied();
+        let total = newest.map_or(ring.base, |r| r.upto);
+        // Wrapping: the counts are exact modulo 2^64 and at most L apart.
+        let in_window = total.wrapping_sub(before);
         if in_window + n <= l {
             if consume {
-                // Plain pops and pushes: cheaper than `drain`/`extend` for
-                // the usual zero or one entry, and never past capacity L.
-                for _ in 0..expired {
-                    times.pop_front();
-                }
-                for _ in 0..n {
-                    times.push_back(t);
-                }
-                ring.floor = t;
+                // `t >= floor >= every run's time`: equal means this instant.
+                let joins = newest.is_some_and(|r| r.time == t);
+                ring.admit(expired, before, t, total.wrapping_add(n), joins, l);
             }
             return Decision::allow(l, l - in_window - n, t + w - now);
         }
-        // The (in_window + n - L)-th oldest entry in the window must leave;
-        // the window is not empty here (n <= L).
-        let must_leave = (in_window + n - l) as usize;
-        let oldest = times[expired + must_leave - 1];
-        let newest = times[times.len() - 1];
+        // The (in_window + n - L)-th oldest unit in the window must leave:
+        // the first run whose count since `before` reaches it. The window
+        // is not empty here (n <= L), so that run exists.
+        let runs = &ring.runs;
+        let must_leave = in_window + n - l;
+        let (mut lo, mut hi) = (expired, runs.len() - 1);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if runs[mid].upto.wrapping_sub(before) < must_leave {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        let oldest = runs[lo].time;
+        let newest = newest.map_or(t, |r| r.time);
         Decision::deny(l, l - in_window, oldest + w - now, newest + w - now)
     }
 }
@@ -131,28 +168,112 @@ impl Params for SlidingLog {
     }
 }
 
-/// One key's sliding log: up to `L` admission timestamps, oldest first,
-/// behind a lock. Built by the algorithm for each key; self-contained, so a
-/// keyed table can hold one per slot. Memory: 40 bytes plus `8*L` on the
-/// heap, allocated once.
+/// One key's sliding log: its admission runs, oldest first, behind a lock.
+/// Built by the algorithm for each key; self-contained, so a keyed table
+/// can hold one per slot. Memory: 56 bytes plus 16 bytes on the heap per
+/// distinct admission time still in the window (nothing before the first
+/// admission).
 pub struct LogRing {
     ring: Mutex<Ring>,
 }
 
-/// The admission times, oldest first, and the time of the latest admission.
+/// Admission runs, oldest first, the count before them, and the time of
+/// the latest admission.
 #[derive(Debug)]
 struct Ring {
-    times: VecDeque<u64>,
+    runs: VecDeque<Run>,
+    /// Units admitted before the front run (wrapping).
+    base: u64,
     floor: u64,
 }
 
+/// The units admitted at one time: `upto` counts every unit up to and
+/// including this run (wrapping), so a run's own count is the difference
+/// from the run before it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Run {
+    time: u64,
+    upto: u64,
+}
+
+impl Ring {
+    const fn new() -> Ring {
+        Ring {
+            runs: VecDeque::new(),
+            base: 0,
+            floor: 0,
+        }
+    }
+
+    /// The units admitted before run `i` (`base` for the front).
+    fn upto_before(&self, i: usize) -> u64 {
+        match i {
+            0 => self.base,
+            _ => self.runs[i - 1].upto,
+        }
+    }
+
+    /// The units admitted up to the newest run.
+    fn total(&self) -> u64 {
+        self.runs.back().map_or(self.base, |r| r.upto)
+    }
+
+    /// The units the ring holds, expired or not.
+    fn units(&self) -> u64 {
+        self.total().wrapping_sub(self.base)
+    }
+
+    /// Records an admission at `t` whose units bring the total to `upto`:
+    /// drops the first `expired` runs (`before` units came before the
+    /// first run kept), then adds to the back run if it `joins` (it is at
+    /// `t`), else appends one run. The ring holds at most `limit` runs.
+    fn admit(&mut self, expired: usize, before: u64, t: u64, upto: u64, joins: bool, limit: u64) {
+        let runs = &mut self.runs;
+        if expired > 0 {
+            // Plain pops: cheaper than `drain` for the usual one run.
+            for _ in 0..expired {
+                runs.pop_front();
+            }
+            self.base = before;
+            // A quarter full: halve, so a burst's memory goes back.
+            if runs.len() * 4 <= runs.capacity() && runs.capacity() > KEEP_RUNS {
+                runs.shrink_to((runs.capacity() / 2).max(KEEP_RUNS));
+            }
+        }
+        if joins {
+            // The back run is at `t`, so in the window: it was not popped.
+            if let Some(back) = runs.back_mut() {
+                back.upto = upto;
+            }
+        } else {
+            if runs.len() == runs.capacity() {
+                // Double, but never past L runs: a run in the window holds
+                // a unit, so len < L here.
+                let len = runs.len() as u64;
+                let grow = len
+                    .max(KEEP_RUNS as u64)
+                    .min(limit.saturating_sub(len))
+                    .max(1);
+                runs.reserve_exact(grow as usize);
+            }
+            runs.push_back(Run { time: t, upto });
+        }
+        self.floor = t;
+    }
+
+    /// Forgets everything, keeping a few runs of capacity.
+    fn clear(&mut self) {
+        self.runs.clear();
+        self.runs.shrink_to(KEEP_RUNS);
+        self.base = 0;
+        self.floor = 0;
+    }
+}
+
 impl LogRing {
-    pub(crate) fn with_capacity(limit: u64) -> Self {
+    pub(crate) fn new() -> Self {
         LogRing {
-            ring: Mutex::new(Ring {
-                times: VecDeque::with_capacity(limit as usize),
-                floor: 0,
-            }),
+            ring: Mutex::new(Ring::new()),
         }
     }
 }
@@ -186,7 +307,13 @@ impl LogRing {
 impl LogRing {
     /// The newest admission still recorded (for picking eviction victims).
     pub(crate) fn newest(&self) -> Option<u64> {
-        lock(&self.ring).times.back().copied()
+        lock(&self.ring).runs.back().map(|r| r.time)
+    }
+
+    /// The heap bytes the ring holds (its runs' capacity), for memory tests.
+    #[cfg(test)]
+    pub(crate) fn heap_bytes(&self) -> usize {
+        lock(&self.ring).runs.capacity() * std::mem::size_of::<Run>()
     }
 }
 
@@ -194,7 +321,8 @@ impl fmt::Debug for LogRing {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let ring = lock(&self.ring);
         f.debug_struct("LogRing")
-            .field("len", &ring.times.len())
+            .field("len", &ring.units())
+            .field("runs", &ring.runs.len())
             .field("floor", &ring.floor)
             .finish()
     }
@@ -209,7 +337,7 @@ impl Core for SlidingLog {
     }
 
     fn new_cell(&self) -> LogRing {
-        LogRing::with_capacity(self.limit)
+        LogRing::new()
     }
 
     fn capacity(&self) -> u64 {
@@ -232,44 +360,59 @@ impl Core for SlidingLog {
     fn refund(cell: &LogRing, params: &ParamCell, now: u64, n: u64) {
         let (mut ring, p) = cell.lock_with(params);
         let t = now.max(ring.floor);
-        // Give back the newest entries, while they are still in the window.
-        // The floor stays: time does not move back with them.
-        for _ in 0..n {
-            match ring.times.back() {
-                Some(&ts) if ts + p.length > t => {
-                    ring.times.pop_back();
-                }
-                _ => break,
+        // Give back the newest units, while their runs are still in the
+        // window. The floor stays: time does not move back with them.
+        let mut left = n;
+        while left > 0 {
+            let Some(&back) = ring.runs.back() else { break };
+            if back.time + p.length <= t {
+                break;
+            }
+            let held = back
+                .upto
+                .wrapping_sub(ring.upto_before(ring.runs.len() - 1));
+            if held <= left {
+                ring.runs.pop_back();
+                left -= held;
+            } else {
+                let last = ring.runs.len() - 1;
+                ring.runs[last].upto = back.upto.wrapping_sub(left);
+                left = 0;
             }
         }
     }
 
     fn reset(cell: &LogRing) {
-        let mut ring = lock(&cell.ring);
-        ring.times.clear();
-        ring.floor = 0;
+        lock(&cell.ring).clear();
     }
 
     fn rescale(cell: &LogRing, _old: &Self, new: &Self, _now: u64) {
         let mut ring = lock(&cell.ring);
-        // Timestamps mean the same under any window length. A smaller limit
-        // keeps the newest L entries: the older ones leave the window first,
+        // Times mean the same under any window length. A smaller limit
+        // keeps the newest L units: the older ones leave the window first,
         // so every later decision is the same as with the full history.
-        let keep = new.limit as usize;
-        let times = &mut ring.times;
-        if times.len() > keep {
-            let drop = times.len() - keep;
-            times.drain(..drop);
+        // A larger limit needs nothing: the ring grows with use.
+        let mut drop = ring.units().saturating_sub(new.limit);
+        while drop > 0 {
+            let front = ring.runs[0];
+            let held = front.upto.wrapping_sub(ring.base);
+            if held <= drop {
+                ring.runs.pop_front();
+                ring.base = front.upto;
+                drop -= held;
+            } else {
+                // The front run keeps its newest units.
+                ring.base = ring.base.wrapping_add(drop);
+                drop = 0;
+            }
         }
-        // A larger limit grows the ring once, here, not on the hot path.
-        times.reserve(keep - times.len());
     }
 
     fn is_idle(cell: &LogRing, params: &Self, now: u64) -> bool {
         lock(&cell.ring)
-            .times
+            .runs
             .back()
-            .map_or(true, |&b| b + params.length <= now)
+            .map_or(true, |r| r.time + params.length <= now)
     }
 }
 
@@ -278,76 +421,5 @@ impl Algorithm for SlidingLog {
 }
 
 #[cfg(all(test, not(ratewall_loom)))]
-mod tests {
-    use super::*;
-    use std::time::Duration;
-
-    const MS: u64 = 1_000_000;
-
-    fn log(limit: u64, ms: u64) -> SlidingLog {
-        SlidingLog::from_window(&Window::new(limit, Duration::from_millis(ms))).unwrap()
-    }
-
-    /// L = 3 per W = 1000 ms; steps by hand: (now ms, n) -> (allowed, remaining, retry, reset).
-    #[test]
-    fn table_of_hand_computed_steps() {
-        let p = log(3, 1000);
-        let mut ring = Ring {
-            times: VecDeque::new(),
-            floor: 0,
-        };
-        let rows: &[(u64, u64, bool, u64, u64, u64)] = &[
-            (100, 1, true, 2, 0, 1000),
-            (400, 1, true, 1, 0, 1000),
-            (700, 2, false, 1, 400, 700), // needs the 100 ms entry gone at 1100
-            (700, 1, true, 0, 0, 1000),
-            (1099, 1, false, 0, 1, 601), // 100 ms entry leaves at 1100 exactly
-            (1100, 1, true, 0, 0, 1000),
-            (1200, 3, false, 0, 900, 900), // needs 400, 700, 1100 gone: at 2100
-            (300, 1, false, 0, 1100, 1800), // clock behind: evaluated at 1100
-        ];
-        for &(now, n, allowed, remaining, retry, reset) in rows {
-            let d = p.step(&mut ring, now * MS, n, true);
-            let ctx = format!("now={now} n={n}: {d:?} ring={ring:?}");
-            assert_eq!(d.is_allowed(), allowed, "{ctx}");
-            assert_eq!(d.remaining(), remaining, "{ctx}");
-            assert_eq!(d.retry_after().as_nanos() as u64, retry * MS, "{ctx}");
-            assert_eq!(d.reset_after().as_nanos() as u64, reset * MS, "{ctx}");
-            assert!(ring.times.len() <= 3);
-        }
-        let times: Vec<u64> = ring.times.iter().map(|t| t / MS).collect();
-        assert_eq!(times, [400, 700, 1100]);
-    }
-
-    #[test]
-    fn the_ring_never_reallocates() {
-        let p = log(5, 10);
-        let cell = p.new_cell();
-        let params = ParamCell::new(p);
-        let cap = lock(&cell.ring).times.capacity();
-        for t in 0..1000u64 {
-            let _ = SlidingLog::check(&cell, &params, t * MS / 3, 1 + t % 3, true);
-        }
-        assert_eq!(lock(&cell.ring).times.capacity(), cap);
-    }
-
-    #[test]
-    #[cfg(target_pointer_width = "64")]
-    fn a_ring_is_48_bytes_plus_8_per_unit_of_limit() {
-        assert_eq!(std::mem::size_of::<LogRing>(), 48);
-        let cell = log(1000, 10).new_cell();
-        assert!(lock(&cell.ring).times.capacity() >= 1000);
-    }
-
-    #[test]
-    fn limits_are_validated() {
-        assert_eq!(
-            SlidingLog::from_window(&Window::per_second(LOG_MAX_LIMIT + 1)),
-            Err(ConfigError::LimitTooLarge {
-                limit: LOG_MAX_LIMIT + 1,
-                max: LOG_MAX_LIMIT
-            })
-        );
-        assert!(SlidingLog::from_window(&Window::new(1, Duration::from_nanos(1))).is_ok());
-    }
-}
+#[path = "log_tests.rs"]
+mod tests;

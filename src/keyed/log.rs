@@ -1,13 +1,13 @@
 //! The exact sliding-window log, per key: `KeyedSlidingWindowLog`.
 //!
-//! The log keeps up to `L` timestamps per key, not one word, so it does not
+//! The log keeps up to `L` runs per key, not one word, so it does not
 //! fit the slot table of `KeyedLimiter`. It lives in sharded maps instead:
 //!
 //! ```text
 //! shards: [CachePadded<Mutex<Shard>>; power of two]   picked by the key hash's low bits
 //! Shard  { rings: HashMap<fingerprint, LogRing>,      pre-sized to the shard's cap: never rehashes
 //!          cap, sweep_credit }
-//! LogRing: Mutex { VecDeque<u64> of capacity L, floor } (src/algo/log.rs)
+//! LogRing: Mutex { VecDeque<Run> grown with use, base, floor } (src/algo/log.rs)
 //! ```
 //!
 //! - A key is its 64-bit seeded hash (its fingerprint), as in the slot
@@ -16,10 +16,13 @@
 //!   lock). The log was already a per-key lock; here the lock is per shard,
 //!   so keys of one shard serialize. Checks of a hot log key are not
 //!   read-only: pick a window counter for mostly-denied hot keys.
-//! - Memory: `8*L` bytes of ring per key plus about 64 bytes of map entry,
-//!   lock and deque header, for at most `max_keys` keys (caps per shard add
-//!   up to `max_keys`). A new key allocates its ring; a reclaimed or evicted
-//!   key's ring is cleared and reused for the key that replaces it.
+//! - Memory: 64 bytes of map entry, lock and deque header per key, for at
+//!   most `max_keys` keys (caps per shard add up to `max_keys`), plus 16
+//!   bytes of ring per distinct admission time still in the key's window
+//!   (at most `L`; a cost-`n` admission is one run). A new key allocates
+//!   nothing until it is admitted, and then one small block; a reclaimed
+//!   or evicted key's ring is cleared and reused for the key that replaces
+//!   it.
 //! - Reclaiming: a key whose newest entry has left the window is idle (its
 //!   state equals a fresh key's). An insert into a full shard sweeps the
 //!   shard for idle keys and notes the earliest time a remaining key can
@@ -376,7 +379,7 @@ impl<K, C: Clock> KeyedSlidingWindowLog<K, C> {
             shard.rings.retain(|_, ring| {
                 if SlidingLog::is_idle(ring, params, now) {
                     if reused.is_none() {
-                        reused = Some(std::mem::replace(ring, LogRing::with_capacity(0)));
+                        reused = Some(std::mem::replace(ring, LogRing::new()));
                     }
                     false
                 } else {

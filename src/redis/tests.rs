@@ -96,6 +96,97 @@ async fn every_script_matches_the_local_step_decision_by_decision() {
     assert!(compared > 2000, "{compared} decisions compared");
 }
 
+/// Sliding logs with big limits and big costs (random costs up to the
+/// limit): one run per admission on the server, and still every field of
+/// every decision equal to the local step's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_log_script_matches_the_local_step_with_big_costs() {
+    let ms = Duration::from_millis;
+    let big = [
+        Policy::sliding_window_log(Window::new(100_000, ms(200))),
+        Policy::sliding_window_log(Window::new(3_000, ms(40))),
+    ];
+    let compared = differential(&big, "bigdiff").await;
+    assert!(compared > 500, "{compared} decisions compared");
+}
+
+/// A key the previous format wrote (one plain time per unit, after a
+/// plain floor) is read as it stands, each time one unit: the decisions
+/// are those of the local log fed the same admissions, never more
+/// permissive, and the first admission rewrites it as runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_in_the_previous_log_format_is_read_exactly_and_rewritten() {
+    let server = RedisServer::start();
+    let backend = RedisBackend::builder(server.url())
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let policy = Policy::sliding_window_log(Window::new(6, Duration::from_millis(100)));
+    let remote = RedisLimiter::builder(policy, &backend)
+        .prefix("oldfmt")
+        .build()
+        .unwrap();
+    let clock = ManualClock::new();
+    let local = KeyedPolicyLimiter::<u8, _>::builder(policy)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let key = String::from_utf8(remote.redis_key(b"k").unwrap()).unwrap();
+    let t = T0_US;
+    // The old script's state after 3 units at t and 2 at t + 30 ms.
+    let (t1, t2) = (t.to_string(), (t + 30_000).to_string());
+    server.cmd(&["RPUSH", &key, &t2, &t1, &t1, &t1, &t2, &t2]);
+    let _ = local.check_key_n_at(&1, t * 1000, 3).unwrap();
+    let _ = local.check_key_n_at(&1, (t + 30_000) * 1000, 2).unwrap();
+    let lrange = |server: &RedisServer| -> Vec<String> {
+        server
+            .cmd(&["LRANGE", &key, "0", "-1"])
+            .lines()
+            .filter(|l| !l.starts_with('*') && !l.starts_with('$'))
+            .map(str::to_string)
+            .collect()
+    };
+    // Denials and peeks (nothing written), a refund of one unit, an
+    // admission that rewrites the key, then an expiry.
+    for (dt_us, n, take) in [(40_000, 2, false), (40_000, 3, true), (50_000, 1, false)] {
+        let now = t + dt_us;
+        clock.set_nanos(now * 1000);
+        let want = if take {
+            local.check_key_n_at(&1, now * 1000, n).unwrap()
+        } else {
+            local.peek_key_n(&1, n).unwrap()
+        };
+        let got = at(now, remote.decide(b"k", n, take)).await.unwrap();
+        assert_eq!(fields(got.decision()), fields(want), "+{dt_us} us n={n}");
+    }
+    assert_eq!(lrange(&server).len(), 6, "a denial rewrites nothing");
+    local.refund_key_at(&1, (t + 60_000) * 1000, 1);
+    at(t + 60_000, remote.refund_key(b"k", 1)).await.unwrap();
+    assert_eq!(lrange(&server).len(), 5, "one plain unit given back");
+    for (dt_us, n) in [(70_000, 2), (70_000, 1), (100_000, 3), (101_000, 1)] {
+        let now = t + dt_us;
+        let want = local.check_key_n_at(&1, now * 1000, n).unwrap();
+        let got = at(now, remote.decide(b"k", n, true)).await.unwrap();
+        assert_eq!(fields(got.decision()), fields(want), "+{dt_us} us n={n}");
+    }
+    // Rewritten: the head `floor:base`, then (time, count so far) for each
+    // time still in the window, equal times merged.
+    let list = lrange(&server);
+    let (f, at) = (t + 100_000, |dt: u64| (t + dt).to_string());
+    assert_eq!(list[0], format!("{f}:3"), "{list:?}");
+    assert_eq!(
+        list[1..],
+        [
+            at(30_000),
+            "4".into(),
+            at(70_000),
+            "6".into(),
+            at(100_000),
+            "9".into()
+        ]
+    );
+}
+
 /// Soft policies: the script runs with the widened capacity and its reply
 /// is read back through the same mapping as the local soft limiter, so
 /// every field (the nominal limit and remaining, the above-limit mark)

@@ -3,6 +3,7 @@
 //! the attack reaches the store). Every test here failed before the fix it
 //! holds; docs/security.md cites each one beside the promise it keeps.
 
+mod log_memory;
 #[path = "../support/mod.rs"]
 mod support;
 
