@@ -29,9 +29,11 @@
 //! went out is not sent.
 
 use super::connection::Link;
+use super::fault::Fault;
 use super::script::BATCH;
-use super::wire::{batch_command, batch_entry, Call, Reply};
+use super::wire::{batch_command, batch_entry, Call};
 use super::RedisError;
+use crate::decision::Decision;
 use redis::cluster_routing::Slot;
 use redis::Value;
 use std::collections::VecDeque;
@@ -41,7 +43,7 @@ use tokio::sync::oneshot;
 
 struct Queued {
     call: Call,
-    reply: oneshot::Sender<Result<Reply, RedisError>>,
+    reply: oneshot::Sender<Result<Decision, RedisError>>,
 }
 
 struct State {
@@ -71,7 +73,7 @@ impl Batcher {
         }
     }
 
-    pub(crate) async fn call(&self, call: Call) -> Result<Reply, RedisError> {
+    pub(crate) async fn call(&self, call: Call) -> Result<Decision, RedisError> {
         // The runner is spawned on the caller's runtime.
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return Err(RedisError::NoRuntime);
@@ -270,27 +272,47 @@ impl Runner {
         }
         let cmd = batch_command(&batch, |q| &q.call);
         let width: usize = batch.iter().map(|q| q.call.reply_width()).sum();
-        match self.link.evalsha(&BATCH, &cmd).await {
-            Ok(Value::Array(items)) if items.len() == width => {
+        // Each call's answer, read in the breaker's accounting: a batch in
+        // which the store failed any call (an `OOM` on one key's write, say)
+        // counts as one failure, and the calls it did decide keep their
+        // decisions.
+        let mut entries: Vec<Result<Decision, Fault>> = Vec::new();
+        let read = |reply: Value| match reply {
+            Value::Array(items) if items.len() == width => {
                 let mut items = items.into_iter();
-                for q in batch {
-                    let reply = batch_entry(&q.call, &mut items);
-                    let _ = q.reply.send(reply);
+                entries.extend(batch.iter().map(|q| batch_entry(&q.call, &mut items)));
+                match entries.iter().find_map(|e| match e {
+                    Err(Fault::Store(cause)) => Some(cause.clone()),
+                    _ => None,
+                }) {
+                    Some(cause) => Err(Fault::Store(cause)),
+                    None => Ok(()),
                 }
             }
-            Ok(other) => {
-                let message = format!("unexpected batch reply {other:?}");
-                for q in batch {
-                    let _ = q.reply.send(Err(RedisError::Server {
-                        message: message.clone(),
-                    }));
-                }
-            }
-            Err(e) => {
+            other => Err(super::fault::bad_reply("batch", &other)),
+        };
+        let sent = self.link.evalsha(&BATCH, &cmd, read).await;
+        let retry_in = match &sent {
+            Err(e) if entries.is_empty() => {
+                // No call was read (no reply, or not the batch's): the
+                // whole batch failed alike.
                 for q in batch {
                     let _ = q.reply.send(Err(e.clone()));
                 }
+                return;
             }
+            // The breaker counted the batch's failure: when Redis is tried
+            // again.
+            Err(RedisError::Unavailable { retry_in, .. }) => *retry_in,
+            _ => std::time::Duration::ZERO,
+        };
+        for (q, entry) in batch.into_iter().zip(entries) {
+            let answer = match entry {
+                Ok(d) => Ok(d),
+                Err(Fault::Caller(message)) => Err(RedisError::Server { message }),
+                Err(Fault::Store(cause)) => Err(RedisError::Unavailable { retry_in, cause }),
+            };
+            let _ = q.reply.send(answer);
         }
     }
 }

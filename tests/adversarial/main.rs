@@ -11,4 +11,5 @@ mod hardening;
 mod hostile_upstream;
 mod key_spray;
 mod lockout_wear;
+mod redis_oom;
 mod repeated_header;
