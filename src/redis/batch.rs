@@ -272,47 +272,50 @@ impl Runner {
         }
         let cmd = batch_command(&batch, |q| &q.call);
         let width: usize = batch.iter().map(|q| q.call.reply_width()).sum();
-        // Each call's answer, read in the breaker's accounting: a batch in
-        // which the store failed any call (an `OOM` on one key's write, say)
-        // counts as one failure, and the calls it did decide keep their
-        // decisions.
-        let mut entries: Vec<Result<Decision, Fault>> = Vec::new();
+        // Each call's answer is read, and sent to its caller, inside the
+        // breaker's accounting. A batch in which the store failed some calls
+        // (an `OOM` on one key's write, say) counts as one failure; those
+        // calls wait in `failed` for the breaker's `retry_in`, and the calls
+        // it did decide keep their decisions. Nothing is allocated unless a
+        // call failed.
+        let mut failed: Vec<(Queued, String)> = Vec::new();
         let read = |reply: Value| match reply {
             Value::Array(items) if items.len() == width => {
                 let mut items = items.into_iter();
-                entries.extend(batch.iter().map(|q| batch_entry(&q.call, &mut items)));
-                match entries.iter().find_map(|e| match e {
-                    Err(Fault::Store(cause)) => Some(cause.clone()),
-                    _ => None,
-                }) {
-                    Some(cause) => Err(Fault::Store(cause)),
+                for q in batch.drain(..) {
+                    let answer = match batch_entry(&q.call, &mut items) {
+                        Ok(d) => Ok(d),
+                        Err(Fault::Caller(message)) => Err(RedisError::Server { message }),
+                        Err(Fault::Store(cause)) => {
+                            failed.push((q, cause));
+                            continue;
+                        }
+                    };
+                    let _ = q.reply.send(answer);
+                }
+                match failed.first() {
+                    Some((_, cause)) => Err(Fault::Store(cause.clone())),
                     None => Ok(()),
                 }
             }
             other => Err(super::fault::bad_reply("batch", &other)),
         };
-        let sent = self.link.evalsha(&BATCH, &cmd, read).await;
-        let retry_in = match &sent {
-            Err(e) if entries.is_empty() => {
-                // No call was read (no reply, or not the batch's): the
-                // whole batch failed alike.
-                for q in batch {
-                    let _ = q.reply.send(Err(e.clone()));
-                }
-                return;
-            }
-            // The breaker counted the batch's failure: when Redis is tried
-            // again.
-            Err(RedisError::Unavailable { retry_in, .. }) => *retry_in,
+        let Err(e) = self.link.evalsha(&BATCH, &cmd, read).await else {
+            return; // every call was answered
+        };
+        // No reply, or not the batch's: the calls not read fail alike.
+        for q in batch {
+            let _ = q.reply.send(Err(e.clone()));
+        }
+        // The breaker counted the batch's failure: when Redis is tried again.
+        let retry_in = match e {
+            RedisError::Unavailable { retry_in, .. } => retry_in,
             _ => std::time::Duration::ZERO,
         };
-        for (q, entry) in batch.into_iter().zip(entries) {
-            let answer = match entry {
-                Ok(d) => Ok(d),
-                Err(Fault::Caller(message)) => Err(RedisError::Server { message }),
-                Err(Fault::Store(cause)) => Err(RedisError::Unavailable { retry_in, cause }),
-            };
-            let _ = q.reply.send(answer);
+        for (q, cause) in failed {
+            let _ = q
+                .reply
+                .send(Err(RedisError::Unavailable { retry_in, cause }));
         }
     }
 }
