@@ -150,23 +150,49 @@ async fn an_out_of_memory_redis_takes_each_failure_policy_and_recovers() {
 }
 
 /// Under `OOM` a denial still comes from Redis (it writes nothing); only
-/// the checks that must write fail over.
-#[tokio::test]
+/// the checks that must write fail over. In a batch too: each call's
+/// answer is its own.
+// One thread: the calls of the batch all queue while the first is alone
+// on the wire, so the batch is the same on every run.
+#[tokio::test(flavor = "current_thread")]
 async fn under_oom_redis_still_denies_what_it_would_deny() {
     let server = RedisServer::start_with(OOM_ARGS);
     let b = backend(server.url());
     let (l, _) = limiter(&b, "open", FailurePolicy::Open);
-    for _ in 0..2 {
-        assert!(l.check_key(b"spent").await.unwrap().is_allowed());
+    // Spends "spent", and loads the batch script (a call alone, then a
+    // batch of two).
+    let warm = [&b"spent"[..], b"spent", b"warm"];
+    for r in futures_util::future::join_all(warm.iter().map(|k| l.check_key(k))).await {
+        assert!(r.unwrap().is_allowed());
     }
     fill_until_oom(&server);
-    let d = l.check_key(b"spent").await.unwrap();
-    assert_eq!((d.is_allowed(), d.source()), (false, DecisionSource::Redis));
-    let d = l.check_key(b"fresh").await.unwrap();
-    assert_eq!(
-        (d.is_allowed(), d.source()),
-        (true, DecisionSource::FailOpen)
-    );
+    // The first alone, then a batch of four: two script calls.
+    let before = evalsha_calls(&server);
+    let keys = [&b"spent"[..], b"spent", b"fresh1", b"spent", b"fresh2"];
+    let got: Vec<_> = futures_util::future::join_all(keys.iter().map(|k| l.check_key(k)))
+        .await
+        .into_iter()
+        .map(|r| {
+            let d = r.unwrap();
+            (d.is_allowed(), d.source())
+        })
+        .collect();
+    let denied = (false, DecisionSource::Redis);
+    let open = (true, DecisionSource::FailOpen);
+    assert_eq!(got, [denied, denied, open, denied, open]);
+    assert_eq!(evalsha_calls(&server) - before, 2);
+    let d = l.check_key(b"fresh3").await.unwrap();
+    assert_eq!((d.is_allowed(), d.source()), open);
+}
+
+/// How many `EVALSHA`s the server ran (`INFO commandstats`).
+fn evalsha_calls(server: &RedisServer) -> u64 {
+    let stats = server.cmd(&["INFO", "commandstats"]);
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().unwrap())
 }
 
 /// Replies that are not a decision: each policy answers, within the
