@@ -67,7 +67,7 @@ pub(crate) fn of_error(e: &redis::RedisError) -> Fault {
 /// An error reply that means the store cannot serve, with what to do.
 fn advice(code: &str, message: &str) -> String {
     let hint = match code {
-        "OOM" => "Redis is out of memory: raise maxmemory, or choose an eviction policy (volatile-lru, say) so that expiring limit state can go",
+        "OOM" => "Redis is out of memory: raise maxmemory (an eviction policy such as volatile-lru keeps Redis answering, but the keys it evicts start afresh)",
         "MISCONF" => "Redis refuses writes because it cannot save to disk: fix its persistence, or set stop-writes-on-bgsave-error no",
         "READONLY" => "the server is a replica: point the backend at the primary",
         "LOADING" => "Redis is loading its data set",
