@@ -44,7 +44,9 @@ pub(crate) const REDIS_FAILING: &str = "ratewall_redis_failing";
 /// Calls a backend sent to Redis (`backend`): scripts, batches, commands.
 #[cfg(feature = "redis")]
 pub(crate) const STORE_CALLS: &str = "ratewall_redis_calls_total";
-/// Calls that failed (`backend`, `kind`: `outage`, `reply`, `breaker_open`).
+/// Calls that failed (`backend`, `kind`: `outage` (the store could not
+/// give a decision), `reply` (an error about the call's own key),
+/// `breaker_open`).
 #[cfg(feature = "redis")]
 pub(crate) const STORE_ERRORS: &str = "ratewall_redis_call_errors_total";
 /// Seconds from sending a call to its reply or failure (`backend`).
@@ -194,9 +196,11 @@ pub(crate) struct StoreMetrics {
 #[cfg(feature = "redis")]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum CallEnd {
-    /// Redis replied (possibly with an error reply).
+    /// Redis gave a decision, or (`error`) an error about the call's own
+    /// key.
     Replied { error: bool },
-    /// Redis could not be reached, or did not reply in time.
+    /// Redis could not be reached, did not reply in time, or answered
+    /// with something that is not a decision (`OOM`, garbage, ...).
     Outage,
     /// The breaker was open: nothing was sent.
     BreakerOpen,

@@ -709,3 +709,36 @@ async fn a_local_concurrency_rule_and_a_redis_rule_are_one_step() {
     assert_eq!((s[0].allowed(), s[0].denied()), (5, 3));
     assert_eq!((s[1].allowed(), s[1].shed(), s[1].in_flight()), (5, 3, 0));
 }
+
+/// A key that holds another policy's data is that key's error, not the
+/// store's: its requests answer 503 whatever the failure policy (here
+/// `Open`, which must not admit it untracked), every other key is decided
+/// by Redis, and the breaker stays closed.
+#[tokio::test]
+async fn a_key_holding_another_policys_data_answers_503_for_that_key_only() {
+    let server = RedisServer::start();
+    let b = backend(&server);
+    let l = limiter(
+        &b,
+        "open",
+        Policy::fixed_window(Window::per_hour(2)),
+        FailurePolicy::Open,
+    );
+    let layer = RateLimitLayer::builder()
+        .rule(Rule::redis(Key::client_ip(), l))
+        .decisions_extension(true)
+        .build()
+        .unwrap();
+    let app = make_app(layer.clone());
+    server.cmd(&["HSET", "ratewall:open:192.0.2.9", "f", "v"]);
+    for _ in 0..6 {
+        let got = get_(&app, "192.0.2.9").await;
+        assert_eq!(got.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(got.json()["violated-policies"], serde_json::json!(["open"]));
+    }
+    assert!(b.is_available());
+    let got = send(&app, "GET", "/info", "192.0.2.1", &[]).await;
+    assert_eq!(got.status, StatusCode::OK);
+    assert_eq!(got.text(), "open=1:Some(Redis)");
+    assert_eq!(layer.stats()[0].errors(), 6);
+}

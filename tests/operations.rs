@@ -458,5 +458,71 @@ async fn concurrency_rules_report_their_maximum_and_only_real_tables() {
     assert_eq!(
         s.gauge("ratewall_http_concurrency_max", &[("rule", "db")]),
         Some(shrunk as f64)
+
+/// Redis out of memory is reported like an outage: calls counted as
+/// `outage` errors, the breaker open, the limiter's `failing` gauge at 1;
+/// a key that holds another policy's data is a `reply` error, and the
+/// breaker and the gauge stay at 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_out_of_memory_redis_is_reported_like_an_outage() {
+    let server = RedisServer::start_with(&["--maxmemory-policy", "noeviction"]);
+    let recorder = DebuggingRecorder::new();
+    let snap = recorder.snapshotter();
+    let (oom, foreign) = {
+        let _guard = metrics::set_default_local_recorder(&recorder);
+        let build = |backend: &str, name: &str| {
+            let redis = RedisBackend::builder(server.url())
+                .name(backend)
+                .timeout(Duration::from_millis(200))
+                .breaker(3, Duration::from_secs(5))
+                .build()
+                .unwrap();
+            RedisLimiter::builder(Policy::token_bucket(Rate::per_second(10)), &redis)
+                .name(name)
+                .on_failure(FailurePolicy::Open)
+                .build()
+                .unwrap()
+        };
+        (build("full", "oom"), build("mixed", "foreign"))
+    };
+    // The foreign key first, while Redis has room.
+    server.cmd(&["HSET", "ratewall:foreign:k", "f", "v"]);
+    for _ in 0..5 {
+        assert!(foreign.check_key(b"k").await.is_err());
+    }
+    support::store_faults::fill_until_oom(&server);
+    for i in 0..5 {
+        let key = format!("fresh{i}");
+        let d = oom.check_key(key.as_bytes()).await.unwrap();
+        assert_eq!(d.source(), DecisionSource::FailOpen);
+    }
+    let s = take(&snap);
+    let errors = |backend, kind| {
+        s.count(
+            "ratewall_redis_call_errors_total",
+            &[("backend", backend), ("kind", kind)],
+        )
+    };
+    // Three calls reached Redis (OOM), then the breaker was open.
+    assert_eq!(errors("full", "outage"), 3);
+    assert_eq!(errors("full", "breaker_open"), 2);
+    assert_eq!(errors("full", "reply"), 0);
+    assert_eq!(
+        s.gauge("ratewall_redis_breaker_state", &[("backend", "full")]),
+        Some(1.0)
+    );
+    assert_eq!(
+        s.gauge("ratewall_redis_failing", &[("limiter", "oom")]),
+        Some(1.0)
+    );
+    assert_eq!(errors("mixed", "reply"), 5);
+    assert_eq!(errors("mixed", "outage"), 0);
+    assert_eq!(
+        s.gauge("ratewall_redis_breaker_state", &[("backend", "mixed")]),
+        Some(0.0)
+    );
+    assert_ne!(
+        s.gauge("ratewall_redis_failing", &[("limiter", "foreign")]),
+        Some(1.0)
     );
 }

@@ -1074,8 +1074,9 @@ async fn a_dropped_first_caller_hands_the_queue_on() {
 }
 
 /// A server that answers a batch with the wrong number of fields (here: a
-/// valid-looking decision too many) gets a typed error for every call of
-/// the batch, never decisions shifted onto the wrong calls.
+/// valid-looking decision too many) is a store failure for every call of
+/// the batch (fail-closed: `Unavailable`), never decisions shifted onto
+/// the wrong calls.
 #[tokio::test(flavor = "current_thread")]
 async fn a_batch_reply_of_the_wrong_length_is_an_error_for_every_call() {
     use std::io::{BufRead, BufReader, Read, Write};
@@ -1141,13 +1142,13 @@ async fn a_batch_reply_of_the_wrong_length_is_an_error_for_every_call() {
     // One call alone: a reply of ten fields, not five, is an error too.
     assert!(matches!(
         l.check_key(b"a").await,
-        Err(RedisError::Server { .. })
+        Err(RedisError::Unavailable { .. })
     ));
     // Four at once: the first alone, then a batch of three.
     let keys = [&b"a"[..], b"b", b"c", b"d"];
     let replies = futures_util::future::join_all(keys.iter().map(|k| l.check_key(k))).await;
     for r in &replies {
-        assert!(matches!(r, Err(RedisError::Server { .. })), "{r:?}");
+        assert!(matches!(r, Err(RedisError::Unavailable { .. })), "{r:?}");
     }
 }
 

@@ -344,3 +344,46 @@ async fn hash_tagged_limits_on_one_key_are_one_script_on_a_cluster() {
     assert!(ok);
     assert_eq!(evalsha_calls(&cluster) - before, 2, "one call per limit");
 }
+
+/// What docs/distributed.md ("Keys") says of key names today: they come
+/// from unkeyed hashes, so a client who controls a key can search offline
+/// for values whose keys land on a Cluster slot it chooses (about 16,384
+/// tries each), and every aimed key still has its own exact limit. This
+/// documents the current behaviour, not a defence: a keyed hash of key
+/// names would make the search fail, and this test changes with it.
+#[tokio::test]
+async fn a_caller_can_aim_keys_at_one_slot_and_each_keeps_its_own_limit() {
+    use redis::cluster_routing::Slot;
+    let cluster = RedisCluster::start(3);
+    let b = cluster_backend(&cluster, Duration::from_secs(5));
+    // The layout of an HTTP rule named `key` on the `x-api-key` header:
+    // the key is `h:` and the header's value.
+    let l = RedisLimiter::builder(Policy::fixed_window(Window::per_hour(2)), &b)
+        .name("key")
+        .on_failure(FailurePolicy::Closed)
+        .build()
+        .unwrap();
+    let target = Slot::new(42).unwrap();
+    let aimed: Vec<Vec<u8>> = (0..2_000_000u32)
+        .map(|i| format!("h:k{i}").into_bytes())
+        .filter(|k| Slot::for_key(l.redis_key(k).unwrap()) == target)
+        .take(4)
+        .collect();
+    assert_eq!(aimed.len(), 4, "the search found too few values");
+    // The report's example: `x-api-key: k5362`.
+    assert_eq!(aimed[0], b"h:k5362");
+    let mut owners = Vec::new();
+    for k in &aimed {
+        let allowed: Vec<bool> = futures_util::future::join_all((0..3).map(|_| l.check_key(k)))
+            .await
+            .into_iter()
+            .map(|r| r.unwrap().is_allowed())
+            .collect();
+        assert_eq!(allowed.iter().filter(|a| **a).count(), 2, "{allowed:?}");
+        let name = String::from_utf8(l.redis_key(k).unwrap()).unwrap();
+        assert_eq!(cluster.slot(&name), 42, "{name}");
+        owners.push(cluster.owner(&name));
+    }
+    // Every aimed key on one master: the load is concentrated there.
+    assert!(owners.windows(2).all(|w| w[0] == w[1]), "{owners:?}");
+}

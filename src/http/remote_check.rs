@@ -262,8 +262,9 @@ impl<C: Clock + 'static> Shared<C> {
                 response::cost_too_high(name, c.requested, c.capacity)
             }
             e => {
-                // Only a fail-closed limiter returns `Unavailable`; any other
-                // error (a server error reply) is every rule's.
+                // Only a fail-closed limiter returns `Unavailable` (the store
+                // failed: see `redis/fault.rs`); the other error, `Server`
+                // (a key holding another policy's data), is every rule's.
                 let closed: SmallVec<[&Compiled<C>; INLINE_RULES]> = idx
                     .iter()
                     .map(|&i| rule_of(i))
@@ -291,7 +292,7 @@ impl<C: Clock + 'static> Shared<C> {
                 let names: SmallVec<[&str; INLINE_RULES]> =
                     blamed.iter().map(|r| r.rule.name.as_str()).collect();
                 #[cfg(feature = "tracing")]
-                tracing::warn!(target: "ratewall::http", rules = ?names, error = %e, "rate-limit store unavailable");
+                tracing::warn!(target: "ratewall::http", rules = ?names, error = %e, "rate-limit store unavailable, or a key holds another policy's data");
                 if grpc {
                     // UNAVAILABLE: the client may retry.
                     let mut res = response::grpc_status("14", "rate-limit store unavailable");

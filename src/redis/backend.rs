@@ -4,8 +4,10 @@
 
 use super::batch::Batcher;
 use super::connection::{Conn, Link};
-use super::wire::{Call, Reply};
+use super::fault::Fault;
+use super::wire::Call;
 use super::RedisError;
+use crate::decision::Decision;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::Value;
@@ -176,23 +178,27 @@ impl RedisBackend {
     /// Runs one single-key call (a check, peek or refund): batched with
     /// the other calls in flight when batching is on, alone otherwise.
     /// Bounded by the per-call timeout from the moment it is made (time
-    /// spent queued counts).
-    pub(crate) async fn call(&self, call: Call) -> Result<Reply, RedisError> {
+    /// spent queued counts). Its decision (a refund's is
+    /// [`REFUNDED`](super::wire::REFUNDED)).
+    pub(crate) async fn call(&self, call: Call) -> Result<Decision, RedisError> {
         match &self.inner.batcher {
             Some(b) => b.call(call).await,
             None => self.inner.link.send(&call).await,
         }
     }
 
-    /// Runs one script call under the timeout and the breaker. Failures to
-    /// reach Redis are [`RedisError::Unavailable`]; error replies are
-    /// [`RedisError::Server`]. A call that timed out is never retried: it
-    /// may have run.
-    pub(crate) async fn invoke(
+    /// Runs one script call under the timeout and the breaker, its reply
+    /// read by `read` (a `parse_*` of `wire.rs`). What the store failed
+    /// (unreachable, an error reply such as `OOM`, a reply `read` cannot
+    /// read: see `fault.rs`) is [`RedisError::Unavailable`]; what the
+    /// call's key caused is [`RedisError::Server`]. A call that timed out
+    /// is never retried: it may have run.
+    pub(crate) async fn invoke<T>(
         &self,
         invocation: &redis::ScriptInvocation<'_>,
-    ) -> Result<Value, RedisError> {
-        self.inner.link.invoke(invocation).await
+        read: impl FnOnce(Value) -> Result<T, Fault>,
+    ) -> Result<T, RedisError> {
+        self.inner.link.invoke(invocation, read).await
     }
 
     /// One plain command under the timeout and the breaker.

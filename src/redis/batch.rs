@@ -29,9 +29,11 @@
 //! went out is not sent.
 
 use super::connection::Link;
+use super::fault::Fault;
 use super::script::BATCH;
-use super::wire::{batch_command, batch_entry, Call, Reply};
+use super::wire::{batch_command, batch_entry, Call};
 use super::RedisError;
+use crate::decision::Decision;
 use redis::cluster_routing::Slot;
 use redis::Value;
 use std::collections::VecDeque;
@@ -41,7 +43,7 @@ use tokio::sync::oneshot;
 
 struct Queued {
     call: Call,
-    reply: oneshot::Sender<Result<Reply, RedisError>>,
+    reply: oneshot::Sender<Result<Decision, RedisError>>,
 }
 
 struct State {
@@ -71,7 +73,7 @@ impl Batcher {
         }
     }
 
-    pub(crate) async fn call(&self, call: Call) -> Result<Reply, RedisError> {
+    pub(crate) async fn call(&self, call: Call) -> Result<Decision, RedisError> {
         // The runner is spawned on the caller's runtime.
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return Err(RedisError::NoRuntime);
@@ -270,27 +272,50 @@ impl Runner {
         }
         let cmd = batch_command(&batch, |q| &q.call);
         let width: usize = batch.iter().map(|q| q.call.reply_width()).sum();
-        match self.link.evalsha(&BATCH, &cmd).await {
-            Ok(Value::Array(items)) if items.len() == width => {
+        // Each call's answer is read, and sent to its caller, inside the
+        // breaker's accounting. A batch in which the store failed some calls
+        // (an `OOM` on one key's write, say) counts as one failure; those
+        // calls wait in `failed` for the breaker's `retry_in`, and the calls
+        // it did decide keep their decisions. Nothing is allocated unless a
+        // call failed.
+        let mut failed: Vec<(Queued, String)> = Vec::new();
+        let read = |reply: Value| match reply {
+            Value::Array(items) if items.len() == width => {
                 let mut items = items.into_iter();
-                for q in batch {
-                    let reply = batch_entry(&q.call, &mut items);
-                    let _ = q.reply.send(reply);
+                for q in batch.drain(..) {
+                    let answer = match batch_entry(&q.call, &mut items) {
+                        Ok(d) => Ok(d),
+                        Err(Fault::Caller(message)) => Err(RedisError::Server { message }),
+                        Err(Fault::Store(cause)) => {
+                            failed.push((q, cause));
+                            continue;
+                        }
+                    };
+                    let _ = q.reply.send(answer);
+                }
+                match failed.first() {
+                    Some((_, cause)) => Err(Fault::Store(cause.clone())),
+                    None => Ok(()),
                 }
             }
-            Ok(other) => {
-                let message = format!("unexpected batch reply {other:?}");
-                for q in batch {
-                    let _ = q.reply.send(Err(RedisError::Server {
-                        message: message.clone(),
-                    }));
-                }
-            }
-            Err(e) => {
-                for q in batch {
-                    let _ = q.reply.send(Err(e.clone()));
-                }
-            }
+            other => Err(super::fault::bad_reply("batch", &other)),
+        };
+        let Err(e) = self.link.evalsha(&BATCH, &cmd, read).await else {
+            return; // every call was answered
+        };
+        // No reply, or not the batch's: the calls not read fail alike.
+        for q in batch {
+            let _ = q.reply.send(Err(e.clone()));
+        }
+        // The breaker counted the batch's failure: when Redis is tried again.
+        let retry_in = match e {
+            RedisError::Unavailable { retry_in, .. } => retry_in,
+            _ => std::time::Duration::ZERO,
+        };
+        for (q, cause) in failed {
+            let _ = q
+                .reply
+                .send(Err(RedisError::Unavailable { retry_in, cause }));
         }
     }
 }

@@ -19,6 +19,7 @@
 use super::backend::RedisBackend;
 use super::events::Watch;
 use super::failover::{option_methods, Options};
+use super::fault::{bad_reply, Fault};
 use super::key;
 use super::wire::{concurrency_call, parse_decision};
 use super::{DecisionSource, FailurePolicy, RedisDecision, RedisError};
@@ -391,10 +392,10 @@ impl RedisConcurrencyLimiter {
         let member = format!("{:016x}.{id}:{n}", inner.instance);
         let args = [n.to_string(), inner.max.to_string(), member.clone()];
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let (decision, source, hold) = match inner.call(&zkey, "a", &args).await {
-            Ok(reply) => {
+        let read = |v: Value| parse_decision(&v);
+        let (decision, source, hold) = match inner.call(&zkey, "a", &args, read).await {
+            Ok(decision) => {
                 inner.watch.answered();
-                let decision = parse_decision(&reply)?;
                 let hold = if decision.is_allowed() {
                     lock(&inner.held)
                         .entry(zkey.clone())
@@ -551,18 +552,19 @@ async fn renew_loop(weak: Weak<Inner>, every: Duration) {
 }
 
 impl Inner {
-    /// One script call on `zkey` (and its sum).
-    async fn call(
+    /// One script call on `zkey` (and its sum), its reply read by `read`.
+    async fn call<T>(
         &self,
         zkey: &[u8],
         mode: &'static str,
         args: &[&str],
-    ) -> Result<Value, RedisError> {
+        read: impl FnOnce(Value) -> Result<T, Fault>,
+    ) -> Result<T, RedisError> {
         let mut sum = zkey.to_vec();
         sum.extend_from_slice(b":n");
         let expiry_us = self.expiry.as_micros() as u64;
         let invocation = concurrency_call([zkey, &sum], mode, expiry_us, args);
-        self.backend.invoke(&invocation).await
+        self.backend.invoke(&invocation, read).await
     }
 
     /// Renews every permit held: one call per key, the keys in parallel.
@@ -578,10 +580,20 @@ impl Inner {
             let count = members.len().to_string();
             let mut args = vec![count.as_str()];
             args.extend(members.iter().map(String::as_str));
-            (zkey, members, self.call(zkey, "n", &args).await)
+            // One flag per member: 1 renewed, 0 lapsed.
+            let read = |v: Value| match v {
+                Value::Array(flags)
+                    if flags.len() == members.len()
+                        && flags.iter().all(|f| matches!(f, Value::Int(0 | 1))) =>
+                {
+                    Ok(flags)
+                }
+                other => Err(bad_reply("renewal", &other)),
+            };
+            (zkey, members, self.call(zkey, "n", &args, read).await)
         });
         for (zkey, members, reply) in futures_util::future::join_all(calls).await {
-            let Ok(Value::Array(flags)) = reply else {
+            let Ok(flags) = reply else {
                 continue; // Redis down or slow: try again next round
             };
             let mut held = lock(&self.held);
@@ -839,8 +851,7 @@ impl RedisPermit {
                 since,
             } => {
                 limiter.released(&key, &member, since);
-                let reply = limiter.call(&key, "r", &[&member]).await?;
-                Ok(reply == Value::Int(1))
+                limiter.call(&key, "r", &[&member], read_release).await
             }
         }
     }
@@ -859,11 +870,20 @@ impl Drop for RedisPermit {
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                 runtime.spawn(async move {
                     // A failure leaves the permit to its expiry.
-                    let _ = limiter.call(&key, "r", &[&member]).await;
+                    let _ = limiter.call(&key, "r", &[&member], read_release).await;
                 });
             }
         }
         // A local permit releases in its own drop.
+    }
+}
+
+/// A release's reply: whether the permit was still held (1) or had
+/// lapsed (0).
+fn read_release(v: Value) -> Result<bool, Fault> {
+    match v {
+        Value::Int(r @ (0 | 1)) => Ok(r == 1),
+        other => Err(bad_reply("release", &other)),
     }
 }
 

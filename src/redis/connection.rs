@@ -4,8 +4,10 @@
 //! Every call to Redis goes through [`Link::guarded`].
 
 use super::breaker::{Breaker, Permit};
-use super::wire::{Call, Reply};
+use super::fault::{self, Fault};
+use super::wire::Call;
 use super::RedisError;
+use crate::decision::Decision;
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
@@ -62,17 +64,20 @@ impl Link {
         self.breaker.is_closed()
     }
 
-    /// Sends a single-key call alone, as its algorithm's own script.
-    pub(crate) async fn send(&self, call: &Call) -> Result<Reply, RedisError> {
-        self.evalsha(call.script, &call.command())
+    /// Sends a single-key call alone, as its algorithm's own script: its
+    /// decision (a refund's is [`REFUNDED`](super::wire::REFUNDED)).
+    pub(crate) async fn send(&self, call: &Call) -> Result<Decision, RedisError> {
+        self.evalsha(call.script, &call.command(), |v| call.read(&v))
             .await
-            .map(Reply::Value)
     }
 
     /// One plain command under the timeout and the breaker.
     pub(crate) async fn query(&self, cmd: &redis::Cmd) -> Result<Value, RedisError> {
-        self.guarded(|mut conn| async move { cmd.query_async::<Value>(&mut conn).await })
-            .await
+        self.guarded(
+            |mut conn| async move { cmd.query_async::<Value>(&mut conn).await },
+            Ok,
+        )
+        .await
     }
 }
 
@@ -85,18 +90,23 @@ impl Link {
         matches!(self.conn, Conn::Cluster(_))
     }
 
-    /// Runs one script call under the timeout and the breaker. Failures to
-    /// reach Redis are [`RedisError::Unavailable`]; error replies are
+    /// Runs one script call under the timeout and the breaker, its reply
+    /// read by `read`. What the store failed (see `fault.rs`) is
+    /// [`RedisError::Unavailable`]; what the call's key caused is
     /// [`RedisError::Server`]. A call that timed out is never retried: it
     /// may have run.
-    pub(crate) async fn invoke(
+    pub(crate) async fn invoke<T>(
         &self,
         invocation: &redis::ScriptInvocation<'_>,
-    ) -> Result<Value, RedisError> {
+        read: impl FnOnce(Value) -> Result<T, Fault>,
+    ) -> Result<T, RedisError> {
         // `invoke_async` sends EVALSHA, and on NOSCRIPT (the script did not
         // run) loads the script and sends EVALSHA again.
-        self.guarded(|mut conn| async move { invocation.invoke_async::<Value>(&mut conn).await })
-            .await
+        self.guarded(
+            |mut conn| async move { invocation.invoke_async::<Value>(&mut conn).await },
+            read,
+        )
+        .await
     }
 
     /// One `EVALSHA` of `script`, built by the caller as `cmd` (see
@@ -104,24 +114,36 @@ impl Link {
     /// script did not run) it loads the script and sends `cmd` again, as
     /// `ScriptInvocation::invoke_async` does; building the command directly
     /// writes every argument into one buffer instead of one vector each.
-    pub(crate) async fn evalsha(
+    pub(crate) async fn evalsha<T>(
         &self,
         script: &redis::Script,
         cmd: &Cmd,
-    ) -> Result<Value, RedisError> {
-        self.guarded(|mut conn| async move {
-            match cmd.query_async::<Value>(&mut conn).await {
-                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                    script.load_async(&mut conn).await?;
-                    cmd.query_async::<Value>(&mut conn).await
+        read: impl FnOnce(Value) -> Result<T, Fault>,
+    ) -> Result<T, RedisError> {
+        self.guarded(
+            |mut conn| async move {
+                match cmd.query_async::<Value>(&mut conn).await {
+                    Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                        script.load_async(&mut conn).await?;
+                        cmd.query_async::<Value>(&mut conn).await
+                    }
+                    other => other,
                 }
-                other => other,
-            }
-        })
+            },
+            read,
+        )
         .await
     }
 
-    async fn guarded<F, Fut>(&self, call: F) -> Result<Value, RedisError>
+    /// The one door of every call: the breaker's permit, the timeout, and
+    /// the accounting of what came back. `read` turns the reply into what
+    /// the caller asked for; a reply it cannot read is the store's failure
+    /// like an error reply that is (see `fault.rs`).
+    async fn guarded<T, F, Fut>(
+        &self,
+        call: F,
+        read: impl FnOnce(Value) -> Result<T, Fault>,
+    ) -> Result<T, RedisError>
     where
         F: Fn(AnyConn) -> Fut,
         Fut: std::future::Future<Output = redis::RedisResult<Value>>,
@@ -154,30 +176,34 @@ impl Link {
                 other => other,
             }
         };
-        let result = tokio::time::timeout(self.timeout, attempt).await;
+        let outcome = match tokio::time::timeout(self.timeout, attempt).await {
+            Ok(Ok(value)) => read(value),
+            Ok(Err(e)) => Err(fault::of_error(&e)),
+            Err(_) => Err(Fault::Store(format!(
+                "no reply within {} ms",
+                self.timeout.as_millis()
+            ))),
+        };
         #[cfg(feature = "metrics")]
         self.metrics.call(
-            match &result {
-                Ok(Ok(_)) => crate::metrics::CallEnd::Replied { error: false },
-                Ok(Err(e)) if !is_outage(e) => crate::metrics::CallEnd::Replied { error: true },
-                _ => crate::metrics::CallEnd::Outage,
+            match &outcome {
+                Ok(_) => crate::metrics::CallEnd::Replied { error: false },
+                Err(Fault::Caller(_)) => crate::metrics::CallEnd::Replied { error: true },
+                Err(Fault::Store(_)) => crate::metrics::CallEnd::Outage,
             },
             start.elapsed().as_secs_f64(),
         );
-        match result {
-            Ok(Ok(value)) => {
+        match outcome {
+            Ok(value) => {
                 self.breaker.success();
                 Ok(value)
             }
-            Ok(Err(e)) if !is_outage(&e) => {
-                // Redis answered: it is up, and the error is this call's.
+            Err(Fault::Caller(message)) => {
+                // Redis did its job: the error is this call's key's.
                 self.breaker.success();
-                Err(RedisError::Server {
-                    message: e.to_string(),
-                })
+                Err(RedisError::Server { message })
             }
-            Ok(Err(e)) => Err(self.failed(e.to_string())),
-            Err(_) => Err(self.failed(format!("no reply within {} ms", self.timeout.as_millis()))),
+            Err(Fault::Store(cause)) => Err(self.failed(cause)),
         }
     }
 
@@ -207,35 +233,6 @@ impl fmt::Debug for Link {
             .field("breaker", &self.breaker)
             .finish()
     }
-}
-
-/// Whether an error means Redis cannot serve (as opposed to an error reply
-/// about this call).
-fn is_outage(e: &redis::RedisError) -> bool {
-    if e.is_io_error()
-        || e.is_timeout()
-        || e.is_connection_refusal()
-        || e.is_connection_dropped()
-        || e.is_unrecoverable_error()
-    {
-        return true;
-    }
-    if e.code() == Some("BUSY") {
-        return true; // a script ran past its time limit
-    }
-    matches!(
-        e.kind(),
-        ErrorKind::Parse
-            | ErrorKind::UnexpectedReturnType
-            | ErrorKind::ClusterConnectionNotFound
-            | ErrorKind::Server(
-                ServerErrorKind::BusyLoading
-                    | ServerErrorKind::TryAgain
-                    | ServerErrorKind::ClusterDown
-                    | ServerErrorKind::MasterDown
-                    | ServerErrorKind::ReadOnly
-            )
-    )
 }
 
 /// The server or cluster behind a backend.

@@ -325,10 +325,14 @@ impl RedisElasticLimiter {
         let mut qk = pk.clone();
         qk.extend_from_slice(b":t");
         let invocation = elastic_call([&gk, &hk, &pk, &qk], n, &self.g, &self.h, &pool, extra);
-        match self.backend.invoke(&invocation).await {
-            Ok(reply) => {
+        match self
+            .backend
+            .invoke(&invocation, |v| parse_elastic(&v))
+            .await
+        {
+            Ok(decision) => {
                 let d = RedisDecision {
-                    decision: parse_elastic(&reply)?,
+                    decision,
                     source: DecisionSource::Redis,
                 };
                 // Redis answers: a recovery if it did not before.

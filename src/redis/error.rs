@@ -8,8 +8,9 @@ use std::time::Duration;
 ///
 /// Configuration errors come from the builders; [`RedisError::Unavailable`]
 /// is what [`FailurePolicy::Closed`](super::FailurePolicy::Closed) returns
-/// when Redis cannot answer (and what refunds and resets return under any
-/// policy); [`RedisError::Server`] is an error reply from Redis itself.
+/// when Redis cannot give a decision (and what refunds and resets return
+/// under any policy); [`RedisError::Server`] is an error about the call's
+/// own key (it holds data that is not this policy's state).
 ///
 /// # Example
 ///
@@ -46,17 +47,22 @@ pub enum RedisError {
     EmptyKey,
     /// A cost the limit can never admit at once.
     InsufficientCapacity(InsufficientCapacity),
-    /// Redis did not answer: connection refused or lost, no reply within
-    /// the timeout, a reply that is not Redis', or the circuit breaker is
-    /// open after repeated failures.
+    /// Redis could not give a decision: connection refused or lost, no
+    /// reply within the timeout, the circuit breaker open after repeated
+    /// failures, an error reply that says the store cannot serve (`OOM`,
+    /// `MISCONF`, `READONLY`, `LOADING`, `BUSY`, ...), or a reply that is
+    /// not a decision. The cause says which, and what to do.
     Unavailable {
         /// How long until ratewall calls Redis again (zero: the next call).
         retry_in: Duration,
         /// What failed.
         cause: String,
     },
-    /// Redis answered with an error (for example, the key holds data that
-    /// is not this policy's state).
+    /// The call's key holds data that is not this policy's state (Redis'
+    /// `WRONGTYPE`, or a script's "key holds state of another policy"):
+    /// another program, or another policy with the same prefix and name,
+    /// wrote it. Only that key's calls fail; Redis counts as up, and the
+    /// failure policy does not answer.
     Server {
         /// Redis' message.
         message: String,
@@ -90,7 +96,7 @@ impl fmt::Display for RedisError {
             ),
             RedisError::Server { message } => write!(
                 f,
-                "Redis answered with an error: {message}; check that no other program writes under the limiter's key prefix"
+                "Redis answered with an error about this key: {message}; the key holds data that is not this policy's state: check that no other program, and no other policy with the same prefix and name, writes under the limiter's keys"
             ),
             RedisError::NoRuntime => f.write_str(
                 "ratewall's Redis backend was used outside a tokio runtime: build it and call it from inside one, with time enabled (#[tokio::main], or tokio::runtime::Builder::enable_all)",

@@ -55,9 +55,10 @@ use std::time::{Duration, Instant};
 #[non_exhaustive]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StoreEvent {
-    /// Redis stopped answering the limiter's checks (refused, lost, no
-    /// reply in time, or the circuit breaker is open): its failure policy
-    /// answers them from now on.
+    /// Redis stopped giving the limiter's checks decisions (refused, lost,
+    /// no reply in time, the circuit breaker open, or an answer that is not
+    /// a decision, such as `OOM`): its failure policy answers them from now
+    /// on.
     #[non_exhaustive]
     Failing {
         /// The limiter's name.

@@ -21,8 +21,12 @@ use crate::quota::{Rate, Window};
 use crate::soft::Tolerance;
 use std::time::Duration;
 
-/// What a [`RedisLimiter`](super::RedisLimiter) answers when Redis cannot (refused, lost, no
-/// reply within the timeout, or the circuit breaker is open).
+/// What a [`RedisLimiter`](super::RedisLimiter) answers when Redis cannot
+/// give a decision: refused, lost, no reply within the timeout, the circuit
+/// breaker open, or an answer that is not a decision (out of memory,
+/// read-only, loading, a reply of the wrong shape; see
+/// `docs/distributed.md`, "Failures"). A key that holds another policy's
+/// data is [`RedisError::Server`] instead, whatever the policy.
 ///
 /// # Example
 ///

@@ -29,8 +29,9 @@
 //! that comes within `hot_gap * k` of the previous one, up to `max_lease`,
 //! and halving otherwise.
 
+use super::fault::{bad_reply, Fault};
 use super::limiter::RedisLimiter;
-use super::wire::{parse_lease, LeaseCall};
+use super::wire::{parse_lease, LeaseCall, LeaseReply};
 use super::{DecisionSource, RedisDecision, RedisError};
 use crate::decision::Decision;
 use crate::error::ConfigError;
@@ -549,9 +550,8 @@ impl RedisLeaseLimiter {
                 source: DecisionSource::DenyCache,
             }));
         }
-        match self.call(&rkey, "t", n, 0, 0, None).await {
-            Ok(reply) => {
-                let r = parse_lease(&reply)?;
+        match self.call(&rkey, "t", n, 0, 0, None, read_lease).await {
+            Ok(r) => {
                 self.limiter.note(&rkey, n, &r.decision);
                 self.limiter.redis_answered();
                 Ok(self.limiter.counted(RedisDecision {
@@ -768,10 +768,9 @@ impl RedisLeaseLimiter {
             armed: take.waits,
         };
         let sent = Instant::now();
-        let result = self
-            .call(rkey, "t", 1, take.extra, take.id, take.prev)
+        let parsed = self
+            .call(rkey, "t", 1, take.extra, take.id, take.prev, read_lease)
             .await;
-        let parsed = result.and_then(|v| parse_lease(&v));
         let outcome = match &parsed {
             Ok(r) if r.decision.is_allowed() => Outcome::Granted,
             Ok(r) => Outcome::Denied(r.decision, sent),
@@ -829,8 +828,12 @@ impl RedisLeaseLimiter {
             Algo::Gcra => (used, h.granted, h.id),
             Algo::Fixed => (used, h.granted, h.window),
         };
-        let reply = self.call(rkey, "r", n, extra, id, None).await?;
-        if reply == Value::Int(1) {
+        // 1 if the units were given back, 0 if the lease had ended.
+        let read = |v: Value| match v {
+            Value::Int(r @ (0 | 1)) => Ok(r == 1),
+            other => Err(bad_reply("lease release", &other)),
+        };
+        if self.call(rkey, "r", n, extra, id, None, read).await? {
             self.limiter.clear_denial(rkey);
             Ok(h.units)
         } else {
@@ -840,7 +843,7 @@ impl RedisLeaseLimiter {
 
     /// One call of the lease script.
     #[allow(clippy::too_many_arguments)]
-    async fn call(
+    async fn call<T>(
         &self,
         rkey: &[u8],
         mode: &'static str,
@@ -848,7 +851,8 @@ impl RedisLeaseLimiter {
         extra: u64,
         id: u64,
         prev: Option<(u64, u64)>,
-    ) -> Result<Value, RedisError> {
+        read: impl FnOnce(Value) -> Result<T, Fault>,
+    ) -> Result<T, RedisError> {
         let invocation = LeaseCall {
             key: rkey,
             algo: self.algo.arg(),
@@ -863,7 +867,7 @@ impl RedisLeaseLimiter {
         .invocation();
         // Relaxed: a statistics counter that publishes nothing.
         self.round_trips.fetch_add(1, Ordering::Relaxed);
-        self.limiter.backend().invoke(&invocation).await
+        self.limiter.backend().invoke(&invocation, read).await
     }
 
     /// A lease id unique across instances: this instance's random part and
@@ -928,6 +932,11 @@ impl Shard {
             None => false,
         }
     }
+}
+
+/// A take's or peek's reply (`lua/lease.lua`), read.
+fn read_lease(v: Value) -> Result<LeaseReply, Fault> {
+    parse_lease(&v)
 }
 
 impl fmt::Debug for RedisLeaseLimiter {

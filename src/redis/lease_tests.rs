@@ -54,7 +54,7 @@ async fn take(
     id: u64,
     prev: Option<(u64, u64)>,
 ) -> crate::redis::wire::LeaseReply {
-    let v = at(t, l.call(&rkey(l), "t", n, extra, id, prev))
+    let v = at(t, l.call(&rkey(l), "t", n, extra, id, prev, Ok))
         .await
         .unwrap();
     parse_lease(&v).unwrap()
@@ -91,7 +91,7 @@ async fn gcra_steps(
     let call = |mode: &'static str, n, extra, id, prev, t| {
         let rkey = rkey.clone();
         async move {
-            at(t, l.call(&rkey, mode, n, extra, id, prev))
+            at(t, l.call(&rkey, mode, n, extra, id, prev, Ok))
                 .await
                 .unwrap()
         }
@@ -358,6 +358,7 @@ async fn a_fixed_window_lease_counts_in_its_window_and_ends_with_it() {
                         m.granted,
                         m.window,
                         None,
+                        Ok,
                     ),
                 )
                 .await
@@ -436,7 +437,9 @@ async fn a_take_of_no_extra_units_is_the_plain_check() {
             let got = if consume {
                 take(&l, t, n, 0, 0, None).await.decision
             } else {
-                let v = at(t, l.call(&rkey(&l), "p", n, 0, 0, None)).await.unwrap();
+                let v = at(t, l.call(&rkey(&l), "p", n, 0, 0, None, Ok))
+                    .await
+                    .unwrap();
                 parse_lease(&v).unwrap().decision
             };
             let want = at(t, plain.decide(b"k", n, consume)).await.unwrap();

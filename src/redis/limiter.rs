@@ -5,7 +5,7 @@ use super::deny_cache::DenyCache;
 use super::failover::{option_methods, share, Failover, FailurePolicy, Options};
 use super::key;
 use super::script::{Mode, Program};
-use super::wire::{Call, Reply};
+use super::wire::Call;
 use super::{DecisionSource, RedisDecision, RedisError};
 use crate::decision::{Decision, Tracking};
 #[allow(unused_imports)] // doc links
@@ -401,8 +401,7 @@ impl RedisLimiter {
             None => (rkey, None),
         };
         match self.call(call_key, mode, cost).await {
-            Ok(reply) => {
-                let raw = reply.decision()?;
+            Ok(raw) => {
                 if let Some(rkey) = &kept {
                     self.note(rkey, cost, &raw);
                 }
@@ -524,7 +523,7 @@ impl RedisLimiter {
         &self.program
     }
 
-    async fn call(&self, rkey: Vec<u8>, mode: Mode, n: u64) -> Result<Reply, RedisError> {
+    async fn call(&self, rkey: Vec<u8>, mode: Mode, n: u64) -> Result<Decision, RedisError> {
         let call = Call {
             script: self.program.script(),
             code: self.program.code(),

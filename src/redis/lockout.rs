@@ -120,9 +120,13 @@ async fn one_script(
             .iter()
             .map(|l| (l.limit.program(), l.cost, block_us(l.block))),
     );
-    match limits[0].limit.backend().invoke(&invocation).await {
-        Ok(reply) => {
-            let (all, raw) = parse_multi(&reply, limits.len())?;
+    match limits[0]
+        .limit
+        .backend()
+        .invoke(&invocation, |v| parse_multi(&v, limits.len()))
+        .await
+    {
+        Ok((all, raw)) => {
             let decisions = limits
                 .iter()
                 .zip(raw)

@@ -64,6 +64,7 @@ mod elastic;
 mod error;
 mod events;
 mod failover;
+mod fault;
 mod key;
 mod lease;
 mod limiter;

@@ -117,9 +117,13 @@ async fn one_script(
             .iter()
             .map(|&(limit, _, cost)| (limit.program(), cost)),
     );
-    match limits[0].0.backend().invoke(&invocation).await {
-        Ok(reply) => {
-            let (all, raw) = parse_multi(&reply, limits.len())?;
+    match limits[0]
+        .0
+        .backend()
+        .invoke(&invocation, |v| parse_multi(&v, limits.len()))
+        .await
+    {
+        Ok((all, raw)) => {
             let mut decisions = Vec::with_capacity(limits.len());
             for (i, (&(limit, _, cost), raw)) in limits.iter().zip(raw).enumerate() {
                 limit.note(&rkeys[i], cost, &raw);

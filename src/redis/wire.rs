@@ -2,8 +2,8 @@
 //! batch of them) and the parsing of every script's reply into decisions.
 //! Nothing here does I/O; `connection.rs` sends, the limiters decide.
 
+use super::fault::{self, bad_reply, Fault};
 use super::script::{Mode, Program, BATCH, CONCURRENCY, ELASTIC, LEASE, LOCKOUT, MULTI};
-use super::RedisError;
 use crate::algo::gcra_decide;
 use crate::decision::Decision;
 use redis::{Cmd, ScriptInvocation, Value};
@@ -38,6 +38,16 @@ impl Call {
         cmd
     }
 
+    /// This call's reply, read alone (its own script's, `lua/check.lua`):
+    /// a check's or peek's decision, or a refund's `1`.
+    pub(crate) fn read(&self, reply: &Value) -> Result<Decision, Fault> {
+        match (self.mode, reply) {
+            (Mode::Refund, Value::Int(1)) => Ok(REFUNDED),
+            (Mode::Refund, _) => Err(bad_reply("refund", reply)),
+            _ => parse_decision(reply),
+        }
+    }
+
     /// How many values this call's answer takes in a batch's reply: one
     /// for a GCRA check or peek (the fast path), five otherwise.
     pub(crate) fn reply_width(&self) -> usize {
@@ -49,22 +59,9 @@ impl Call {
     }
 }
 
-/// A single-key call's answer: the script's reply, or (a GCRA call in a
-/// batch) the decision's five fields, already derived.
-pub(crate) enum Reply {
-    Value(Value),
-    Fields([u64; 5]),
-}
-
-impl Reply {
-    /// The decision in the reply of a check or peek.
-    pub(crate) fn decision(&self) -> Result<Decision, RedisError> {
-        match self {
-            Reply::Value(v) => parse_decision(v),
-            Reply::Fields(f) => Ok(fields_decision(*f)),
-        }
-    }
-}
+/// What a refund answers in place of a decision: the batch script's
+/// `{1, 0, 0, 0, 0}` for it, read as the decision fields they are.
+pub(crate) const REFUNDED: Decision = Decision::allow(0, 0, 0);
 
 /// An `EVALSHA` of `script` with `keys` keys, its arguments (`keys`
 /// keys, then the script's arguments) to be added by the caller, in a
@@ -271,12 +268,16 @@ fn test_time(invocation: &mut ScriptInvocation<'_>) {
 pub(crate) fn batch_entry(
     call: &Call,
     items: &mut impl Iterator<Item = Value>,
-) -> Result<Reply, RedisError> {
+) -> Result<Decision, Fault> {
     if call.reply_width() == 1 {
         // The caller checked the reply's length: one item per such call.
         gcra_entry(call, items.next().unwrap_or(Value::Nil))
     } else {
-        entry(items.take(5).collect())
+        let mut fields = [Value::Nil, Value::Nil, Value::Nil, Value::Nil, Value::Nil];
+        for (slot, item) in fields.iter_mut().zip(items.take(5)) {
+            *slot = item;
+        }
+        entry(&fields)
     }
 }
 
@@ -284,26 +285,20 @@ pub(crate) fn batch_entry(
 /// five decision fields its own script would have returned, by the one
 /// GCRA arithmetic ([`gcra_decide`], as the local step), or its error
 /// message.
-fn gcra_entry(call: &Call, held: Value) -> Result<Reply, RedisError> {
+fn gcra_entry(call: &Call, held: Value) -> Result<Decision, Fault> {
     let held = match held {
         Value::Int(h) if h >= 0 => h as u64,
         Value::BulkString(message) => {
-            return Err(RedisError::Server {
-                message: String::from_utf8_lossy(&message).into_owned(),
-            })
+            return Err(fault::of_message(&String::from_utf8_lossy(&message)))
         }
-        other => {
-            return Err(RedisError::Server {
-                message: format!("unexpected batch reply value {other:?}"),
-            })
-        }
+        other => return Err(bad_reply("batch", &other)),
     };
     let [t, tau, burst] = call.params;
     // A program's interval is at least 1 us, and n x T <= tau <= 2^52
     // (a larger cost is refused before the call): no overflow.
     let t = t.max(1);
     let (allowed, credit, retry, reset) = gcra_decide(held, call.n.saturating_mul(t), tau);
-    Ok(Reply::Fields([
+    Ok(fields_decision([
         u64::from(allowed),
         burst,
         credit / t,
@@ -315,21 +310,17 @@ fn gcra_entry(call: &Call, held: Value) -> Result<Reply, RedisError> {
 /// One call's five reply fields: the decision's, or an error message in
 /// the first field (that call failed in the script; the others did not).
 /// A Lua string in a script's reply is always a bulk string.
-fn entry(fields: Vec<Value>) -> Result<Reply, RedisError> {
-    match fields.first() {
-        Some(Value::BulkString(message)) => Err(RedisError::Server {
-            message: String::from_utf8_lossy(message).into_owned(),
-        }),
-        _ => Ok(Reply::Value(Value::Array(fields))),
+fn entry(fields: &[Value; 5]) -> Result<Decision, Fault> {
+    match &fields[0] {
+        Value::BulkString(message) => Err(fault::of_message(&String::from_utf8_lossy(message))),
+        _ => parse_fields(fields).ok_or_else(|| bad_reply("batch", &Value::Array(fields.to_vec()))),
     }
 }
 
 /// A script's reply `{allowed, limit, remaining, retry_after_us,
 /// reset_after_us}` as a decision.
-pub(crate) fn parse_decision(reply: &Value) -> Result<Decision, RedisError> {
-    let bad = || RedisError::Server {
-        message: format!("unexpected script reply {reply:?}"),
-    };
+pub(crate) fn parse_decision(reply: &Value) -> Result<Decision, Fault> {
+    let bad = || bad_reply("script", reply);
     let Value::Array(items) = reply else {
         return Err(bad());
     };
@@ -352,9 +343,12 @@ fn integers<const N: usize>(items: &[Value]) -> Option<[u64; N]> {
 }
 
 /// Five reply fields as a decision; `None` if they are not five
-/// non-negative integers.
+/// non-negative integers with `allowed` 0 or 1 and `remaining` at most
+/// `limit` (out of range: not a decision any script makes).
 pub(crate) fn parse_fields(items: &[Value]) -> Option<Decision> {
-    integers::<5>(items).map(fields_decision)
+    integers::<5>(items)
+        .filter(|[allowed, limit, remaining, ..]| *allowed <= 1 && remaining <= limit)
+        .map(fields_decision)
 }
 
 /// The five fields `{allowed, limit, remaining, retry_after_us,
@@ -371,20 +365,18 @@ pub(crate) fn fields_decision(f: [u64; 5]) -> Decision {
 
 /// The multi-limit script's reply for `count` limits: whether all allowed,
 /// and each limit's decision (the script's own, before any soft view).
-pub(crate) fn parse_multi(
-    reply: &Value,
-    count: usize,
-) -> Result<(bool, Vec<Decision>), RedisError> {
-    let bad = || RedisError::Server {
-        message: format!("unexpected multi-limit reply {reply:?}"),
-    };
+pub(crate) fn parse_multi(reply: &Value, count: usize) -> Result<(bool, Vec<Decision>), Fault> {
+    let bad = || bad_reply("multi-limit", reply);
     let Value::Array(items) = reply else {
         return Err(bad());
     };
     if items.len() != 1 + 5 * count {
         return Err(bad());
     }
-    let all = matches!(items[0], Value::Int(1));
+    let all = match items[0] {
+        Value::Int(all @ (0 | 1)) => all == 1,
+        _ => return Err(bad()),
+    };
     let decisions = items[1..]
         .chunks(5)
         .map(|f| parse_fields(f).ok_or_else(bad))
@@ -393,10 +385,8 @@ pub(crate) fn parse_multi(
 }
 
 /// The elastic script's reply: five decision fields and the above-limit flag.
-pub(crate) fn parse_elastic(reply: &Value) -> Result<Decision, RedisError> {
-    let bad = || RedisError::Server {
-        message: format!("unexpected elastic script reply {reply:?}"),
-    };
+pub(crate) fn parse_elastic(reply: &Value) -> Result<Decision, Fault> {
+    let bad = || bad_reply("elastic script", reply);
     let Value::Array(items) = reply else {
         return Err(bad());
     };
@@ -422,15 +412,16 @@ pub(crate) struct LeaseReply {
 
 /// `{allowed, limit, remaining, retry_after_us, reset_after_us, granted,
 /// now, end, window}`.
-pub(crate) fn parse_lease(reply: &Value) -> Result<LeaseReply, RedisError> {
-    let bad = || RedisError::Server {
-        message: format!("unexpected lease script reply {reply:?}"),
-    };
+pub(crate) fn parse_lease(reply: &Value) -> Result<LeaseReply, Fault> {
+    let bad = || bad_reply("lease script", reply);
     let Value::Array(items) = reply else {
         return Err(bad());
     };
     let f = integers::<9>(items).ok_or_else(bad)?;
     let [allowed, limit, remaining, retry_us, reset_us, granted, now_us, end_us, window] = f;
+    if allowed > 1 || remaining > limit {
+        return Err(bad());
+    }
     Ok(LeaseReply {
         decision: fields_decision([allowed, limit, remaining, retry_us, reset_us]),
         granted,

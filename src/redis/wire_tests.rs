@@ -30,10 +30,7 @@ fn replies_become_decisions_and_bad_replies_errors() {
         Value::Array(vec![Value::Int(-1); 5]),
         Value::Nil,
     ] {
-        assert!(matches!(
-            parse_decision(&bad),
-            Err(RedisError::Server { .. })
-        ));
+        assert!(matches!(parse_decision(&bad), Err(Fault::Store(_))));
     }
 }
 
@@ -54,10 +51,7 @@ fn replies_become_marked_decisions_and_bad_replies_errors() {
         Value::Array(vec![Value::Int(1); 5]),
         Value::Nil,
     ] {
-        assert!(matches!(
-            parse_elastic(&bad),
-            Err(RedisError::Server { .. })
-        ));
+        assert!(matches!(parse_elastic(&bad), Err(Fault::Store(_))));
     }
 }
 
@@ -81,9 +75,6 @@ fn multi_replies_become_decisions_and_bad_replies_errors() {
         reply(&[1, 1, 10, -7, 0, 300, 1, 5, 4, 0, 200]),
         Value::Nil,
     ] {
-        assert!(matches!(
-            parse_multi(&bad, 2),
-            Err(RedisError::Server { .. })
-        ));
+        assert!(matches!(parse_multi(&bad, 2), Err(Fault::Store(_))));
     }
 }

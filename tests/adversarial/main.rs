@@ -3,7 +3,6 @@
 //! the attack reaches the store). Every test here failed before the fix it
 //! holds; docs/security.md cites each one beside the promise it keeps.
 
-mod log_memory;
 #[path = "../support/mod.rs"]
 mod support;
 
@@ -12,4 +11,6 @@ mod hardening;
 mod hostile_upstream;
 mod key_spray;
 mod lockout_wear;
+mod log_memory;
+mod redis_oom;
 mod repeated_header;

@@ -4,3 +4,4 @@ pub mod http_client;
 #[cfg(feature = "redis")]
 pub mod redis_limits;
 pub mod redis_server;
+pub mod store_faults;
