@@ -458,6 +458,8 @@ async fn concurrency_rules_report_their_maximum_and_only_real_tables() {
     assert_eq!(
         s.gauge("ratewall_http_concurrency_max", &[("rule", "db")]),
         Some(shrunk as f64)
+    );
+}
 
 /// Redis out of memory is reported like an outage: calls counted as
 /// `outage` errors, the breaker open, the limiter's `failing` gauge at 1;
