@@ -1226,3 +1226,34 @@ async fn after_a_restart_redis_answers_again_within_one_cool_down() {
         );
     }
 }
+
+/// The first check after a restart that nothing saw (the pooled connection
+/// is to the dead server, the breaker closed) is answered by the restarted
+/// server: the stale connection fails at once (`broken pipe`, `connection
+/// reset`) and the call is tried once more on a fresh one, within the same
+/// timeout. It failed over (issue 30). Nothing can run twice: the old
+/// connection's server is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_check_after_an_unseen_restart_is_answered_by_redis() {
+    let mut server = RedisServer::start();
+    let b = backend(&server, Duration::from_millis(500));
+    let l = limiter(
+        Policy::token_bucket(Rate::per_hour(100)),
+        &b,
+        "restart",
+        FailurePolicy::Open,
+    );
+    for round in 0..3 {
+        let d = l.check_key(b"k").await.unwrap();
+        assert_eq!(d.source(), DecisionSource::Redis, "round {round}");
+        server.kill9();
+        server.restart(); // returns once the server answers PING
+        let d = l.check_key(b"k").await.unwrap();
+        assert_eq!(
+            d.source(),
+            DecisionSource::Redis,
+            "round {round}: the first check after the restart failed over"
+        );
+        assert!(b.is_available(), "round {round}");
+    }
+}

@@ -173,6 +173,15 @@ impl Link {
                 // and open the circuit for a second cool-down. So a refused
                 // call tries once more, on the attempt its failure started.
                 Err(e) if e.is_connection_refusal() => call(self.conn.get().await?).await,
+                // A pooled connection found dead before the call was sent
+                // on it (its server restarted since the last call; the
+                // client answers `broken pipe` without writing): the call
+                // ran nothing, so it is tried once more on the connection
+                // its failure started, within the same timeout. (A call
+                // that may have reached Redis, a reset or an end of stream
+                // after the write, is not retried: a refund run twice would
+                // give back twice.)
+                Err(e) if was_not_sent(&e) => call(self.conn.get().await?).await,
                 other => other,
             }
         };
@@ -222,6 +231,35 @@ impl Link {
         RedisError::Unavailable {
             retry_in: self.breaker.retry_in(Instant::now()),
             cause: format!("no reply within {} ms", self.timeout.as_millis()),
+        }
+    }
+}
+
+/// Whether a call failed before anything was written: the connection was
+/// already closed (an I/O error whose kind, or whose text where the client
+/// gives no kind, is a broken pipe or not connected).
+fn was_not_sent(e: &redis::RedisError) -> bool {
+    if e.kind() != redis::ErrorKind::Io {
+        return false;
+    }
+    // The client keeps the I/O error behind an `Arc<dyn Error>`.
+    type Shared = std::sync::Arc<dyn std::error::Error + Send + Sync>;
+    let io_kind = std::error::Error::source(e)
+        .and_then(|s| {
+            s.downcast_ref::<std::io::Error>().or_else(|| {
+                s.downcast_ref::<Shared>()
+                    .and_then(|a| a.downcast_ref::<std::io::Error>())
+            })
+        })
+        .map(std::io::Error::kind);
+    match io_kind {
+        Some(k) => matches!(
+            k,
+            std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::NotConnected
+        ),
+        None => {
+            let text = e.to_string().to_ascii_lowercase();
+            text.contains("broken pipe") || text.contains("not connected")
         }
     }
 }
@@ -305,5 +343,36 @@ impl Conn {
             client,
             conn: tokio::sync::OnceCell::new(),
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::was_not_sent;
+    use std::io::{Error, ErrorKind};
+
+    /// Only a call that never left the client is retried: a broken pipe or
+    /// a socket not connected. A reset or an end of stream may come after
+    /// Redis ran the call; a refusal is retried on its own arm; a reply is
+    /// no I/O error at all.
+    #[test]
+    fn only_calls_that_were_never_written_are_retried() {
+        let io = |kind| redis::RedisError::from(Error::new(kind, "io"));
+        assert!(was_not_sent(&io(ErrorKind::BrokenPipe)));
+        assert!(was_not_sent(&io(ErrorKind::NotConnected)));
+        for kind in [
+            ErrorKind::ConnectionReset,
+            ErrorKind::UnexpectedEof,
+            ErrorKind::ConnectionAborted,
+            ErrorKind::TimedOut,
+        ] {
+            assert!(!was_not_sent(&io(kind)), "{kind:?}");
+        }
+        let reply = redis::RedisError::from((redis::ErrorKind::Io, "connection reset by peer"));
+        assert!(!was_not_sent(&reply));
+        let pipe = redis::RedisError::from((redis::ErrorKind::Io, "broken pipe"));
+        assert!(was_not_sent(&pipe));
+        let busy = redis::RedisError::from((redis::ErrorKind::Client, "broken pipe"));
+        assert!(!was_not_sent(&busy), "not an I/O error");
     }
 }
