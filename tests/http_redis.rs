@@ -742,3 +742,64 @@ async fn a_key_holding_another_policys_data_answers_503_for_that_key_only() {
     assert_eq!(got.text(), "open=1:Some(Redis)");
     assert_eq!(layer.stats()[0].errors(), 6);
 }
+
+/// A fail-closed Redis rule through an outage logs one warning, when the
+/// limiter starts failing, not one per rejected request (issue 30: 125
+/// lines in a 5 s outage at 24 requests/s). Each rejected request is a
+/// `debug` event.
+#[cfg(feature = "tracing")]
+#[tokio::test]
+async fn an_outage_of_a_fail_closed_rule_is_one_warning_not_one_per_request() {
+    use std::sync::{Arc, Mutex};
+    use support::http_client::{fetch, serve};
+    #[derive(Clone)]
+    struct Capture(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Capture {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let out = Capture(Arc::new(Mutex::new(Vec::new())));
+    let writer = out.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::INFO)
+        .finish();
+    // A current-thread runtime: the server and the limiters run here too.
+    let _guard = tracing::subscriber::set_default(subscriber);
+    tracing::callsite::rebuild_interest_cache();
+    let warnings = || {
+        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        text.lines().filter(|l| l.contains(" WARN ")).count()
+    };
+    let mut server = RedisServer::start();
+    let b = backend(&server);
+    let l = limiter(
+        &b,
+        "closed",
+        Policy::token_bucket(Rate::per_second(1000)),
+        FailurePolicy::Closed,
+    );
+    let layer = RateLimitLayer::builder()
+        .rule(Rule::redis(Key::client_ip(), l))
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    let (addr, stop, task) = serve("127.0.0.1:0", app).await;
+    assert_eq!(fetch(addr, "GET", "/", &[]).await.status, StatusCode::OK);
+    server.kill9();
+    for i in 0..40 {
+        let got = fetch(addr, "GET", "/", &[]).await;
+        assert_eq!(got.status, StatusCode::SERVICE_UNAVAILABLE, "{i}");
+    }
+    assert_eq!(warnings(), 1, "one warning for the outage");
+    drop(stop);
+    task.await.unwrap();
+}

@@ -633,6 +633,8 @@ impl<C: Clock + Clone> RateLimitBuilder<C> {
                 warn_xff: Once::new(),
                 xff_checks: AtomicU64::new(0),
                 warn_no_peer: Once::new(),
+                #[cfg(feature = "redis")]
+                warn_foreign_key: Once::new(),
             }),
         })
     }

@@ -87,6 +87,9 @@ pub(super) struct Shared<C: Clock> {
     pub(super) warn_xff: Once,
     pub(super) xff_checks: AtomicU64,
     pub(super) warn_no_peer: Once,
+    /// A Redis key holding another policy's data (a configuration error).
+    #[cfg(feature = "redis")]
+    pub(super) warn_foreign_key: Once,
 }
 
 /// The asynchronous check of a request that matched Redis rules: the
@@ -267,7 +270,7 @@ impl<C: Clock> LimitSet<C> for LocalSet<'_, C> {
 }
 
 impl<C: Clock + 'static> Shared<C> {
-    fn warn(&self, once: &Once, message: &'static str) {
+    pub(super) fn warn(&self, once: &Once, message: &'static str) {
         once.call_once(|| warn_now(message));
     }
 

@@ -291,8 +291,20 @@ impl<C: Clock + 'static> Shared<C> {
                 };
                 let names: SmallVec<[&str; INLINE_RULES]> =
                     blamed.iter().map(|r| r.rule.name.as_str()).collect();
+                // Never a warning per request: a store that starts failing
+                // and recovers is reported once each, by its limiters' store
+                // events (`on_store_event`, and `tracing` warnings); a key
+                // that holds another policy's data is a configuration
+                // error, warned about once per layer.
+                if let RedisError::Server { .. } = e {
+                    self.warn(
+                        &self.warn_foreign_key,
+                        "a Redis rule's key holds another policy's data (two rules or programs share a key prefix and name): \
+                         give each Redis limiter its own name or prefix; such requests are answered 503",
+                    );
+                }
                 #[cfg(feature = "tracing")]
-                tracing::warn!(target: "ratewall::http", rules = ?names, error = %e, "rate-limit store unavailable, or a key holds another policy's data");
+                tracing::debug!(target: "ratewall::http", rules = ?names, error = %e, "rate-limit store could not decide");
                 if grpc {
                     // UNAVAILABLE: the client may retry.
                     let mut res = response::grpc_status("14", "rate-limit store unavailable");
