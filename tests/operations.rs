@@ -528,3 +528,108 @@ async fn an_out_of_memory_redis_is_reported_like_an_outage() {
         Some(1.0)
     );
 }
+
+/// The first day's report (issue 30): a login lockout on Redis (`withblock`,
+/// `3/min sliding-log`, `block_for` 30 s) beside a plain Redis rule
+/// (`noblock`), through the layer: one login, Redis killed, one login,
+/// Redis back, three logins. Both limiters report one `Failing` and one
+/// `Recovered`, their failing gauges end at 0, and the lockout rule's
+/// decisions count as Redis's. (The lockout script skipped the limiters'
+/// accounting: never `Recovered`, the gauge at 1 for ever, no decision
+/// counted.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_lockout_accounts_like_any_redis_rule_and_recovers() {
+    use ratewall::Window;
+    use support::http_client::call;
+    let mut server = RedisServer::start();
+    let recorder = DebuggingRecorder::new();
+    let snap = recorder.snapshotter();
+    let (with_seen, with_hook) = recording();
+    let (no_seen, no_hook) = recording();
+    let layer = {
+        let _guard = metrics::set_default_local_recorder(&recorder);
+        let redis = RedisBackend::builder(server.url())
+            .name("first-day")
+            .timeout(Duration::from_millis(100))
+            .breaker(3, Duration::from_millis(200))
+            .build()
+            .unwrap();
+        let limiter = |name: &str, policy, hook| {
+            RedisLimiter::builder(policy, &redis)
+                .prefix("day1")
+                .name(name)
+                .on_failure(FailurePolicy::Closed)
+                .on_store_event(hook)
+                .build()
+                .unwrap()
+        };
+        let withblock = limiter(
+            "withblock",
+            Policy::sliding_window_log(Window::per_minute(3)),
+            Box::new(with_hook) as Box<dyn Fn(&StoreEvent) + Send + Sync>,
+        );
+        let noblock = limiter(
+            "noblock",
+            Policy::token_bucket(Rate::per_second(100)),
+            Box::new(no_hook),
+        );
+        RateLimitLayer::builder()
+            .rule(
+                Rule::redis(Key::client_ip(), withblock)
+                    .on_path_prefix("/login")
+                    .block_for(Duration::from_secs(30)),
+            )
+            .rule(Rule::redis(Key::client_ip(), noblock))
+            .build()
+            .unwrap()
+    };
+    let app = Router::new()
+        .route("/login", get(|| async { "welcome" }))
+        .layer(layer);
+    let login = || call(&app, "GET", "/login", "192.0.2.1", &[]);
+    assert_eq!(login().await.status, StatusCode::OK);
+    server.kill9();
+    assert_eq!(login().await.status, StatusCode::SERVICE_UNAVAILABLE);
+    server.restart();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut ok = 0;
+    while ok < 2 {
+        match login().await.status {
+            StatusCode::OK => ok += 1,
+            StatusCode::SERVICE_UNAVAILABLE => {
+                assert!(Instant::now() < deadline, "never recovered");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            s => panic!("{s}"),
+        }
+    }
+    let s = take(&snap);
+    for (name, seen) in [("withblock", &with_seen), ("noblock", &no_seen)] {
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), 2, "{name}: {seen:?}");
+        assert!(
+            matches!(&seen[0], StoreEvent::Failing { .. }),
+            "{name}: {seen:?}"
+        );
+        assert!(
+            matches!(&seen[1], StoreEvent::Recovered { .. }),
+            "{name}: {seen:?}"
+        );
+        assert_eq!(
+            s.gauge("ratewall_redis_failing", &[("limiter", name)]),
+            Some(0.0),
+            "{name}"
+        );
+        assert!(
+            s.count(
+                "ratewall_redis_decisions_total",
+                &[
+                    ("limiter", name),
+                    ("source", "redis"),
+                    ("outcome", "allowed")
+                ]
+            ) >= 3,
+            "{name}: decisions by Redis counted"
+        );
+    }
+}

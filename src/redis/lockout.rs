@@ -29,7 +29,7 @@
 use super::limiter::RedisLimiter;
 use super::multi::finish;
 use super::wire::{lockout_call, parse_multi};
-use super::{DecisionSource, RedisDecision, RedisError};
+use super::{RedisDecision, RedisError};
 use futures_util::future::join_all;
 use redis::cluster_routing::Slot;
 use std::time::Duration;
@@ -127,13 +127,12 @@ async fn one_script(
         .await
     {
         Ok((all, raw)) => {
+            // Each limit's own accounting, as for its plain check: Redis
+            // answered (a recovery if it had not), the decision counted.
             let decisions = limits
                 .iter()
                 .zip(raw)
-                .map(|(l, raw)| RedisDecision {
-                    decision: l.limit.nominal(raw),
-                    source: DecisionSource::Redis,
-                })
+                .map(|(l, raw)| l.limit.answered(raw))
                 .collect();
             Ok((all, decisions))
         }
