@@ -200,3 +200,51 @@ async fn end_to_end_a_locked_out_client_gets_the_block_end_in_retry_after() {
     drop(stop);
     server.await.unwrap();
 }
+
+/// A block shorter than the rule's own wait (issue 30: a `3/min` sliding
+/// log with a 30 s block answered `retry-after: 30`; obeying it met the
+/// rule's denial, about 60 s, and started a new block): `Retry-After` is
+/// the later of the two, at the breach and while blocked, and a client
+/// that waits exactly what it is told is admitted.
+#[tokio::test]
+async fn retry_after_covers_the_rules_own_wait_and_obeying_it_starts_no_new_block() {
+    let clock = ManualClock::new();
+    let rule = Rule::per_ip("login", Policy::sliding_window_log(Window::per_minute(3)))
+        .block_for(Duration::from_secs(30));
+    let layer = RateLimitLayer::builder()
+        .clock(clock.clone())
+        .rule(rule)
+        .build()
+        .unwrap();
+    let short = app(layer);
+    let ip = [192, 0, 2, 9];
+    for _ in 0..3 {
+        assert_eq!(send(&short, ip).await.status, StatusCode::OK);
+    }
+    let breach = send(&short, ip).await;
+    assert_eq!(breach.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        breach.retry_after(),
+        Some(60),
+        "the log's own wait, not the 30 s block"
+    );
+    clock.advance(Duration::from_secs(10));
+    let blocked = send(&short, ip).await;
+    assert_eq!(blocked.retry_after(), Some(50));
+    // Obeying: admitted, and so is the next one (no new block).
+    clock.advance(Duration::from_secs(50));
+    assert_eq!(send(&short, ip).await.status, StatusCode::OK);
+    assert_eq!(send(&short, ip).await.status, StatusCode::OK);
+    // A block longer than the rule's wait is still the block.
+    let clock = ManualClock::new();
+    let layer = RateLimitLayer::builder()
+        .clock(clock.clone())
+        .rule(login())
+        .build()
+        .unwrap();
+    let long = app(layer);
+    for _ in 0..3 {
+        assert_eq!(send(&long, ip).await.status, StatusCode::OK);
+    }
+    assert_eq!(send(&long, ip).await.retry_after(), Some(900));
+}

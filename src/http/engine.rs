@@ -18,6 +18,7 @@ use super::concurrent::Held;
 use super::headers::{Admitted, Headers};
 use super::info::RateLimitInfo;
 use super::key::{Absent, Fingerprint, RequestParts, RuleKey};
+use super::lockout::no_sooner_than;
 use super::response::{self, Responder};
 use super::rule::{Missing, Mode, UnknownClient};
 use super::stats::{self, bump};
@@ -560,8 +561,14 @@ impl<C: Clock + 'static> Shared<C> {
             }
             if let (false, Some(l)) = (e.shadow, &own.lockout) {
                 let r = &self.rules[usize::from(e.rule)];
-                if r.local().is_some() {
+                if let Some(local) = r.local() {
                     if let Some(d) = l.blocked(&e.key, r.rule.policy.limit()) {
+                        // Told no sooner than the rule's own wait (one peek,
+                        // for blocked requests only).
+                        let d = match local.peek_key_n(&e.key, e.cost) {
+                            Ok(own) => no_sooner_than(d, own),
+                            Err(_) => d,
+                        };
                         // A refusal like any other: counted, and the key
                         // among the rule's offenders.
                         stats::denied(&r.counters, e.key, false, Some(d));

@@ -66,7 +66,8 @@ impl<C: Clock> Lockout<C> {
     }
 
     /// Starts a block for `key` after its rule denied `denial`: the denial
-    /// to report, until the block's end. If the table could not record the
+    /// to report, until the block's end, or the rule's own wait if longer
+    /// (see [`no_sooner_than`]). If the table could not record the
     /// block (full, see the module docs), or the rule denied the key only
     /// because its own table was full (`Tracking::Rejected`), the rule's
     /// own denial stands.
@@ -82,13 +83,29 @@ impl<C: Clock> Lockout<C> {
         if d.is_allowed() && recorded {
             // The unit taken: blocked until it is back (`reset_after`).
             let left = d.reset_after().as_nanos() as u64;
-            Decision::deny(denial.limit(), 0, left, left)
+            no_sooner_than(Decision::deny(denial.limit(), 0, left, left), denial)
         } else if !d.is_allowed() && recorded {
             // Another request of this key started the block first.
-            self.blocked(key, denial.limit()).unwrap_or(denial)
+            self.blocked(key, denial.limit())
+                .map_or(denial, |b| no_sooner_than(b, denial))
         } else {
             denial
         }
+    }
+}
+
+/// A block's denial `block`, told no sooner than the rule's own `own`
+/// decision for the same request: a client that waits the `Retry-After`
+/// it is told must find the block over **and** its rule admitting, or it
+/// would meet the rule's denial and start a new block (a `3/min` rule
+/// with a 30 s block answered 30, and the request was denied until about
+/// 60 s).
+pub(super) fn no_sooner_than(block: Decision, own: Decision) -> Decision {
+    if !own.is_allowed() && own.retry_after() > block.retry_after() {
+        let wait = own.retry_after().as_nanos() as u64;
+        Decision::deny(block.limit(), 0, wait, wait)
+    } else {
+        block
     }
 }
 

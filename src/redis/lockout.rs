@@ -191,7 +191,8 @@ mod tests {
             Policy::token_bucket(Rate::per_second(4).burst(2)),
             Policy::fixed_window(Window::new(3, Duration::from_millis(200))),
         ];
-        let blocks = [Duration::from_millis(700), Duration::from_millis(300)];
+        // The first block is shorter than its limit's longest wait (500 ms).
+        let blocks = [Duration::from_millis(200), Duration::from_millis(300)];
         let clock = ManualClock::new();
         let local: Vec<KeyedPolicyLimiter<u8, ManualClock>> = policies
             .iter()
@@ -245,8 +246,16 @@ mod tests {
                 .map(|i| local[i].peek_key_n(&1, 1).unwrap())
                 .collect();
             let mut want: Vec<Decision> = Vec::new();
+            // A wait is never shorter than the limit's own.
+            let own = |i: usize| {
+                if peeks[i].is_allowed() {
+                    0
+                } else {
+                    (peeks[i].retry_after().as_nanos() as u64).div_ceil(1000) * 1000
+                }
+            };
             for i in 0..2 {
-                let left = (ends[i] - t.min(ends[i])) * 1000;
+                let left = ((ends[i] - t.min(ends[i])) * 1000).max(own(i));
                 want.push(if blocked[i] {
                     Decision::deny(peeks[i].limit(), 0, left, left)
                 } else {
@@ -262,7 +271,8 @@ mod tests {
                 if starts {
                     let b = blocks[i].as_micros() as u64;
                     ends[i] = t + b;
-                    want[i] = Decision::deny(peeks[i].limit(), 0, b * 1000, b * 1000);
+                    let wait = (b * 1000).max(own(i));
+                    want[i] = Decision::deny(peeks[i].limit(), 0, wait, wait);
                 }
             }
             if want_all {

@@ -12,11 +12,13 @@
 --   allowed, limit, remaining, retry_after_us, reset_after_us}.
 --
 -- Every limit is decided at one time. A limit whose key is blocked denies
--- with remaining 0 until the block's end, and nothing is written at all
--- (a blocked request takes nothing from any limit). Otherwise, as
--- multi.lua: if all allow, every limit takes its cost; if any denies,
--- nothing is taken, and each denying limit with a lockout starts its block
--- now (its reply then says: denied until the block's end).
+-- with remaining 0 until the block's end (or its own wait, if longer), and
+-- nothing is written at all (a blocked request takes nothing from any
+-- limit). Otherwise, as multi.lua: if all allow, every limit takes its
+-- cost; if any denies, nothing is taken, and each denying limit with a
+-- lockout starts its block now (its reply then says: denied until the
+-- block's end, or its own wait if longer). So a reply's retry_after never
+-- names a time at which the same request is still denied.
 
 local steps = {g = gcra_step, f = fixed_step, s = sliding_step, l = log_step}
 local now = clock()
@@ -33,6 +35,11 @@ for i = 1, k do
     local ends = redis.call('GET', KEYS[k + i])
     local left = ends and (tonumber(ends) - now) or 0
     if left > 0 then
+      -- Denied until the block's end, or the limit's own wait if longer:
+      -- a client that obeys must find both over.
+      if d[1] == 0 and d[4] > left then
+        left = d[4]
+      end
       d = {0, d[2], 0, left, left}
       blocked = true
     end
@@ -54,7 +61,8 @@ elseif not blocked then
     local at = 2 + 5 * (i - 1)
     if block > 0 and reply[at] == 0 then
       redis.call('SET', KEYS[k + i], int(now + block), 'PX', px(block))
-      reply[at + 2], reply[at + 3], reply[at + 4] = 0, block, block
+      local wait = math.max(block, reply[at + 3])
+      reply[at + 2], reply[at + 3], reply[at + 4] = 0, wait, wait
     end
   end
 end
