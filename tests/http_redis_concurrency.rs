@@ -316,3 +316,72 @@ async fn a_redis_permit_cannot_be_released_at_the_response_head() {
     );
     assert!(err.to_string().contains("release_permit"), "{err}");
 }
+
+/// A shed request gets the same `Retry-After` from the same formula
+/// whatever the store (issue 30: 10 s for a Redis concurrency rule, 1 s for
+/// the local rule on the same 200 ms route): the mean time this instance
+/// saw a permit of the rule held, rounded up to whole seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shed_request_is_told_the_same_retry_after_whatever_the_store() {
+    let server = RedisServer::start();
+    let b = backend(&server);
+    let layer = RateLimitLayer::builder()
+        .rule(Rule::concurrent("local", Key::global(), 1).on_path_prefix("/local"))
+        .rule(
+            Rule::redis_concurrent(
+                "redis",
+                Key::global(),
+                permits(&b, "redis", 1, FailurePolicy::Closed),
+            )
+            .on_path_prefix("/redis"),
+        )
+        .build()
+        .unwrap();
+    let gate = Arc::new(Semaphore::new(0));
+    let slow = || {
+        get(|| async {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            "slow"
+        })
+    };
+    let app = Router::new()
+        .route("/local/slow", slow())
+        .route("/redis/slow", slow())
+        .route("/local/held", held_route(gate.clone()))
+        .route("/redis/held", held_route(gate.clone()))
+        .layer(layer);
+    let (addr, stop, task) = serve("127.0.0.1:0", app).await;
+    for _ in 0..3 {
+        for store in ["local", "redis"] {
+            let got = get_seen(addr, &format!("/{store}/slow"), &[]).await;
+            assert_eq!(got.status, StatusCode::OK, "{store}");
+        }
+    }
+    let mut held = Vec::new();
+    for store in ["local", "redis"] {
+        let path = format!("/{store}/held");
+        held.push(tokio::spawn(
+            async move { get_seen(addr, &path, &[]).await },
+        ));
+    }
+    held_becomes(&server, "redis", 1).await;
+    let mut told = Vec::new();
+    for store in ["local", "redis"] {
+        let shed = loop {
+            // The local permit is taken once its request reaches the layer.
+            let got = get_seen(addr, &format!("/{store}/slow"), &[]).await;
+            if got.status == StatusCode::SERVICE_UNAVAILABLE {
+                break got;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        told.push((store, shed.retry_after()));
+    }
+    assert_eq!(told, vec![("local", Some(1)), ("redis", Some(1))]);
+    gate.add_permits(2);
+    for h in held {
+        assert_eq!(h.await.unwrap().status, StatusCode::OK);
+    }
+    drop(stop);
+    task.await.unwrap();
+}

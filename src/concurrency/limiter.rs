@@ -363,12 +363,10 @@ impl<C: Clock> ConcurrencyLimiter<C> {
         // Relaxed load and store, not a read-modify-write: two racing
         // releases may lose one sample, which a hint can afford.
         let old = self.state.hold_ns.load(Ordering::Relaxed);
-        let mean = if old == 0 {
-            hold
-        } else {
-            old - old / 8 + hold / 8
-        };
-        self.state.hold_ns.store(mean.max(1), Ordering::Relaxed);
+        self.state.hold_ns.store(
+            crate::algo::concurrency::mean_hold(old, hold),
+            Ordering::Relaxed,
+        );
         if let Some(controller) = &self.adaptive {
             let outcome = held.outcome.unwrap_or(if std::thread::panicking() {
                 Outcome::Dropped

@@ -23,6 +23,7 @@ use super::fault::{bad_reply, Fault};
 use super::key;
 use super::wire::{concurrency_call, parse_decision};
 use super::{DecisionSource, FailurePolicy, RedisDecision, RedisError};
+use crate::algo::concurrency::mean_hold;
 use crate::concurrency::{check_max, ConcurrencyLimiter, OwnedPermit};
 use crate::decision::{Decision, Tracking};
 use crate::error::{ConfigError, InsufficientCapacity};
@@ -302,6 +303,26 @@ impl RedisConcurrencyLimiter {
     /// ```
     pub fn max(&self) -> u64 {
         self.inner.max
+    }
+
+    /// The observed mean time this instance held a permit of this limiter
+    /// (an exponentially weighted mean, the local
+    /// [`ConcurrencyLimiter::mean_hold_time`]'s formula), zero before the
+    /// first comes back. The HTTP layer tells a shed request to retry after
+    /// it, as it does for a local concurrency rule.
+    ///
+    /// ```
+    /// # use ratewall::redis::{RedisBackend, RedisConcurrencyLimiter};
+    /// # use std::time::Duration;
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// # let redis = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
+    /// let l = RedisConcurrencyLimiter::builder(3, &redis).build()?;
+    /// assert_eq!(l.mean_hold_time(), Duration::ZERO); // nothing held yet
+    /// # Ok::<(), ratewall::redis::RedisError>(()) }).unwrap();
+    /// ```
+    pub fn mean_hold_time(&self) -> Duration {
+        // Relaxed: a hint; it orders nothing.
+        Duration::from_nanos(self.inner.hold_ns.load(Ordering::Relaxed))
     }
 
     /// How long a permit lives in Redis unless renewed.
@@ -618,12 +639,7 @@ impl Inner {
         let hold = u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX);
         // Relaxed: a hint; it orders nothing.
         let old = self.hold_ns.load(Ordering::Relaxed);
-        let mean = if old == 0 {
-            hold
-        } else {
-            old - old / 8 + hold / 8
-        };
-        self.hold_ns.store(mean.max(1), Ordering::Relaxed);
+        self.hold_ns.store(mean_hold(old, hold), Ordering::Relaxed);
     }
 
     /// Stops renewing `member`; whether it was still held here.
