@@ -778,3 +778,111 @@ async fn concurrency_outcomes_are_metrics() {
         "{counts:?}"
     );
 }
+
+/// Issue 30: all-or-nothing takes nothing from a rule when another refuses
+/// the request, so a client could hammer a route that sheds (503) at any
+/// rate without meeting its per-IP rule (4,421 requests in 8 s: 3,968 shed,
+/// 0 rate-denied). By default it still does (the last line shows it); with
+/// `count_refused` on the per-IP rule, the shed requests spend the client's
+/// own quota and then its own limit answers 429.
+#[tokio::test]
+async fn a_rule_that_counts_refused_requests_meets_a_client_hammering_a_shedding_route() {
+    let build = |count: bool, config: bool| {
+        let ip = Rule::per_ip("ip", Policy::token_bucket(Rate::per_minute(5)));
+        let ip = if count { ip.count_refused() } else { ip };
+        let shed = Rule::concurrent("reports", Key::global(), 1).on_path_prefix("/stall");
+        if config {
+            let text = format!(
+                "[[rules]]\nname = \"ip\"\nkey = \"ip\"\npolicy = \"5/min\"\ncount_refused = {count}\n\n\
+                 [[rules]]\nname = \"reports\"\nkey = \"global\"\nconcurrent = 1\npath_prefix = \"/stall\"\n"
+            );
+            let config: LayerConfig = toml::from_str(&text).unwrap();
+            let again: LayerConfig = toml::from_str(&toml::to_string(&config).unwrap()).unwrap();
+            assert_eq!(again, config);
+            config.to_builder().unwrap().build().unwrap()
+        } else {
+            RateLimitLayer::builder()
+                .rule(ip)
+                .rule(shed)
+                .build()
+                .unwrap()
+        }
+    };
+    for (count, config) in [(true, false), (true, true), (false, false)] {
+        let layer = build(count, config);
+        let svc = raw_service(&layer);
+        // One request holds the only permit (its handler never answers).
+        let held = tokio::spawn(svc.clone().oneshot(request("/stall")));
+        while layer.stats()[1].in_flight() == 0 {
+            tokio::task::yield_now().await;
+        }
+        let mut seen = Vec::new();
+        for _ in 0..10 {
+            seen.push(
+                svc.clone()
+                    .oneshot(request("/stall"))
+                    .await
+                    .unwrap()
+                    .status(),
+            );
+        }
+        let (shed, limited) = (
+            StatusCode::SERVICE_UNAVAILABLE,
+            StatusCode::TOO_MANY_REQUESTS,
+        );
+        let want: Vec<StatusCode> = if count {
+            // 4 left after the held request: 4 shed, then the client's own 429s.
+            [vec![shed; 4], vec![limited; 6]].concat()
+        } else {
+            vec![shed; 10]
+        };
+        assert_eq!(seen, want, "count_refused {count}, from a file {config}");
+        held.abort();
+    }
+}
+
+/// `count_refused` where the refusing rule comes first (the check stops
+/// there, and the counting rule is charged all the same) and where it comes
+/// after the counting rule (nothing given back to it); a concurrency rule
+/// cannot count refused requests (its permit would be held by nobody).
+#[tokio::test]
+async fn count_refused_charges_the_rule_in_either_order_and_only_rate_rules_take_it() {
+    for counting_first in [true, false] {
+        let strict =
+            Rule::per_ip("strict", Policy::token_bucket(Rate::per_hour(1))).on_path_prefix("/s");
+        let counting =
+            Rule::per_ip("counting", Policy::token_bucket(Rate::per_hour(100))).count_refused();
+        let (a, b) = if counting_first {
+            (counting, strict)
+        } else {
+            (strict, counting)
+        };
+        let layer = RateLimitLayer::builder().rule(a).rule(b).build().unwrap();
+        let svc = raw_service(&layer);
+        let mut seen = Vec::new();
+        for _ in 0..5 {
+            let res = svc.clone().oneshot(request("/s")).await.unwrap();
+            seen.push(res.status());
+        }
+        assert_eq!(seen[0], StatusCode::OK);
+        assert!(
+            seen[1..]
+                .iter()
+                .all(|s| *s == StatusCode::TOO_MANY_REQUESTS),
+            "{seen:?}"
+        );
+        // The counting rule was charged for all five (a request to a path
+        // only it matches reads what it has left).
+        let res = svc.clone().oneshot(request("/")).await.unwrap();
+        let ratelimit = res.headers()["ratelimit"].to_str().unwrap().to_owned();
+        assert!(
+            ratelimit.contains("\"counting\";r=94"),
+            "counting first {counting_first}: {ratelimit}"
+        );
+    }
+    let err = RateLimitLayer::builder()
+        .rule(Rule::concurrent("c", Key::global(), 2).count_refused())
+        .build()
+        .unwrap_err();
+    assert!(err.to_string().contains("count_refused"), "{err}");
+}

@@ -498,6 +498,14 @@ impl<C: Clock + Clone> RateLimitBuilder<C> {
             } else {
                 limit_of(&self.clock, &rule, rule.policy, None)?
             };
+            if rule.count_refused && remote_of(&rule).is_some() {
+                return Err(HttpConfigError::InvalidValue {
+                    rule: Some(name),
+                    field: "count_refused",
+                    value: "true".into(),
+                    expected: "a local rate rule (a Redis rule's units are all or nothing across the store)",
+                });
+            }
             if let Some(w) = spray::spray_warning(&rule, remote_of(&rule).is_none()) {
                 warn_now(&w);
             }
@@ -776,8 +784,12 @@ fn not_for_concurrency(rule: &Rule) -> Option<&'static str> {
     if rule.mode == Mode::Shadow {
         return Some("a concurrency rule cannot be in shadow mode: a dry run would have to hold permits it never enforces; enforce it with a high maximum instead");
     }
-    if rule.refund_on_success || !rule.tiers.is_empty() || rule.block_for.is_some() {
-        return Some("`count_failures_only`, tiers and `block_for` apply to rate rules only: put them on a rate rule beside the concurrency rule");
+    if rule.refund_on_success
+        || rule.count_refused
+        || !rule.tiers.is_empty()
+        || rule.block_for.is_some()
+    {
+        return Some("`count_failures_only`, `count_refused`, tiers and `block_for` apply to rate rules only: put them on a rate rule beside the concurrency rule");
     }
     if remote_of(rule).is_some() {
         return Some("a Redis rule cannot be a concurrency rule");

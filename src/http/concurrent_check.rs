@@ -61,6 +61,10 @@ impl<C: Clock> LimitSet<C> for MixedSet<'_, C> {
     fn len(&self) -> usize {
         self.rates + self.conc.len()
     }
+    fn charged_when_refused(&self, i: usize) -> bool {
+        // Rate rules only: a permit kept would be held by nobody.
+        i < self.rates && self.rate.charged_when_refused(i)
+    }
     fn cost(&self, i: usize) -> u64 {
         match i.checked_sub(self.rates) {
             None => self.rate.cost(i),
@@ -222,6 +226,15 @@ impl<C: Clock + 'static> Shared<C> {
             Ok(allowed) => allowed,
             Err(e) => return (Err((self.culprit(entries, e.capacity), e)), Taken::none()),
         };
+        // A rate rule that denied is the client's own limit: the request is
+        // refused by it (429), and a concurrency rule's denial beside it (a
+        // peek: the check stopped at the rate rule) sheds nothing.
+        let rate_denied = !allowed
+            && rate_map.iter().any(|&i| {
+                entries[usize::from(i)]
+                    .decision
+                    .is_some_and(|d| !d.is_allowed())
+            });
         for i in rate_map.iter().chain(&conc_map).map(|&i| usize::from(i)) {
             let e = &entries[i];
             let r = &self.rules[usize::from(e.rule)];
@@ -238,7 +251,9 @@ impl<C: Clock + 'static> Shared<C> {
                 );
             } else if e.decision.is_some_and(|d| !d.is_allowed()) {
                 if let Some(c) = r.conc.as_ref().filter(|c| c.sheds) {
-                    bump(&c.shed);
+                    if !rate_denied {
+                        bump(&c.shed);
+                    }
                 } else {
                     stats::denied(&r.counters, e.key, false, e.decision);
                 }
@@ -264,14 +279,20 @@ impl<C: Clock + 'static> Shared<C> {
     #[cold]
     #[inline(never)]
     pub(super) fn shed(&self, entries: &[Entry]) -> bool {
-        entries.iter().any(|e| {
-            !e.shadow
-                && e.decision.is_some_and(|d| !d.is_allowed())
-                && self.rules[usize::from(e.rule)]
-                    .conc
-                    .as_ref()
-                    .is_some_and(|c| c.sheds)
-        })
+        let denied = |e: &&Entry| !e.shadow && e.decision.is_some_and(|d| !d.is_allowed());
+        let sheds = |e: &Entry| {
+            self.rules[usize::from(e.rule)]
+                .conc
+                .as_ref()
+                .map(|c| c.sheds)
+        };
+        // Shed only when no rate rule refused the request: a client over its
+        // own limit is told so (429), not to come back soon (503).
+        entries
+            .iter()
+            .filter(denied)
+            .any(|e| sheds(e) == Some(true))
+            && !entries.iter().filter(denied).any(|e| sheds(e).is_none())
     }
 
     /// Puts an admitted request's permits where its response will take

@@ -126,6 +126,7 @@ pub struct LayerConfig {
 /// | `unknown_client` | `"as-missing"` (default: `when_missing` decides, a 5xx becoming 400) or `"nearest-hop"` (key by the nearest trusted proxy's address) |
 /// | `hide_headers` | `true`: left out of the headers of allowed responses |
 /// | `count_failures_only` | `true`: given back when the response is 2xx or 3xx |
+/// | `count_refused` | `true`: charged even when another rule refuses the request ([`Rule::count_refused`]) |
 /// | `max_keys` | the most keys tracked at once |
 /// | `when_full` | `"evict-least-recent"` (default), `"reject-new"` or `"admit-untracked"` |
 /// | `store` | `"local"` (default) or `"redis"`: the state lives in Redis, shared by every instance (built by `LayerConfig::to_builder_with_redis`) |
@@ -209,6 +210,10 @@ pub struct RuleConfig {
     /// Give the units back when the response is 2xx or 3xx.
     #[serde(default, skip_serializing_if = "is_false")]
     pub count_failures_only: bool,
+    /// Charged even when another rule refuses the request
+    /// ([`Rule::count_refused`]).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub count_refused: bool,
     /// The most keys tracked at once ([`Rule::max_keys`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_keys: Option<usize>,
@@ -570,6 +575,9 @@ impl RuleConfig {
         }
         if self.count_failures_only {
             rule = rule.count_failures_only();
+        }
+        if self.count_refused {
+            rule = rule.count_refused();
         }
         if let Some(n) = self.max_keys {
             rule = rule.max_keys(n);

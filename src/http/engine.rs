@@ -268,6 +268,12 @@ impl<C: Clock> LimitSet<C> for LocalSet<'_, C> {
         };
         self.entries[at].decision = d;
     }
+    #[inline]
+    fn charged_when_refused(&self, i: usize) -> bool {
+        self.rules[usize::from(self.entry(i).rule)]
+            .rule
+            .count_refused
+    }
 }
 
 impl<C: Clock + 'static> Shared<C> {

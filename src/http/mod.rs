@@ -80,6 +80,7 @@
 //! | `stats.rs` | [`RuleStats`], [`Offender`]: each rule's counters and top offenders (and, feature `metrics`, their facade handles) |
 //! | `tier.rs` | premium tiers: a rule's other policies and how a request picks one |
 //! | `lockout.rs` | lockouts after a breach: the blocked keys of a local rule |
+//! | `refused.rs` | [`Rule::count_refused`]: a rule charged for requests other rules refuse |
 //! | `spray.rs` | a rule's tables against key spraying: the default `WhenFull`, the build's warning, the lockout table's size |
 //! | `service.rs` | [`RateLimitLayer`], [`RateLimitService`], [`ResponseFuture`] |
 
@@ -100,6 +101,7 @@ mod info;
 mod key;
 mod lockout;
 mod path;
+mod refused;
 #[cfg(feature = "redis")]
 mod remote_check;
 mod response;

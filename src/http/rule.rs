@@ -194,6 +194,8 @@ pub struct Rule {
     pub(super) visibility: Visibility,
     pub(super) table: TableOptions,
     pub(super) refund_on_success: bool,
+    /// Charged when another rule refuses the request (`refused.rs`).
+    pub(super) count_refused: bool,
     /// Premium tiers: other policies, and how a request picks one.
     pub(super) tiers: Tiers,
     /// The lockout after a denial.
@@ -228,6 +230,7 @@ impl fmt::Debug for Rule {
             .field("visibility", &self.visibility)
             .field("table", &self.table)
             .field("refund_on_success", &self.refund_on_success)
+            .field("count_refused", &self.count_refused)
             .field("tiers", &self.tiers)
             .field("block_for", &self.block_for)
             .field("lockout_max_keys", &self.lockout_max_keys)
@@ -270,6 +273,7 @@ impl Rule {
             // spraying new keys evicts its own (`spray.rs`, docs/http.md).
             table: TableOptions::new().when_full(WhenFull::EvictLeastRecent),
             refund_on_success: false,
+            count_refused: false,
             tiers: Tiers::default(),
             block_for: None,
             lockout_max_keys: None,
