@@ -750,33 +750,11 @@ async fn a_key_holding_another_policys_data_answers_503_for_that_key_only() {
 #[cfg(feature = "tracing")]
 #[tokio::test]
 async fn an_outage_of_a_fail_closed_rule_is_one_warning_not_one_per_request() {
-    use std::sync::{Arc, Mutex};
     use support::http_client::{fetch, serve};
-    #[derive(Clone)]
-    struct Capture(Arc<Mutex<Vec<u8>>>);
-    impl std::io::Write for Capture {
-        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(b);
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let out = Capture(Arc::new(Mutex::new(Vec::new())));
-    let writer = out.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .with_max_level(tracing::Level::INFO)
-        .finish();
+    let out = support::logs::Captured::default();
     // A current-thread runtime: the server and the limiters run here too.
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let _guard = tracing::subscriber::set_default(out.subscriber());
     tracing::callsite::rebuild_interest_cache();
-    let warnings = || {
-        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
-        text.lines().filter(|l| l.contains(" WARN ")).count()
-    };
     let mut server = RedisServer::start();
     let b = backend(&server);
     let l = limiter(
@@ -799,7 +777,7 @@ async fn an_outage_of_a_fail_closed_rule_is_one_warning_not_one_per_request() {
         let got = fetch(addr, "GET", "/", &[]).await;
         assert_eq!(got.status, StatusCode::SERVICE_UNAVAILABLE, "{i}");
     }
-    assert_eq!(warnings(), 1, "one warning for the outage");
+    assert_eq!(out.warnings(), 1, "one warning for the outage");
     drop(stop);
     task.await.unwrap();
 }

@@ -4,7 +4,6 @@
 //! keys included, until the junk went idle (a day for a daily window).
 
 use crate::support::http_client::{call, Got};
-use axum::routing::get;
 use axum::Router;
 use http::StatusCode;
 use ratewall::http::{RateLimitLayer, Rule};
@@ -24,16 +23,7 @@ fn api_keys() -> Rule {
     .max_keys(16)
 }
 
-fn app(rule: Rule, clock: &ManualClock) -> Router {
-    let layer = RateLimitLayer::builder()
-        .clock(clock.clone())
-        .rule(rule)
-        .build()
-        .unwrap();
-    Router::new()
-        .route("/", get(|| async { "ok" }))
-        .layer(layer)
-}
+use crate::one_rule_app as app;
 
 async fn with_key(app: &Router, key: &str) -> Got {
     call(app, "GET", "/", "192.0.2.1", &[("x-api-key", key)]).await
@@ -102,24 +92,8 @@ async fn a_key_that_spent_more_than_one_junk_request_is_never_the_one_pushed_out
 /// they are `tracing` events; without it they go to standard error).
 #[cfg(feature = "tracing")]
 fn warnings_of(build: impl Fn()) -> String {
-    use std::sync::{Arc, Mutex};
-    #[derive(Clone)]
-    struct Capture(Arc<Mutex<Vec<u8>>>);
-    impl std::io::Write for Capture {
-        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(b);
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let out = Capture(Arc::new(Mutex::new(Vec::new())));
-    let writer = out.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .finish();
+    let out = crate::support::logs::Captured::default();
+    let subscriber = out.subscriber();
     tracing::subscriber::with_default(subscriber, || {
         // A test on another thread, with no subscriber, may register the
         // warning's callsite as "never" while this one is being set up:
@@ -127,13 +101,12 @@ fn warnings_of(build: impl Fn()) -> String {
         for _ in 0..2 {
             tracing::callsite::rebuild_interest_cache();
             build();
-            if !out.0.lock().unwrap().is_empty() {
+            if !out.is_empty() {
                 break;
             }
         }
     });
-    let text = out.0.lock().unwrap().clone();
-    String::from_utf8(text).unwrap()
+    out.text()
 }
 
 #[cfg(feature = "tracing")]

@@ -4,25 +4,15 @@
 //! old ones (`EvictLeastRecent`); and a table-full denial locked a new key out.
 
 use crate::support::http_client::{call, Got};
-use axum::routing::get;
 use axum::Router;
 use http::StatusCode;
-use ratewall::http::{RateLimitLayer, Rule};
+use ratewall::http::Rule;
 use ratewall::{ManualClock, Policy, WhenFull, Window};
 use std::time::Duration;
 
 const BLOCK: Duration = Duration::from_secs(15 * 60);
 
-fn app(rule: Rule, clock: &ManualClock) -> Router {
-    let layer = RateLimitLayer::builder()
-        .clock(clock.clone())
-        .rule(rule)
-        .build()
-        .unwrap();
-    Router::new()
-        .route("/", get(|| async { "ok" }))
-        .layer(layer)
-}
+use crate::one_rule_app as app;
 
 async fn as_user(app: &Router, user: &str) -> Got {
     call(app, "GET", "/", "192.0.2.1", &[("x-user", user)]).await

@@ -14,3 +14,15 @@ mod lockout_wear;
 mod log_memory;
 mod redis_oom;
 mod repeated_header;
+
+/// `GET /` answering "ok" behind a layer of one `rule` on `clock`.
+fn one_rule_app(rule: ratewall::http::Rule, clock: &ratewall::ManualClock) -> axum::Router {
+    let layer = ratewall::http::RateLimitLayer::builder()
+        .clock(clock.clone())
+        .rule(rule)
+        .build()
+        .unwrap();
+    axum::Router::new()
+        .route("/", axum::routing::get(|| async { "ok" }))
+        .layer(layer)
+}
