@@ -377,9 +377,14 @@ async fn shadow_count_only_failures_and_the_decisions_extension() {
         StatusCode::TOO_MANY_REQUESTS,
         "two failures spent the limit"
     );
-    assert!(server
-        .cmd(&["KEYS", "ratewall:login:*"])
-        .contains("ratewall:login:h:alice"));
+    let names = server.cmd(&["KEYS", "ratewall:login:*"]);
+    assert!(
+        names.contains(&format!(
+            "ratewall:login:{}",
+            support::redis_limits::hashed("h:alice")
+        )),
+        "{names}"
+    );
 }
 
 #[tokio::test]
@@ -566,7 +571,9 @@ async fn two_instances_share_one_limit_and_the_redis_keys_are_bounded() {
         .collect();
     assert_eq!(lines.len(), 2, "{user_keys}");
     for l in lines {
-        let hex = l.strip_prefix("ratewall:user:x:").unwrap();
+        // An extension's material (`x:` and a SHA-1 of its `Hash`) is
+        // client material: named by its hash.
+        let hex = l.strip_prefix("ratewall:user:~").unwrap();
         assert!(
             hex.len() == 32 && hex.bytes().all(|c| c.is_ascii_hexdigit()),
             "{l}"
@@ -579,9 +586,16 @@ async fn two_instances_share_one_limit_and_the_redis_keys_are_bounded() {
         "ratewall:key:".len() + 33,
         "a 10 kB header is hashed: {key}"
     );
-    assert!(server
-        .cmd(&["KEYS", "ratewall:iproute:*"])
-        .contains("ratewall:iproute:9:192.0.2.13:r:/\r"));
+    // An address with a route is client material (the route): hashed.
+    let iproute = server.cmd(&["KEYS", "ratewall:iproute:*"]);
+    let material = "9:192.0.2.13:r:/"; // "192.0.2.1" and "r:/", each after its length
+    assert!(
+        iproute.contains(&format!(
+            "ratewall:iproute:{}\r",
+            support::redis_limits::hashed(material)
+        )),
+        "{iproute}"
+    );
 }
 
 mod end_to_end {

@@ -92,6 +92,16 @@ impl<C: Clock> Compiled<C> {
             RuleLimit::Local(_) | RuleLimit::RedisConcurrent => None,
         }
     }
+
+    /// The backend of a Redis rule (rate or concurrency).
+    #[cfg(feature = "redis")]
+    pub(super) fn redis_backend(&self) -> Option<&crate::redis::RedisBackend> {
+        match &self.limit {
+            RuleLimit::Redis(l) => Some(l.backend()),
+            RuleLimit::RedisConcurrent => self.conc.as_ref()?.redis().map(|l| l.backend()),
+            RuleLimit::Local(_) => None,
+        }
+    }
 }
 
 /// Each rule's counters, its tiers' counted in: one [`RuleStats`] per rule.

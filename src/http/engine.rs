@@ -365,7 +365,13 @@ impl<C: Clock + 'static> Shared<C> {
             let key = match key {
                 RuleKey::Local(k) => k,
                 RuleKey::Remote(bytes) => {
-                    remote_keys.push((entries.len(), bytes));
+                    // Client material is named by a hash in Redis, never
+                    // by its value (`RedisBackendBuilder::key_secret`).
+                    let name = match r.redis_backend() {
+                        Some(b) if !rule.key.readable_in_redis() => b.key_name(bytes),
+                        _ => bytes,
+                    };
+                    remote_keys.push((entries.len(), name));
                     0
                 }
             };

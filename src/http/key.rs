@@ -228,6 +228,19 @@ impl Key {
         }
     }
 
+    /// Whether a Redis rule's key keeps its readable name in Redis: a
+    /// client address or the global key (alone or in composites of them).
+    /// Anything else is client material, named by a hash there
+    /// (`RedisBackendBuilder::key_secret`).
+    #[cfg(feature = "redis")]
+    pub(super) fn readable_in_redis(&self) -> bool {
+        match &self.0 {
+            KeyKind::ClientIp { .. } | KeyKind::Global => true,
+            KeyKind::Composite(keys) => keys.iter().all(Key::readable_in_redis),
+            _ => false,
+        }
+    }
+
     /// Whether every request has the same key ([`Key::global`], alone or
     /// in composites of it).
     pub(super) fn is_global(&self) -> bool {

@@ -5,6 +5,7 @@
 use super::batch::Batcher;
 use super::connection::{Conn, Link};
 use super::fault::Fault;
+use super::key_names::KeyNames;
 use super::wire::Call;
 use super::RedisError;
 use crate::decision::Decision;
@@ -55,6 +56,8 @@ pub struct RedisBackend {
 struct Inner {
     link: Arc<Link>,
     url: String,
+    /// How the HTTP layer names client key material here.
+    key_names: KeyNames,
     /// `None` when batching is off (`max_batch(1)`).
     batcher: Option<Batcher>,
 }
@@ -86,6 +89,7 @@ pub struct RedisBackendBuilder {
     cool_down: Duration,
     max_batch: usize,
     in_flight: usize,
+    key_names: KeyNames,
 }
 
 /// The default largest number of calls sent as one script call.
@@ -112,6 +116,7 @@ impl RedisBackend {
             cool_down: DEFAULT_COOL_DOWN,
             max_batch: DEFAULT_MAX_BATCH,
             in_flight: DEFAULT_IN_FLIGHT,
+            key_names: KeyNames::Hashed,
         }
     }
 
@@ -168,6 +173,13 @@ impl RedisBackend {
     /// Whether `other` is this backend (the same connection).
     pub(crate) fn same(&self, other: &RedisBackend) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    /// The name of the HTTP layer's client key material here (see
+    /// [`key_secret`](RedisBackendBuilder::key_secret)).
+    #[cfg_attr(not(feature = "tower"), allow(dead_code))]
+    pub(crate) fn key_name(&self, material: Vec<u8>) -> Vec<u8> {
+        self.inner.key_names.name(material)
     }
 
     /// Whether this is a Redis Cluster.
@@ -302,6 +314,43 @@ impl RedisBackendBuilder {
         self
     }
 
+    /// Names the HTTP layer's client keys (header values such as API keys,
+    /// extensions, routes, composites) in Redis by a keyed hash under
+    /// `secret`: `~` and 32 hex digits of HMAC-SHA-1, so nobody without
+    /// the secret can tell a key's name from its value, nor aim a value at
+    /// a Redis Cluster slot. Give every instance that shares the store the
+    /// same secret (from your secret store, at least 16 random bytes);
+    /// instances with different secrets count the same client under
+    /// different keys. Changing it starts every such key afresh. Client
+    /// addresses and the global key keep their readable names. Without a
+    /// secret the names are an unkeyed hash (the value is not in them, but
+    /// anyone can compute them).
+    ///
+    /// ```
+    /// # use ratewall::redis::RedisBackend;
+    /// let b = RedisBackend::builder("redis://127.0.0.1").key_secret(b"a secret shared by every instance");
+    /// ```
+    pub fn key_secret(mut self, secret: impl AsRef<[u8]>) -> Self {
+        self.key_names = KeyNames::Keyed(Arc::from(secret.as_ref()));
+        self
+    }
+
+    /// Names the HTTP layer's client keys in Redis by their value, as
+    /// earlier versions did (`h:<header value>`): readable in
+    /// `redis-cli`, for debugging, or to keep the counts of keys written
+    /// by an earlier version across the upgrade. API keys and tokens then
+    /// sit in clear in Redis, and a client can aim a value at a Cluster
+    /// slot.
+    ///
+    /// ```
+    /// # use ratewall::redis::RedisBackend;
+    /// let b = RedisBackend::builder("redis://127.0.0.1").readable_key_names();
+    /// ```
+    pub fn readable_key_names(mut self) -> Self {
+        self.key_names = KeyNames::Readable;
+        self
+    }
+
     /// The backend. Must run inside a tokio runtime; the connection is made
     /// on first use.
     ///
@@ -361,6 +410,7 @@ impl RedisBackendBuilder {
             inner: Arc::new(Inner {
                 link,
                 url: self.url,
+                key_names: self.key_names,
                 batcher,
             }),
         }

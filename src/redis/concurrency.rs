@@ -305,6 +305,12 @@ impl RedisConcurrencyLimiter {
         self.inner.max
     }
 
+    /// The backend the permits live on.
+    #[cfg_attr(not(feature = "tower"), allow(dead_code))]
+    pub(crate) fn backend(&self) -> &RedisBackend {
+        &self.inner.backend
+    }
+
     /// The observed mean time this instance held a permit of this limiter
     /// (an exponentially weighted mean, the local
     /// [`ConcurrencyLimiter::mean_hold_time`]'s formula), zero before the

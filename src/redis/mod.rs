@@ -66,6 +66,7 @@ mod events;
 mod failover;
 mod fault;
 mod key;
+mod key_names;
 mod lease;
 mod limiter;
 mod lockout;

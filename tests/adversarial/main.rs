@@ -6,6 +6,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod cluster_slot;
 mod forged_forwarded;
 mod hardening;
 mod hostile_upstream;

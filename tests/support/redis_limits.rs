@@ -28,3 +28,12 @@ pub fn limiter(
         .build()
         .unwrap()
 }
+
+/// The name a Redis rule of the HTTP layer gives client key material
+/// (`h:` and a header value, `r:` and a route, ...) in Redis by default:
+/// `~` and the first 128 bits of its SHA-1, in hex (no secret set).
+pub fn hashed(material: &str) -> String {
+    let digest = sha1_smol::Sha1::from(material).digest().bytes();
+    let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+    format!("~{hex}")
+}
