@@ -195,7 +195,10 @@ async fn retry_after_as_an_http_date_pauses_retries_only_idempotent_and_times_ou
         (hits.load(Ordering::SeqCst), long.too_many_requests()),
         (2, 1)
     );
-    assert_eq!((long.retries_made(), long.waits()), (1, 1));
+    // One retry; it waited for the pause unless its backoff (1 to 2 s,
+    // random) outlasted the pause already.
+    assert_eq!(long.retries_made(), 1);
+    assert!(long.waits() <= 1, "{} waits", long.waits());
 
     // A POST is never retried: its 429 comes back to the caller.
     let status = send(&paced, request(Method::POST, addr, "/"))
