@@ -365,14 +365,6 @@ pub(crate) trait LimitSet<C: Clock> {
     fn max_cost(&self) -> u64 {
         u64::MAX
     }
-    /// Whether limit `i` keeps what it took when another limit denies (the
-    /// HTTP layer's `Rule::count_refused`): no rollback for it, and taken
-    /// even where the check stopped before it. Never for the crate's own
-    /// all-or-nothing checks.
-    #[inline]
-    fn charged_when_refused(&self, _i: usize) -> bool {
-        false
-    }
 }
 
 /// [`check_each`]'s list as a [`LimitSet`].
@@ -457,21 +449,11 @@ pub(crate) fn check_set<C: Clock, S: LimitSet<C>>(
         };
         if !d.is_allowed() {
             roll_back_set(set, i, took, now);
-            // The limits charged even for a refused request take their
-            // cost too where the check did not reach them (nothing is given
-            // back to them above); their decisions are read below.
-            for j in i + 1..len {
-                if set.charged_when_refused(j) {
-                    let taken = set.take_at(j, now, set.cost(j));
-                    set.decide(j, taken.ok());
-                }
-            }
             // Report the denial first, then every other limit as seen
-            // after the rollback (the most restrictive of them wins); a
-            // limit charged anyway keeps the decision of its own take.
+            // after the rollback (the most restrictive of them wins).
             set.decide_denied(i, d);
             for j in 0..len {
-                if j != i && !set.charged_when_refused(j) {
+                if j != i {
                     match set.peek_at(j, now, set.cost(j)) {
                         Ok(p) => set.decide(j, Some(p)),
                         Err(_) => set.decide(j, None),
@@ -501,7 +483,7 @@ fn roll_back_set<C: Clock, S: LimitSet<C>>(set: &S, end: usize, took: u64, now: 
     for i in (0..end).rev() {
         let n = set.cost(i);
         let taken = if i < 64 { took & (1 << i) != 0 } else { n > 0 };
-        if taken && !set.charged_when_refused(i) {
+        if taken {
             set.give_back_at(i, now, n);
         }
     }

@@ -570,6 +570,7 @@ impl<C: Clock + Clone> RateLimitBuilder<C> {
             .map(|r| Box::from(r.rule.name.as_str()))
             .collect();
         let any_refund = rules.iter().any(|r| r.rule.refund_on_success);
+        let any_count_refused = rules.iter().any(|r| r.rule.count_refused);
         // Every rule's cost is a constant of at most one unit (a unit cost
         // always fits: the all-or-nothing check skips its capacity check).
         let unit_costs = rules
@@ -628,6 +629,7 @@ impl<C: Clock + Clone> RateLimitBuilder<C> {
                 responder: self.responder,
                 decisions_extension: self.decisions_extension,
                 any_refund,
+                any_count_refused,
                 plain,
                 unit_costs,
                 keep_decisions: self.headers != Headers::None

@@ -61,10 +61,6 @@ impl<C: Clock> LimitSet<C> for MixedSet<'_, C> {
     fn len(&self) -> usize {
         self.rates + self.conc.len()
     }
-    fn charged_when_refused(&self, i: usize) -> bool {
-        // Rate rules only: a permit kept would be held by nobody.
-        i < self.rates && self.rate.charged_when_refused(i)
-    }
     fn cost(&self, i: usize) -> u64 {
         match i.checked_sub(self.rates) {
             None => self.rate.cost(i),
@@ -222,6 +218,9 @@ impl<C: Clock + 'static> Shared<C> {
         };
         let checked = check_set(&mut set);
         let taken = set.taken.into_inner();
+        if matches!(checked, Ok(false)) && self.any_count_refused {
+            self.charge_refused(entries);
+        }
         let allowed = match checked {
             Ok(allowed) => allowed,
             Err(e) => return (Err((self.culprit(entries, e.capacity), e)), Taken::none()),
