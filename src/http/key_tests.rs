@@ -321,6 +321,32 @@ fn absence_reasons_are_told_apart_and_say_no_server_detail() {
     }
 }
 
+/// Which keys keep a readable name in Redis: addresses and the global key,
+/// alone or together; anything with client material in it is hashed.
+#[cfg(feature = "redis")]
+#[test]
+fn only_addresses_and_the_global_key_are_readable_in_redis() {
+    for k in [
+        Key::client_ip(),
+        Key::client_ip_prefix(24, 48),
+        Key::global(),
+        Key::composite([Key::client_ip(), Key::global()]),
+    ] {
+        assert!(k.readable_in_redis(), "{k:?}");
+    }
+    #[derive(Hash)]
+    struct User;
+    for k in [
+        Key::header("x-api-key"),
+        Key::route(),
+        Key::extension::<User>(),
+        Key::composite([Key::client_ip(), Key::route()]),
+        Key::composite([Key::global(), Key::header("x-api-key")]),
+    ] {
+        assert!(!k.readable_in_redis(), "{k:?}");
+    }
+}
+
 #[test]
 fn fingerprints_use_both_halves() {
     let fp = Fingerprint::new();

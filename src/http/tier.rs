@@ -222,6 +222,9 @@ mod tests {
         h.insert("x-api-key", "k-gold".parse().unwrap());
         assert_eq!(pick.pick(3, &h, &ext), 8);
         h.insert("x-api-key", "k-other".parse().unwrap());
+        // The second tier by name: the first tier's index plus one.
+        h.insert("x-plan", "gold".parse().unwrap());
+        assert_eq!(pick.pick(3, &h, &ext), 8);
         h.insert("x-plan", "platinum".parse().unwrap());
         assert_eq!(
             pick.pick(3, &h, &ext),

@@ -111,6 +111,17 @@ mod tests {
             )),
             "aa4ae5e15272d00e95705637ce8a3b55ed402112"
         );
+        // A key of exactly one block is used as it is; one byte more is
+        // hashed first (Python's `hmac` module gave both).
+        let msg = b"a key of exactly one block";
+        assert_eq!(
+            hex(&hmac_sha1(&[b'a'; 64], msg)),
+            "741e1ab2409c22c04ba2b5942abe993161b3710a"
+        );
+        assert_eq!(
+            hex(&hmac_sha1(&[b'a'; 65], msg)),
+            "e34879e42a847dc241abf187a3bc59a79c9d346b"
+        );
     }
 
     #[test]
