@@ -1257,3 +1257,52 @@ async fn the_first_check_after_an_unseen_restart_is_answered_by_redis() {
         assert!(b.is_available(), "round {round}");
     }
 }
+
+/// Managed Redis services want an ACL user and a password: both come from
+/// the URL (`redis://user:password@host:port`) and every call goes through
+/// the same guarded call. Checks are Redis's, under that user; a wrong
+/// password, or a user without rights on the limiter's keys, is a store
+/// that cannot decide (the failure policy answers) with a cause that says
+/// what is wrong, never a panic or a hang; the password never shows in a
+/// backend's `Debug`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acl_user_and_its_password_come_from_the_url() {
+    // `user NAME RULES...`, one argument a token.
+    let server = RedisServer::start_with(&[
+        "--user", "limiter", "on", ">s3cret", "~it:*", "&*", "+@all", "--user", "reader", "on",
+        ">r3ad", "~other:*", "+@read",
+    ]);
+    let port = server.port();
+    let build = |user: &str, password: &str| {
+        RedisBackend::builder(format!("redis://{user}:{password}@127.0.0.1:{port}"))
+            .timeout(Duration::from_millis(500))
+            .build()
+            .unwrap()
+    };
+    let policy = Policy::token_bucket(Rate::per_hour(3));
+    let b = build("limiter", "s3cret");
+    assert!(!format!("{b:?}").contains("s3cret"), "{b:?}");
+    let l = limiter(policy, &b, "acl", FailurePolicy::Closed);
+    for i in 0..3 {
+        let d = l.check_key(b"k").await.unwrap();
+        assert_eq!(
+            (d.is_allowed(), d.source()),
+            (true, DecisionSource::Redis),
+            "{i}"
+        );
+    }
+    assert!(!l.check_key(b"k").await.unwrap().is_allowed());
+    for (user, password, says) in [("limiter", "wrong", "pass"), ("reader", "r3ad", "perm")] {
+        let b = build(user, password);
+        let l = limiter(policy, &b, "acl", FailurePolicy::Closed);
+        match l.check_key(b"k").await {
+            Err(RedisError::Unavailable { cause, .. }) => {
+                assert!(cause.to_lowercase().contains(says), "{user}: {cause}")
+            }
+            other => panic!("{user}: {other:?}"),
+        }
+        let open = limiter(policy, &b, "acl-open", FailurePolicy::Open);
+        let d = open.check_key(b"k").await.unwrap();
+        assert_eq!(d.source(), DecisionSource::FailOpen, "{user}");
+    }
+}
