@@ -61,6 +61,7 @@ pub(crate) const STORE_BREAKER: &str = "ratewall_redis_breaker_state";
 
 /// A concurrency rule's maximum permits in flight (`rule`): an adaptive
 /// rule's current maximum.
+#[cfg(feature = "tower")]
 pub(crate) const HTTP_CONCURRENCY_MAX: &str = "ratewall_http_concurrency_max";
 
 /// How often (in admitted requests of a rule) its table's occupancy is read.
