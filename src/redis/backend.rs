@@ -4,6 +4,8 @@
 
 use super::batch::Batcher;
 use super::connection::{Conn, Link};
+use super::door;
+use super::events::Watch;
 use super::fault::Fault;
 use super::key_names::KeyNames;
 use super::wire::Call;
@@ -187,35 +189,46 @@ impl RedisBackend {
         self.inner.link.is_cluster()
     }
 
-    /// Runs one single-key call (a check, peek or refund): batched with
-    /// the other calls in flight when batching is on, alone otherwise.
-    /// Bounded by the per-call timeout from the moment it is made (time
-    /// spent queued counts). Its decision (a refund's is
-    /// [`REFUNDED`](super::wire::REFUNDED)).
-    pub(crate) async fn call(&self, call: Call) -> Result<Decision, RedisError> {
-        match &self.inner.batcher {
+    /// Runs one single-key call (a check, peek or refund) for the limiter
+    /// `watch` watches: batched with the other calls in flight when
+    /// batching is on, alone otherwise. Bounded by the per-call timeout
+    /// from the moment it is made (time spent queued counts). Its decision
+    /// (a refund's is [`REFUNDED`](super::wire::REFUNDED)), accounted at the
+    /// door (`door.rs`).
+    pub(crate) async fn call(&self, watch: &Watch, call: Call) -> Result<Decision, RedisError> {
+        let got = match &self.inner.batcher {
             Some(b) => b.call(call).await,
             None => self.inner.link.send(&call).await,
-        }
+        };
+        door::account(&[watch], &got);
+        got
     }
 
-    /// Runs one script call under the timeout and the breaker, its reply
-    /// read by `read` (a `parse_*` of `wire.rs`). What the store failed
-    /// (unreachable, an error reply such as `OOM`, a reply `read` cannot
-    /// read: see `fault.rs`) is [`RedisError::Unavailable`]; what the
-    /// call's key caused is [`RedisError::Server`]. A call that timed out
-    /// is never retried: it may have run.
+    /// Runs one script call for the limiters `watches` watch, under the
+    /// timeout and the breaker, its reply read by `read` (a `parse_*` of
+    /// `wire.rs`), and accounts what came back at the door (`door.rs`).
+    /// What the store failed (unreachable, an error reply such as `OOM`, a
+    /// reply `read` cannot read: see `fault.rs`) is
+    /// [`RedisError::Unavailable`]; what the call's key caused is
+    /// [`RedisError::Server`]. A call that timed out is never retried: it
+    /// may have run.
     pub(crate) async fn invoke<T>(
         &self,
+        watches: &[&Watch],
         invocation: &redis::ScriptInvocation<'_>,
         read: impl FnOnce(Value) -> Result<T, Fault>,
     ) -> Result<T, RedisError> {
-        self.inner.link.invoke(invocation, read).await
+        let got = self.inner.link.invoke(invocation, read).await;
+        door::account(watches, &got);
+        got
     }
 
-    /// One plain command under the timeout and the breaker.
-    pub(crate) async fn query(&self, cmd: &redis::Cmd) -> Result<Value, RedisError> {
-        self.inner.link.query(cmd).await
+    /// One plain command for the limiter `watch` watches, under the
+    /// timeout and the breaker, accounted at the door.
+    pub(crate) async fn query(&self, watch: &Watch, cmd: &redis::Cmd) -> Result<Value, RedisError> {
+        let got = self.inner.link.query(cmd).await;
+        door::account(&[watch], &got);
+        got
     }
 }
 

@@ -17,6 +17,7 @@
 //!   way.
 
 use super::backend::RedisBackend;
+use super::door;
 use super::events::Watch;
 use super::failover::{option_methods, Options};
 use super::fault::{bad_reply, Fault};
@@ -420,52 +421,41 @@ impl RedisConcurrencyLimiter {
         let args = [n.to_string(), inner.max.to_string(), member.clone()];
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let read = |v: Value| parse_decision(&v);
-        let (decision, source, hold) = match inner.call(&zkey, "a", &args, read).await {
-            Ok(decision) => {
-                inner.watch.answered();
-                let hold = if decision.is_allowed() {
-                    lock(&inner.held)
-                        .entry(zkey.clone())
-                        .or_default()
-                        .insert(member.clone());
-                    self.start_renewal();
-                    Hold::Redis {
-                        limiter: Arc::clone(inner),
-                        key: zkey,
-                        member,
-                        since: Instant::now(),
-                    }
-                } else {
-                    Hold::None
-                };
-                (decision, DecisionSource::Redis, hold)
-            }
-            Err(RedisError::Unavailable { retry_in, cause }) => {
-                inner.watch.unavailable(&cause);
-                match &inner.fallback {
-                    Some(local) => {
-                        let (d, permit) = local.acquire(key, n);
-                        let hold = permit.map_or(Hold::None, Hold::Local);
-                        (d, DecisionSource::Fallback, hold)
-                    }
-                    None if inner.failure == FailurePolicy::Open => {
-                        let d = Decision::allow(inner.max, inner.max - n, 0)
-                            .with_tracking(Tracking::Untracked);
-                        (d, DecisionSource::FailOpen, Hold::None)
-                    }
-                    None => {
-                        #[cfg(feature = "metrics")]
-                        inner.watch.metrics().unavailable();
-                        return Err(RedisError::Unavailable { retry_in, cause });
-                    }
+        let got = inner.call(&zkey, "a", &args, read).await.map(|decision| {
+            let hold = if decision.is_allowed() {
+                lock(&inner.held)
+                    .entry(zkey.clone())
+                    .or_default()
+                    .insert(member.clone());
+                self.start_renewal();
+                Hold::Redis {
+                    limiter: Arc::clone(inner),
+                    key: zkey,
+                    member,
+                    since: Instant::now(),
                 }
+            } else {
+                Hold::None
+            };
+            RedisAcquisition::new(decision, DecisionSource::Redis, hold)
+        });
+        door::settle(&inner.watch, got, |retry_in, cause| match &inner.fallback {
+            Some(local) => {
+                let (d, permit) = local.acquire(key, n);
+                let hold = permit.map_or(Hold::None, Hold::Local);
+                Ok(RedisAcquisition::new(d, DecisionSource::Fallback, hold))
             }
-            Err(e) => return Err(e),
-        };
-        let acquisition = RedisAcquisition::new(decision, source, hold);
-        #[cfg(feature = "metrics")]
-        inner.watch.decided(&acquisition.decision);
-        Ok(acquisition)
+            None if inner.failure == FailurePolicy::Open => {
+                let d =
+                    Decision::allow(inner.max, inner.max - n, 0).with_tracking(Tracking::Untracked);
+                Ok(RedisAcquisition::new(
+                    d,
+                    DecisionSource::FailOpen,
+                    Hold::None,
+                ))
+            }
+            None => Err(RedisError::Unavailable { retry_in, cause }),
+        })
     }
 
     /// Waits for `n` units of `key`, up to `wait`'s timeout (feature
@@ -591,7 +581,7 @@ impl Inner {
         sum.extend_from_slice(b":n");
         let expiry_us = self.expiry.as_micros() as u64;
         let invocation = concurrency_call([zkey, &sum], mode, expiry_us, args);
-        self.backend.invoke(&invocation, read).await
+        self.backend.invoke(&[&self.watch], &invocation, read).await
     }
 
     /// Renews every permit held: one call per key, the keys in parallel.
@@ -747,6 +737,12 @@ enum Hold {
 pub struct RedisAcquisition {
     decision: RedisDecision,
     permit: Option<RedisPermit>,
+}
+
+impl door::Answer for RedisAcquisition {
+    fn counted(&self) -> &RedisDecision {
+        &self.decision
+    }
 }
 
 impl RedisAcquisition {

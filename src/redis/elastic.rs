@@ -10,6 +10,7 @@
 //! lives in the pool's slot (see `docs/distributed.md`).
 
 use super::backend::RedisBackend;
+use super::door;
 use super::failover::{option_methods, share, Failover, Options};
 use super::key;
 use super::script::Program;
@@ -325,27 +326,17 @@ impl RedisElasticLimiter {
         let mut qk = pk.clone();
         qk.extend_from_slice(b":t");
         let invocation = elastic_call([&gk, &hk, &pk, &qk], n, &self.g, &self.h, &pool, extra);
-        match self
+        let got = self
             .backend
-            .invoke(&invocation, |v| parse_elastic(&v))
+            .invoke(&[self.failover.watch()], &invocation, |v| parse_elastic(&v))
             .await
-        {
-            Ok(decision) => {
-                let d = RedisDecision {
-                    decision,
-                    source: DecisionSource::Redis,
-                };
-                // Redis answers: a recovery if it did not before.
-                self.failover.watch().answered();
-                #[cfg(feature = "metrics")]
-                self.failover.watch().decided(&d);
-                Ok(d)
-            }
-            Err(RedisError::Unavailable { retry_in, cause }) => {
-                self.unavailable(key, n, retry_in, cause)
-            }
-            Err(e) => Err(e),
-        }
+            .map(|decision| RedisDecision {
+                decision,
+                source: DecisionSource::Redis,
+            });
+        door::settle(self.failover.watch(), got, |retry_in, cause| {
+            self.unavailable(key, n, retry_in, cause)
+        })
     }
 
     /// The failure policy's answer when Redis could not.

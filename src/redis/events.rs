@@ -17,10 +17,17 @@
 //! alternate (`Failing`, `Recovered`, `Failing`, ...) even when a failing
 //! call and an answered one race.
 //!
+//! While the word stays 1, a failed call compares the time with the next
+//! summary's (one relaxed load) and, when it is due, takes the lock, reads
+//! both again and reports [`StoreEvent::StillFailing`]: at most one line a
+//! minute however long the outage and however many calls fail. The calls
+//! of every limiter come through one door (`door.rs`), which tells the
+//! watch what each call came to.
+//!
 //! # Where events go
 //!
 //! With the `tracing` feature, to `tracing` (target `ratewall::redis`:
-//! `warn` when failing, `info` on recovery). To the hook set with
+//! `warn` when failing and still failing, `info` on recovery). To the hook set with
 //! `on_store_event`, if any. With neither, one line on standard error per
 //! transition (a library should not print, but a limit that silently stops
 //! being shared is worse; set a hook to silence it). With the `metrics`
@@ -69,6 +76,22 @@ pub enum StoreEvent {
         /// Why the first check could not reach Redis.
         cause: String,
     },
+    /// Redis still does not answer: one summary per minute of an outage
+    /// that goes on (never one per check).
+    #[non_exhaustive]
+    StillFailing {
+        /// The limiter's name.
+        limiter: String,
+        /// What answers instead.
+        policy: FailurePolicy,
+        /// Why the latest call could not reach Redis.
+        cause: String,
+        /// How long since the `Failing` event.
+        after: Duration,
+        /// How many checks the failure policy answered so far in this
+        /// outage.
+        answered_locally: u64,
+    },
     /// Redis answers the limiter's checks again.
     #[non_exhaustive]
     Recovered {
@@ -94,6 +117,18 @@ impl fmt::Display for StoreEvent {
                 f,
                 "rate limiter `{limiter}`: Redis unavailable ({cause}); failing over to {policy:?}"
             ),
+            StoreEvent::StillFailing {
+                limiter,
+                cause,
+                after,
+                answered_locally,
+                ..
+            } => write!(
+                f,
+                "rate limiter `{limiter}`: Redis still unavailable after {} s ({cause}); {answered_locally} {} answered by the failure policy so far",
+                after.as_secs(),
+                if *answered_locally == 1 { "check" } else { "checks" }
+            ),
             StoreEvent::Recovered {
                 limiter,
                 after,
@@ -101,11 +136,20 @@ impl fmt::Display for StoreEvent {
                 ..
             } => write!(
                 f,
-                "rate limiter `{limiter}`: Redis answers again after {} ms ({answered_locally} checks answered by the failure policy)",
-                after.as_millis()
+                "rate limiter `{limiter}`: Redis answers again after {} ms ({answered_locally} {} answered by the failure policy)",
+                after.as_millis(),
+                if *answered_locally == 1 { "check" } else { "checks" }
             ),
         }
     }
+}
+
+/// How often an outage that goes on is summarized
+/// ([`StoreEvent::StillFailing`]).
+const SUMMARY_EVERY: Duration = Duration::from_secs(60);
+
+fn duration_ns(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// A user's hook for [`StoreEvent`]s.
@@ -132,6 +176,10 @@ pub(crate) struct Watch {
     /// Checks the failure policy answered in the current outage.
     local: AtomicU64,
     outage: Mutex<Option<Outage>>,
+    /// When (ns since `base`) the next summary line of an outage is due.
+    next_summary: AtomicU64,
+    base: Instant,
+    summary_every: Duration,
     hook: Option<Hook>,
     #[cfg(feature = "metrics")]
     metrics: crate::metrics::LimiterMetrics,
@@ -145,6 +193,9 @@ impl Watch {
             failing: AtomicU64::new(0),
             local: AtomicU64::new(0),
             outage: Mutex::new(None),
+            next_summary: AtomicU64::new(u64::MAX),
+            base: Instant::now(),
+            summary_every: SUMMARY_EVERY,
             hook,
             #[cfg(feature = "metrics")]
             metrics: crate::metrics::LimiterMetrics::new(name),
@@ -176,28 +227,49 @@ impl Watch {
         self.failing.load(Ordering::Relaxed) == 1
     }
 
-    /// A check the failure policy answered because Redis could not.
-    pub(crate) fn unavailable(&self, cause: &str) {
-        // Relaxed: a count, read at recovery; it publishes nothing.
-        self.local.fetch_add(1, Ordering::Relaxed);
+    /// A call Redis did not answer (see `door.rs`): the transition into
+    /// failing over, reported once; while failing, at most one summary
+    /// line per [`SUMMARY_EVERY`].
+    pub(crate) fn failed(&self, cause: &str) {
         // Relaxed: a hint; the word is written only under the lock, and
         // read again there before a transition.
         if self.failing.load(Ordering::Relaxed) == 0 {
-            self.failed(cause);
+            self.start_failing(cause);
+        } else if self.since_base() >= self.next_summary.load(Ordering::Relaxed) {
+            // Relaxed: a hint too; `summary` reads it again under the lock.
+            self.summary(cause);
         }
     }
 
+    /// A check the failure policy answered because Redis could not.
+    pub(crate) fn answered_locally(&self) {
+        // Relaxed: a count, read at recovery and in summaries; it
+        // publishes nothing.
+        self.local.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Nanoseconds since this watch was made (the summaries' time base).
+    fn since_base(&self) -> u64 {
+        u64::try_from(self.base.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
     #[cold]
-    fn failed(&self, cause: &str) {
+    fn start_failing(&self, cause: &str) {
         let mut outage = lock(&self.outage);
         // Relaxed: under the lock, which orders every write of the word.
         if self.failing.load(Ordering::Relaxed) == 1 {
-            return; // another check reported it first
+            return; // another call reported it first
         }
         self.failing.store(1, Ordering::Relaxed);
         *outage = Some(Outage {
             since: Instant::now(),
         });
+        // Relaxed: written and read again under the lock; elsewhere a hint.
+        self.next_summary.store(
+            self.since_base()
+                .saturating_add(duration_ns(self.summary_every)),
+            Ordering::Relaxed,
+        );
         // Reported under the lock: the next transition's event follows it.
         self.report(&StoreEvent::Failing {
             limiter: self.name.clone(),
@@ -206,7 +278,37 @@ impl Watch {
         });
     }
 
-    /// A check Redis answered.
+    /// The line that says an outage goes on: one per `summary_every`,
+    /// however many calls fail meanwhile.
+    #[cold]
+    fn summary(&self, cause: &str) {
+        let outage = lock(&self.outage);
+        let now = self.since_base();
+        // Relaxed: under the lock, as in `start_failing`.
+        if self.failing.load(Ordering::Relaxed) == 0
+            || now < self.next_summary.load(Ordering::Relaxed)
+        {
+            return; // recovered meanwhile, or another call said it
+        }
+        self.next_summary.store(
+            now.saturating_add(duration_ns(self.summary_every)),
+            Ordering::Relaxed,
+        );
+        let event = StoreEvent::StillFailing {
+            limiter: self.name.clone(),
+            policy: self.policy,
+            cause: cause.to_owned(),
+            // Relaxed: see `answered_locally`.
+            answered_locally: self.local.load(Ordering::Relaxed),
+            after: outage
+                .as_ref()
+                .map_or(Duration::ZERO, |o| o.since.elapsed()),
+        };
+        self.report(&event);
+    }
+
+    /// A call Redis answered (see `door.rs`): the transition out of
+    /// failing over, reported once.
     #[inline]
     pub(crate) fn answered(&self) {
         // Relaxed: as in `unavailable`; the healthy path is this one load.
@@ -220,7 +322,7 @@ impl Watch {
         let mut outage = lock(&self.outage);
         // Relaxed: under the lock, as in `failed`.
         if self.failing.load(Ordering::Relaxed) == 0 {
-            return; // another check reported it first
+            return; // another call reported it first
         }
         self.failing.store(0, Ordering::Relaxed);
         let since = outage.take().map(|o| o.since);
@@ -236,11 +338,14 @@ impl Watch {
 
     fn report(&self, event: &StoreEvent) {
         #[cfg(feature = "metrics")]
-        self.metrics
-            .failing(matches!(event, StoreEvent::Failing { .. }));
+        match event {
+            StoreEvent::Failing { .. } => self.metrics.failing(true),
+            StoreEvent::Recovered { .. } => self.metrics.failing(false),
+            StoreEvent::StillFailing { .. } => {}
+        }
         #[cfg(feature = "tracing")]
         match event {
-            StoreEvent::Failing { .. } => {
+            StoreEvent::Failing { .. } | StoreEvent::StillFailing { .. } => {
                 tracing::warn!(target: "ratewall::redis", limiter = %self.name, "{event}")
             }
             _ => tracing::info!(target: "ratewall::redis", limiter = %self.name, "{event}"),
@@ -269,6 +374,69 @@ mod tests {
     use super::*;
     use std::sync::Mutex as StdMutex;
 
+    /// A check the failure policy answered, as the door reports it.
+    fn unavailable(w: &Watch, cause: &str) {
+        w.failed(cause);
+        w.answered_locally();
+    }
+
+    /// An outage that goes on is summarized once per interval, however
+    /// many calls fail; a recovery ends the summaries and says the total.
+    #[test]
+    fn a_long_outage_is_summarized_once_per_interval() {
+        let (mut w, seen) = watched();
+        w.summary_every = Duration::from_millis(40);
+        for _ in 0..500 {
+            unavailable(&w, "refused");
+        }
+        assert_eq!(
+            seen.lock().unwrap().len(),
+            1,
+            "only the Failing event so far"
+        );
+        std::thread::sleep(Duration::from_millis(60));
+        for _ in 0..500 {
+            unavailable(&w, "refused");
+        }
+        w.answered();
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), 3, "{seen:?}");
+        match &seen[1] {
+            StoreEvent::StillFailing {
+                answered_locally,
+                after,
+                ..
+            } => {
+                assert_eq!(
+                    *answered_locally, 500,
+                    "said by the first call past the interval"
+                );
+                assert!(*after >= Duration::from_millis(40), "{after:?}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            seen[1].to_string().contains("still unavailable"),
+            "{}",
+            seen[1]
+        );
+        assert!(matches!(
+            seen[2],
+            StoreEvent::Recovered {
+                answered_locally: 1000,
+                ..
+            }
+        ));
+        // One check is one check.
+        let one = StoreEvent::Recovered {
+            limiter: "api".into(),
+            policy: FailurePolicy::Open,
+            after: Duration::from_millis(3),
+            answered_locally: 1,
+        };
+        assert!(one.to_string().contains("(1 check answered"), "{one}");
+    }
+
     fn watched() -> (Watch, Arc<StdMutex<Vec<StoreEvent>>>) {
         let seen = Arc::new(StdMutex::new(Vec::new()));
         let s = seen.clone();
@@ -284,7 +452,7 @@ mod tests {
         w.answered();
         assert!(seen.lock().unwrap().is_empty(), "healthy: nothing to say");
         for _ in 0..1000 {
-            w.unavailable("refused");
+            unavailable(&w, "refused");
         }
         assert!(w.is_failing());
         for _ in 0..1000 {
@@ -316,7 +484,7 @@ mod tests {
         std::thread::scope(|s| {
             s.spawn(|| {
                 for _ in 0..2000 {
-                    w.unavailable("timeout");
+                    unavailable(&w, "timeout");
                 }
             });
             s.spawn(|| {
@@ -340,7 +508,7 @@ mod tests {
             for _ in 0..4 {
                 s.spawn(|| {
                     for _ in 0..500 {
-                        w.unavailable("timeout");
+                        unavailable(&w, "timeout");
                     }
                 });
             }

@@ -360,7 +360,8 @@ impl Failover {
 
     /// The answer to a check (`consume`) or peek of `cost` for `key` that
     /// Redis could not take: the local limiter's decision; fail-open's
-    /// `open` decision (untracked); or the error.
+    /// `open` decision (untracked); or the error. Accounted by the caller
+    /// at the door (`door.rs`).
     pub(crate) fn unavailable(
         &self,
         key: &[u8],
@@ -370,34 +371,19 @@ impl Failover {
         retry_in: Duration,
         cause: String,
     ) -> Result<RedisDecision, RedisError> {
-        self.watch.unavailable(&cause);
-        let decision = match &self.local {
-            Some(Local::Keyed(local)) if consume => local.check_key_n(key, cost)?,
-            Some(Local::Keyed(local)) => local.peek_key_n(key, cost)?,
+        let (decision, source) = match &self.local {
+            Some(Local::Keyed(local)) if consume => {
+                (local.check_key_n(key, cost)?, DecisionSource::Fallback)
+            }
+            Some(Local::Keyed(local)) => (local.peek_key_n(key, cost)?, DecisionSource::Fallback),
             // An elastic limit has no peek.
-            Some(Local::Elastic(local)) => local.check_key_n(key, cost)?,
-            None if self.failure == FailurePolicy::Open => {
-                let d = RedisDecision {
-                    decision: open(),
-                    source: DecisionSource::FailOpen,
-                };
-                #[cfg(feature = "metrics")]
-                self.watch.decided(&d);
-                return Ok(d);
+            Some(Local::Elastic(local)) => {
+                (local.check_key_n(key, cost)?, DecisionSource::Fallback)
             }
-            None => {
-                #[cfg(feature = "metrics")]
-                self.watch.metrics().unavailable();
-                return Err(RedisError::Unavailable { retry_in, cause });
-            }
+            None if self.failure == FailurePolicy::Open => (open(), DecisionSource::FailOpen),
+            None => return Err(RedisError::Unavailable { retry_in, cause }),
         };
-        let d = RedisDecision {
-            decision,
-            source: DecisionSource::Fallback,
-        };
-        #[cfg(feature = "metrics")]
-        self.watch.decided(&d);
-        Ok(d)
+        Ok(RedisDecision { decision, source })
     }
 
     /// A refund of `n` for `key` that Redis could not take: the local

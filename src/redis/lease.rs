@@ -29,6 +29,7 @@
 //! that comes within `hot_gap * k` of the previous one, up to `max_lease`,
 //! and halving otherwise.
 
+use super::door;
 use super::fault::{bad_reply, Fault};
 use super::limiter::RedisLimiter;
 use super::wire::{parse_lease, LeaseCall, LeaseReply};
@@ -488,7 +489,7 @@ impl RedisLeaseLimiter {
         loop {
             let step = self.step(&rkey);
             match step {
-                Step::Done(d) => return Ok(self.limiter.counted(d)),
+                Step::Done(d) => return Ok(self.limiter.decided_here(d)),
                 Step::Wait(mut rx) => {
                     let outcome = rx
                         .wait_for(Option::is_some)
@@ -509,13 +510,21 @@ impl RedisLeaseLimiter {
                                 continue;
                             }
                             let reset = (d.reset_after().as_nanos() as u64).saturating_sub(gone);
-                            return Ok(self.limiter.counted(RedisDecision {
+                            return Ok(self.limiter.decided_here(RedisDecision {
                                 decision: Decision::deny(d.limit(), 0, retry, reset.max(retry)),
                                 source: DecisionSource::Redis,
                             }));
                         }
-                        Some(Outcome::Failed(RedisError::Unavailable { retry_in, cause })) => {
-                            return self.limiter.unavailable(key, 1, true, retry_in, cause);
+                        Some(Outcome::Failed(e @ RedisError::Unavailable { .. })) => {
+                            // The check in flight's call, accounted at
+                            // the door; this check's answer is the policy's.
+                            return door::settle(
+                                self.limiter.watch(),
+                                Err(e),
+                                |retry_in, cause| {
+                                    self.limiter.unavailable(key, 1, true, retry_in, cause)
+                                },
+                            );
                         }
                         Some(Outcome::Failed(e)) => return Err(e),
                     }
@@ -545,25 +554,35 @@ impl RedisLeaseLimiter {
         self.limiter.validate(key, n)?;
         let rkey = self.limiter.redis_key(key)?;
         if let Some(left) = self.limiter.denied_for(&rkey) {
-            return Ok(self.limiter.counted(RedisDecision {
+            return Ok(self.limiter.decided_here(RedisDecision {
                 decision: Decision::deny(self.limiter.program().limit, 0, left, left),
                 source: DecisionSource::DenyCache,
             }));
         }
-        match self.call(&rkey, "t", n, 0, 0, None, read_lease).await {
-            Ok(r) => {
-                self.limiter.note(&rkey, n, &r.decision);
-                self.limiter.redis_answered();
-                Ok(self.limiter.counted(RedisDecision {
-                    decision: r.decision,
-                    source: DecisionSource::Redis,
-                }))
+        let got = self.call(&rkey, "t", n, 0, 0, None, read_lease).await;
+        self.settle(key, &rkey, n, got)
+    }
+
+    /// A lease call's answer to a check of `n` for `key`: Redis's decision
+    /// (noted in the deny cache), or the failure policy's, settled at the
+    /// door (`door.rs`).
+    fn settle(
+        &self,
+        key: &[u8],
+        rkey: &[u8],
+        n: u64,
+        got: Result<LeaseReply, RedisError>,
+    ) -> Result<RedisDecision, RedisError> {
+        let got = got.map(|r| {
+            self.limiter.note(rkey, n, &r.decision);
+            RedisDecision {
+                decision: r.decision,
+                source: DecisionSource::Redis,
             }
-            Err(RedisError::Unavailable { retry_in, cause }) => {
-                self.limiter.unavailable(key, n, true, retry_in, cause)
-            }
-            Err(e) => Err(e),
-        }
+        });
+        door::settle(self.limiter.watch(), got, |retry_in, cause| {
+            self.limiter.unavailable(key, n, true, retry_in, cause)
+        })
     }
 
     /// Gives back the units this instance holds for `key` and has not used
@@ -805,20 +824,7 @@ impl RedisLeaseLimiter {
         drop(guard);
         // Waiters see the outcome (none may be waiting: no error then).
         let _ = take.tx.send(Some(outcome));
-        match parsed {
-            Ok(r) => {
-                self.limiter.note(rkey, 1, &r.decision);
-                self.limiter.redis_answered();
-                Ok(self.limiter.counted(RedisDecision {
-                    decision: r.decision,
-                    source: DecisionSource::Redis,
-                }))
-            }
-            Err(RedisError::Unavailable { retry_in, cause }) => {
-                self.limiter.unavailable(key, 1, true, retry_in, cause)
-            }
-            Err(e) => Err(e),
-        }
+        self.settle(key, rkey, 1, parsed)
     }
 
     /// Releases `h` (already removed from the table).
@@ -867,7 +873,10 @@ impl RedisLeaseLimiter {
         .invocation();
         // Relaxed: a statistics counter that publishes nothing.
         self.round_trips.fetch_add(1, Ordering::Relaxed);
-        self.limiter.backend().invoke(&invocation, read).await
+        self.limiter
+            .backend()
+            .invoke(&[self.limiter.watch()], &invocation, read)
+            .await
     }
 
     /// A lease id unique across instances: this instance's random part and

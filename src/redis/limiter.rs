@@ -2,6 +2,8 @@
 
 use super::backend::RedisBackend;
 use super::deny_cache::DenyCache;
+use super::door;
+use super::events::Watch;
 use super::failover::{option_methods, share, Failover, FailurePolicy, Options};
 use super::key;
 use super::script::{Mode, Program};
@@ -336,7 +338,9 @@ impl RedisLimiter {
             c.clear(&rkey);
         }
         self.failover.reset_local(key);
-        self.backend.query(redis::cmd("DEL").arg(&rkey)).await?;
+        self.backend
+            .query(self.watch(), redis::cmd("DEL").arg(&rkey))
+            .await?;
         Ok(())
     }
 
@@ -389,7 +393,7 @@ impl RedisLimiter {
         #[cfg(test)]
         let cache = cache.filter(|_| super::testing::now_us().is_none());
         if let Some(left) = cache.and_then(|c| c.denied_for(&rkey)) {
-            return Ok(self.counted(RedisDecision {
+            return Ok(self.decided_here(RedisDecision {
                 decision: Decision::deny(self.policy.limit(), 0, left, left),
                 source: DecisionSource::DenyCache,
             }));
@@ -400,22 +404,20 @@ impl RedisLimiter {
             Some(_) => (rkey.clone(), Some(rkey)),
             None => (rkey, None),
         };
-        match self.call(call_key, mode, cost).await {
-            Ok(raw) => {
-                if let Some(rkey) = &kept {
-                    self.note(rkey, cost, &raw);
-                }
-                Ok(self.answered(raw))
+        let got = self.call(call_key, mode, cost).await.map(|raw| {
+            if let Some(rkey) = &kept {
+                self.note(rkey, cost, &raw);
             }
-            Err(RedisError::Unavailable { retry_in, cause }) => {
-                self.unavailable(key, cost, consume, retry_in, cause)
-            }
-            Err(e) => Err(e),
-        }
+            self.redis_decision(raw)
+        });
+        door::settle(self.watch(), got, |retry_in, cause| {
+            self.unavailable(key, cost, consume, retry_in, cause)
+        })
     }
 
     /// The failure policy's answer to a check (`consume`) or peek of
-    /// `cost` for `key` when Redis could not answer.
+    /// `cost` for `key` when Redis could not answer (not counted: the
+    /// door's [`settle`](door::settle) counts it).
     pub(crate) fn unavailable(
         &self,
         key: &[u8],
@@ -432,33 +434,27 @@ impl RedisLimiter {
             .unavailable(key, cost, consume, open, retry_in, cause)
     }
 
-    /// A decision Redis made (the script's own, `raw`): in nominal terms,
-    /// and reported (Redis answers: a recovery if it did not before; with
-    /// the `metrics` feature, counted).
+    /// A decision Redis made (the script's own, `raw`), in nominal terms.
     #[inline]
-    pub(crate) fn answered(&self, raw: Decision) -> RedisDecision {
-        self.redis_answered();
-        self.counted(RedisDecision {
+    pub(crate) fn redis_decision(&self, raw: Decision) -> RedisDecision {
+        RedisDecision {
             decision: self.nominal(raw),
             source: DecisionSource::Redis,
-        })
+        }
     }
 
-    /// `d`, a decision made for this limiter (by its own check, or a
-    /// lease's local admission or script reply), counted (feature
+    /// `d`, a decision made for this limiter without a call to Redis (a
+    /// deny-cache hit, a lease's local admission), counted (feature
     /// `metrics`; otherwise `d` as it is).
     #[inline]
-    pub(crate) fn counted(&self, d: RedisDecision) -> RedisDecision {
-        #[cfg(feature = "metrics")]
-        self.failover.watch().decided(&d);
-        d
+    pub(crate) fn decided_here(&self, d: RedisDecision) -> RedisDecision {
+        door::decided(self.watch(), d)
     }
 
-    /// Redis answered a call of this limiter (a recovery if it did not
-    /// before).
+    /// The watch of this limiter's calls and decisions (see `door.rs`).
     #[inline]
-    pub(crate) fn redis_answered(&self) {
-        self.failover.watch().answered();
+    pub(crate) fn watch(&self) -> &Watch {
+        self.failover.watch()
     }
 
     /// Whether this limiter is failing over now: Redis did not answer its
@@ -534,7 +530,7 @@ impl RedisLimiter {
             #[cfg(test)]
             now_us: super::testing::now_us(),
         };
-        self.backend.call(call).await
+        self.backend.call(self.watch(), call).await
     }
 }
 

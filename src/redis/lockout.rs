@@ -26,8 +26,10 @@
 // The HTTP layer (feature `tower`) is its only caller.
 #![cfg_attr(not(feature = "tower"), allow(dead_code))]
 
+use super::door;
+use super::events::Watch;
 use super::limiter::RedisLimiter;
-use super::multi::finish;
+use super::multi::{failed_over, finish};
 use super::wire::{lockout_call, parse_multi};
 use super::{RedisDecision, RedisError};
 use futures_util::future::join_all;
@@ -120,33 +122,27 @@ async fn one_script(
             .iter()
             .map(|l| (l.limit.program(), l.cost, block_us(l.block))),
     );
-    match limits[0]
+    let watches: Vec<&Watch> = limits.iter().map(|l| l.limit.watch()).collect();
+    let got = limits[0]
         .limit
         .backend()
-        .invoke(&invocation, |v| parse_multi(&v, limits.len()))
-        .await
-    {
+        .invoke(&watches, &invocation, |v| parse_multi(&v, limits.len()))
+        .await;
+    match got {
         Ok((all, raw)) => {
-            // Each limit's own accounting, as for its plain check: Redis
-            // answered (a recovery if it had not), the decision counted.
+            // Each limit's decision counted at the door, as for its plain
+            // check (the call was accounted there for each).
             let decisions = limits
                 .iter()
                 .zip(raw)
-                .map(|(l, raw)| l.limit.answered(raw))
+                .map(|(l, raw)| door::decided(l.limit.watch(), l.limit.redis_decision(raw)))
                 .collect();
             Ok((all, decisions))
         }
         Err(RedisError::Unavailable { retry_in, cause }) => {
-            // Each limit's failure policy, all or nothing.
-            let results: Vec<_> = limits
-                .iter()
-                .map(|l| {
-                    l.limit
-                        .unavailable(l.key, l.cost, true, retry_in, cause.clone())
-                })
-                .collect();
             let triples: Vec<(&RedisLimiter, &[u8], u64)> =
                 limits.iter().map(|l| (l.limit, l.key, l.cost)).collect();
+            let results = failed_over(&triples, retry_in, &cause);
             finish(&triples, results).await
         }
         Err(e) => Err(e),

@@ -60,6 +60,7 @@ mod breaker;
 mod concurrency;
 mod connection;
 mod deny_cache;
+mod door;
 mod elastic;
 mod error;
 mod events;

@@ -32,6 +32,8 @@
 //! failure policy (with `FailurePolicy::Closed` it is lost, and the capacity
 //! comes back as the limit refills).
 
+use super::door;
+use super::events::Watch;
 use super::limiter::RedisLimiter;
 use super::wire::{multi_call, parse_multi};
 use super::{DecisionSource, RedisDecision, RedisError};
@@ -117,32 +119,48 @@ async fn one_script(
             .iter()
             .map(|&(limit, _, cost)| (limit.program(), cost)),
     );
-    match limits[0]
+    let watches: Vec<&Watch> = limits.iter().map(|&(limit, _, _)| limit.watch()).collect();
+    let got = limits[0]
         .0
         .backend()
-        .invoke(&invocation, |v| parse_multi(&v, limits.len()))
-        .await
-    {
+        .invoke(&watches, &invocation, |v| parse_multi(&v, limits.len()))
+        .await;
+    match got {
         Ok((all, raw)) => {
             let mut decisions = Vec::with_capacity(limits.len());
             for (i, (&(limit, _, cost), raw)) in limits.iter().zip(raw).enumerate() {
                 limit.note(&rkeys[i], cost, &raw);
-                decisions.push(limit.answered(raw));
+                decisions.push(door::decided(limit.watch(), limit.redis_decision(raw)));
             }
             Ok((all, decisions))
         }
         Err(RedisError::Unavailable { retry_in, cause }) => {
-            // Each limit's failure policy, all or nothing.
-            let results: Vec<_> = limits
-                .iter()
-                .map(|&(limit, key, cost)| {
-                    limit.unavailable(key, cost, true, retry_in, cause.clone())
-                })
-                .collect();
-            finish(limits, results).await
+            finish(limits, failed_over(limits, retry_in, &cause)).await
         }
         Err(e) => Err(e),
     }
+}
+
+/// Each limit's failure policy's answer to a script call for them all
+/// that the store failed (settled at the door, each limit's own); all or
+/// nothing is [`finish`]'s.
+pub(super) fn failed_over(
+    limits: &[(&RedisLimiter, &[u8], u64)],
+    retry_in: std::time::Duration,
+    cause: &str,
+) -> Vec<Result<RedisDecision, RedisError>> {
+    limits
+        .iter()
+        .map(|&(limit, key, cost)| {
+            let failed = Err(RedisError::Unavailable {
+                retry_in,
+                cause: cause.to_owned(),
+            });
+            door::settle(limit.watch(), failed, |retry_in, cause| {
+                limit.unavailable(key, cost, true, retry_in, cause)
+            })
+        })
+        .collect()
 }
 
 async fn parallel(
