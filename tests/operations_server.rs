@@ -220,3 +220,96 @@ async fn a_busy_port_is_a_one_line_error_naming_the_setting() {
         "{e}"
     );
 }
+
+#[cfg(feature = "tracing")]
+/// Issue 30's first day, against the example server: a login lockout on
+/// Redis with a fail-closed policy beside a plain Redis rule; one login,
+/// Redis killed, one login, Redis back, three logins. Then every failing
+/// gauge is 0, the lockout rule's decisions are counted from Redis, and
+/// the outage is at most two log lines per limiter (it was a gauge at 1 for
+/// ever, no Redis decision counted, and one warning per request).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_day_ends_with_every_failing_gauge_at_0() {
+    let logs = support::logs::Captured::default();
+    tracing::subscriber::set_global_default(logs.subscriber()).unwrap();
+    let mut redis = RedisServer::start();
+    server::install_metrics();
+    let limits =
+        std::env::temp_dir().join(format!("ratewall-first-day-{}.toml", std::process::id()));
+    std::fs::write(
+        &limits,
+        r#"
+[[rules]]
+name = "withblock"
+key = "ip"
+policy = "3/min sliding-log"
+path_prefix = "/login"
+block_for = "30s"
+store = "redis"
+on_failure = "closed"
+
+[[rules]]
+name = "noblock"
+key = "ip"
+policy = "100/s"
+store = "redis"
+"#,
+    )
+    .unwrap();
+    let layer = server::limits_from_file_on_redis(&limits, &redis.url()).unwrap();
+    std::fs::remove_file(&limits).unwrap();
+    let (addr, stop, task) = serve("127.0.0.1:0", server::router(layer.clone())).await;
+    let (admin_addr, stop_admin, admin_task) = serve("127.0.0.1:0", server::admin(layer)).await;
+    let login = || fetch(addr, "POST", "/login", &[("x-password", "hunter2")]);
+    let failing = |m: &HashMap<String, f64>, limiter: &str| {
+        series(m, "ratewall_redis_failing", &[("limiter", limiter)])
+    };
+
+    assert_eq!(login().await.status, StatusCode::NO_CONTENT);
+    redis.kill9();
+    // Closed: the documented 503 while Redis is down.
+    assert_eq!(login().await.status, StatusCode::SERVICE_UNAVAILABLE);
+    let (m, _) = scrape(admin_addr).await;
+    assert_eq!(failing(&m, "withblock"), 1.0);
+    redis.restart();
+    // The first login after the restart may meet the breaker's cool-down;
+    // none after it is answered by anything but Redis.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut statuses = Vec::new();
+    while statuses.len() < 3 {
+        let got = login().await.status;
+        if got == StatusCode::SERVICE_UNAVAILABLE {
+            assert!(Instant::now() < deadline, "Redis never answered again");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        }
+        statuses.push(got);
+    }
+    // A fresh server (its data died with it): 3 a minute, so all three pass.
+    assert_eq!(statuses, [StatusCode::NO_CONTENT; 3]);
+
+    let (m, admin) = scrape(admin_addr).await;
+    for limiter in ["withblock", "noblock"] {
+        assert_eq!(failing(&m, limiter), 0.0, "{limiter} still failing");
+        let from_redis = series(
+            &m,
+            "ratewall_redis_decisions_total",
+            &[("limiter", limiter), ("source", "redis")],
+        );
+        assert!(
+            from_redis >= 4.0,
+            "{limiter}: {from_redis} decisions from Redis"
+        );
+        // One Failing and one Recovered line, nothing per request.
+        let lines = logs
+            .text()
+            .lines()
+            .filter(|l| l.contains(&format!("`{limiter}`")))
+            .count();
+        assert!(lines <= 2, "{limiter}: {lines} lines:\n{}", logs.text());
+    }
+    assert_eq!(rule(&admin, "withblock")["allowed"].as_u64(), Some(4));
+    drop((stop, stop_admin));
+    task.await.unwrap();
+    admin_task.await.unwrap();
+}
