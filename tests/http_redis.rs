@@ -188,14 +188,28 @@ async fn a_redis_rule_is_named_after_its_limiter() {
     let name = unnamed.name().to_owned();
     assert!(name.starts_with("fw."), "{name}");
     let named = limiter(&b, "per-ip", policy, FailurePolicy::Closed);
+    // A limiter left with its default name is refused: the default names
+    // only the algorithm, and would reach clients' headers.
+    let err = RateLimitLayer::builder()
+        .rule(Rule::redis(Key::client_ip(), unnamed))
+        .build()
+        .unwrap_err();
+    assert_eq!(
+        err,
+        HttpConfigError::RedisLimiterUnnamed {
+            default: name.clone()
+        }
+    );
+    assert!(
+        err.to_string().contains(&name) && err.to_string().contains(".name("),
+        "{err}"
+    );
+    let ip = limiter(&b, "ip", policy, FailurePolicy::Closed);
     let rules = [
-        Rule::redis(Key::client_ip(), unnamed),
+        Rule::redis(Key::client_ip(), ip),
         Rule::redis(Key::header("x-api-key"), named),
     ];
-    assert_eq!(
-        [rules[0].name(), rules[1].name()],
-        [name.as_str(), "per-ip"]
-    );
+    assert_eq!([rules[0].name(), rules[1].name()], ["ip", "per-ip"]);
     let layer = RateLimitLayer::builder()
         .rule(rules[0].clone())
         .rule(rules[1].clone())
@@ -206,19 +220,16 @@ async fn a_redis_rule_is_named_after_its_limiter() {
     assert_eq!(got.status, StatusCode::OK);
     assert_eq!(
         got.headers["ratelimit-policy"].to_str().unwrap(),
-        format!("\"{name}\";q=3;w=60, \"per-ip\";q=3;w=60")
+        "\"ip\";q=3;w=60, \"per-ip\";q=3;w=60"
     );
-    assert_eq!(got.remaining(&name), Some(2));
+    assert_eq!(got.remaining("ip"), Some(2));
     let stats = layer.stats();
-    assert_eq!(
-        [stats[0].name(), stats[1].name()],
-        [name.as_str(), "per-ip"]
-    );
+    assert_eq!([stats[0].name(), stats[1].name()], ["ip", "per-ip"]);
     assert_eq!((stats[0].allowed(), stats[1].allowed()), (1, 1));
-    // The state is under the limiter's keys.
+    // The state is under the limiter's keys, of the same one name.
     assert!(server
-        .cmd(&["KEYS", &format!("ratewall:{name}:*")])
-        .contains(&format!("ratewall:{name}:192.0.2.1")));
+        .cmd(&["KEYS", "ratewall:ip:*"])
+        .contains("ratewall:ip:192.0.2.1"));
 
     // Two limiters of one name (they share one limit) under two rules:
     // refused, as is one limiter under two rules.

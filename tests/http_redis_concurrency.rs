@@ -98,7 +98,6 @@ async fn two_instances_share_a_per_key_bound_reached_and_never_exceeded() {
         let b = backend(&server);
         let layer = RateLimitLayer::builder()
             .rule(Rule::redis_concurrent(
-                "jobs",
                 Key::header("x-tenant"),
                 permits(&b, "jobs", 3, FailurePolicy::Closed),
             ))
@@ -161,7 +160,6 @@ async fn a_rate_denial_takes_no_permit_and_a_permit_denial_gives_the_units_back(
     let layer = RateLimitLayer::builder()
         .rule(Rule::redis(Key::header("x-tenant"), rate))
         .rule(Rule::redis_concurrent(
-            "jobs",
             Key::header("x-tenant"),
             permits(&b, "jobs", 1, FailurePolicy::Closed),
         ))
@@ -215,7 +213,6 @@ async fn permits_are_held_by_the_body_and_released_at_its_end_or_drop() {
     let b = backend(&server);
     let layer = RateLimitLayer::builder()
         .rule(Rule::redis_concurrent(
-            "stream",
             Key::global(),
             permits(&b, "stream", 1, FailurePolicy::Closed),
         ))
@@ -259,7 +256,6 @@ async fn killed(failure: FailurePolicy) -> (Seen, Duration) {
     let b = backend(&server);
     let layer = RateLimitLayer::builder()
         .rule(Rule::redis_concurrent(
-            "jobs",
             Key::header("x-tenant"),
             permits(&b, "jobs", 2, failure),
         ))
@@ -305,7 +301,7 @@ async fn a_redis_permit_cannot_be_released_at_the_response_head() {
     let jobs = permits(&b, "jobs", 4, FailurePolicy::Closed);
     let err = RateLimitLayer::builder()
         .rule(
-            Rule::redis_concurrent("jobs", Key::client_ip(), jobs)
+            Rule::redis_concurrent(Key::client_ip(), jobs)
                 .release_permit(PermitRelease::ResponseHead),
         )
         .build()
@@ -329,7 +325,6 @@ async fn a_shed_request_is_told_the_same_retry_after_whatever_the_store() {
         .rule(Rule::concurrent("local", Key::global(), 1).on_path_prefix("/local"))
         .rule(
             Rule::redis_concurrent(
-                "redis",
                 Key::global(),
                 permits(&b, "redis", 1, FailurePolicy::Closed),
             )
@@ -384,4 +379,27 @@ async fn a_shed_request_is_told_the_same_retry_after_whatever_the_store() {
     }
     drop(stop);
     task.await.unwrap();
+}
+
+/// A Redis concurrency rule is named after its limiter, as a Redis rate
+/// rule is (one name in headers, stats, store events and Redis keys); a
+/// limiter left with its default name (`cc.4`) is refused at build.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_concurrency_rule_takes_its_limiters_one_name() {
+    let server = RedisServer::start();
+    let b = backend(&server);
+    let rule = Rule::redis_concurrent(Key::global(), permits(&b, "jobs", 4, FailurePolicy::Closed));
+    assert_eq!(rule.name(), "jobs");
+    let unnamed = RedisConcurrencyLimiter::builder(4, &b).build().unwrap();
+    assert_eq!(unnamed.name(), "cc.4");
+    let err = RateLimitLayer::builder()
+        .rule(Rule::redis_concurrent(Key::global(), unnamed))
+        .build()
+        .unwrap_err();
+    assert_eq!(
+        err,
+        ratewall::http::HttpConfigError::RedisLimiterUnnamed {
+            default: "cc.4".into()
+        }
+    );
 }

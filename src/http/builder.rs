@@ -146,6 +146,17 @@ pub enum HttpConfigError {
         /// The tier's name.
         tier: String,
     },
+    /// A rule on a Redis limiter ([`Rule::redis`],
+    /// [`Rule::redis_concurrent`]) whose limiter kept its default name: the
+    /// rule takes the limiter's name, and a default such as `tb.10000.20`
+    /// names only its algorithm (features `tower` and `redis`).
+    ///
+    /// [`Rule::redis`]: super::Rule::redis
+    /// [`Rule::redis_concurrent`]: super::Rule::redis_concurrent
+    RedisLimiterUnnamed {
+        /// The limiter's default name.
+        default: String,
+    },
 }
 
 impl fmt::Display for HttpConfigError {
@@ -220,6 +231,13 @@ impl fmt::Display for HttpConfigError {
                 f,
                 "rule {rule:?}: tier {tier:?} is not a usable tier name: a letter, then up to 31 \
                  letters, digits, `-` or `_`, each tier once"
+            ),
+            HttpConfigError::RedisLimiterUnnamed { default } => write!(
+                f,
+                "a rule on a Redis limiter takes the limiter's name, and this limiter has only its \
+                 default name {default:?}: name it (RedisLimiterBuilder::name or \
+                 RedisConcurrencyLimiter's builder .name(\"...\")), and that one name is the rule's \
+                 in RateLimit headers, stats, metrics, logs, store events and Redis keys"
             ),
         }
     }
@@ -434,6 +452,10 @@ impl<C: Clock + Clone> RateLimitBuilder<C> {
         let mut rules = Vec::with_capacity(self.rules.len());
         for (i, rule) in self.rules.into_iter().enumerate() {
             let name = rule.name.clone();
+            #[cfg(feature = "redis")]
+            if let Some(default) = rule.unnamed_redis_limiter() {
+                return Err(HttpConfigError::RedisLimiterUnnamed { default });
+            }
             if !rule::valid_name(&name) {
                 return Err(HttpConfigError::InvalidRuleName { name });
             }

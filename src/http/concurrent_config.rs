@@ -154,7 +154,7 @@ impl RuleConfig {
             rule: self.name.clone(),
             error,
         })?;
-        Ok(Rule::redis_concurrent(self.name.clone(), key, limiter))
+        Ok(Rule::redis_concurrent(key, limiter))
     }
 
     #[cfg(not(feature = "redis"))]

@@ -26,6 +26,17 @@ use http::Response;
 use std::sync::Arc;
 
 impl Rule {
+    /// The default name of the Redis limiter this rule is on, if it kept
+    /// one (a rule takes its limiter's name; see [`Rule::redis`]).
+    pub(super) fn unnamed_redis_limiter(&self) -> Option<String> {
+        let conc = self.concurrency.as_ref().and_then(|c| c.redis.as_ref());
+        match (&self.remote, conc) {
+            (Some(l), _) if !l.has_own_name() => Some(l.name().to_owned()),
+            (_, Some(l)) if !l.has_own_name() => Some(l.name().to_owned()),
+            _ => None,
+        }
+    }
+
     /// A concurrency rule whose permits live in Redis (features `tower`
     /// and `redis`): at most [`limiter.max()`](RedisConcurrencyLimiter::max)
     /// of the requests it matches in flight at once under `key`, counted
@@ -33,7 +44,11 @@ impl Rule {
     /// backend, same name). Otherwise as [`Rule::concurrent`]: in the
     /// same all-or-nothing step as the other rules, `429` when keyed by
     /// the client and `503` (shed) under [`Key::global`], the permit held
-    /// by the response body.
+    /// by the response body. The rule is named after the limiter
+    /// ([`RedisConcurrencyLimiter::name`]), as [`Rule::redis`] is: one name
+    /// in headers, stats, metrics, logs, store events and Redis keys. A
+    /// limiter left with its default name fails the layer's `build`
+    /// ([`HttpConfigError::RedisLimiterUnnamed`](super::HttpConfigError::RedisLimiterUnnamed)).
     ///
     /// When Redis cannot answer, the limiter's
     /// [`FailurePolicy`](crate::redis::FailurePolicy) decides: `Open`
@@ -52,18 +67,15 @@ impl Rule {
     /// // At most 4 reports per API key at once, across the fleet.
     /// let reports = RedisConcurrencyLimiter::builder(4, &redis).name("reports").build()?;
     /// let layer = RateLimitLayer::builder()
-    ///     .rule(Rule::redis_concurrent("reports", Key::header("x-api-key"), reports))
+    ///     .rule(Rule::redis_concurrent(Key::header("x-api-key"), reports))
     ///     .build()?;
     /// # let _ = layer;
     /// # Ok(()) }
     /// ```
-    pub fn redis_concurrent(
-        name: impl Into<String>,
-        key: Key,
-        limiter: impl Into<Arc<RedisConcurrencyLimiter>>,
-    ) -> Rule {
+    pub fn redis_concurrent(key: Key, limiter: impl Into<Arc<RedisConcurrencyLimiter>>) -> Rule {
         let limiter = limiter.into();
         let max = limiter.max();
+        let name = limiter.name().to_owned();
         let mut rule = Rule::new(name, key, Policy::fixed_window(Window::per_second(max)));
         let mut c = Concurrency::new(max);
         c.redis = Some(limiter);

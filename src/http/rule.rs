@@ -427,8 +427,10 @@ impl Rule {
     /// what happens when Redis cannot answer. `max_keys` and `when_full`
     /// do not apply (Redis keys expire by their TTL).
     ///
-    /// A limiter's default name (such as `tb.10000.20`) is a valid rule
-    /// name. A name given to [`RedisLimiterBuilder::name`] must also be a
+    /// The limiter must be given its name ([`RedisLimiterBuilder::name`]):
+    /// its default (such as `tb.10000.20`) says only its algorithm, and
+    /// would reach clients' headers, so the layer's `build` fails with
+    /// [`HttpConfigError::RedisLimiterUnnamed`]. The name must also be a
     /// rule name (a letter first; see [`Rule::new`]), or the layer's
     /// `build` fails with [`HttpConfigError::InvalidRuleName`]; two rules
     /// on limiters of one name (which share their Redis state when their
@@ -438,6 +440,7 @@ impl Rule {
     /// [`RedisLimiterBuilder::name`]: crate::redis::RedisLimiterBuilder::name
     /// [`HttpConfigError::InvalidRuleName`]: super::HttpConfigError::InvalidRuleName
     /// [`HttpConfigError::DuplicateRuleName`]: super::HttpConfigError::DuplicateRuleName
+    /// [`HttpConfigError::RedisLimiterUnnamed`]: super::HttpConfigError::RedisLimiterUnnamed
     ///
     /// ```
     /// use ratewall::http::{Key, RateLimitLayer, Rule};

@@ -90,6 +90,10 @@ pub struct RedisConcurrencyLimiter {
 }
 
 struct Inner {
+    /// The name in key names, events and metrics.
+    name: String,
+    /// Whether `name` was given (`name`), not the default `cc.MAX`.
+    named: bool,
     max: u64,
     expiry: Duration,
     /// `prefix:name:{`
@@ -256,6 +260,8 @@ let b = || RedisConcurrencyLimiter::builder(4, &redis);",
         let hasher = ahash::RandomState::new();
         Ok(RedisConcurrencyLimiter {
             inner: Arc::new(Inner {
+                named: self.options.name.is_some(),
+                name: name.clone(),
                 max,
                 expiry: self.expiry,
                 base,
@@ -291,6 +297,28 @@ impl RedisConcurrencyLimiter {
             backend: backend.clone(),
             options: Options::default(),
         }
+    }
+
+    /// The name in its Redis keys, store events and metrics (default
+    /// `cc.MAX`); an HTTP rule on the limiter takes this name.
+    ///
+    /// ```
+    /// # use ratewall::redis::{RedisBackend, RedisConcurrencyLimiter};
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// # let redis = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
+    /// assert_eq!(RedisConcurrencyLimiter::builder(3, &redis).build()?.name(), "cc.3");
+    /// let l = RedisConcurrencyLimiter::builder(3, &redis).name("reports").build()?;
+    /// assert_eq!(l.name(), "reports");
+    /// # Ok::<(), ratewall::redis::RedisError>(()) }).unwrap();
+    /// ```
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// Whether the limiter was given a name rather than its default.
+    #[cfg_attr(not(feature = "tower"), allow(dead_code))]
+    pub(crate) fn has_own_name(&self) -> bool {
+        self.inner.named
     }
 
     /// The maximum units in flight per key.

@@ -363,6 +363,13 @@ impl RedisLimiter {
         .build()
     }
 
+    /// Whether the limiter was given a name (`RedisLimiterBuilder::name`)
+    /// rather than its default (the algorithm and its parameters).
+    #[cfg_attr(not(feature = "tower"), allow(dead_code))]
+    pub(crate) fn has_own_name(&self) -> bool {
+        self.options.name.is_some()
+    }
+
     /// The errors a check of `n` for `key` gets before any call.
     pub(crate) fn validate(&self, key: &[u8], n: u64) -> Result<(), RedisError> {
         // A limit is at least 1, so a cost of 0 always fits.
