@@ -72,10 +72,14 @@ mod limiter;
 mod lockout;
 mod multi;
 mod script;
+#[cfg(feature = "redis-sentinel")]
+mod sentinel;
 #[cfg(test)]
 mod testing;
 #[cfg(test)]
 mod tests;
+#[cfg(feature = "redis-tls")]
+mod tls;
 #[cfg(feature = "wait")]
 mod wait;
 mod wire;

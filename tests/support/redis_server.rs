@@ -24,6 +24,16 @@ pub struct RedisServer {
     port: u16,
     dir: PathBuf,
     extra: Vec<String>,
+    tls_port: Option<u16>,
+}
+
+/// What a TLS server is given: PEM files it reads at start.
+pub struct TlsFiles<'a> {
+    pub cert: &'a [u8],
+    pub key: &'a [u8],
+    pub ca: &'a [u8],
+    /// `--tls-auth-clients yes`: clients must show a certificate the CA signed.
+    pub clients_must_authenticate: bool,
 }
 
 /// A port that was free a moment ago (bound to port 0, then released).
@@ -60,9 +70,60 @@ impl RedisServer {
             port,
             dir: fresh_dir(port),
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            tls_port: None,
         };
         s.spawn();
         s
+    }
+
+    /// Starts a server that also serves TLS on a port of its own
+    /// ([`tls_url`](Self::tls_url)); the plain port stays for the tests'
+    /// own commands. `extra` as for [`start_with`](Self::start_with).
+    pub fn start_tls(files: &TlsFiles<'_>, extra: &[&str]) -> RedisServer {
+        let port = free_port();
+        let tls_port = free_port();
+        let dir = fresh_dir(port);
+        let write = |name: &str, pem: &[u8]| {
+            let path = dir.join(name);
+            std::fs::write(&path, pem).expect("write a PEM file");
+            path.to_string_lossy().into_owned()
+        };
+        let mut args = vec![
+            "--tls-port".to_string(),
+            tls_port.to_string(),
+            "--tls-cert-file".into(),
+            write("server.crt", files.cert),
+            "--tls-key-file".into(),
+            write("server.key", files.key),
+            "--tls-ca-cert-file".into(),
+            write("ca.crt", files.ca),
+            "--tls-auth-clients".into(),
+            if files.clients_must_authenticate {
+                "yes"
+            } else {
+                "no"
+            }
+            .into(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let mut s = RedisServer {
+            child: None,
+            port,
+            dir,
+            extra: args,
+            tls_port: Some(tls_port),
+        };
+        s.spawn();
+        s
+    }
+
+    /// `rediss://127.0.0.1:<tls port>` of a server started by
+    /// [`start_tls`](Self::start_tls).
+    pub fn tls_url(&self) -> String {
+        format!(
+            "rediss://127.0.0.1:{}",
+            self.tls_port.expect("a server started with start_tls")
+        )
     }
 
     fn spawn(&mut self) {
@@ -189,6 +250,87 @@ pub fn raw_command(port: u16, args: &[&str]) -> std::io::Result<String> {
     Ok(String::from_utf8_lossy(&buf[..n]).into_owned())
 }
 
+/// One Redis Sentinel (`redis-server sentinel.conf --sentinel`) watching
+/// the master at `master_port` under `name`, with quick failure detection
+/// (down after 500 ms, failover timeout 2 s). Killed by PID when dropped.
+pub struct RedisSentinel {
+    child: Option<Child>,
+    port: u16,
+    dir: PathBuf,
+}
+
+impl RedisSentinel {
+    pub fn start(name: &str, master_port: u16) -> RedisSentinel {
+        let port = free_port();
+        let dir = fresh_dir(port);
+        let conf = dir.join("sentinel.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "port {port}\nbind 127.0.0.1\ndir {}\n\
+                 sentinel monitor {name} 127.0.0.1 {master_port} 1\n\
+                 sentinel down-after-milliseconds {name} 500\n\
+                 sentinel failover-timeout {name} 2000\n\
+                 sentinel parallel-syncs {name} 1\n",
+                dir.display()
+            ),
+        )
+        .expect("write sentinel.conf");
+        let child = Command::new("redis-server")
+            .arg(&conf)
+            .arg("--sentinel")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => panic!("{INSTALL_HINT}"),
+                _ => panic!("could not start redis-server --sentinel: {e}"),
+            });
+        let mut s = RedisSentinel {
+            child: Some(child),
+            port,
+            dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !ping(port) {
+            if let Some(status) = s.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                panic!("redis-sentinel on port {port} exited at start: {status}");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "redis-sentinel on port {port} did not answer PING within 10 s"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        s
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The port of the master the sentinel names for `name` now.
+    pub fn master_port(&self, name: &str) -> Option<u16> {
+        let reply = raw_command(self.port, &["SENTINEL", "get-master-addr-by-name", name]).ok()?;
+        // *2 $9 127.0.0.1 $4 6379: the port is the last line.
+        reply.lines().rfind(|l| !l.is_empty())?.parse().ok()
+    }
+}
+
+impl Drop for RedisSentinel {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill(); // SIGKILL, by PID
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 /// A Redis Cluster of `masters` masters (no replicas), each a throwaway
 /// server with its own fresh directory (a stale `nodes.conf` would refuse
 /// to join) and its cluster bus port (port + 10000) free.
@@ -208,6 +350,7 @@ impl RedisCluster {
             let mut s = RedisServer {
                 child: None,
                 port,
+                tls_port: None,
                 dir: fresh_dir(port),
                 extra: [
                     "--cluster-enabled",

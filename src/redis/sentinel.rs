@@ -1,0 +1,191 @@
+//! Redis Sentinel (feature `redis-sentinel`): the connection to the master
+//! the sentinels name. It is looked up on first use and again after a call
+//! on it fails in a way a failover explains (the connection refused, lost
+//! or silent, or `READONLY` from a master demoted to a replica). Calls
+//! never go to a replica: every check writes.
+//!
+//! The lookup runs in a task of its own, so a caller whose per-call timeout
+//! ends first drops only its wait: the lookup completes for the calls after
+//! it, and lookups never run two at once.
+
+use crate::sync::{lock, Mutex};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
+use redis::{ErrorKind, RedisResult, ServerErrorKind};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The master of one Sentinel-monitored group, found through its sentinels.
+pub(crate) struct SentinelMaster {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    /// Held for the whole of a lookup: lookups run one at a time.
+    sentinels: tokio::sync::Mutex<SentinelClient>,
+    config: ConnectionManagerConfig,
+    /// Bounds one lookup (ask the sentinels, check the master's role,
+    /// connect to it), whoever waits for it.
+    lookup_timeout: Duration,
+    current: Mutex<Current>,
+}
+
+struct Current {
+    /// Counts the masters found; a failure forgets the master only if it
+    /// is still the one the failed call used.
+    generation: u64,
+    master: Option<ConnectionManager>,
+}
+
+/// The master a call was given, and how to forget it when the call fails.
+#[derive(Clone)]
+pub(crate) struct MasterConn {
+    pub(crate) conn: ConnectionManager,
+    shared: Arc<Shared>,
+    generation: u64,
+}
+
+impl SentinelMaster {
+    /// The group `master_name` behind the sentinels at `urls`. Connects to
+    /// nothing yet.
+    pub(crate) fn new(
+        urls: &[String],
+        master_name: &str,
+        config: ConnectionManagerConfig,
+        lookup_timeout: Duration,
+    ) -> RedisResult<SentinelMaster> {
+        // A `String`: what `build` takes without the crate's TLS.
+        let name = String::from(master_name);
+        let client = SentinelClient::build(
+            urls.iter().map(String::as_str).collect(),
+            name,
+            Some(SentinelNodeConnectionInfo::default()),
+            SentinelServerType::Master,
+        )?;
+        Ok(SentinelMaster {
+            shared: Arc::new(Shared {
+                sentinels: tokio::sync::Mutex::new(client),
+                config,
+                lookup_timeout,
+                current: Mutex::new(Current {
+                    generation: 0,
+                    master: None,
+                }),
+            }),
+        })
+    }
+
+    /// The current master's connection, looked up first if there is none.
+    pub(crate) async fn get(&self) -> RedisResult<MasterConn> {
+        if let Some(found) = self.shared.current() {
+            return Ok(found);
+        }
+        match tokio::spawn(Shared::look_up(self.shared.clone())).await {
+            Ok(found) => found,
+            Err(e) => Err(redis::RedisError::from((
+                ErrorKind::Client,
+                "the Sentinel lookup stopped",
+                e.to_string(),
+            ))),
+        }
+    }
+}
+
+impl Shared {
+    fn current(self: &Arc<Self>) -> Option<MasterConn> {
+        let current = lock(&self.current);
+        current.master.as_ref().map(|conn| MasterConn {
+            conn: conn.clone(),
+            shared: self.clone(),
+            generation: current.generation,
+        })
+    }
+
+    async fn look_up(self: Arc<Self>) -> RedisResult<MasterConn> {
+        let mut sentinels = self.sentinels.lock().await;
+        // Another lookup may have finished while this one waited.
+        if let Some(found) = self.current() {
+            return Ok(found);
+        }
+        let config = self.config.clone();
+        let found = tokio::time::timeout(self.lookup_timeout, async {
+            // Asks the sentinels for the master's address and checks that
+            // the server there calls itself a master.
+            let client = sentinels.async_get_client().await?;
+            ConnectionManager::new_with_config(client, config).await
+        })
+        .await;
+        let conn = match found {
+            Ok(conn) => conn?,
+            Err(_) => {
+                return Err(redis::RedisError::from((
+                    ErrorKind::Io,
+                    "no master from Sentinel",
+                    format!("lookup took over {} ms", self.lookup_timeout.as_millis()),
+                )))
+            }
+        };
+        let mut current = lock(&self.current);
+        current.generation += 1;
+        current.master = Some(conn.clone());
+        Ok(MasterConn {
+            conn,
+            shared: self.clone(),
+            generation: current.generation,
+        })
+    }
+}
+
+impl MasterConn {
+    /// After a failed call: forgets the master if a failover explains the
+    /// failure, so the next call asks the sentinels again.
+    pub(crate) fn failed(&self, e: &redis::RedisError) {
+        if !failover_explains(e) {
+            return;
+        }
+        let mut current = lock(&self.shared.current);
+        if current.generation == self.generation {
+            current.master = None;
+        }
+    }
+}
+
+/// Whether a failover explains `e`: the master is gone or silent (a
+/// connection refused, lost or timed out), or it is a replica now
+/// (`READONLY`). An error about the call itself keeps the master.
+fn failover_explains(e: &redis::RedisError) -> bool {
+    e.is_io_error()
+        || e.is_connection_refusal()
+        || e.is_connection_dropped()
+        || e.is_timeout()
+        || e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::failover_explains;
+
+    #[test]
+    fn only_failures_a_failover_explains_forget_the_master() {
+        let io = redis::RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::ConnectionReset,
+            "reset",
+        ));
+        assert!(failover_explains(&io));
+        let refused = redis::RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::ConnectionRefused,
+            "refused",
+        ));
+        assert!(failover_explains(&refused));
+        let demoted = redis::RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly),
+            "READONLY",
+        ));
+        assert!(failover_explains(&demoted));
+        let no_perm = redis::RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm),
+            "NOPERM",
+        ));
+        assert!(!failover_explains(&no_perm));
+    }
+}

@@ -1,0 +1,154 @@
+//! Redis Sentinel (feature `redis-sentinel`) against real servers: a
+//! master, its replica and one sentinel (`redis-server --sentinel`). Checks
+//! go to the master; when it dies, the failure policy answers (bounded by
+//! the per-call timeout) while the sentinel promotes the replica; then the
+//! new master decides, continuing the counts it replicated, and the limiter
+//! reports `Recovered`.
+#![cfg(feature = "redis-sentinel")]
+
+mod support;
+
+use ratewall::redis::{
+    DecisionSource, FailurePolicy, RedisBackend, RedisError, RedisLimiter, StoreEvent,
+};
+use ratewall::{Policy, Window};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use support::redis_server::{RedisSentinel, RedisServer};
+
+const TIMEOUT: Duration = Duration::from_millis(200);
+const LIMIT: u64 = 100;
+
+type Events = Arc<Mutex<Vec<StoreEvent>>>;
+
+fn limiter(b: &RedisBackend, name: &str, failure: FailurePolicy) -> (RedisLimiter, Events) {
+    let events: Events = Arc::default();
+    let seen = events.clone();
+    let l = RedisLimiter::builder(
+        Policy::fixed_window(Window::new(LIMIT, Duration::from_secs(3600))),
+        b,
+    )
+    .prefix("sent")
+    .name(name)
+    .on_failure(failure)
+    .on_store_event(move |e: &StoreEvent| seen.lock().unwrap().push(e.clone()))
+    .build()
+    .unwrap();
+    (l, events)
+}
+
+/// Waits (bounded) until `what` holds.
+fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !done() {
+        assert!(Instant::now() < deadline, "{what} within {limit:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checks_follow_the_master_through_a_failover() {
+    let test_start = Instant::now();
+    let mut master = RedisServer::start();
+    let replica =
+        RedisServer::start_with(&["--replicaof", "127.0.0.1", &master.port().to_string()]);
+    wait_until("the replica syncs", Duration::from_secs(5), || {
+        replica
+            .cmd(&["INFO", "replication"])
+            .contains("master_link_status:up")
+    });
+    let sentinel = RedisSentinel::start("m", master.port());
+    // The sentinel learns the replica from the master's INFO.
+    wait_until(
+        "the sentinel sees the replica",
+        Duration::from_secs(5),
+        || {
+            support::redis_server::raw_command(sentinel.port(), &["SENTINEL", "replicas", "m"])
+                .is_ok_and(|r| r.contains(&replica.port().to_string()))
+        },
+    );
+    assert_eq!(sentinel.master_port("m"), Some(master.port()));
+
+    let b = RedisBackend::sentinel_builder([sentinel.url()], "m")
+        .timeout(TIMEOUT)
+        .connect_timeout(TIMEOUT)
+        .breaker(3, Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let (closed, events) = limiter(&b, "counts", FailurePolicy::Closed);
+    let (open, _) = limiter(&b, "counts", FailurePolicy::Open);
+    for i in 0..5u64 {
+        let d = closed.check_key(b"k").await.unwrap();
+        assert_eq!(d.source(), DecisionSource::Redis, "{i}");
+        assert_eq!(d.remaining(), LIMIT - 1 - i, "{i}");
+    }
+    // Calls went to the master, never the replica: its key is there.
+    assert!(master.cmd(&["KEYS", "sent:*"]).contains("sent:"));
+    // The replica has the counts before the master dies.
+    assert!(master.cmd(&["WAIT", "1", "2000"]).starts_with(":1"));
+
+    let old = master.port();
+    master.kill9();
+    let killed = Instant::now();
+    let mut answered_locally = 0;
+    let promoted = loop {
+        assert!(
+            killed.elapsed() < Duration::from_secs(10),
+            "no new master within 10 s"
+        );
+        let t = Instant::now();
+        let got = closed.check_key(b"k").await;
+        assert!(
+            t.elapsed() < 3 * TIMEOUT,
+            "a check took {:?} during the failover",
+            t.elapsed()
+        );
+        match got {
+            Ok(d) if d.source() == DecisionSource::Redis => break d,
+            Err(RedisError::Unavailable { .. }) => {
+                answered_locally += 1;
+                let d = open.check_key(b"k").await.unwrap();
+                assert!(
+                    matches!(d.source(), DecisionSource::FailOpen | DecisionSource::Redis),
+                    "{d:?}"
+                );
+            }
+            other => panic!("during the failover: {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(answered_locally > 0, "the failure policy never answered");
+    let new = sentinel.master_port("m");
+    assert_eq!(
+        new,
+        Some(replica.port()),
+        "the sentinel promoted the replica"
+    );
+    assert_ne!(new, Some(old));
+    // The new master continued the replicated count (the open limiter may
+    // have added some once it was up).
+    assert!(
+        promoted.remaining() <= LIMIT - 6,
+        "remaining {} after 5 checks before the failover",
+        promoted.remaining()
+    );
+    assert!(replica
+        .cmd(&["INFO", "replication"])
+        .contains("role:master"));
+    assert!(replica.cmd(&["KEYS", "sent:*"]).contains("sent:"));
+    let events = events.lock().unwrap();
+    assert!(
+        matches!(
+            &events[..],
+            [StoreEvent::Failing { .. }, StoreEvent::Recovered { .. }]
+        ),
+        "{events:?}"
+    );
+    drop(sentinel);
+    drop(replica);
+    assert!(
+        test_start.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        test_start.elapsed()
+    );
+}
