@@ -11,7 +11,7 @@ use ratewall::redis::{DecisionSource, FailurePolicy, RedisBackend, RedisError, R
 use ratewall::{Policy, Rate};
 use rcgen::{BasicConstraints, Certificate, CertificateParams, DnType, IsCa, KeyPair};
 use std::time::{Duration, Instant};
-use support::redis_server::{RedisServer, TlsFiles};
+use support::redis_server::{RedisCluster, RedisServer, TlsFiles};
 
 /// A CA, and certificates it signs.
 struct Ca {
@@ -257,4 +257,63 @@ async fn bad_certificates_are_typed_errors_at_build() {
             other => panic!("{i}: expected InvalidTls, got {other:?}"),
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_over_tls_limits_exactly_on_every_master() {
+    let ca = Ca::new("ratewall test CA");
+    let leaf = ca.sign(&["127.0.0.1"]);
+    let cluster = RedisCluster::start_tls(
+        3,
+        &TlsFiles {
+            cert: leaf.cert.as_bytes(),
+            key: leaf.key.as_bytes(),
+            ca: ca.pem().as_bytes(),
+            clients_must_authenticate: false,
+        },
+    );
+    let b = RedisBackend::cluster_builder(cluster.tls_urls())
+        .timeout(Duration::from_secs(2))
+        .tls_root_certificate(ca.pem())
+        .build()
+        .unwrap();
+    let l = limiter(&b, "cluster", FailurePolicy::Closed);
+    let keys: Vec<String> = (0..24).map(|i| format!("key-{i}")).collect();
+    for key in &keys {
+        let mut allowed = 0;
+        for _ in 0..5 {
+            let d = l.check_key(key.as_bytes()).await.unwrap();
+            assert_eq!(d.source(), DecisionSource::Redis, "{key}");
+            allowed += u32::from(d.is_allowed());
+        }
+        assert_eq!(allowed, 3, "{key}");
+    }
+    // The keys spread over every master, each reached over TLS.
+    for (i, node) in cluster.nodes.iter().enumerate() {
+        assert!(
+            node.cmd(&["DBSIZE"])
+                .trim_start_matches(':')
+                .trim()
+                .parse::<u64>()
+                .unwrap()
+                > 0,
+            "master {i} holds no key"
+        );
+    }
+    // A client that does not trust the CA gets the failure policy's answer.
+    let untrusting = RedisBackend::cluster_builder(cluster.tls_urls())
+        .timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let start = Instant::now();
+    let d = limiter(&untrusting, "cluster", FailurePolicy::Open)
+        .check_key(b"k")
+        .await
+        .unwrap();
+    assert_eq!(d.source(), DecisionSource::FailOpen);
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        start.elapsed()
+    );
 }

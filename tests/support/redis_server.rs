@@ -338,20 +338,74 @@ pub struct RedisCluster {
     pub nodes: Vec<RedisServer>,
 }
 
+/// A port below 55,000 whose bus port (+ 10,000) is free too.
+fn free_port_with_bus() -> u16 {
+    loop {
+        let port = free_port();
+        if port < 55_000 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            return port;
+        }
+    }
+}
+
 impl RedisCluster {
     pub fn start(masters: usize) -> RedisCluster {
+        Self::start_inner(masters, None)
+    }
+
+    /// A cluster whose nodes also serve TLS, the bus included
+    /// (`--tls-cluster yes`): a TLS client learns the nodes' TLS ports.
+    /// The plain ports stay for the tests' own commands.
+    pub fn start_tls(masters: usize, files: &TlsFiles<'_>) -> RedisCluster {
+        Self::start_inner(masters, Some(files))
+    }
+
+    /// The nodes' `rediss://` URLs (a cluster from `start_tls`).
+    pub fn tls_urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::tls_url).collect()
+    }
+
+    fn start_inner(masters: usize, tls: Option<&TlsFiles<'_>>) -> RedisCluster {
         let mut nodes = Vec::new();
         while nodes.len() < masters {
-            let port = free_port();
-            let bus_free = port < 55_000 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok();
-            if !bus_free {
-                continue;
+            let port = free_port_with_bus();
+            let dir = fresh_dir(port);
+            let mut tls_args = Vec::new();
+            let mut tls_port = None;
+            if let Some(files) = tls {
+                // The bus of a TLS cluster is on the TLS port + 10,000.
+                let p = free_port_with_bus();
+                tls_port = Some(p);
+                let write = |name: &str, pem: &[u8]| {
+                    let path = dir.join(name);
+                    std::fs::write(&path, pem).expect("write a PEM file");
+                    path.to_string_lossy().into_owned()
+                };
+                tls_args = vec![
+                    "--tls-port".to_string(),
+                    p.to_string(),
+                    "--tls-cert-file".into(),
+                    write("server.crt", files.cert),
+                    "--tls-key-file".into(),
+                    write("server.key", files.key),
+                    "--tls-ca-cert-file".into(),
+                    write("ca.crt", files.ca),
+                    "--tls-auth-clients".into(),
+                    if files.clients_must_authenticate {
+                        "yes"
+                    } else {
+                        "no"
+                    }
+                    .into(),
+                    "--tls-cluster".into(),
+                    "yes".into(),
+                ];
             }
             let mut s = RedisServer {
                 child: None,
                 port,
-                tls_port: None,
-                dir: fresh_dir(port),
+                tls_port,
+                dir,
                 extra: [
                     "--cluster-enabled",
                     "yes",
@@ -365,6 +419,7 @@ impl RedisCluster {
                 ]
                 .iter()
                 .map(|s| s.to_string())
+                .chain(tls_args)
                 .collect(),
             };
             s.spawn();
