@@ -152,3 +152,49 @@ async fn checks_follow_the_master_through_a_failover() {
         test_start.elapsed()
     );
 }
+
+/// A master whose ACL user has a password (its default user may only
+/// PING): the sentinel is told them (`auth-user`, `auth-pass`), the backend
+/// too (`sentinel_master_auth`). Without them, the master is a store that
+/// cannot decide, whose cause says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_masters_credentials_come_from_the_builder() {
+    let master = RedisServer::start_with(&[
+        "--user", "default", "on", "nopass", "-@all", "+ping", "--user", "limiter", "on",
+        ">s3cret", "~*", "&*", "+@all",
+    ]);
+    let sentinel = RedisSentinel::start_with(
+        "m",
+        master.port(),
+        &[
+            "sentinel auth-user m limiter",
+            "sentinel auth-pass m s3cret",
+        ],
+    );
+    let build = |password: Option<&str>| {
+        let b = RedisBackend::sentinel_builder([sentinel.url()], "m")
+            .timeout(Duration::from_secs(2))
+            .connect_timeout(Duration::from_secs(1));
+        match password {
+            Some(p) => b.sentinel_master_auth(Some("limiter"), p),
+            None => b,
+        }
+        .build()
+        .unwrap()
+    };
+    let with = build(Some("s3cret"));
+    assert!(!format!("{with:?}").contains("s3cret"), "{with:?}");
+    let (l, _) = limiter(&with, "auth", FailurePolicy::Closed);
+    for i in 0..3u64 {
+        let d = l.check_key(b"k").await.unwrap();
+        assert_eq!(d.source(), DecisionSource::Redis, "{i}");
+        assert_eq!(d.remaining(), LIMIT - 1 - i, "{i}");
+    }
+    let (without, _) = limiter(&build(None), "auth", FailurePolicy::Closed);
+    match without.check_key(b"k").await {
+        Err(RedisError::Unavailable { cause, .. }) => {
+            assert!(cause.to_lowercase().contains("perm"), "{cause}")
+        }
+        other => panic!("without the password: {other:?}"),
+    }
+}

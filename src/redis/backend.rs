@@ -92,9 +92,9 @@ pub struct RedisBackendBuilder {
     key_names: KeyNames,
     #[cfg(feature = "redis-tls")]
     tls: super::tls::TlsFiles,
-    /// The sentinels' URLs and the master's name.
+    /// The sentinels, the master's name and its credentials.
     #[cfg(feature = "redis-sentinel")]
-    sentinel: Option<(Vec<String>, String)>,
+    sentinel: Option<super::sentinel::Target>,
 }
 
 /// The default largest number of calls sent as one script call.
@@ -166,7 +166,12 @@ impl RedisBackend {
             sentinels.first().map_or("", String::as_str)
         );
         let mut b = RedisBackend::builder(shown);
-        b.sentinel = Some((sentinels, master_name));
+        b.sentinel = Some(super::sentinel::Target {
+            sentinels,
+            master_name,
+            username: None,
+            password: None,
+        });
         b
     }
 
@@ -408,6 +413,35 @@ impl RedisBackendBuilder {
         self
     }
 
+    /// The credentials of the master (and any replica promoted in its
+    /// place) that a [`sentinel_builder`](RedisBackend::sentinel_builder)
+    /// backend connects to: `username` for an ACL user (`None`: the
+    /// default user, as with `requirepass`) and its `password`. The
+    /// sentinels' own credentials go in their URLs. Without this, the
+    /// master is reached without credentials. The password never shows in
+    /// `Debug`. Feature `redis-sentinel`; ignored by other backends.
+    ///
+    /// ```no_run
+    /// # use ratewall::redis::RedisBackend;
+    /// # async fn f() -> Result<(), ratewall::redis::RedisError> {
+    /// let redis = RedisBackend::sentinel_builder(["redis://10.0.0.1:26379"], "limits")
+    ///     .sentinel_master_auth(Some("limiter"), "s3cret")
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "redis-sentinel")]
+    pub fn sentinel_master_auth(
+        mut self,
+        username: Option<&str>,
+        password: impl Into<String>,
+    ) -> Self {
+        if let Some(target) = &mut self.sentinel {
+            target.username = username.map(str::to_string);
+            target.password = Some(password.into());
+        }
+        self
+    }
+
     /// Trusts the CA whose certificate `pem` holds (PEM text, one or more
     /// `-----BEGIN CERTIFICATE-----` blocks) for `rediss://` URLs, instead
     /// of the platform's trust store: for a managed service's or your own
@@ -482,14 +516,14 @@ impl RedisBackendBuilder {
             .set_min_delay(Duration::from_millis(5))
             .set_max_delay(Duration::from_millis(50));
         #[cfg(feature = "redis-sentinel")]
-        if let Some((sentinels, master_name)) = &self.sentinel {
-            if sentinels.is_empty() || master_name.is_empty() {
+        if let Some(target) = &self.sentinel {
+            if target.sentinels.is_empty() || target.master_name.is_empty() {
                 return Err(RedisError::InvalidUrl {
                     message: "Sentinel needs at least one sentinel URL and the master's name"
                         .into(),
                 });
             }
-            if sentinels.iter().any(|u| is_tls(u)) {
+            if target.sentinels.iter().any(|u| is_tls(u)) {
                 return Err(RedisError::InvalidTls {
                     message:
                         "TLS to Sentinel is not supported: use redis:// URLs for the sentinels"
@@ -498,13 +532,8 @@ impl RedisBackendBuilder {
             }
             // One lookup: ask a sentinel, check the master's role, connect.
             let lookup_timeout = self.connect_timeout * 2;
-            let master = super::sentinel::SentinelMaster::new(
-                sentinels,
-                master_name,
-                config,
-                lookup_timeout,
-            )
-            .map_err(invalid)?;
+            let master = super::sentinel::SentinelMaster::new(target, config, lookup_timeout)
+                .map_err(invalid)?;
             return Ok(self.finish(Conn::Sentinel(Box::new(master))));
         }
         let urls: &[String] = self

@@ -11,9 +11,33 @@
 use crate::sync::{lock, Mutex};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
-use redis::{ErrorKind, RedisResult, ServerErrorKind};
+use redis::{ErrorKind, RedisConnectionInfo, RedisResult, ServerErrorKind};
+use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
+
+/// What the builder was given: the sentinels, the group's name, and the
+/// master's own credentials.
+#[derive(Clone)]
+pub(crate) struct Target {
+    pub(crate) sentinels: Vec<String>,
+    pub(crate) master_name: String,
+    pub(crate) username: Option<String>,
+    pub(crate) password: Option<String>,
+}
+
+impl fmt::Debug for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The sentinels' URLs may hold their password: shown by the
+        // backend's redacted URL, not here.
+        f.debug_struct("Sentinel")
+            .field("sentinels", &self.sentinels.len())
+            .field("master_name", &self.master_name)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .finish()
+    }
+}
 
 /// The master of one Sentinel-monitored group, found through its sentinels.
 pub(crate) struct SentinelMaster {
@@ -46,20 +70,25 @@ pub(crate) struct MasterConn {
 }
 
 impl SentinelMaster {
-    /// The group `master_name` behind the sentinels at `urls`. Connects to
-    /// nothing yet.
+    /// The group `target` names behind its sentinels. Connects to nothing
+    /// yet.
     pub(crate) fn new(
-        urls: &[String],
-        master_name: &str,
+        target: &Target,
         config: ConnectionManagerConfig,
         lookup_timeout: Duration,
     ) -> RedisResult<SentinelMaster> {
-        // A `String`: what `build` takes without the crate's TLS.
-        let name = String::from(master_name);
+        let mut master = RedisConnectionInfo::default();
+        if let Some(username) = &target.username {
+            master = master.set_username(username);
+        }
+        if let Some(password) = &target.password {
+            master = master.set_password(password);
+        }
         let client = SentinelClient::build(
-            urls.iter().map(String::as_str).collect(),
-            name,
-            Some(SentinelNodeConnectionInfo::default()),
+            target.sentinels.iter().map(String::as_str).collect(),
+            // A `String`: what `build` takes without the crate's TLS.
+            target.master_name.clone(),
+            Some(SentinelNodeConnectionInfo::default().set_redis_connection_info(master)),
             SentinelServerType::Master,
         )?;
         Ok(SentinelMaster {

@@ -261,6 +261,11 @@ pub struct RedisSentinel {
 
 impl RedisSentinel {
     pub fn start(name: &str, master_port: u16) -> RedisSentinel {
+        Self::start_with(name, master_port, &[])
+    }
+
+    /// With extra `sentinel.conf` lines (`sentinel auth-pass m secret`).
+    pub fn start_with(name: &str, master_port: u16, extra: &[&str]) -> RedisSentinel {
         let port = free_port();
         let dir = fresh_dir(port);
         let conf = dir.join("sentinel.conf");
@@ -271,8 +276,9 @@ impl RedisSentinel {
                  sentinel monitor {name} 127.0.0.1 {master_port} 1\n\
                  sentinel down-after-milliseconds {name} 500\n\
                  sentinel failover-timeout {name} 2000\n\
-                 sentinel parallel-syncs {name} 1\n",
-                dir.display()
+                 sentinel parallel-syncs {name} 1\n{}\n",
+                dir.display(),
+                extra.join("\n")
             ),
         )
         .expect("write sentinel.conf");
