@@ -220,3 +220,63 @@ async fn the_masters_credentials_come_from_the_builder() {
         other => panic!("without the password: {other:?}"),
     }
 }
+
+/// A sentinel that accepts connections and never answers: each lookup
+/// waits its whole bound. Calls in flight together share one lookup, so
+/// the sentinel sees one connection per wave of callers, not one per
+/// caller, queued one after the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_in_flight_together_share_one_sentinel_lookup() {
+    use std::net::TcpListener;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let silent = {
+        let (accepted, stop) = (accepted.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            let deadline = Instant::now() + Duration::from_secs(20);
+            // Relaxed: a flag that publishes no other memory (join() syncs the rest).
+            while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
+                match listener.accept() {
+                    Ok((stream, _)) => {
+                        // Relaxed: a counter; read after the callers are done.
+                        accepted.fetch_add(1, Ordering::Relaxed);
+                        held.push(stream);
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            }
+        })
+    };
+    let timeout = Duration::from_millis(100);
+    let b = RedisBackend::sentinel_builder([format!("redis://127.0.0.1:{port}")], "m")
+        .timeout(timeout)
+        .connect_timeout(timeout)
+        .breaker(1000, Duration::from_millis(100))
+        .max_batch(1)
+        .build()
+        .unwrap();
+    let (l, _) = limiter(&b, "silent", FailurePolicy::Closed);
+    let keys: Vec<Vec<u8>> = (0..20).map(|i| format!("k{i}").into_bytes()).collect();
+    let start = Instant::now();
+    let results = futures_util::future::join_all(keys.iter().map(|k| l.check_key(k))).await;
+    assert!(start.elapsed() < 5 * timeout, "{:?}", start.elapsed());
+    for r in results {
+        assert!(matches!(r, Err(RedisError::Unavailable { .. })), "{r:?}");
+    }
+    // One lookup is bounded by twice the connect timeout (200 ms); 20
+    // queued lookups would keep connecting for 4 s.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Relaxed: a counter and a flag that publish no other memory.
+    let seen = accepted.load(Ordering::Relaxed);
+    stop.store(true, Ordering::Relaxed);
+    silent.join().unwrap();
+    assert!(
+        (1..=2).contains(&seen),
+        "{seen} sentinel connections for one wave of 20 callers"
+    );
+}

@@ -59,6 +59,12 @@ struct Current {
     /// is still the one the failed call used.
     generation: u64,
     master: Option<ConnectionManager>,
+    /// Counts the lookups that ended, and the last one's error: callers
+    /// that waited for a lookup share its answer instead of queueing one
+    /// each (an outage with many callers in flight would otherwise make
+    /// that many lookups, one after the other).
+    lookups: u64,
+    last_error: Option<redis::RedisError>,
 }
 
 /// The master a call was given, and how to forget it when the call fails.
@@ -99,6 +105,8 @@ impl SentinelMaster {
                 current: Mutex::new(Current {
                     generation: 0,
                     master: None,
+                    lookups: 0,
+                    last_error: None,
                 }),
             }),
         })
@@ -106,10 +114,11 @@ impl SentinelMaster {
 
     /// The current master's connection, looked up first if there is none.
     pub(crate) async fn get(&self) -> RedisResult<MasterConn> {
-        if let Some(found) = self.shared.current() {
-            return Ok(found);
-        }
-        match tokio::spawn(Shared::look_up(self.shared.clone())).await {
+        let seen = match self.shared.current() {
+            Ok(found) => return Ok(found),
+            Err(lookups) => lookups,
+        };
+        match tokio::spawn(Shared::look_up(self.shared.clone(), seen)).await {
             Ok(found) => found,
             Err(e) => Err(redis::RedisError::from((
                 ErrorKind::Client,
@@ -121,20 +130,31 @@ impl SentinelMaster {
 }
 
 impl Shared {
-    fn current(self: &Arc<Self>) -> Option<MasterConn> {
+    /// The current master, or how many lookups have ended.
+    fn current(self: &Arc<Self>) -> Result<MasterConn, u64> {
         let current = lock(&self.current);
-        current.master.as_ref().map(|conn| MasterConn {
-            conn: conn.clone(),
-            shared: self.clone(),
-            generation: current.generation,
-        })
+        match &current.master {
+            Some(conn) => Ok(MasterConn {
+                conn: conn.clone(),
+                shared: self.clone(),
+                generation: current.generation,
+            }),
+            None => Err(current.lookups),
+        }
     }
 
-    async fn look_up(self: Arc<Self>) -> RedisResult<MasterConn> {
+    /// Looks the master up, unless a lookup that ended after the caller
+    /// found none (`seen` lookups had ended then) answers it already.
+    async fn look_up(self: Arc<Self>, seen: u64) -> RedisResult<MasterConn> {
         let mut sentinels = self.sentinels.lock().await;
-        // Another lookup may have finished while this one waited.
-        if let Some(found) = self.current() {
-            return Ok(found);
+        match self.current() {
+            Ok(found) => return Ok(found),
+            Err(lookups) if lookups != seen => {
+                if let Some(e) = &lock(&self.current).last_error {
+                    return Err(e.clone());
+                }
+            }
+            Err(_) => {}
         }
         let config = self.config.clone();
         let found = tokio::time::timeout(self.lookup_timeout, async {
@@ -144,17 +164,23 @@ impl Shared {
             ConnectionManager::new_with_config(client, config).await
         })
         .await;
+        let found = found.unwrap_or_else(|_| {
+            Err(redis::RedisError::from((
+                ErrorKind::Io,
+                "no master from Sentinel",
+                format!("lookup took over {} ms", self.lookup_timeout.as_millis()),
+            )))
+        });
+        let mut current = lock(&self.current);
+        current.lookups += 1;
         let conn = match found {
-            Ok(conn) => conn?,
-            Err(_) => {
-                return Err(redis::RedisError::from((
-                    ErrorKind::Io,
-                    "no master from Sentinel",
-                    format!("lookup took over {} ms", self.lookup_timeout.as_millis()),
-                )))
+            Ok(conn) => conn,
+            Err(e) => {
+                current.last_error = Some(e.clone());
+                return Err(e);
             }
         };
-        let mut current = lock(&self.current);
+        current.last_error = None;
         current.generation += 1;
         current.master = Some(conn.clone());
         Ok(MasterConn {
