@@ -92,6 +92,11 @@ pub struct RedisBackendBuilder {
     max_batch: usize,
     in_flight: usize,
     key_names: KeyNames,
+    #[cfg(feature = "redis-tls")]
+    tls: super::tls::TlsFiles,
+    /// The sentinels, the master's name and its credentials.
+    #[cfg(feature = "redis-sentinel")]
+    sentinel: Option<super::sentinel::Target>,
 }
 
 /// The default largest number of calls sent as one script call.
@@ -119,7 +124,57 @@ impl RedisBackend {
             max_batch: DEFAULT_MAX_BATCH,
             in_flight: DEFAULT_IN_FLIGHT,
             key_names: KeyNames::Hashed,
+            #[cfg(feature = "redis-tls")]
+            tls: super::tls::TlsFiles::default(),
+            #[cfg(feature = "redis-sentinel")]
+            sentinel: None,
         }
+    }
+
+    /// A builder for the master of the group `master_name` that Redis
+    /// Sentinel monitors, found through any of `sentinels` (the sentinels'
+    /// own URLs, `redis://[user:password@]host:26379`, with the sentinels'
+    /// credentials). Every call goes to the master the sentinels name:
+    /// never to a replica, since every check writes. The master is looked
+    /// up on first use, and again after a call fails in a way a failover
+    /// explains (connection refused, lost or timed out, or `READONLY` from
+    /// a master that is a replica now); meanwhile the per-call timeout,
+    /// the breaker and each limiter's failure policy answer as for one
+    /// server. Feature `redis-sentinel`.
+    ///
+    /// ```no_run
+    /// # use ratewall::redis::RedisBackend;
+    /// # async fn f() -> Result<(), ratewall::redis::RedisError> {
+    /// let redis = RedisBackend::sentinel_builder(
+    ///     ["redis://10.0.0.1:26379", "redis://10.0.0.2:26379", "redis://10.0.0.3:26379"],
+    ///     "limits",
+    /// )
+    /// .build()?;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "redis-sentinel")]
+    pub fn sentinel_builder<I, S>(
+        sentinels: I,
+        master_name: impl Into<String>,
+    ) -> RedisBackendBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let sentinels: Vec<String> = sentinels.into_iter().map(Into::into).collect();
+        let master_name = master_name.into();
+        let shown = format!(
+            "{} (Sentinel master {master_name})",
+            sentinels.first().map_or("", String::as_str)
+        );
+        let mut b = RedisBackend::builder(shown);
+        b.sentinel = Some(super::sentinel::Target {
+            sentinels,
+            master_name,
+            username: None,
+            password: None,
+        });
+        b
     }
 
     /// A builder for a Redis Cluster reached through any of `nodes`
@@ -230,6 +285,13 @@ impl RedisBackend {
         door::account(&[watch], &got);
         got
     }
+}
+
+/// Whether `url` asks for TLS (`rediss://`, or Valkey's `valkeys://`).
+fn is_tls(url: &str) -> bool {
+    let scheme = url.split("://").next().unwrap_or_default();
+    url.contains("://")
+        && (scheme.eq_ignore_ascii_case("rediss") || scheme.eq_ignore_ascii_case("valkeys"))
 }
 
 /// The URL without its credentials (`redis://user:password@host` shows
@@ -364,6 +426,83 @@ impl RedisBackendBuilder {
         self
     }
 
+    /// The credentials of the master (and any replica promoted in its
+    /// place) that a [`sentinel_builder`](RedisBackend::sentinel_builder)
+    /// backend connects to: `username` for an ACL user (`None`: the
+    /// default user, as with `requirepass`) and its `password`. The
+    /// sentinels' own credentials go in their URLs. Without this, the
+    /// master is reached without credentials. The password never shows in
+    /// `Debug`. Feature `redis-sentinel`; ignored by other backends.
+    ///
+    /// ```no_run
+    /// # use ratewall::redis::RedisBackend;
+    /// # async fn f() -> Result<(), ratewall::redis::RedisError> {
+    /// let redis = RedisBackend::sentinel_builder(["redis://10.0.0.1:26379"], "limits")
+    ///     .sentinel_master_auth(Some("limiter"), "s3cret")
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "redis-sentinel")]
+    pub fn sentinel_master_auth(
+        mut self,
+        username: Option<&str>,
+        password: impl Into<String>,
+    ) -> Self {
+        if let Some(target) = &mut self.sentinel {
+            target.username = username.map(str::to_string);
+            target.password = Some(password.into());
+        }
+        self
+    }
+
+    /// Trusts the CA whose certificate `pem` holds (PEM text, one or more
+    /// `-----BEGIN CERTIFICATE-----` blocks) for `rediss://` URLs, instead
+    /// of the platform's trust store: for a managed service's or your own
+    /// private CA. Checked by [`build`](Self::build), which answers
+    /// [`RedisError::InvalidTls`] for PEM it cannot use. Feature
+    /// `redis-tls`.
+    ///
+    /// ```no_run
+    /// # use ratewall::redis::RedisBackend;
+    /// # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+    /// let ca = std::fs::read("/etc/redis/ca.pem")?;
+    /// let redis = RedisBackend::builder("rediss://limits:secret@redis.internal:6380")
+    ///     .tls_root_certificate(ca)
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "redis-tls")]
+    pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls.root = Some(pem.into());
+        self
+    }
+
+    /// Mutual TLS: presents the client certificate chain `cert_pem` with
+    /// its private key `key_pem` (PEM: PKCS#8, SEC1 or PKCS#1) to servers
+    /// that ask for one (`tls-auth-clients yes`). Checked by
+    /// [`build`](Self::build), which answers [`RedisError::InvalidTls`] for
+    /// PEM it cannot use or a key that is not the certificate's. The key is
+    /// never shown by `Debug`. Feature `redis-tls`.
+    ///
+    /// ```no_run
+    /// # use ratewall::redis::RedisBackend;
+    /// # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+    /// let redis = RedisBackend::builder("rediss://redis.internal:6380")
+    ///     .tls_root_certificate(std::fs::read("ca.pem")?)
+    ///     .tls_client_certificate(std::fs::read("client.pem")?, std::fs::read("client.key")?)
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "redis-tls")]
+    pub fn tls_client_certificate(
+        mut self,
+        cert_pem: impl Into<Vec<u8>>,
+        key_pem: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.tls.client = Some((cert_pem.into(), key_pem.into()));
+        self
+    }
+
     /// The backend. Must run inside a tokio runtime; the connection is made
     /// on first use.
     ///
@@ -380,22 +519,6 @@ impl RedisBackendBuilder {
         let invalid = |e: redis::RedisError| RedisError::InvalidUrl {
             message: e.to_string(),
         };
-        if let Some(nodes) = &self.cluster {
-            // Redirects (MOVED, ASK) count as retries; two cover a slot
-            // move. A retry after a lost connection may run a script twice:
-            // that over-counts (denies early), never admits extra.
-            let client = ClusterClient::builder(nodes.iter().map(String::as_str))
-                .connection_timeout(self.connect_timeout)
-                .response_timeout(self.timeout)
-                .retries(2)
-                .build()
-                .map_err(invalid)?;
-            return Ok(self.finish(Conn::cluster(client)));
-        }
-        let client =
-            redis::Client::open(self.url.as_str()).map_err(|e| RedisError::InvalidUrl {
-                message: e.to_string(),
-            })?;
         // The client's own timeouts bound each attempt; reconnection is
         // quick and short, because the per-call timeout and the breaker
         // decide what callers see meanwhile.
@@ -405,6 +528,78 @@ impl RedisBackendBuilder {
             .set_number_of_retries(1)
             .set_min_delay(Duration::from_millis(5))
             .set_max_delay(Duration::from_millis(50));
+        #[cfg(feature = "redis-sentinel")]
+        if let Some(target) = &self.sentinel {
+            if target.sentinels.is_empty() || target.master_name.is_empty() {
+                return Err(RedisError::InvalidUrl {
+                    message: "Sentinel needs at least one sentinel URL and the master's name"
+                        .into(),
+                });
+            }
+            if target.sentinels.iter().any(|u| is_tls(u)) {
+                return Err(RedisError::InvalidTls {
+                    message:
+                        "TLS to Sentinel is not supported: use redis:// URLs for the sentinels"
+                            .into(),
+                });
+            }
+            // One lookup: ask a sentinel, check the master's role, connect.
+            let lookup_timeout = self.connect_timeout * 2;
+            let master = super::sentinel::SentinelMaster::new(target, config, lookup_timeout)
+                .map_err(invalid)?;
+            return Ok(self.finish(Conn::Sentinel(Box::new(master))));
+        }
+        let urls: &[String] = self
+            .cluster
+            .as_deref()
+            .unwrap_or(std::slice::from_ref(&self.url));
+        let tls = urls.iter().any(|u| is_tls(u));
+        #[cfg(not(feature = "redis-tls"))]
+        if tls {
+            return Err(RedisError::FeatureDisabled {
+                feature: "redis-tls",
+                needed_for: "a rediss:// URL (TLS)",
+            });
+        }
+        #[cfg(feature = "redis-tls")]
+        let certificates = {
+            if tls {
+                super::tls::install_provider();
+            }
+            if !self.tls.is_set() {
+                None
+            } else if urls.iter().all(|u| is_tls(u)) {
+                Some(self.tls.certificates()?)
+            } else {
+                return Err(RedisError::InvalidTls {
+                    message: "TLS certificates were given for a URL that is not rediss://: use rediss:// URLs".into(),
+                });
+            }
+        };
+        if let Some(nodes) = &self.cluster {
+            // Redirects (MOVED, ASK) count as retries; two cover a slot
+            // move. A retry after a lost connection may run a script twice:
+            // that over-counts (denies early), never admits extra.
+            let builder = ClusterClient::builder(nodes.iter().map(String::as_str))
+                .connection_timeout(self.connect_timeout)
+                .response_timeout(self.timeout)
+                .retries(2);
+            #[cfg(feature = "redis-tls")]
+            let builder = match certificates {
+                Some(c) => builder.certs(c),
+                None => builder,
+            };
+            let client = builder.build().map_err(invalid)?;
+            return Ok(self.finish(Conn::cluster(client)));
+        }
+        #[cfg(feature = "redis-tls")]
+        let client = match certificates {
+            Some(c) => redis::Client::build_with_tls(self.url.as_str(), c),
+            None => redis::Client::open(self.url.as_str()),
+        };
+        #[cfg(not(feature = "redis-tls"))]
+        let client = redis::Client::open(self.url.as_str());
+        let client = client.map_err(invalid)?;
         let conn = ConnectionManager::new_lazy_with_config(client, config).map_err(invalid)?;
         Ok(self.finish(Conn::Single(conn)))
     }

@@ -279,6 +279,10 @@ pub(crate) enum Conn {
     /// Connected on first use (under the per-call timeout), so a cluster
     /// that is down at start-up is a failure of the first calls.
     Cluster(Box<LazyCluster>),
+    /// The master the sentinels name (feature `redis-sentinel`), looked
+    /// up again after a failure a failover explains.
+    #[cfg(feature = "redis-sentinel")]
+    Sentinel(Box<super::sentinel::SentinelMaster>),
 }
 
 pub(crate) struct LazyCluster {
@@ -297,6 +301,8 @@ impl Conn {
                     .await?;
                 Ok(AnyConn::Cluster(c.clone()))
             }
+            #[cfg(feature = "redis-sentinel")]
+            Conn::Sentinel(master) => Ok(AnyConn::Sentinel(master.get().await?)),
         }
     }
 }
@@ -306,6 +312,8 @@ impl Conn {
 pub(crate) enum AnyConn {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
+    #[cfg(feature = "redis-sentinel")]
+    Sentinel(super::sentinel::MasterConn),
 }
 
 impl ConnectionLike for AnyConn {
@@ -313,6 +321,14 @@ impl ConnectionLike for AnyConn {
         match self {
             AnyConn::Single(c) => c.req_packed_command(cmd),
             AnyConn::Cluster(c) => c.req_packed_command(cmd),
+            #[cfg(feature = "redis-sentinel")]
+            AnyConn::Sentinel(m) => Box::pin(async move {
+                let reply = m.conn.req_packed_command(cmd).await;
+                if let Err(e) = &reply {
+                    m.failed(e);
+                }
+                reply
+            }),
         }
     }
 
@@ -325,6 +341,14 @@ impl ConnectionLike for AnyConn {
         match self {
             AnyConn::Single(c) => c.req_packed_commands(pipeline, offset, count),
             AnyConn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            #[cfg(feature = "redis-sentinel")]
+            AnyConn::Sentinel(m) => Box::pin(async move {
+                let replies = m.conn.req_packed_commands(pipeline, offset, count).await;
+                if let Err(e) = &replies {
+                    m.failed(e);
+                }
+                replies
+            }),
         }
     }
 
@@ -332,6 +356,8 @@ impl ConnectionLike for AnyConn {
         match self {
             AnyConn::Single(c) => c.get_db(),
             AnyConn::Cluster(c) => c.get_db(),
+            #[cfg(feature = "redis-sentinel")]
+            AnyConn::Sentinel(m) => m.conn.get_db(),
         }
     }
 }

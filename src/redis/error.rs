@@ -43,6 +43,21 @@ pub enum RedisError {
         /// The client's message.
         message: String,
     },
+    /// A TLS setting the client cannot use: a private CA or client
+    /// certificate that is not PEM, a key that is not the certificate's,
+    /// or certificates given for a URL that is not `rediss://`.
+    InvalidTls {
+        /// What is wrong, and which setting to change.
+        message: String,
+    },
+    /// The URL or builder asks for something behind a cargo feature that is
+    /// off (`rediss://` needs `redis-tls`).
+    FeatureDisabled {
+        /// The cargo feature to turn on.
+        feature: &'static str,
+        /// What needed it.
+        needed_for: &'static str,
+    },
     /// An empty key.
     EmptyKey,
     /// A cost the limit can never admit at once.
@@ -84,6 +99,11 @@ impl fmt::Display for RedisError {
             RedisError::InvalidUrl { message } => write!(
                 f,
                 "invalid Redis URL ({message}); use for example redis://127.0.0.1:6379"
+            ),
+            RedisError::InvalidTls { message } => write!(f, "invalid TLS setting for Redis: {message}"),
+            RedisError::FeatureDisabled { feature, needed_for } => write!(
+                f,
+                "{needed_for} needs ratewall's cargo feature `{feature}`: turn it on (features = [\"{feature}\"] in Cargo.toml)"
             ),
             RedisError::EmptyKey => f.write_str(
                 "empty rate-limit key; key by something that identifies the caller (an IP, a user id)",

@@ -61,7 +61,15 @@ pub(crate) fn of_error(e: &redis::RedisError) -> Fault {
         }
         return Fault::Store(advice(code, &text));
     }
-    Fault::Store(e.to_string())
+    let text = e.to_string();
+    // rustls' words for a server certificate it does not accept.
+    if text.contains("invalid peer certificate") {
+        return Fault::Store(format!(
+            "the server's TLS certificate is not trusted: give the CA that signed it with tls_root_certificate ({})",
+            shortened(&text)
+        ));
+    }
+    Fault::Store(text)
 }
 
 /// An error reply that means the store cannot serve, with what to do.

@@ -23,6 +23,13 @@
 //! - [`check_all`]: several (limit, key, cost) triples, all or nothing, in
 //!   parallel, for the HTTP layer.
 //!
+//! Connections: one server (`redis://[user:password@]host:port/db`), a
+//! Redis Cluster ([`RedisBackend::cluster_builder`]), TLS (`rediss://`,
+//! with a private CA or mutual TLS: feature `redis-tls`, rustls) and Redis
+//! Sentinel (`RedisBackend::sentinel_builder`, feature `redis-sentinel`),
+//! all through the same timeout, breaker and failure policies; see
+//! "Connections" in `docs/distributed.md`.
+//!
 //! Each algorithm is one Lua script (in `src/redis/lua/`), loaded once and
 //! called by its SHA (reloaded on `NOSCRIPT`). The script reads the
 //! server's `TIME` in microseconds (never the client's clock), runs the
@@ -73,10 +80,14 @@ mod limiter;
 mod lockout;
 mod multi;
 mod script;
+#[cfg(feature = "redis-sentinel")]
+mod sentinel;
 #[cfg(test)]
 mod testing;
 #[cfg(test)]
 mod tests;
+#[cfg(feature = "redis-tls")]
+mod tls;
 #[cfg(feature = "wait")]
 mod wait;
 mod wire;

@@ -24,6 +24,16 @@ pub struct RedisServer {
     port: u16,
     dir: PathBuf,
     extra: Vec<String>,
+    tls_port: Option<u16>,
+}
+
+/// What a TLS server is given: PEM files it reads at start.
+pub struct TlsFiles<'a> {
+    pub cert: &'a [u8],
+    pub key: &'a [u8],
+    pub ca: &'a [u8],
+    /// `--tls-auth-clients yes`: clients must show a certificate the CA signed.
+    pub clients_must_authenticate: bool,
 }
 
 /// A port that was free a moment ago (bound to port 0, then released).
@@ -60,9 +70,60 @@ impl RedisServer {
             port,
             dir: fresh_dir(port),
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            tls_port: None,
         };
         s.spawn();
         s
+    }
+
+    /// Starts a server that also serves TLS on a port of its own
+    /// ([`tls_url`](Self::tls_url)); the plain port stays for the tests'
+    /// own commands. `extra` as for [`start_with`](Self::start_with).
+    pub fn start_tls(files: &TlsFiles<'_>, extra: &[&str]) -> RedisServer {
+        let port = free_port();
+        let tls_port = free_port();
+        let dir = fresh_dir(port);
+        let write = |name: &str, pem: &[u8]| {
+            let path = dir.join(name);
+            std::fs::write(&path, pem).expect("write a PEM file");
+            path.to_string_lossy().into_owned()
+        };
+        let mut args = vec![
+            "--tls-port".to_string(),
+            tls_port.to_string(),
+            "--tls-cert-file".into(),
+            write("server.crt", files.cert),
+            "--tls-key-file".into(),
+            write("server.key", files.key),
+            "--tls-ca-cert-file".into(),
+            write("ca.crt", files.ca),
+            "--tls-auth-clients".into(),
+            if files.clients_must_authenticate {
+                "yes"
+            } else {
+                "no"
+            }
+            .into(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let mut s = RedisServer {
+            child: None,
+            port,
+            dir,
+            extra: args,
+            tls_port: Some(tls_port),
+        };
+        s.spawn();
+        s
+    }
+
+    /// `rediss://127.0.0.1:<tls port>` of a server started by
+    /// [`start_tls`](Self::start_tls).
+    pub fn tls_url(&self) -> String {
+        format!(
+            "rediss://127.0.0.1:{}",
+            self.tls_port.expect("a server started with start_tls")
+        )
     }
 
     fn spawn(&mut self) {
@@ -189,6 +250,93 @@ pub fn raw_command(port: u16, args: &[&str]) -> std::io::Result<String> {
     Ok(String::from_utf8_lossy(&buf[..n]).into_owned())
 }
 
+/// One Redis Sentinel (`redis-server sentinel.conf --sentinel`) watching
+/// the master at `master_port` under `name`, with quick failure detection
+/// (down after 500 ms, failover timeout 2 s). Killed by PID when dropped.
+pub struct RedisSentinel {
+    child: Option<Child>,
+    port: u16,
+    dir: PathBuf,
+}
+
+impl RedisSentinel {
+    pub fn start(name: &str, master_port: u16) -> RedisSentinel {
+        Self::start_with(name, master_port, &[])
+    }
+
+    /// With extra `sentinel.conf` lines (`sentinel auth-pass m secret`).
+    pub fn start_with(name: &str, master_port: u16, extra: &[&str]) -> RedisSentinel {
+        let port = free_port();
+        let dir = fresh_dir(port);
+        let conf = dir.join("sentinel.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "port {port}\nbind 127.0.0.1\ndir {}\n\
+                 sentinel monitor {name} 127.0.0.1 {master_port} 1\n\
+                 sentinel down-after-milliseconds {name} 500\n\
+                 sentinel failover-timeout {name} 2000\n\
+                 sentinel parallel-syncs {name} 1\n{}\n",
+                dir.display(),
+                extra.join("\n")
+            ),
+        )
+        .expect("write sentinel.conf");
+        let child = Command::new("redis-server")
+            .arg(&conf)
+            .arg("--sentinel")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => panic!("{INSTALL_HINT}"),
+                _ => panic!("could not start redis-server --sentinel: {e}"),
+            });
+        let mut s = RedisSentinel {
+            child: Some(child),
+            port,
+            dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !ping(port) {
+            if let Some(status) = s.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                panic!("redis-sentinel on port {port} exited at start: {status}");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "redis-sentinel on port {port} did not answer PING within 10 s"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        s
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The port of the master the sentinel names for `name` now.
+    pub fn master_port(&self, name: &str) -> Option<u16> {
+        let reply = raw_command(self.port, &["SENTINEL", "get-master-addr-by-name", name]).ok()?;
+        // *2 $9 127.0.0.1 $4 6379: the port is the last line.
+        reply.lines().rfind(|l| !l.is_empty())?.parse().ok()
+    }
+}
+
+impl Drop for RedisSentinel {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill(); // SIGKILL, by PID
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 /// A Redis Cluster of `masters` masters (no replicas), each a throwaway
 /// server with its own fresh directory (a stale `nodes.conf` would refuse
 /// to join) and its cluster bus port (port + 10000) free.
@@ -196,19 +344,74 @@ pub struct RedisCluster {
     pub nodes: Vec<RedisServer>,
 }
 
+/// A port below 55,000 whose bus port (+ 10,000) is free too.
+fn free_port_with_bus() -> u16 {
+    loop {
+        let port = free_port();
+        if port < 55_000 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            return port;
+        }
+    }
+}
+
 impl RedisCluster {
     pub fn start(masters: usize) -> RedisCluster {
+        Self::start_inner(masters, None)
+    }
+
+    /// A cluster whose nodes also serve TLS, the bus included
+    /// (`--tls-cluster yes`): a TLS client learns the nodes' TLS ports.
+    /// The plain ports stay for the tests' own commands.
+    pub fn start_tls(masters: usize, files: &TlsFiles<'_>) -> RedisCluster {
+        Self::start_inner(masters, Some(files))
+    }
+
+    /// The nodes' `rediss://` URLs (a cluster from `start_tls`).
+    pub fn tls_urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::tls_url).collect()
+    }
+
+    fn start_inner(masters: usize, tls: Option<&TlsFiles<'_>>) -> RedisCluster {
         let mut nodes = Vec::new();
         while nodes.len() < masters {
-            let port = free_port();
-            let bus_free = port < 55_000 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok();
-            if !bus_free {
-                continue;
+            let port = free_port_with_bus();
+            let dir = fresh_dir(port);
+            let mut tls_args = Vec::new();
+            let mut tls_port = None;
+            if let Some(files) = tls {
+                // The bus of a TLS cluster is on the TLS port + 10,000.
+                let p = free_port_with_bus();
+                tls_port = Some(p);
+                let write = |name: &str, pem: &[u8]| {
+                    let path = dir.join(name);
+                    std::fs::write(&path, pem).expect("write a PEM file");
+                    path.to_string_lossy().into_owned()
+                };
+                tls_args = vec![
+                    "--tls-port".to_string(),
+                    p.to_string(),
+                    "--tls-cert-file".into(),
+                    write("server.crt", files.cert),
+                    "--tls-key-file".into(),
+                    write("server.key", files.key),
+                    "--tls-ca-cert-file".into(),
+                    write("ca.crt", files.ca),
+                    "--tls-auth-clients".into(),
+                    if files.clients_must_authenticate {
+                        "yes"
+                    } else {
+                        "no"
+                    }
+                    .into(),
+                    "--tls-cluster".into(),
+                    "yes".into(),
+                ];
             }
             let mut s = RedisServer {
                 child: None,
                 port,
-                dir: fresh_dir(port),
+                tls_port,
+                dir,
                 extra: [
                     "--cluster-enabled",
                     "yes",
@@ -222,6 +425,7 @@ impl RedisCluster {
                 ]
                 .iter()
                 .map(|s| s.to_string())
+                .chain(tls_args)
                 .collect(),
             };
             s.spawn();
