@@ -1,0 +1,415 @@
+//! The invariants every cell keeps, one function each, and the client
+//! that drives a cell through a phase while tallying what it saw.
+
+use crate::cells::{Cell, Failure, Kind, Phase, Store};
+use crate::group::{hit, Built, COOL_DOWN, HOLD, MARGIN, TIMEOUT};
+use crate::observe::{log_lines_naming, log_text_naming, observers, Events};
+use crate::support::http_client::Seen;
+use futures_util::future::join_all;
+use http::StatusCode;
+use ratewall::http::RateLimitLayer;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Every broken invariant: (cell, phase, what).
+pub type Failures = Arc<Mutex<Vec<(Cell, Phase, String)>>>;
+
+fn fail(sink: &Failures, cell: Cell, phase: Phase, what: String) {
+    sink.lock().unwrap().push((cell, phase, what));
+}
+
+/// What the client saw in one phase of one cell.
+#[derive(Debug, Default)]
+pub struct Tally {
+    /// 200s, and among them those the body says were admitted open or by
+    /// the fallback.
+    pub ok: u64,
+    pub ok_fail_open: u64,
+    pub ok_fallback: u64,
+    /// 429s.
+    pub limited: u64,
+    /// 503s: a fail-closed store's, a concurrency rule's shed.
+    pub closed: u64,
+    pub shed: u64,
+    /// Any other answer (each is also a failure of its own).
+    pub other: u64,
+    /// Requests sent.
+    pub sent: u64,
+}
+
+/// Whether `phase` lets a `Closed` limiter answer 503 (during an outage,
+/// and before the limiter recovers).
+fn closed_allowed(cell: Cell, outage: bool) -> bool {
+    outage
+        && cell.failure == Failure::Closed
+        && cell.store != Store::Local
+        && cell.kind != Kind::Shadow
+}
+
+/// Counts one answer; checks it is one the cell may give and that it came
+/// in time. Returns its `Retry-After` if it was a denial.
+fn record(
+    cell: Cell,
+    phase: Phase,
+    outage: bool,
+    got: (Option<Seen>, Duration),
+    t: &mut Tally,
+    sink: &Failures,
+) -> Option<u64> {
+    t.sent += 1;
+    let (seen, took) = got;
+    // No request outlives its timeout: the backend's, the handler's hold,
+    // and a loaded machine's margin.
+    let bound = TIMEOUT + HOLD + MARGIN;
+    if took > bound {
+        fail(
+            sink,
+            cell,
+            phase,
+            format!("a request took {took:?} (bound {bound:?})"),
+        );
+    }
+    let Some(seen) = seen else {
+        fail(
+            sink,
+            cell,
+            phase,
+            "a request got no answer within 30 s".into(),
+        );
+        return None;
+    };
+    match seen.status {
+        StatusCode::OK => {
+            t.ok += 1;
+            let body = seen.text();
+            if body.contains("FailOpen") {
+                t.ok_fail_open += 1;
+            } else if body.contains("Fallback") {
+                t.ok_fallback += 1;
+            }
+            None
+        }
+        StatusCode::TOO_MANY_REQUESTS => {
+            t.limited += 1;
+            if seen.retry_after().is_none() {
+                fail(sink, cell, phase, "a 429 without Retry-After".into());
+            }
+            seen.retry_after()
+        }
+        StatusCode::SERVICE_UNAVAILABLE => {
+            let body = seen.text();
+            if body.contains("temporary-reduced-capacity") && cell.kind.is_concurrency() {
+                t.shed += 1;
+                seen.retry_after()
+            } else if closed_allowed(cell, outage) {
+                t.closed += 1;
+                None
+            } else {
+                t.other += 1;
+                fail(sink, cell, phase, format!("an undocumented 503: {body}"));
+                None
+            }
+        }
+        s => {
+            t.other += 1;
+            fail(
+                sink,
+                cell,
+                phase,
+                format!("an unexpected {s}: {}", seen.text()),
+            );
+            None
+        }
+    }
+}
+
+/// The cell's requests of one phase: 5 in a row (3 at once for a
+/// concurrency cell, whose limit is 1), then, where the cell is healthy,
+/// one more after exactly the `Retry-After` of the last denial, which must
+/// be admitted.
+pub async fn exercise(addr: SocketAddr, cell: Cell, phase: Phase, t: &mut Tally, sink: &Failures) {
+    let outage = phase == Phase::Killed;
+    let mut retry = None;
+    if cell.kind.is_concurrency() {
+        let got = join_all((0..3).map(|_| hit(addr, cell))).await;
+        for g in got {
+            retry = record(cell, phase, outage, g, t, sink).or(retry);
+        }
+    } else {
+        for _ in 0..5 {
+            let g = hit(addr, cell).await;
+            retry = record(cell, phase, outage, g, t, sink).or(retry);
+        }
+    }
+    if outage {
+        return;
+    }
+    if let Some(secs) = retry {
+        retry_after_admits(addr, cell, phase, secs, t, sink).await;
+    }
+}
+
+/// A client that waits exactly `Retry-After` is admitted when nothing
+/// else happened.
+async fn retry_after_admits(
+    addr: SocketAddr,
+    cell: Cell,
+    phase: Phase,
+    secs: u64,
+    t: &mut Tally,
+    sink: &Failures,
+) {
+    tokio::time::sleep(Duration::from_secs(secs)).await;
+    let g = hit(addr, cell).await;
+    let status = g.0.as_ref().map(|s| (s.status, s.text()));
+    record(cell, phase, false, g, t, sink);
+    if !matches!(status, Some((StatusCode::OK, _))) {
+        fail(
+            sink,
+            cell,
+            phase,
+            format!("waited Retry-After {secs} s, then got {status:?}"),
+        );
+    }
+}
+
+/// After Redis returns: every limiter of the cell that reported `Failing`
+/// reports `Recovered` within one breaker cool-down (and a margin) once a
+/// request reaches it, and its `ratewall_redis_failing` gauge is 0.
+pub async fn recovers(
+    addr: SocketAddr,
+    b: &Built,
+    events: &Events,
+    back_at: Instant,
+    t: &mut Tally,
+    sink: &Failures,
+) {
+    let cell = b.cell;
+    let deadline = back_at + COOL_DOWN + MARGIN;
+    loop {
+        let failing: Vec<&String> = b.limiters.iter().filter(|l| events.failing(l)).collect();
+        if failing.is_empty() {
+            break;
+        }
+        if Instant::now() > deadline {
+            fail(
+                sink,
+                cell,
+                Phase::Back,
+                format!(
+                    "{failing:?} still failing {:?} after Redis returned",
+                    back_at.elapsed()
+                ),
+            );
+            break;
+        }
+        let g = hit(addr, cell).await;
+        record(cell, Phase::Back, true, g, t, sink);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for l in &b.limiters {
+        let gauges = observers()
+            .metrics
+            .gauges("ratewall_redis_failing", "limiter");
+        match gauges.iter().find(|(n, _)| n == l) {
+            Some((_, v)) if *v != 0.0 => fail(
+                sink,
+                cell,
+                Phase::Back,
+                format!("ratewall_redis_failing{{limiter={l}}} is {v} after recovery"),
+            ),
+            _ => {}
+        }
+    }
+}
+
+/// Nothing left held: a concurrency rule has no permit out once its
+/// requests are answered (polled: the body's drop may trail the answer).
+pub async fn nothing_held(layer: &RateLimitLayer, b: &Built, phase: Phase, sink: &Failures) {
+    if !b.cell.kind.is_concurrency() {
+        return;
+    }
+    let deadline = Instant::now() + HOLD + MARGIN;
+    loop {
+        let local = layer
+            .stats()
+            .iter()
+            .find(|s| s.name() == b.cell.name())
+            .map_or(0, |s| s.in_flight());
+        let remote = b
+            .permits
+            .as_ref()
+            .map_or(0, |l| l.held_here(b"*").unwrap_or(u64::MAX));
+        if local == 0 && remote == 0 {
+            return;
+        }
+        if Instant::now() > deadline {
+            fail(
+                sink,
+                b.cell,
+                phase,
+                format!("still held after the phase: {local} local, {remote} in Redis"),
+            );
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A rule's counters, read from `RuleStats`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    pub allowed: u64,
+    pub denied: u64,
+    pub shadow_denied: u64,
+    pub errors: u64,
+    pub fallbacks: u64,
+    pub shed: u64,
+}
+
+impl Snapshot {
+    pub fn of(layer: &RateLimitLayer, cell: Cell) -> Snapshot {
+        let stats = layer.stats();
+        let s = stats
+            .iter()
+            .find(|s| s.name() == cell.name())
+            .expect("the cell's rule");
+        Snapshot {
+            allowed: s.allowed(),
+            denied: s.denied(),
+            shadow_denied: s.shadow_denied(),
+            errors: s.errors(),
+            fallbacks: s.fallbacks(),
+            shed: s.shed(),
+        }
+    }
+
+    fn minus(self, o: Snapshot) -> Snapshot {
+        Snapshot {
+            allowed: self.allowed - o.allowed,
+            denied: self.denied - o.denied,
+            shadow_denied: self.shadow_denied - o.shadow_denied,
+            errors: self.errors - o.errors,
+            fallbacks: self.fallbacks - o.fallbacks,
+            shed: self.shed - o.shed,
+        }
+    }
+}
+
+/// `RuleStats` equal what the client saw in the phase, outcome by outcome.
+pub fn tally_matches(
+    cell: Cell,
+    phase: Phase,
+    t: &Tally,
+    before: &Snapshot,
+    now: &Snapshot,
+    sink: &Failures,
+) {
+    let d = now.minus(*before);
+    let mut wrong = Vec::new();
+    let answered = t.ok + t.limited + t.closed + t.shed + t.other;
+    if cell.kind == Kind::Shadow {
+        // A shadow rule never rejects: each 200 is counted once, as
+        // admitted (a fail-open admission too, also an error), as
+        // would-have-denied, or (fail-closed, the store down) as an error.
+        let undecided = d.errors.saturating_sub(t.ok_fail_open);
+        if d.allowed + d.shadow_denied + undecided != t.ok {
+            wrong.push("allowed + shadow_denied + undecided errors != 200s");
+        }
+    } else if d.allowed != t.ok {
+        wrong.push("allowed != 200s");
+    }
+    if d.denied != t.limited {
+        wrong.push("denied != 429s");
+    }
+    if d.shed != t.shed {
+        wrong.push("shed != shed 503s");
+    }
+    let closed_shadow = cell.kind == Kind::Shadow && cell.failure == Failure::Closed;
+    if !closed_shadow && d.errors != t.closed + t.ok_fail_open + t.other {
+        wrong.push("errors != fail-closed 503s + fail-open 200s + other answers");
+    }
+    // A fallback's denial (429, or a shed 503) does not say it was one.
+    if d.fallbacks < t.ok_fallback || d.fallbacks > t.ok_fallback + t.limited + t.shed {
+        wrong.push("fallbacks outside [fallback 200s, fallback 200s + 429s + sheds]");
+    }
+    if answered != t.sent {
+        wrong.push("answers != requests");
+    }
+    if !wrong.is_empty() {
+        fail(
+            sink,
+            cell,
+            phase,
+            format!("{wrong:?}: client saw {t:?}, RuleStats moved by {d:?}"),
+        );
+    }
+}
+
+/// The metrics counters equal `RuleStats`, outcome by outcome (the
+/// recorder never drains: each phase's equality holds for its delta too).
+pub fn metrics_match(cell: Cell, phase: Phase, now: &Snapshot, sink: &Failures) {
+    let name = cell.name();
+    let m = &observers().metrics;
+    let count = |outcome: &str| {
+        m.counter(
+            "ratewall_http_requests_total",
+            &[("rule", &name), ("outcome", outcome)],
+        )
+    };
+    let seen = Snapshot {
+        allowed: count("allowed"),
+        denied: count("denied"),
+        shadow_denied: count("shadow_denied"),
+        errors: count("error"),
+        fallbacks: count("fallback"),
+        shed: count("shed"),
+    };
+    if seen != *now {
+        fail(
+            sink,
+            cell,
+            phase,
+            format!("metrics {seen:?} != RuleStats {now:?}"),
+        );
+    }
+}
+
+/// At most two log lines (and two store events) per limiter per outage:
+/// one when it fails, one when it is back.
+pub fn quiet_after_outage(b: &Built, events: &Events, sink: &Failures) {
+    for l in &b.limiters {
+        let lines = log_lines_naming(l);
+        let evs = events.of(l).len();
+        if lines > 2 || evs > 2 {
+            fail(
+                sink,
+                b.cell,
+                Phase::Back,
+                format!(
+                    "limiter {l}: {lines} log lines, {evs} store events in one outage: {:?}",
+                    log_text_naming(l)
+                ),
+            );
+        }
+    }
+}
+
+/// A healthy store decides every request: no limiter of the cell reports
+/// `Failing` before Redis is killed.
+pub fn healthy_is_decided_by_redis(b: &Built, events: &Events, sink: &Failures) {
+    for l in &b.limiters {
+        if !events.of(l).is_empty() {
+            fail(
+                sink,
+                b.cell,
+                Phase::Healthy,
+                format!(
+                    "limiter {l} reported a store event while Redis was up: {:?}",
+                    log_text_naming(l)
+                ),
+            );
+        }
+    }
+}
