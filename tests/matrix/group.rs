@@ -59,6 +59,13 @@ impl Servers {
             .unwrap()
     }
 
+    fn ports(&self) -> Vec<u16> {
+        match self {
+            Servers::One(s) => vec![s.port()],
+            Servers::Cluster(c) => c.nodes.iter().map(RedisServer::port).collect(),
+        }
+    }
+
     fn kill(&mut self) {
         match self {
             Servers::One(s) => s.kill9(),
@@ -273,15 +280,16 @@ pub async fn run(
                 }
             }
         }
+        let ports = servers.ports();
         let runs = built.iter().map(|b| {
-            let (events, sink, layer) = (&events, &sink, &layer);
+            let (events, sink, layer, ports) = (&events, &sink, &layer, &ports);
             async move {
                 let mut tally = Tally::default();
                 if let Some(at) = back_at {
                     invariants::recovers(addr, b, events, at, &mut tally, sink).await;
                 }
                 invariants::exercise(addr, b.cell, phase, &mut tally, sink).await;
-                invariants::nothing_held(layer, b, phase, sink).await;
+                invariants::nothing_held(layer, b, phase, ports, sink).await;
                 (b.cell, tally)
             }
         });

@@ -5,12 +5,28 @@ use crate::cells::{Cell, Failure, Kind, Phase, Store};
 use crate::group::{hit, Built, COOL_DOWN, HOLD, MARGIN, TIMEOUT};
 use crate::observe::{log_lines_naming, log_text_naming, observers, Events};
 use crate::support::http_client::Seen;
+use crate::support::redis_server::raw_command;
 use futures_util::future::join_all;
 use http::StatusCode;
 use ratewall::http::RateLimitLayer;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+/// What the run measured, for its summary: Retry-After waits checked,
+/// the slowest request, the slowest recovery after Redis returned.
+#[derive(Debug, Default)]
+pub struct Measured {
+    pub retry_after_checks: u64,
+    pub slowest_request: Duration,
+    pub slowest_recovery: Duration,
+}
+
+pub static MEASURED: Mutex<Measured> = Mutex::new(Measured {
+    retry_after_checks: 0,
+    slowest_request: Duration::ZERO,
+    slowest_recovery: Duration::ZERO,
+});
 
 /// Every broken invariant: (cell, phase, what).
 pub type Failures = Arc<Mutex<Vec<(Cell, Phase, String)>>>;
@@ -62,6 +78,10 @@ fn record(
     // No request outlives its timeout: the backend's, the handler's hold,
     // and a loaded machine's margin.
     let bound = TIMEOUT + HOLD + MARGIN;
+    {
+        let mut m = MEASURED.lock().unwrap();
+        m.slowest_request = m.slowest_request.max(took);
+    }
     if took > bound {
         fail(
             sink,
@@ -92,9 +112,7 @@ fn record(
         }
         StatusCode::TOO_MANY_REQUESTS => {
             t.limited += 1;
-            if seen.retry_after().is_none() {
-                fail(sink, cell, phase, "a 429 without Retry-After".into());
-            }
+            denial_tells_the_truth(cell, phase, &seen, sink);
             seen.retry_after()
         }
         StatusCode::SERVICE_UNAVAILABLE => {
@@ -104,6 +122,14 @@ fn record(
                 seen.retry_after()
             } else if closed_allowed(cell, outage) {
                 t.closed += 1;
+                if !seen.retry_after().is_some_and(|s| s >= 1) {
+                    fail(
+                        sink,
+                        cell,
+                        phase,
+                        "a fail-closed 503 without Retry-After".into(),
+                    );
+                }
                 None
             } else {
                 t.other += 1;
@@ -121,6 +147,53 @@ fn record(
             );
             None
         }
+    }
+}
+
+/// The parameters `r` and `t` of the `RateLimit` item of rule `name`.
+fn ratelimit_item(seen: &Seen, name: &str) -> Option<(i64, Option<i64>)> {
+    let v = seen.header("ratelimit")?;
+    let list: sfv::List = sfv::Parser::new(v.as_bytes()).parse_list().ok()?;
+    list.into_iter().find_map(|e| {
+        let sfv::ListEntry::Item(item) = e else {
+            return None;
+        };
+        if item.bare_item.as_string()?.as_str() != name {
+            return None;
+        }
+        let param = |p: &str| {
+            item.params
+                .iter()
+                .find(|(k, _)| k.as_str() == p)
+                .and_then(|(_, v)| v.as_integer())
+                .map(i64::from)
+        };
+        Some((param("r")?, param("t")))
+    })
+}
+
+/// A 429 says when to come back, and the rule's `RateLimit` item agrees:
+/// nothing left (`r=0`), and its `t` (a rate rule's) no later than
+/// `Retry-After`.
+fn denial_tells_the_truth(cell: Cell, phase: Phase, seen: &Seen, sink: &Failures) {
+    let Some(retry) = seen.retry_after().filter(|&s| s >= 1) else {
+        fail(
+            sink,
+            cell,
+            phase,
+            "a 429 without a Retry-After of at least 1".into(),
+        );
+        return;
+    };
+    match ratelimit_item(seen, &cell.name()) {
+        Some((0, None)) if cell.kind.is_concurrency() => {}
+        Some((0, Some(t))) if !cell.kind.is_concurrency() && t >= 1 && t as u64 <= retry => {}
+        item => fail(
+            sink,
+            cell,
+            phase,
+            format!("a 429 with Retry-After {retry} and the rule's RateLimit item (r, t) {item:?}"),
+        ),
     }
 }
 
@@ -161,6 +234,7 @@ async fn retry_after_admits(
     sink: &Failures,
 ) {
     tokio::time::sleep(Duration::from_secs(secs)).await;
+    MEASURED.lock().unwrap().retry_after_checks += 1;
     let g = hit(addr, cell).await;
     let status = g.0.as_ref().map(|s| (s.status, s.text()));
     record(cell, phase, false, g, t, sink);
@@ -190,6 +264,8 @@ pub async fn recovers(
     loop {
         let failing: Vec<&String> = b.limiters.iter().filter(|l| events.failing(l)).collect();
         if failing.is_empty() {
+            let mut m = MEASURED.lock().unwrap();
+            m.slowest_recovery = m.slowest_recovery.max(back_at.elapsed());
             break;
         }
         if Instant::now() > deadline {
@@ -224,9 +300,65 @@ pub async fn recovers(
     }
 }
 
-/// Nothing left held: a concurrency rule has no permit out once its
-/// requests are answered (polled: the body's drop may trail the answer).
-pub async fn nothing_held(layer: &RateLimitLayer, b: &Built, phase: Phase, sink: &Failures) {
+/// The keys of `port`'s server matching `pattern`.
+fn keys(port: u16, pattern: &str) -> Vec<String> {
+    raw_command(port, &["KEYS", pattern])
+        .map(|r| {
+            r.lines()
+                .filter(|l| !l.starts_with('*') && !l.starts_with('$') && !l.is_empty())
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// What the cell holds in Redis (`ports`: each server or Cluster node):
+/// live permits (a permit set's members), and lockout blocks.
+fn held_in_redis(ports: &[u16], cell: Cell) -> Vec<String> {
+    let mut held = Vec::new();
+    for &port in ports {
+        for k in keys(port, &format!("*{}*", cell.name())) {
+            let ask = |args: &[&str]| raw_command(port, args).unwrap_or_default();
+            let kind = ask(&["TYPE", &k]);
+            if kind.starts_with("+zset") {
+                let n = ask(&["ZCARD", &k]);
+                if n.trim() != ":0" {
+                    held.push(format!("{k}: {} permits", n.trim()));
+                }
+            } else if k.contains("#b:") {
+                held.push(format!("block {k}, PTTL {}", ask(&["PTTL", &k]).trim()));
+            }
+        }
+    }
+    held
+}
+
+/// Nothing left held after a phase where Redis serves: no permit out (in
+/// the process, or in Redis), and no lockout block once the client was
+/// told it ended (each denial's `Retry-After` was waited out).
+pub async fn nothing_held(
+    layer: &RateLimitLayer,
+    b: &Built,
+    phase: Phase,
+    ports: &[u16],
+    sink: &Failures,
+) {
+    if phase != Phase::Killed && b.cell.store != Store::Local {
+        let held = tokio::task::block_in_place(|| held_in_redis(ports, b.cell));
+        if !held.is_empty() {
+            // A permit's release may trail its answer: look once more.
+            tokio::time::sleep(HOLD).await;
+            let held = tokio::task::block_in_place(|| held_in_redis(ports, b.cell));
+            if !held.is_empty() {
+                fail(
+                    sink,
+                    b.cell,
+                    phase,
+                    format!("left held in Redis after the phase: {held:?}"),
+                );
+            }
+        }
+    }
     if !b.cell.kind.is_concurrency() {
         return;
     }

@@ -100,6 +100,14 @@ async fn every_cell_of_the_rule_matrix_keeps_every_invariant() {
         "every cell not excluded ran once"
     );
 
+    println!("{:?}", invariants::MEASURED.lock().unwrap());
+    let text = observe::observers().logs.text();
+    let lines: Vec<&str> = text.lines().filter(|l| l.contains(" ratewall")).collect();
+    println!("{} ratewall log lines", lines.len());
+    for l in lines.iter().filter(|l| !l.contains('`')) {
+        println!("  unattributed: {l}");
+    }
+
     // The failing cells are exactly the known ones.
     let failures = sink.lock().unwrap().clone();
     for (cell, phase, what) in &failures {
