@@ -28,6 +28,9 @@ axis!(
         SlidingLog => "log",
         Tiered => "tier",
         Lockout => "lock",
+        // On a Redis store: beside a Redis rate rule on the same path, so
+        // its permits are taken on the Redis path of the check (after the
+        // Redis rule, given back when it sheds).
         ConcurrencyLocal => "cl",
         ConcurrencyRedis => "cr",
         Shadow => "shadow",
@@ -74,9 +77,6 @@ pub fn excluded(kind: Kind, store: Store, failure: Failure) -> Option<&'static s
         (Kind::ConcurrencyRedis, Store::Local, _) => {
             Some("a Redis concurrency rule on a local store is the local concurrency kind")
         }
-        (Kind::ConcurrencyLocal, Store::Redis | Store::Cluster, _) => Some(
-            "a local concurrency rule keeps its permits in the process: on a Redis store it is the Redis concurrency kind",
-        ),
         (_, Store::Local, f) if f != Failure::Open => {
             Some("a local store has no failure policy: its one cell is listed under open")
         }

@@ -401,11 +401,11 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    pub fn of(layer: &RateLimitLayer, cell: Cell) -> Snapshot {
+    pub fn of(layer: &RateLimitLayer, rule: &str) -> Snapshot {
         let stats = layer.stats();
         let s = stats
             .iter()
-            .find(|s| s.name() == cell.name())
+            .find(|s| s.name() == rule)
             .expect("the cell's rule");
         Snapshot {
             allowed: s.allowed(),
@@ -441,6 +441,25 @@ pub fn tally_matches(
     let d = now.minus(*before);
     let mut wrong = Vec::new();
     let answered = t.ok + t.limited + t.closed + t.shed + t.other;
+    if cell.kind == Kind::ConcurrencyLocal && cell.store != Store::Local {
+        // A 503 of the store, or an admission open or by the fallback, is
+        // the companion's (`companion_matches`).
+        if d.errors != 0 || d.fallbacks != 0 {
+            wrong.push("a local concurrency rule counted errors or fallbacks");
+        }
+        if d.allowed != t.ok || d.denied != t.limited || d.shed != t.shed || answered != t.sent {
+            wrong.push("allowed, denied or shed != the client's");
+        }
+        if !wrong.is_empty() {
+            fail(
+                sink,
+                cell,
+                phase,
+                format!("{wrong:?}: client saw {t:?}, RuleStats moved by {d:?}"),
+            );
+        }
+        return;
+    }
     if cell.kind == Kind::Shadow {
         // A shadow rule never rejects: each 200 is counted once, as
         // admitted (a fail-open admission too, also an error), as
@@ -479,15 +498,53 @@ pub fn tally_matches(
     }
 }
 
+/// The Redis rate rule beside a local concurrency rule counts what the
+/// client saw: every admission, no denial (it has room for all), and each
+/// store failure (fail-closed 503s, fail-open admissions) or fallback
+/// decision, of which those the concurrency rule then shed are invisible to
+/// the client (between the visible count and that plus the sheds).
+pub fn companion_matches(
+    cell: Cell,
+    phase: Phase,
+    t: &Tally,
+    before: &Snapshot,
+    now: &Snapshot,
+    sink: &Failures,
+) {
+    let d = now.minus(*before);
+    let mut wrong = Vec::new();
+    if d.allowed != t.ok {
+        wrong.push("allowed != 200s");
+    }
+    if d.denied != 0 || d.shed != 0 || d.shadow_denied != 0 {
+        wrong.push("denied, shed or shadow-denied");
+    }
+    let visible = t.closed + t.ok_fail_open + t.other;
+    if d.errors < visible || d.errors > visible + t.shed {
+        wrong.push("errors outside [fail-closed 503s + fail-open 200s, + sheds]");
+    }
+    if d.fallbacks < t.ok_fallback || d.fallbacks > t.ok_fallback + t.shed {
+        wrong.push("fallbacks outside [fallback 200s, + sheds]");
+    }
+    if !wrong.is_empty() {
+        fail(
+            sink,
+            cell,
+            phase,
+            format!("companion {wrong:?}: client saw {t:?}, its RuleStats moved by {d:?}"),
+        );
+    }
+}
+
 /// The metrics counters equal `RuleStats`, outcome by outcome (the
 /// recorder never drains: each phase's equality holds for its delta too).
-pub fn metrics_match(cell: Cell, phase: Phase, now: &Snapshot, sink: &Failures) {
-    let name = cell.name();
+pub fn metrics_match(cell: Cell, phase: Phase, rule: &str, now: &Snapshot, sink: &Failures) {
+    let name = rule;
     let m = &observers().metrics;
     let count = |outcome: &str| {
         m.counter(
             "ratewall_http_requests_total",
-            &[("rule", &name), ("outcome", outcome)],
+            &[("rule", name), ("outcome", outcome)],
         )
     };
     let seen = Snapshot {
