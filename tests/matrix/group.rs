@@ -302,9 +302,19 @@ pub async fn run(
         .collect();
     for &phase in Phase::ALL {
         let mut back_at = None;
+        let mut straddling = HashMap::new();
         match phase {
             Phase::Healthy => {}
-            Phase::Killed => tokio::task::block_in_place(|| servers.kill()),
+            Phase::Killed => {
+                // A request of each concurrency cell holds its permit when
+                // Redis dies: its release then cannot reach Redis, and the
+                // phase's end must still find nothing held.
+                for b in built.iter().filter(|b| b.cell.kind.is_concurrency()) {
+                    straddling.insert(b.cell, tokio::spawn(hit(addr, b.cell)));
+                }
+                tokio::time::sleep(HOLD / 3).await;
+                tokio::task::block_in_place(|| servers.kill());
+            }
             Phase::Back => {
                 tokio::task::block_in_place(|| servers.restart());
                 back_at = Some(Instant::now());
@@ -322,8 +332,13 @@ pub async fn run(
         let ports = servers.ports();
         let runs = built.iter().map(|b| {
             let (events, sink, layer, ports) = (&events, &sink, &layer, &ports);
+            let straddle = straddling.remove(&b.cell);
             async move {
                 let mut tally = Tally::default();
+                if let Some(h) = straddle {
+                    let got = h.await.expect("a request task");
+                    invariants::record(b.cell, phase, true, got, &mut tally, sink);
+                }
                 if let Some(at) = back_at {
                     invariants::recovers(addr, b, events, at, &mut tally, sink).await;
                 }

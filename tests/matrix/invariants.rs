@@ -65,7 +65,7 @@ fn closed_allowed(cell: Cell, outage: bool) -> bool {
 
 /// Counts one answer; checks it is one the cell may give and that it came
 /// in time. Returns its `Retry-After` if it was a denial.
-fn record(
+pub fn record(
     cell: Cell,
     phase: Phase,
     outage: bool,
