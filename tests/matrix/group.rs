@@ -198,8 +198,8 @@ fn rule(cell: Cell, backend: &RedisBackend, events: &Events) -> (Rule, Built) {
     let rule = match cell.kind {
         Kind::Tiered => {
             if cell.store != Store::Local {
-                // Every request names the tier: only the sibling is reached.
-                built.limiters = vec![format!("{name}.premium")];
+                // The premium client's requests reach the tier's sibling.
+                built.limiters.push(format!("{name}.premium"));
             }
             rule.tier("premium", Policy::token_bucket(Rate::per_second(4)))
                 .tier_by_header("x-plan")
@@ -228,13 +228,31 @@ async fn handler(Path(name): Path<String>, info: Option<Extension<RateLimitInfo>
     }
 }
 
-/// One request to `cell`, timed, bounded at 30 s whatever happens.
+/// One request to `cell`, timed, bounded at 30 s whatever happens (a
+/// tiered cell's names the premium tier).
 pub async fn hit(
     addr: SocketAddr,
     cell: Cell,
 ) -> (Option<crate::support::http_client::Seen>, Duration) {
-    let headers: &[(&str, &str)] = match cell.kind {
-        Kind::Tiered => &[("x-plan", "premium")],
+    hit_as(addr, cell, Client::Premium).await
+}
+
+/// Who sends a request: a tiered cell has a premium client and one of the
+/// rule's own policy, on one key; other cells have one client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Client {
+    Premium,
+    Plain,
+}
+
+/// One request to `cell` from `client`, timed, bounded at 30 s.
+pub async fn hit_as(
+    addr: SocketAddr,
+    cell: Cell,
+    client: Client,
+) -> (Option<crate::support::http_client::Seen>, Duration) {
+    let headers: &[(&str, &str)] = match (cell.kind, client) {
+        (Kind::Tiered, Client::Premium) => &[("x-plan", "premium")],
         _ => &[],
     };
     let t = Instant::now();

@@ -2,7 +2,7 @@
 //! that drives a cell through a phase while tallying what it saw.
 
 use crate::cells::{Cell, Failure, Kind, Phase, Store};
-use crate::group::{hit, Built, COOL_DOWN, HOLD, MARGIN, TIMEOUT};
+use crate::group::{hit_as, Built, Client, COOL_DOWN, HOLD, MARGIN, TIMEOUT};
 use crate::observe::{log_lines_naming, log_text_naming, observers, Events};
 use crate::support::http_client::Seen;
 use crate::support::redis_server::raw_command;
@@ -197,29 +197,42 @@ fn denial_tells_the_truth(cell: Cell, phase: Phase, seen: &Seen, sink: &Failures
     }
 }
 
-/// The cell's requests of one phase: 5 in a row (3 at once for a
-/// concurrency cell, whose limit is 1), then, where the cell is healthy,
-/// one more after exactly the `Retry-After` of the last denial, which must
-/// be admitted.
+/// The cell's clients: a tiered cell has two (premium, then the rule's
+/// own policy), on one key.
+fn clients(cell: Cell) -> &'static [Client] {
+    match cell.kind {
+        Kind::Tiered => &[Client::Premium, Client::Plain],
+        _ => &[Client::Premium],
+    }
+}
+
+/// The cell's requests of one phase, per client (a tiered cell has two:
+/// premium, then the rule's own policy): 5 in a row (3 at once for a
+/// concurrency cell, whose limit is 1), then, where nothing but the cell's
+/// own limit decides (Redis up, a local store, or a fallback deciding while
+/// Redis is down), one more after exactly the `Retry-After` of the last
+/// denial, which must be admitted.
 pub async fn exercise(addr: SocketAddr, cell: Cell, phase: Phase, t: &mut Tally, sink: &Failures) {
     let outage = phase == Phase::Killed;
-    let mut retry = None;
-    if cell.kind.is_concurrency() {
-        let got = join_all((0..3).map(|_| hit(addr, cell))).await;
-        for g in got {
-            retry = record(cell, phase, outage, g, t, sink).or(retry);
+    for &client in clients(cell) {
+        let mut retry = None;
+        if cell.kind.is_concurrency() {
+            let got = join_all((0..3).map(|_| hit_as(addr, cell, client))).await;
+            for g in got {
+                retry = record(cell, phase, outage, g, t, sink).or(retry);
+            }
+        } else {
+            for _ in 0..5 {
+                let g = hit_as(addr, cell, client).await;
+                retry = record(cell, phase, outage, g, t, sink).or(retry);
+            }
         }
-    } else {
-        for _ in 0..5 {
-            let g = hit(addr, cell).await;
-            retry = record(cell, phase, outage, g, t, sink).or(retry);
+        let decided_here = !outage
+            || cell.store == Store::Local
+            || matches!(cell.failure, Failure::FallbackShare | Failure::Fallback);
+        if let (true, Some(secs)) = (decided_here, retry) {
+            retry_after_admits(addr, cell, phase, client, secs, t, sink).await;
         }
-    }
-    if outage {
-        return;
-    }
-    if let Some(secs) = retry {
-        retry_after_admits(addr, cell, phase, secs, t, sink).await;
     }
 }
 
@@ -229,15 +242,16 @@ async fn retry_after_admits(
     addr: SocketAddr,
     cell: Cell,
     phase: Phase,
+    client: Client,
     secs: u64,
     t: &mut Tally,
     sink: &Failures,
 ) {
     tokio::time::sleep(Duration::from_secs(secs)).await;
     MEASURED.lock().unwrap().retry_after_checks += 1;
-    let g = hit(addr, cell).await;
+    let g = hit_as(addr, cell, client).await;
     let status = g.0.as_ref().map(|s| (s.status, s.text()));
-    record(cell, phase, false, g, t, sink);
+    record(cell, phase, phase == Phase::Killed, g, t, sink);
     if !matches!(status, Some((StatusCode::OK, _))) {
         fail(
             sink,
@@ -280,8 +294,12 @@ pub async fn recovers(
             );
             break;
         }
-        let g = hit(addr, cell).await;
-        record(cell, Phase::Back, true, g, t, sink);
+        // A request from each client: a tier's sibling and the rule's own
+        // limiter each recover on a request of their own.
+        for &client in clients(cell) {
+            let g = hit_as(addr, cell, client).await;
+            record(cell, Phase::Back, true, g, t, sink);
+        }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     for l in &b.limiters {
