@@ -369,11 +369,15 @@ pub async fn run(
             let now = Snapshot::of(&layer, &cell.name());
             invariants::tally_matches(cell, phase, &tally, &before[&cell.name()], &now, &sink);
             invariants::metrics_match(cell, phase, &cell.name(), &now, &sink);
+            if b.companion.is_none() && cell.store != Store::Local {
+                invariants::store_metrics_match(cell, phase, &b.limiters, &now, &sink);
+            }
             before.insert(cell.name(), now);
             if let Some(c) = &b.companion {
                 let now = Snapshot::of(&layer, c);
                 invariants::companion_matches(cell, phase, &tally, &before[c], &now, &sink);
                 invariants::metrics_match(cell, phase, c, &now, &sink);
+                invariants::store_metrics_match(cell, phase, &b.limiters, &now, &sink);
                 before.insert(c.clone(), now);
             }
             ran.push((cell, phase));

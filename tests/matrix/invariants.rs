@@ -583,6 +583,43 @@ pub fn metrics_match(cell: Cell, phase: Phase, rule: &str, now: &Snapshot, sink:
     }
 }
 
+/// The Redis limiters' own metrics agree with the rule's `RuleStats`:
+/// its fallback decisions are `ratewall_redis_decisions_total{source=
+/// "fallback"}`, and its errors (the store could not decide) are the
+/// fail-open decisions plus `ratewall_redis_unavailable_total` (answered
+/// closed), summed over the limiters the rule's requests reach.
+pub fn store_metrics_match(
+    cell: Cell,
+    phase: Phase,
+    limiters: &[String],
+    now: &Snapshot,
+    sink: &Failures,
+) {
+    let m = &observers().metrics;
+    let sum = |name: &str, source: Option<&str>| -> u64 {
+        limiters
+            .iter()
+            .map(|l| match source {
+                Some(s) => m.counter(name, &[("limiter", l), ("source", s)]),
+                None => m.counter(name, &[("limiter", l)]),
+            })
+            .sum()
+    };
+    let fallback = sum("ratewall_redis_decisions_total", Some("fallback"));
+    let fail_open = sum("ratewall_redis_decisions_total", Some("fail_open"));
+    let closed = sum("ratewall_redis_unavailable_total", None);
+    if fallback != now.fallbacks || fail_open + closed != now.errors {
+        fail(
+            sink,
+            cell,
+            phase,
+            format!(
+                "limiters {limiters:?}: decisions by the fallback {fallback}, fail-open {fail_open}, answered closed {closed}; RuleStats {now:?}"
+            ),
+        );
+    }
+}
+
 /// At most two log lines (and two store events) per limiter per outage:
 /// one when it fails, one when it is back.
 pub fn quiet_after_outage(b: &Built, events: &Events, sink: &Failures) {
