@@ -197,3 +197,35 @@ const LOCK_CLUSTER_HEALTHY: &str =
     "every request fails over while the Cluster is up: CROSSSLOT between the state key and the block key";
 const LOCK_CLUSTER_BACK: &str =
     "never recovers after the Cluster returns (the same CROSSSLOT); its failing gauge stays 1";
+
+/// The exclusions say what the matrix promises: one cell per kind on a
+/// local store, no Redis concurrency there, and every cell's name (its
+/// rule's, limiter's and path's) unique.
+#[test]
+fn a_local_store_has_one_cell_per_kind_and_every_name_is_unique() {
+    let mut names = std::collections::BTreeSet::new();
+    for &kind in Kind::ALL {
+        let local = Failure::ALL
+            .iter()
+            .filter(|&&f| excluded(kind, Store::Local, f).is_none())
+            .count();
+        let expected = usize::from(kind != Kind::ConcurrencyRedis);
+        assert_eq!(local, expected, "{kind:?} on a local store");
+        for &store in Store::ALL {
+            for &failure in Failure::ALL {
+                let name = Cell {
+                    kind,
+                    store,
+                    failure,
+                }
+                .name();
+                assert!(name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'));
+                assert!(names.insert(name.clone()), "{name} twice");
+            }
+        }
+    }
+    assert_eq!(
+        names.len(),
+        Kind::ALL.len() * Store::ALL.len() * Failure::ALL.len()
+    );
+}
