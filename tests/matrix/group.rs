@@ -108,7 +108,9 @@ fn policy(kind: Kind) -> Policy {
     match kind {
         Kind::TokenBucket | Kind::Shadow => Policy::token_bucket(Rate::per_second(3)),
         Kind::LeakyBucket => Policy::leaky_bucket(Rate::per_second(3)),
-        Kind::FixedWindow | Kind::Lockout => Policy::fixed_window(Window::per_second(3)),
+        Kind::FixedWindow | Kind::Lockout | Kind::LockoutTagged => {
+            Policy::fixed_window(Window::per_second(3))
+        }
         Kind::SlidingCounter => Policy::sliding_window_counter(Window::per_second(3)),
         Kind::SlidingLog => Policy::sliding_window_log(Window::per_second(3)),
         Kind::Tiered => Policy::token_bucket(Rate::per_second(2)),
@@ -143,6 +145,7 @@ fn limiter(
         .name(name)
         .on_failure(failure_policy(cell.failure, p))
         .on_store_event(events.hook())
+        .hash_tag_keys(cell.kind == Kind::LockoutTagged)
         .build()
         .unwrap()
 }
@@ -204,7 +207,7 @@ fn rule(cell: Cell, backend: &RedisBackend, events: &Events) -> (Rule, Built) {
             rule.tier("premium", Policy::token_bucket(Rate::per_second(4)))
                 .tier_by_header("x-plan")
         }
-        Kind::Lockout => rule.block_for(BLOCK),
+        Kind::Lockout | Kind::LockoutTagged => rule.block_for(BLOCK),
         Kind::Shadow => rule.mode(Mode::Shadow),
         _ => rule,
     };

@@ -335,7 +335,7 @@ fn keys(port: u16, pattern: &str) -> Vec<String> {
 fn held_in_redis(ports: &[u16], cell: Cell) -> Vec<String> {
     let mut held = Vec::new();
     for &port in ports {
-        for k in keys(port, &format!("*{}*", cell.name())) {
+        for k in keys(port, &format!("mx:{}:*", cell.name())) {
             let ask = |args: &[&str]| raw_command(port, args).unwrap_or_default();
             let kind = ask(&["TYPE", &k]);
             if kind.starts_with("+zset") {
