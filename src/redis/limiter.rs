@@ -209,13 +209,26 @@ impl RedisLimiter {
         Ok(k)
     }
 
-    /// The Redis key of `key`'s lockout (the HTTP layer's `block_for`):
-    /// its state key with `#b:` after the prefix and name. No state key
-    /// has that form (a key part starting with `#` is always hashed to
-    /// `#` and 32 hex digits), and with hash tags the tag is kept, so
-    /// both keys live in one Cluster slot.
+    /// The Redis key of `key`'s lockout (the HTTP layer's `block_for`),
+    /// read in one script with `state_key` (the state key of the limit
+    /// checked with it: this limiter's, or a tier's): this limiter's state
+    /// key with `#b:` after the prefix and name. No state key has that
+    /// form (a key part starting with `#` is always hashed to `#` and 32
+    /// hex digits). Both keys must live in one Cluster slot: with hash
+    /// tags the tag is kept; on a Cluster without them the block key is
+    /// `prefix:name:#b:{state_key}`, tagged with the whole state key (so
+    /// there a key's block is its tier's: a key that changes tier leaves
+    /// its block behind, as it leaves its count).
     #[cfg_attr(not(feature = "tower"), allow(dead_code))]
-    pub(crate) fn block_key(&self, key: &[u8]) -> Result<Vec<u8>, RedisError> {
+    pub(crate) fn block_key(&self, key: &[u8], state_key: &[u8]) -> Result<Vec<u8>, RedisError> {
+        if !self.hash_tag_keys && self.backend.is_cluster() {
+            let mut k = Vec::with_capacity(self.base.len() + state_key.len() + 5);
+            k.extend_from_slice(&self.base);
+            k.extend_from_slice(b"#b:{");
+            k.extend_from_slice(state_key);
+            k.push(b'}');
+            return Ok(k);
+        }
         let mut k = self.redis_key(key)?;
         let at = self.base.len();
         k.splice(at..at, *b"#b:");

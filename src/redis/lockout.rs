@@ -65,12 +65,13 @@ pub(crate) async fn check_all_locked(
     let mut block_keys = Vec::with_capacity(limits.len());
     for l in limits {
         l.limit.validate(l.key, l.cost)?;
-        rkeys.push(l.limit.redis_key(l.key)?);
+        let rkey = l.limit.redis_key(l.key)?;
         block_keys.push(match l.block {
-            Some((owner, _)) => owner.block_key(l.key)?,
+            Some((owner, _)) => owner.block_key(l.key, &rkey)?,
             // Never read (its block length is 0): a key of the same slot.
-            None => l.limit.block_key(l.key)?,
+            None => l.limit.block_key(l.key, &rkey)?,
         });
+        rkeys.push(rkey);
     }
     let Some(first) = limits.first() else {
         return Ok((true, Vec::new()));

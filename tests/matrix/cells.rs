@@ -132,77 +132,12 @@ pub fn cells_of(store: Store, failure: Failure) -> Vec<Cell> {
         .collect()
 }
 
-/// Cells that fail today, each with what fails, for the Redis layer's
-/// owners (`src/redis/`) to fix. The run asserts that the failing cells
-/// are exactly these: a fixed cell must leave the list.
-pub const KNOWN: &[(Kind, Store, Failure, Phase, &str)] = &[
-    (
-        Kind::Lockout,
-        Store::Cluster,
-        Failure::Open,
-        Phase::Healthy,
-        LOCK_CLUSTER_HEALTHY,
-    ),
-    (
-        Kind::Lockout,
-        Store::Cluster,
-        Failure::Open,
-        Phase::Back,
-        LOCK_CLUSTER_BACK,
-    ),
-    (
-        Kind::Lockout,
-        Store::Cluster,
-        Failure::Closed,
-        Phase::Healthy,
-        LOCK_CLUSTER_HEALTHY,
-    ),
-    (
-        Kind::Lockout,
-        Store::Cluster,
-        Failure::Closed,
-        Phase::Back,
-        LOCK_CLUSTER_BACK,
-    ),
-    (
-        Kind::Lockout,
-        Store::Cluster,
-        Failure::FallbackShare,
-        Phase::Healthy,
-        LOCK_CLUSTER_HEALTHY,
-    ),
-    (
-        Kind::Lockout,
-        Store::Cluster,
-        Failure::FallbackShare,
-        Phase::Back,
-        LOCK_CLUSTER_BACK,
-    ),
-    (
-        Kind::Lockout,
-        Store::Cluster,
-        Failure::Fallback,
-        Phase::Healthy,
-        LOCK_CLUSTER_HEALTHY,
-    ),
-    (
-        Kind::Lockout,
-        Store::Cluster,
-        Failure::Fallback,
-        Phase::Back,
-        LOCK_CLUSTER_BACK,
-    ),
-];
-
-/// A Redis rule with a lockout on a Cluster (no hash tags): its state key
-/// `mx:NAME:KEY` and its block key `mx:NAME:#b:KEY` hash to different
-/// slots, and the lockout script names both (`src/redis/lockout.rs`, the
-/// per-rule path of `check_all_locked`; `RedisLimiter::block_key`), so
-/// every call is `CROSSSLOT`, taken for a store outage.
-const LOCK_CLUSTER_HEALTHY: &str =
-    "every request fails over while the Cluster is up: CROSSSLOT between the state key and the block key";
-const LOCK_CLUSTER_BACK: &str =
-    "never recovers after the Cluster returns (the same CROSSSLOT); its failing gauge stays 1";
+/// Cells that fail today, each with what fails, for the owners of the
+/// code to fix. The run asserts that the failing cells are exactly these:
+/// a fixed cell must leave the list (the last ones, a Redis lockout rule
+/// on a Cluster without hash tags, left it when its block key took the
+/// state key's slot).
+pub const KNOWN: &[(Kind, Store, Failure, Phase, &str)] = &[];
 
 /// The exclusions say what the matrix promises: one cell per kind on a
 /// local store, no Redis concurrency there, and every cell's name (its

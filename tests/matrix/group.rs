@@ -188,7 +188,7 @@ fn rule(cell: Cell, backend: &RedisBackend, events: &Events) -> (Rule, Built) {
             let l = Arc::new(l);
             built.permits = Some(l.clone());
             built.limiters.push(name.clone());
-            Rule::redis_concurrent(name.clone(), Key::global(), l)
+            Rule::redis_concurrent(Key::global(), l)
         }
         (_, Store::Local) => Rule::per_ip(name.clone(), p),
         (_, Store::Redis | Store::Cluster) => {
@@ -278,22 +278,13 @@ pub async fn run(
     let label = format!("{}-{}", store.label(), failure.label());
     let mut servers = tokio::task::block_in_place(|| Servers::start(store));
     let backend = servers.backend(&label);
-    // Lockout cells get a backend of their own, on the same Redis: on a
-    // Cluster every one of their calls fails (`cells::KNOWN`), and each
-    // failure counts toward the breaker, which, shared, would open for
-    // every other cell of the group and make their failures depend on
-    // timing.
-    let lock_backend = servers.backend(&format!("{label}-lock"));
     let events = Events::default();
     let mut builder = RateLimitLayer::builder().decisions_extension(true);
     let mut built = Vec::new();
     for &cell in &cells {
-        let b = if cell.kind == Kind::Lockout {
-            &lock_backend
-        } else {
-            &backend
-        };
-        let (rs, b) = rules(cell, b, &events);
+        // Every cell on one backend: a cell whose calls failed while the
+        // store was up would open the shared breaker for all the others.
+        let (rs, b) = rules(cell, &backend, &events);
         for r in rs {
             builder = builder.rule(r);
         }
