@@ -544,6 +544,24 @@ where
     refused
 }
 
+/// Answers the first request at once, every later one after 200 ms.
+async fn held_after_the_first(State(hits): State<Arc<AtomicU64>>) -> &'static str {
+    if hits.fetch_add(1, Ordering::SeqCst) > 0 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    "ok"
+}
+
+/// `app`, each request held `delay` before the rate limit sees it.
+fn delayed(app: Router, delay: Duration) -> Router {
+    app.layer(axum::middleware::from_fn(
+        move |req: axum::extract::Request, next: axum::middleware::Next| async move {
+            tokio::time::sleep(delay).await;
+            next.run(req).await
+        },
+    ))
+}
+
 /// The finding: without a user rate, 16 tasks against a burst of 10 got 6
 /// x 429. With nothing known yet, the first wave still passes unpaced (as
 /// documented: no rate set, no response read yet); once one response has
@@ -552,8 +570,11 @@ where
 /// its rate, and no 429.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wave_after_the_limits_are_known_is_paced_from_the_start() {
-    // Nothing known: the first wave is not paced.
-    let (addr, stop, server) = serve("127.0.0.1:0", bucket_app(10, 10)).await;
+    // Nothing known: the first wave is not paced. The upstream holds each
+    // request 200 ms, so the whole wave is sent before any answer could
+    // teach the layer anything.
+    let app = delayed(bucket_app(10, 10), Duration::from_millis(200));
+    let (addr, stop, server) = serve("127.0.0.1:0", app).await;
     let pacing = PacingLayer::builder().build().unwrap();
     let paced = tower::ServiceBuilder::new()
         .layer(pacing.clone())
@@ -564,8 +585,25 @@ async fn a_wave_after_the_limits_are_known_is_paced_from_the_start() {
     drop(stop);
     server.await.unwrap();
 
-    // One response announces the limits; then the wave.
-    let (addr, stop, server) = serve("127.0.0.1:0", bucket_app(10, 10)).await;
+    // One response announces the limits; then the wave. The upstream
+    // answers the first request at once and holds every later admitted
+    // one 200 ms (its 429s come back at once): the whole wave is sent
+    // before any of its answers could lower the pace, and the upstream
+    // has not refilled since the first answer.
+    let hits = Arc::new(AtomicU64::new(0));
+    let held = Router::new()
+        .route("/", get(held_after_the_first))
+        .with_state(hits)
+        .layer(
+            RateLimitLayer::builder()
+                .rule(Rule::per_ip(
+                    "ip",
+                    Policy::token_bucket(Rate::per_second(10)),
+                ))
+                .build()
+                .unwrap(),
+        );
+    let (addr, stop, server) = serve("127.0.0.1:0", held).await;
     let pacing = PacingLayer::builder().build().unwrap();
     let paced = tower::ServiceBuilder::new()
         .layer(pacing.clone())
@@ -578,8 +616,8 @@ async fn a_wave_after_the_limits_are_known_is_paced_from_the_start() {
     let view = pacing.view(&addr.to_string()).unwrap();
     println!("wave after one response: {refused} x 429 in {took:?}; {view}");
     assert_eq!(refused, 0, "{view}");
-    // 8 at once (9 left, less one), then 8 at 10/s: about 0.8 s; the old
-    // burst-1 pace took 1.6 s.
+    // 8 at once (9 left, less one), then 8 at 10/s, each answered 200 ms
+    // later: about 1 s; the old burst-1 pace took 1.7 s (one every 100 ms).
     assert!(took >= Duration::from_millis(700), "{took:?}");
     assert!(took < Duration::from_millis(1_400), "{took:?}");
     drop(stop);
