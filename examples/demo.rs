@@ -1058,8 +1058,8 @@ fn client_pacing() {
         drop(stop);
         serving.await.expect("server task");
     });
-    println!("  the layer keeps the announced pace (one request per w/q, no burst): slower than");
-    println!("  the server's burst allows, and no 429\n");
+    println!("  the layer keeps the announced quota (q at once, then q per w), lowered to what");
+    println!("  the server says is left: its burst, and no 429\n");
 
     async fn burst_of_one<S>(svc: &S, addr: std::net::SocketAddr)
     where

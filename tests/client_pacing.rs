@@ -138,7 +138,7 @@ async fn paced_tasks_get_at_most_one_429_and_finish_near_the_ideal_time_unpaced_
     server.await.unwrap();
 
     assert!(refused <= 1, "{refused} 429s through the layer");
-    assert_eq!(pacing.too_many_requests(), refused);
+    assert_eq!(pacing.refusals().too_many_requests, refused);
     assert!(pacing.waits() > 100, "{} waits", pacing.waits());
     assert_eq!(view.quota.map(|q| q.limit), Some(RATE), "{view}");
     assert!(
@@ -192,7 +192,10 @@ async fn retry_after_as_an_http_date_pauses_retries_only_idempotent_and_times_ou
     assert!(took >= Duration::from_secs(1), "retried after {took:?}");
     assert!(took < Duration::from_secs(3), "retried after {took:?}");
     assert_eq!(
-        (hits.load(Ordering::SeqCst), long.too_many_requests()),
+        (
+            hits.load(Ordering::SeqCst),
+            long.refusals().too_many_requests
+        ),
         (2, 1)
     );
     // One retry; it waited for the pause unless its backoff (1 to 2 s,
@@ -272,11 +275,14 @@ async fn an_announced_quota_that_shrinks_mid_run_slows_the_pace() {
             "{user:?}: 10 at q=100 in {:?}, 10 at q=20 in {:?}; {view}",
             took[0], took[1]
         );
-        // At 100/s: 9 or 10 gaps of 10 ms; at 20/s: at least 9 gaps of 50 ms.
+        // At 100/s: at most 10 gaps of 10 ms. At 20/s: every response says
+        // 5 left, so the bucket holds at most 4 (less one), but the change
+        // of pace rescales what it held at 100/s (under one unit) to 20/s:
+        // the first request at once, then at least 8 full gaps of 50 ms.
         assert!(took[0] < Duration::from_millis(400), "{:?}", took[0]);
-        assert!(took[1] >= Duration::from_millis(440), "{:?}", took[1]);
+        assert!(took[1] >= Duration::from_millis(400), "{:?}", took[1]);
         assert_eq!(view.quota.map(|q| q.limit), Some(20));
-        assert_eq!(view.too_many_requests, 0);
+        assert_eq!(view.refusals.total(), 0);
     }
     drop(stop);
     server.await.unwrap();
@@ -325,6 +331,363 @@ async fn garbage_headers_are_ignored() {
         (None, None, None)
     );
     assert_eq!(view.waits, pacing.waits());
+    drop(stop);
+    server.await.unwrap();
+}
+
+// ---------------------------------------------------------------------
+// The upstream's burst (issue 32, item 5): a pace learned from an
+// upstream spends the upstream's burst, keeps up with a client that
+// honours `Retry-After` by hand, and paces a wave once the limits are known.
+// ---------------------------------------------------------------------
+
+/// An upstream with ratewall's own layer: `rate` per second per client,
+/// burst `burst`. It announces `q=<burst>;w=<burst/rate>` and what is left
+/// on every response, and answers 429 with `Retry-After` (whole seconds).
+fn bucket_app(rate: u64, burst: u64) -> Router {
+    let layer = RateLimitLayer::builder()
+        .rule(Rule::per_ip(
+            "ip",
+            Policy::token_bucket(Rate::per_second(rate).burst(burst)),
+        ))
+        .build()
+        .unwrap();
+    Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer)
+}
+
+/// Sends one request and reads the whole body; the status and the
+/// `Retry-After` seconds, if any.
+async fn send_reading_retry_after<S>(svc: &S, addr: SocketAddr) -> (StatusCode, Option<u64>)
+where
+    S: Service<Request<Body>, Response = Response<Incoming>> + Clone,
+    S::Error: std::fmt::Debug,
+{
+    let res = svc
+        .clone()
+        .oneshot(request(Method::GET, addr, "/"))
+        .await
+        .unwrap();
+    let status = res.status();
+    let retry_after = res
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok());
+    res.into_body().collect().await.unwrap();
+    (status, retry_after)
+}
+
+/// The clients of the 300-call run.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Caller {
+    /// No layer: on a 429, sleep `Retry-After` (1 s if absent), send again.
+    ByHand,
+    /// Through a pacing layer with no pace of its own (only what the
+    /// upstream announces); on a 429, send again (the layer waits out the
+    /// pause the 429 asked for).
+    Paced,
+    /// The same, with the upstream's rate given: 50/s, burst 100.
+    PacedAtUserRate,
+}
+
+const RUN_CALLS: u64 = 300;
+const RUN_WORKERS: u64 = 20;
+const RUN_RATE: u64 = 50;
+const RUN_BURST: u64 = 100;
+
+/// One 300-call run against a fresh `50/s burst 100` upstream: 20
+/// workers finish 300 successful GETs between them. Returns the time and
+/// the 429s the workers saw.
+async fn three_hundred_calls(caller: Caller) -> (Duration, u64) {
+    let (addr, stop, server) = serve("127.0.0.1:0", bucket_app(RUN_RATE, RUN_BURST)).await;
+    let claimed = Arc::new(AtomicU64::new(0));
+    let refused = Arc::new(AtomicU64::new(0));
+    let pacing = match caller {
+        Caller::ByHand => None,
+        Caller::Paced => Some(PacingLayer::builder().build().unwrap()),
+        Caller::PacedAtUserRate => Some(
+            PacingLayer::builder()
+                .rate(Rate::per_second(RUN_RATE).burst(RUN_BURST))
+                .build()
+                .unwrap(),
+        ),
+    };
+    let start = Instant::now();
+    let workers: Vec<_> = (0..RUN_WORKERS)
+        .map(|_| {
+            let (claimed, refused, pacing) = (claimed.clone(), refused.clone(), pacing.clone());
+            let bare = client();
+            tokio::spawn(async move {
+                let paced = pacing.map(|p| tower::ServiceBuilder::new().layer(p).service(client()));
+                while claimed.fetch_add(1, Ordering::Relaxed) < RUN_CALLS {
+                    // Bounded: a call that is refused 50 times is a failure.
+                    for attempt in 0.. {
+                        assert!(attempt < 50, "{caller:?}: refused 50 times");
+                        let (status, retry_after) = match &paced {
+                            Some(paced) => send_reading_retry_after(paced, addr).await,
+                            None => send_reading_retry_after(&bare, addr).await,
+                        };
+                        match status {
+                            StatusCode::OK => break,
+                            StatusCode::TOO_MANY_REQUESTS => {
+                                refused.fetch_add(1, Ordering::Relaxed);
+                                if paced.is_none() {
+                                    let secs = retry_after.unwrap_or(1);
+                                    tokio::time::sleep(Duration::from_secs(secs)).await;
+                                }
+                            }
+                            other => panic!("unexpected status {other}"),
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.await.unwrap();
+    }
+    let took = start.elapsed();
+    drop(stop);
+    server.await.unwrap();
+    (took, refused.load(Ordering::Relaxed))
+}
+
+/// The median and the spread (min, max) of some runs' times.
+fn median_and_spread(runs: &[(Duration, u64)]) -> (Duration, Duration, Duration) {
+    let mut times: Vec<Duration> = runs.iter().map(|r| r.0).collect();
+    times.sort();
+    (times[times.len() / 2], times[0], times[times.len() - 1])
+}
+
+/// Runs `callers` alternately, `rounds` times; prints and returns each
+/// caller's runs.
+async fn alternate(callers: &[Caller], rounds: usize) -> Vec<Vec<(Duration, u64)>> {
+    let mut runs = vec![Vec::new(); callers.len()];
+    for round in 0..rounds {
+        for (i, &caller) in callers.iter().enumerate() {
+            let run = three_hundred_calls(caller).await;
+            println!("round {round}: {caller:?}: {:?}, {} x 429", run.0, run.1);
+            runs[i].push(run);
+        }
+    }
+    for (caller, runs) in callers.iter().zip(&runs) {
+        let (median, min, max) = median_and_spread(runs);
+        let refused: Vec<u64> = runs.iter().map(|r| r.1).collect();
+        println!(
+            "{caller:?}: median {median:?} (spread {min:?} to {max:?}), 429s per run {refused:?}"
+        );
+    }
+    runs
+}
+
+/// The finding: 300 calls to a `50/s burst 100` upstream took 6.04 s
+/// paced (the learned pace had burst 1: one call every 20 ms from the
+/// start) against 4.16 s by hand. Always run, loose: the paced client
+/// takes less than 1.2x the hand-written one's median (the old pace:
+/// 1.45x) and is refused at most once a run (by hand: dozens).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paced_300_calls_keep_up_with_a_client_honouring_retry_after_by_hand() {
+    let runs = alternate(&[Caller::ByHand, Caller::Paced], 3).await;
+    let (by_hand, _, _) = median_and_spread(&runs[0]);
+    let (paced, _, _) = median_and_spread(&runs[1]);
+    assert!(
+        paced < by_hand.mul_f64(1.2),
+        "paced {paced:?} against {by_hand:?} by hand"
+    );
+    for (took, refused) in &runs[1] {
+        assert!(*refused <= 1, "{refused} x 429 paced in {took:?}");
+    }
+    assert!(runs[0].iter().all(|r| r.1 >= 10), "by hand: {:?}", runs[0]);
+}
+
+/// The strict figure, in release (`.ci/run`): over 5 rounds run
+/// alternately, the paced client's median is within 5% of the
+/// hand-written one's, or faster; with the user's rate given too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "about a minute; run in release by .ci/run"]
+async fn stress_paced_300_calls_within_five_percent_of_by_hand() {
+    let callers = [Caller::ByHand, Caller::Paced, Caller::PacedAtUserRate];
+    let runs = alternate(&callers, 5).await;
+    let (by_hand, _, _) = median_and_spread(&runs[0]);
+    for (caller, runs) in callers.iter().zip(&runs).skip(1) {
+        let (median, _, _) = median_and_spread(runs);
+        assert!(
+            median <= by_hand.mul_f64(1.05),
+            "{caller:?}: median {median:?} against {by_hand:?} by hand"
+        );
+    }
+}
+
+/// 16 concurrent tasks, one GET each, through `svc`; the 429s they got.
+async fn wave_of_16<S>(svc: &S, addr: SocketAddr) -> u64
+where
+    S: Service<Request<Body>, Response = Response<Incoming>> + Clone + Send + Sync + 'static,
+    S::Future: Send,
+    S::Error: std::fmt::Debug,
+{
+    let tasks: Vec<_> = (0..16)
+        .map(|_| {
+            let svc = svc.clone();
+            tokio::spawn(async move { send(&svc, request(Method::GET, addr, "/")).await.unwrap() })
+        })
+        .collect();
+    let mut refused = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            StatusCode::OK => {}
+            StatusCode::TOO_MANY_REQUESTS => refused += 1,
+            other => panic!("unexpected status {other}"),
+        }
+    }
+    refused
+}
+
+/// Answers the first request at once, every later one after 200 ms.
+async fn held_after_the_first(State(hits): State<Arc<AtomicU64>>) -> &'static str {
+    if hits.fetch_add(1, Ordering::SeqCst) > 0 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    "ok"
+}
+
+/// `app`, each request held `delay` before the rate limit sees it.
+fn delayed(app: Router, delay: Duration) -> Router {
+    app.layer(axum::middleware::from_fn(
+        move |req: axum::extract::Request, next: axum::middleware::Next| async move {
+            tokio::time::sleep(delay).await;
+            next.run(req).await
+        },
+    ))
+}
+
+/// The finding: without a user rate, 16 tasks against a burst of 10 got 6
+/// x 429. With nothing known yet, the first wave still passes unpaced (as
+/// documented: no rate set, no response read yet); once one response has
+/// announced the limits, a wave of 16 is paced from its start: the
+/// upstream's burst at once (what it says is left, less one), the rest at
+/// its rate, and no 429.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wave_after_the_limits_are_known_is_paced_from_the_start() {
+    // Nothing known: the first wave is not paced. The upstream holds each
+    // request 200 ms, so the whole wave is sent before any answer could
+    // teach the layer anything.
+    let app = delayed(bucket_app(10, 10), Duration::from_millis(200));
+    let (addr, stop, server) = serve("127.0.0.1:0", app).await;
+    let pacing = PacingLayer::builder().build().unwrap();
+    let paced = tower::ServiceBuilder::new()
+        .layer(pacing.clone())
+        .service(client());
+    let first_wave = wave_of_16(&paced, addr).await;
+    println!("first wave, nothing known: {first_wave} x 429");
+    assert!((1..=6).contains(&first_wave), "{first_wave} x 429 unpaced");
+    drop(stop);
+    server.await.unwrap();
+
+    // One response announces the limits; then the wave. The upstream
+    // answers the first request at once and holds every later admitted
+    // one 200 ms (its 429s come back at once): the whole wave is sent
+    // before any of its answers could lower the pace, and the upstream
+    // has not refilled since the first answer.
+    let hits = Arc::new(AtomicU64::new(0));
+    let held = Router::new()
+        .route("/", get(held_after_the_first))
+        .with_state(hits)
+        .layer(
+            RateLimitLayer::builder()
+                .rule(Rule::per_ip(
+                    "ip",
+                    Policy::token_bucket(Rate::per_second(10)),
+                ))
+                .build()
+                .unwrap(),
+        );
+    let (addr, stop, server) = serve("127.0.0.1:0", held).await;
+    let pacing = PacingLayer::builder().build().unwrap();
+    let paced = tower::ServiceBuilder::new()
+        .layer(pacing.clone())
+        .service(client());
+    let status = send(&paced, request(Method::GET, addr, "/")).await.unwrap();
+    assert_eq!(status, StatusCode::OK);
+    let start = Instant::now();
+    let refused = wave_of_16(&paced, addr).await;
+    let took = start.elapsed();
+    let view = pacing.view(&addr.to_string()).unwrap();
+    println!("wave after one response: {refused} x 429 in {took:?}; {view}");
+    assert_eq!(refused, 0, "{view}");
+    // 8 at once (9 left, less one), then 8 at 10/s, each answered 200 ms
+    // later: about 1 s; the old burst-1 pace took 1.7 s (one every 100 ms).
+    assert!(took >= Duration::from_millis(700), "{took:?}");
+    assert!(took < Duration::from_millis(1_400), "{took:?}");
+    drop(stop);
+    server.await.unwrap();
+}
+
+/// Answers 503 (`Retry-After: 0`) to the first `OUTAGE` requests, then 200.
+async fn outage(State(hits): State<Arc<AtomicU64>>) -> (StatusCode, HeaderMap) {
+    let mut headers = HeaderMap::new();
+    if hits.fetch_add(1, Ordering::SeqCst) < OUTAGE {
+        headers.insert("retry-after", HeaderValue::from_static("0"));
+        return (StatusCode::SERVICE_UNAVAILABLE, headers);
+    }
+    (StatusCode::OK, headers)
+}
+
+const OUTAGE: u64 = 6;
+
+/// The finding: a 503 outage showed "0 429s" with 12 retries: the
+/// counters counted 429s only. Every refusal the layer acts on is now
+/// counted by status, in the layer's totals and the partition's view,
+/// and so are the retries.
+#[tokio::test]
+async fn a_503_outage_shows_in_the_counters_with_its_retries() {
+    let hits = Arc::new(AtomicU64::new(0));
+    let app = Router::new()
+        .route("/", get(outage))
+        .with_state(hits.clone());
+    let (addr, stop, server) = serve("127.0.0.1:0", app).await;
+    let pacing = PacingLayer::builder().retries(3).build().unwrap();
+    let paced = tower::ServiceBuilder::new()
+        .layer(pacing.clone())
+        .service(client());
+    // 4 GETs at once: 4 x 503, retried after 1-2 s: 2 more 503s, retried
+    // after 2-4 s: then every one is a 200.
+    let tasks: Vec<_> = (0..4)
+        .map(|_| {
+            let paced = paced.clone();
+            tokio::spawn(
+                async move { send(&paced, request(Method::GET, addr, "/")).await.unwrap() },
+            )
+        })
+        .collect();
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), StatusCode::OK);
+    }
+    let view = pacing.view(&addr.to_string()).unwrap();
+    println!(
+        "{}; layer: {}, {} retries",
+        view,
+        pacing.refusals(),
+        pacing.retries_made()
+    );
+    assert_eq!(hits.load(Ordering::SeqCst), OUTAGE + 4);
+    let refused = pacing.refusals();
+    assert_eq!(
+        (
+            refused.unavailable,
+            refused.too_many_requests,
+            refused.total()
+        ),
+        (OUTAGE, 0, OUTAGE)
+    );
+    assert_eq!(pacing.retries_made(), OUTAGE);
+    assert_eq!((view.refusals, view.retries), (refused, OUTAGE));
+    assert!(
+        view.to_string()
+            .ends_with("6 refused (429: 0, 503: 6), 6 retries"),
+        "{view}"
+    );
     drop(stop);
     server.await.unwrap();
 }

@@ -104,9 +104,10 @@ pub fn run_announce(data: &[u8]) {
     let user = Rate::per_second(50);
     let mut wall = UNIX_EPOCH + Duration::from_secs(START_SECS);
     let mut now_ns: u64 = 0;
-    // The model: when the pause ends (ns on the clock), and 429s seen.
+    // The model: when the pause ends (ns on the clock), and 429s and 503s seen.
     let mut pause_end: u64 = 0;
     let mut limited: u64 = 0;
+    let mut unavailable: u64 = 0;
     for (i, r) in responses(data).into_iter().enumerate() {
         let advance = Duration::from_millis(r.advance_ms);
         clock.advance(advance);
@@ -121,6 +122,9 @@ pub fn run_announce(data: &[u8]) {
         );
         let is_429 = r.status == StatusCode::TOO_MANY_REQUESTS;
         assert_eq!(said.too_many_requests, is_429, "{ctx:?}");
+        let is_503 = r.status == StatusCode::SERVICE_UNAVAILABLE;
+        assert_eq!(said.unavailable, is_503, "{ctx:?}");
+        unavailable += u64::from(is_503);
         if !is_429 && r.status != StatusCode::SERVICE_UNAVAILABLE {
             assert_eq!(said.retry_after, None, "{ctx:?}");
         }
@@ -147,7 +151,8 @@ pub fn run_announce(data: &[u8]) {
         let want = (pause_end > now_ns).then(|| Duration::from_nanos(pause_end - now_ns));
         assert_eq!(table.paused_for(&"upstream"), want, "{ctx:?}");
         let view = table.view(&"upstream").unwrap();
-        assert_eq!(view.too_many_requests, limited, "{ctx:?}");
+        assert_eq!(view.refusals.too_many_requests, limited, "{ctx:?}");
+        assert_eq!(view.refusals.unavailable, unavailable, "{ctx:?}");
         if said.quota.is_some() {
             assert_eq!(view.quota, said.quota, "the latest quota is kept: {ctx:?}");
         }

@@ -131,6 +131,12 @@ pub struct Remaining {
 pub struct Announcement {
     /// The binding quota, from `RateLimit-Policy` or `X-RateLimit-Limit`.
     pub quota: Option<Quota>,
+    /// The most the upstream admits at once by every policy: the smallest
+    /// `q` of the `RateLimit-Policy` items with a window (`None` if none
+    /// has one). With several policies it may be below the binding
+    /// quota's `q` (`"burst";q=5;w=1, "day";q=1000;w=86400`: the day's
+    /// quota binds, 5 at once).
+    pub burst: Option<u64>,
     /// What is left, from `RateLimit` or `X-RateLimit-Remaining` and
     /// `X-RateLimit-Reset`.
     pub remaining: Option<Remaining>,
@@ -139,6 +145,9 @@ pub struct Announcement {
     pub retry_after: Option<Duration>,
     /// Whether the status was 429 Too Many Requests.
     pub too_many_requests: bool,
+    /// Whether the status was 503 Service Unavailable (a refusal too: its
+    /// `Retry-After` is read, and a pacing layer retries it).
+    pub unavailable: bool,
 }
 
 impl Announcement {
@@ -174,16 +183,23 @@ impl Announcement {
     /// ```
     pub fn read_at(status: StatusCode, headers: &HeaderMap, now: SystemTime) -> Announcement {
         let limited = status == StatusCode::TOO_MANY_REQUESTS;
-        let retry_after = if limited || status == StatusCode::SERVICE_UNAVAILABLE {
+        let unavailable = status == StatusCode::SERVICE_UNAVAILABLE;
+        let retry_after = if limited || unavailable {
             single(headers, &RETRY_AFTER).and_then(|v| retry_after(v, now))
         } else {
             None
         };
+        let (quota, burst) = match policy(headers) {
+            Some((quota, burst)) => (Some(quota), burst),
+            None => (legacy_quota(headers), None),
+        };
         Announcement {
-            quota: policy(headers).or_else(|| legacy_quota(headers)),
+            quota,
+            burst,
             remaining: ratelimit(headers).or_else(|| legacy_remaining(headers, now)),
             retry_after,
             too_many_requests: limited,
+            unavailable,
         }
     }
 
@@ -264,19 +280,31 @@ fn fold_list<T>(
 }
 
 /// `RateLimit-Policy`: the quota with the slowest rate (a quota with a
-/// window before one without). An item is ignored unless it is an item
-/// with an integer `q` >= 1, a `w`, if given, that is an integer in
-/// 1..=366 days, and a unit (`qu`), if given, of `requests`.
-fn policy(headers: &HeaderMap) -> Option<Quota> {
-    fold_list(headers, &names::POLICY, |best, m| {
-        let Some(quota) = policy_item(m) else {
-            return best;
-        };
-        Some(match best {
-            Some(b) if !slower(&quota, &b) => b,
-            _ => quota,
-        })
-    })
+/// window before one without), and the smallest `q` of the items with a
+/// window. An item is ignored unless it is an item with an integer
+/// `q` >= 1, a `w`, if given, that is an integer in 1..=366 days, and a
+/// unit (`qu`), if given, of `requests`.
+fn policy(headers: &HeaderMap) -> Option<(Quota, Option<u64>)> {
+    fold_list(
+        headers,
+        &names::POLICY,
+        |best: Option<(Quota, Option<u64>)>, m| {
+            let Some(quota) = policy_item(m) else {
+                return best;
+            };
+            let burst = quota.window.map(|_| quota.limit);
+            Some(match best {
+                Some((b, least)) => {
+                    let least = match (least, burst) {
+                        (Some(l), Some(q)) => Some(l.min(q)),
+                        (l, q) => l.or(q),
+                    };
+                    (if slower(&quota, &b) { quota } else { b }, least)
+                }
+                None => (quota, burst),
+            })
+        },
+    )
 }
 
 fn policy_item(m: &Member<'_>) -> Option<Quota> {

@@ -59,25 +59,42 @@ fn draft_single_policy_and_its_counter() {
 
 #[test]
 fn the_slowest_of_several_policies_binds() {
-    for (lines, want) in [
-        // 50 per minute (0.83/s) is faster than 1000 per hour (0.28/s).
+    // (lines, the binding quota, the smallest windowed q: the burst)
+    for (lines, want, burst) in [
+        // 50 per minute (0.83/s) is faster than 1000 per hour (0.28/s),
+        // but lets only 50 through at once.
         (
             &[r#""permin";q=50;w=60, "perhr";q=1000;w=3600"#][..],
             quota(1000, 3600),
+            Some(50),
         ),
         (
             &[r#""perhr";q=1000;w=3600, "permin";q=5;w=60"#],
             quota(5, 60),
+            Some(5),
         ),
         // Across lines of one field, too.
-        (&[r#""a";q=10;w=1"#, r#""b";q=2;w=1"#], quota(2, 1)),
+        (&[r#""a";q=10;w=1"#, r#""b";q=2;w=1"#], quota(2, 1), Some(2)),
+        // A windowless item is no burst; nor is a lone one.
+        (&[r#""a";q=3, "b";q=20;w=1"#], quota(20, 1), Some(20)),
+        (
+            &[r#""a";q=3"#],
+            Some(Quota {
+                limit: 3,
+                window: None,
+            }),
+            None,
+        ),
     ] {
         let fields: Vec<(&str, &[u8])> = lines
             .iter()
             .map(|l| ("ratelimit-policy", l.as_bytes()))
             .collect();
-        assert_eq!(said(200, &fields).quota, want, "{lines:?}");
+        let a = said(200, &fields);
+        assert_eq!((a.quota, a.burst), (want, burst), "{lines:?}");
     }
+    // The legacy limit has no window: no burst.
+    assert_eq!(said(200, &[("x-ratelimit-limit", b"7")]).burst, None);
 }
 
 #[test]
@@ -206,10 +223,16 @@ fn retry_after_in_seconds_on_429_and_503_only() {
         let a = said(status, &[("retry-after", b"120")]);
         assert_eq!(a.retry_after, Some(secs(120)), "{status}");
         assert_eq!(a.pause(), Some(secs(120)));
+        // Each refusal says which it was.
+        assert_eq!(
+            (a.too_many_requests, a.unavailable),
+            (status == 429, status == 503)
+        );
     }
     for status in [200, 301, 500] {
         let a = said(status, &[("retry-after", b"120")]);
         assert_eq!((a.retry_after, a.pause()), (None, None), "{status}");
+        assert!(!a.too_many_requests && !a.unavailable, "{status}");
     }
     assert_eq!(
         said(429, &[("retry-after", b"  7 ")]).retry_after,

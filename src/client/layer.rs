@@ -3,6 +3,7 @@
 //! in `service.rs`.
 
 use super::partition::{PartitionView, Partitions, PartitionsError};
+use super::refusals::{RefusalCounters, Refusals};
 use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::error::ConfigError;
@@ -49,7 +50,7 @@ pub(crate) struct Shared<K, C: Clock> {
     pub(crate) wait: Wait,
     pub(crate) retries: u32,
     pub(crate) waits: AtomicU64,
-    pub(crate) too_many_requests: AtomicU64,
+    pub(crate) refusals: RefusalCounters,
     pub(crate) retried: AtomicU64,
 }
 
@@ -64,11 +65,13 @@ pub(crate) fn count(counter: &AtomicU64) {
 /// each request waits (up to a timeout) until its partition is not paused
 /// and its local pace admits it; every response teaches the partition what
 /// the upstream announced ([`Announcement::read`](super::Announcement::read)):
-/// a 429 or `r=0` pauses it, an announced quota slows its pace (never
-/// speeds it up; no response makes it wait longer than
-/// [`MAX_PAUSE`](super::MAX_PAUSE)). Retries of idempotent requests after a
-/// 429 or a 503 are opt-in ([`PacingBuilder::retries`]) and back off. Needs a tokio runtime (the wait
-/// sleeps on tokio's timer). Clones share one state.
+/// a 429 or `r=0` pauses it, an announced quota paces it with the
+/// upstream's burst (never faster than the user's pace; no response makes
+/// it wait longer than [`MAX_PAUSE`](super::MAX_PAUSE)), and what is left
+/// (`r`) lowers its pace to match. Retries of idempotent requests after a
+/// 429 or a 503 are opt-in ([`PacingBuilder::retries`]) and back off;
+/// every 429 and 503 is counted ([`refusals`](Self::refusals)). Needs a
+/// tokio runtime (the wait sleeps on tokio's timer). Clones share one state.
 ///
 /// ```
 /// use ratewall::client::PacingLayer;
@@ -85,7 +88,7 @@ pub(crate) fn count(counter: &AtomicU64) {
 /// for (authority, view) in pacing.views() {
 ///     println!("{authority}: {view}");
 /// }
-/// assert_eq!(pacing.too_many_requests(), 0);
+/// assert_eq!(pacing.refusals().total(), 0);
 /// # Ok::<(), ratewall::client::PacingConfigError>(())
 /// ```
 pub struct PacingLayer<K = String, C: Clock = DefaultClock> {
@@ -167,15 +170,17 @@ impl<K, C: Clock> PacingLayer<K, C> {
         self.shared.waits.load(Ordering::Relaxed)
     }
 
-    /// How many 429 responses came back (retried ones included).
+    /// How many refusals came back, by status (429s and 503s, retried
+    /// ones included), over every partition.
     ///
     /// ```
     /// # let layer = ratewall::client::PacingLayer::builder().build().unwrap();
-    /// assert_eq!(layer.too_many_requests(), 0);
+    /// let refused = layer.refusals();
+    /// assert_eq!((refused.too_many_requests, refused.unavailable), (0, 0));
+    /// println!("{refused}"); // 0 refused (429: 0, 503: 0)
     /// ```
-    pub fn too_many_requests(&self) -> u64 {
-        // Relaxed: a counter, read for display.
-        self.shared.too_many_requests.load(Ordering::Relaxed)
+    pub fn refusals(&self) -> Refusals {
+        self.shared.refusals.load()
     }
 
     /// How many retries the layer made.
@@ -367,7 +372,7 @@ impl<K, C> PacingBuilder<K, C> {
                 wait: self.wait,
                 retries: self.retries,
                 waits: AtomicU64::new(0),
-                too_many_requests: AtomicU64::new(0),
+                refusals: RefusalCounters::default(),
                 retried: AtomicU64::new(0),
             }),
         })

@@ -12,9 +12,10 @@
 //!   interval of an announced pace, are clamped to [`MAX_PAUSE`].
 //! - [`Partitions`] keeps, per upstream partition, the announced quota,
 //!   what is left, and how long the partition is paused, in a bounded
-//!   table (least recently used evicted), with counters of waits and 429s
-//!   and a printable [`PartitionView`]. An announcement only ever slows
-//!   the pace the user set ([`Partitions::pace`]).
+//!   table (least recently used evicted), with counters of waits,
+//!   [`Refusals`] by status (429 and 503) and retries, and a printable
+//!   [`PartitionView`]. An announcement only ever slows the pace the user
+//!   set ([`Partitions::pace`]); its quota paces with the upstream's burst.
 //! - [`PacingLayer`] waits each request's turn per partition (not paused,
 //!   and one unit of the partition's pace free, through
 //!   [`Wait::until`](crate::wait::Wait::until)), learns from every
@@ -31,8 +32,9 @@
 //! | `sf.rs` | the RFC 9651 structured-field subset (a List of Items with Parameters), bounded and allocation-free |
 //! | `announce.rs` | [`Announcement`], [`Quota`], [`Remaining`], the clamps |
 //! | `partition.rs` | [`Partitions`], [`PartitionView`], [`PartitionsError`] |
+//! | `refusals.rs` | [`Refusals`]: the 429s and 503s acted on, by status |
 //! | `backoff.rs` | the wait before a retry: exponential, capped, jittered |
-//! | `pacer.rs` | one partition's local pace: a token bucket at the pace in force |
+//! | `pacer.rs` | one partition's local pace: a token bucket at the pace in force, lowered to what the upstream says is left |
 //! | `layer.rs` | [`PacingLayer`], [`PacingBuilder`], [`PacingConfigError`], [`PacingError`] |
 //! | `service.rs` | [`PacingService`]: one request's loop (wait, send, learn, retry) |
 //!
@@ -55,6 +57,7 @@ mod backoff;
 mod layer;
 mod pacer;
 mod partition;
+mod refusals;
 mod service;
 mod sf;
 
@@ -65,4 +68,5 @@ pub use layer::{
     DEFAULT_TIMEOUT, MAX_RETRIES,
 };
 pub use partition::{PartitionView, Partitions, PartitionsError, MAX_PARTITIONS};
+pub use refusals::Refusals;
 pub use service::PacingService;

@@ -1,13 +1,26 @@
 //! One partition's local pace: a token bucket at the pace in force
 //! ([`Partitions::pace`](super::Partitions::pace): the user's rate,
-//! tightened by what the upstream announced), rebuilt in place when that
-//! pace changes.
+//! tightened by what the upstream announced, with the announced burst),
+//! rebuilt in place when that pace changes, and lowered to what the
+//! upstream says is left.
 //!
 //! The bucket is made on first use (a partition that was only learned
 //! about costs no bucket) and lives as long as its partition: evicting the
 //! partition from the bounded table forgets its pace too. A change of pace
 //! rescales the bucket's usage ([`set_quota`](crate::Limiter::set_quota)), so a tighter
 //! announcement does not hand out a fresh burst.
+//!
+//! # Kept in step with the upstream
+//!
+//! A response that says `r` requests are left lowers the bucket to at most
+//! `r - 1 - in_flight` whole units ([`Pacer::lower_to`]): the requests
+//! still in flight may not be counted in `r` yet, and the one unit of
+//! margin covers the fraction of a unit the bucket may hold beyond its
+//! whole units, so the bucket never holds more than the upstream does
+//! (both refill at the announced rate from then on). Raising is never
+//! done: a larger `r` is not believed. Before the bucket exists (no pace
+//! known yet), the latest such cap is kept with the time it was learned,
+//! and applied when the bucket is made, plus what the pace refilled since.
 
 use crate::clock::Clock;
 use crate::decision::Decision;
@@ -23,22 +36,50 @@ struct Bucket<C: Clock> {
     limiter: TokenBucket<C>,
 }
 
+impl<C: Clock> Bucket<C> {
+    /// Takes whole units until at most `units` are left (nothing if fewer).
+    fn lower_to(&self, units: u64) {
+        let peek = self.limiter.peek();
+        // Allowed: `remaining` counts the units left after this one.
+        let held = if peek.is_allowed() {
+            peek.remaining().saturating_add(1)
+        } else {
+            0
+        };
+        if held > units {
+            // At most what the bucket holds: always admitted, never an error.
+            let _ = self.limiter.check_n(held - units);
+        }
+    }
+}
+
+/// The bucket, and the cap to apply when it is made.
+struct State<C: Clock> {
+    bucket: Option<Bucket<C>>,
+    /// The units the upstream last said were left before the bucket
+    /// existed, and when (ns on the clock): applied when it is made.
+    cap: Option<(u64, u64)>,
+}
+
 /// One partition's local pace (see the module docs).
 pub(crate) struct Pacer<C: Clock> {
-    bucket: Mutex<Option<Bucket<C>>>,
+    state: Mutex<State<C>>,
 }
 
 impl<C: Clock> Default for Pacer<C> {
     fn default() -> Self {
         Pacer {
-            bucket: Mutex::new(None),
+            state: Mutex::new(State {
+                bucket: None,
+                cap: None,
+            }),
         }
     }
 }
 
 impl<C: Clock> fmt::Debug for Pacer<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let pace = lock(&self.bucket).as_ref().map(|b| b.pace);
+        let pace = lock(&self.state).bucket.as_ref().map(|b| b.pace);
         f.debug_struct("Pacer").field("pace", &pace).finish()
     }
 }
@@ -49,6 +90,26 @@ pub(crate) fn come_back_in(wait: Duration) -> Decision {
     Decision::deny(1, 0, ns, ns)
 }
 
+/// Whole units `pace` refills from `at` to `now` (ns; none if the clock
+/// stepped back), rounded down.
+fn refilled(pace: Rate, at: u64, now: u64) -> u64 {
+    let elapsed = u128::from(now.saturating_sub(at)) * u128::from(pace.count().max(1));
+    let period = pace.period().as_nanos().max(1);
+    u64::try_from(elapsed / period).unwrap_or(u64::MAX)
+}
+
+impl<C: Clock> Pacer<C> {
+    /// Lowers the bucket to at most `units` whole units at `now` (see the
+    /// module docs); before the bucket exists, keeps the cap for it.
+    pub(crate) fn lower_to(&self, units: u64, now: u64) {
+        let mut state = lock(&self.state);
+        match state.bucket.as_ref() {
+            Some(b) => b.lower_to(units),
+            None => state.cap = Some((units, now)),
+        }
+    }
+}
+
 impl<C: Clock + Clone> Pacer<C> {
     /// Takes one request at `pace` (`None`: no pace known, every request
     /// passes). A pace the bucket cannot be built for (an announced window
@@ -57,8 +118,9 @@ impl<C: Clock + Clone> Pacer<C> {
         let Some(pace) = pace else {
             return Decision::allow(1, 1, 0);
         };
-        let mut slot = lock(&self.bucket);
-        match slot.as_mut() {
+        let mut state = lock(&self.state);
+        let cap = state.cap;
+        match state.bucket.as_mut() {
             Some(b) if b.pace == pace => {}
             Some(b) => {
                 if b.limiter.set_quota(pace).is_ok() {
@@ -67,11 +129,16 @@ impl<C: Clock + Clone> Pacer<C> {
             }
             None => {
                 if let Ok(limiter) = TokenBucket::with_clock(pace, clock.clone()) {
-                    *slot = Some(Bucket { pace, limiter });
+                    let bucket = Bucket { pace, limiter };
+                    if let Some((units, at)) = cap {
+                        bucket.lower_to(units.saturating_add(refilled(pace, at, clock.now())));
+                    }
+                    state.bucket = Some(bucket);
+                    state.cap = None;
                 }
             }
         }
-        match slot.as_ref() {
+        match state.bucket.as_ref() {
             Some(b) => b.limiter.check(),
             None => Decision::allow(1, 1, 0),
         }
@@ -113,6 +180,7 @@ mod tests {
                 too_many_requests: true,
                 ..Announcement::default()
             },
+            0,
         );
         for _ in 0..3 {
             let d = admit(&p, &clock, user);
@@ -136,7 +204,7 @@ mod tests {
                 .count(),
             10
         );
-        p.learn(clock.now(), &quota(10, 1000));
+        p.learn(clock.now(), &quota(10, 1000), 0);
         let d = admit(&p, &clock, user);
         assert!(!d.is_allowed());
         assert!(d.retry_after() > Duration::ZERO && d.retry_after() <= Duration::from_millis(100));
@@ -144,7 +212,7 @@ mod tests {
         assert!(admit(&p, &clock, user).is_allowed());
         assert!(!admit(&p, &clock, user).is_allowed());
         // A looser announcement never raises the user's pace.
-        p.learn(clock.now(), &quota(1000, 1000));
+        p.learn(clock.now(), &quota(1000, 1000), 0);
         clock.advance(Duration::from_secs(1));
         assert_eq!(
             (0..20)
@@ -154,18 +222,96 @@ mod tests {
         );
     }
 
+    fn left(limit: u64, window_ms: u64, available: u64) -> Announcement {
+        Announcement {
+            remaining: Some(super::super::announce::Remaining {
+                available,
+                within: None,
+            }),
+            ..quota(limit, window_ms)
+        }
+    }
+
+    fn burst(p: &Partition<ManualClock>, clock: &ManualClock, user: Option<Rate>) -> usize {
+        (0..1000)
+            .take_while(|_| admit(p, clock, user).is_allowed())
+            .count()
+    }
+
+    #[test]
+    fn an_announced_quota_paces_with_its_burst_then_its_rate() {
+        // `q=100;w=2`: the upstream's bucket, 100 at once, then 50/s; the
+        // pace used to be burst 1 (one every 20 ms from the start).
+        let clock = ManualClock::new();
+        let p = Partition::default();
+        p.learn(clock.now(), &quota(100, 2000), 0);
+        assert_eq!(burst(&p, &clock, None), 100);
+        clock.advance(Duration::from_millis(20));
+        assert_eq!(burst(&p, &clock, None), 1);
+        clock.advance(Duration::from_secs(2));
+        assert_eq!(burst(&p, &clock, None), 100, "full again after w");
+        // A user's burst below it is kept.
+        let p = Partition::default();
+        p.learn(clock.now(), &quota(100, 2000), 0);
+        let user = Some(Rate::per_second(50).burst(10));
+        assert_eq!(burst(&p, &clock, user), 10);
+    }
+
+    #[test]
+    fn what_is_left_lowers_the_pace_less_one_and_what_is_in_flight() {
+        let clock = ManualClock::new();
+        // Learned before the bucket exists: applied when it is made, with
+        // what the pace refilled since.
+        let p = Partition::default();
+        p.learn(clock.now(), &left(10, 1000, 9), 0);
+        assert_eq!(burst(&p, &clock, None), 8, "r=9, one unit of margin");
+        let later = Partition::default();
+        later.learn(clock.now(), &left(10, 1000, 3), 0);
+        clock.advance(Duration::from_millis(250));
+        assert_eq!(
+            burst(&later, &clock, None),
+            4,
+            "2, and 2 refilled in 250 ms"
+        );
+        // Learned after: the bucket is lowered in place, and never raised.
+        clock.advance(Duration::from_secs(1));
+        // One sent before the answered one (counted in its `r`), three after.
+        let older = p.send();
+        let answered = p.send();
+        let newer: Vec<_> = (0..3).map(|_| p.send()).collect();
+        assert_eq!(answered.newer(), 3);
+        p.learn(clock.now(), &left(10, 1000, 6), answered.newer());
+        assert_eq!(burst(&p, &clock, None), 2, "6 - 1 - 3 sent after it");
+        drop((older, answered, newer));
+        p.learn(clock.now(), &left(10, 1000, 10), 0);
+        assert_eq!(burst(&p, &clock, None), 0, "a larger r raises nothing");
+        clock.advance(Duration::from_secs(1));
+        assert_eq!(burst(&p, &clock, None), 10, "refilled at the pace");
+        // One left: the margin takes it; nothing admitted until the
+        // bucket refills (r=0 would pause the partition instead).
+        clock.advance(Duration::from_secs(1));
+        p.learn(clock.now(), &left(10, 1000, 1), 0);
+        assert_eq!(burst(&p, &clock, None), 0);
+        clock.advance(Duration::from_millis(100));
+        assert_eq!(burst(&p, &clock, None), 1);
+    }
+
     proptest! {
-        /// Against the reference: at most `q` admissions in any window of
-        /// length `w`, whatever the user's (faster) pace and the tries' timing.
+        /// Against the reference: the admissions conform to the upstream's
+        /// own bucket, `q` at once and one more per `ceil(w/q)` (at most
+        /// `q + d / ceil(w/q)` in any span `d`), whatever the user's (faster)
+        /// pace and the tries' timing; and right after a response saying
+        /// `r` are left, at most `r - 1` pass at once.
         #[test]
-        fn an_announced_quota_bounds_every_window(
+        fn an_announced_quota_bounds_every_span(
             q in 1u64..20,
             w_ms in 100u64..2000,
+            r in 0u64..20,
             steps in proptest::collection::vec((0u64..40, 1usize..4), 1..300),
         ) {
             let clock = ManualClock::new();
             let p = Partition::default();
-            p.learn(clock.now(), &quota(q, w_ms));
+            p.learn(clock.now(), &quota(q, w_ms), 0);
             let user = Some(Rate::per_second(1000).burst(50));
             let mut admitted = Vec::new();
             for (advance_ms, tries) in steps {
@@ -176,11 +322,17 @@ mod tests {
                     }
                 }
             }
-            let w = w_ms * 1_000_000;
+            let interval = (w_ms * 1_000_000).div_ceil(q);
             for (i, &t) in admitted.iter().enumerate() {
-                let within = admitted[i..].iter().take_while(|&&u| u < t + w).count();
-                prop_assert!(within as u64 <= q, "{within} admitted in {w_ms} ms from {t}");
+                for (n, &u) in (1u64..).zip(&admitted[i..]) {
+                    let most = q + (u - t) / interval;
+                    prop_assert!(n <= most, "{n} admitted in {} ns from {t}", u - t);
+                }
             }
+            clock.advance(Duration::from_millis(w_ms));
+            p.learn(clock.now(), &left(q, w_ms, r), 0);
+            let at_once = burst(&p, &clock, user) as u64;
+            prop_assert!(at_once <= r.saturating_sub(1).min(q), "{at_once} after r={r}");
         }
     }
 }

@@ -9,7 +9,11 @@
 //!   before the 429) does not end an earlier one early.
 //! - The latest announced quota is kept (an upstream may change it), but
 //!   [`Partitions::pace`] only ever slows a pace the user set: it is the
-//!   slower of the two.
+//!   slower of the two, with the smaller burst.
+//! - What is left (`r`) lowers the partition's local pace to at most
+//!   `r - 1 - newer` units, `newer` being the requests a pacing layer sent
+//!   after the one answered and has no response for yet (`pacer.rs`); it
+//!   never raises it.
 //! - Memory is bounded: at most `capacity` partitions. A new partition in
 //!   a full table evicts the **least recently used** one (used: any call
 //!   but the read-only views), found by a scan of the table. Eviction
@@ -29,12 +33,13 @@
 
 use super::announce::{Announcement, Quota, Remaining, MAX_PAUSE};
 use super::pacer::{come_back_in, Pacer};
+use super::refusals::{RefusalCounters, Refusals};
 use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::limiter::DefaultClock;
 use crate::quota::Rate;
 use crate::sync::{lock, AtomicU64, Mutex, Ordering};
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::hash::Hash;
 use std::sync::Arc;
@@ -83,6 +88,8 @@ impl std::error::Error for PartitionsError {}
 #[derive(Clone, Copy, Debug, Default)]
 struct Learned {
     quota: Option<Quota>,
+    /// The smallest windowed `q` announced with `quota`.
+    burst: Option<u64>,
     /// Requests left, and until when (ns on the table's clock).
     remaining: Option<(u64, Option<u64>)>,
 }
@@ -93,7 +100,10 @@ pub(crate) struct Partition<C: Clock> {
     /// When the pause ends, in ns on the table's clock (0: never paused).
     paused_until: AtomicU64,
     waits: AtomicU64,
-    too_many_requests: AtomicU64,
+    refusals: RefusalCounters,
+    retries: AtomicU64,
+    /// Requests a pacing layer sent and has no response for yet.
+    in_flight: Mutex<Flights>,
     learned: Mutex<Learned>,
     pacer: Pacer<C>,
 }
@@ -103,7 +113,9 @@ impl<C: Clock> Default for Partition<C> {
         Partition {
             paused_until: AtomicU64::new(0),
             waits: AtomicU64::new(0),
-            too_many_requests: AtomicU64::new(0),
+            refusals: RefusalCounters::default(),
+            retries: AtomicU64::new(0),
+            in_flight: Mutex::new(Flights::default()),
             learned: Mutex::new(Learned::default()),
             pacer: Pacer::default(),
         }
@@ -111,12 +123,11 @@ impl<C: Clock> Default for Partition<C> {
 }
 
 impl<C: Clock> Partition<C> {
-    /// Applies one response's announcement, read at `now`.
-    pub(crate) fn learn(&self, now: u64, said: &Announcement) {
-        if said.too_many_requests {
-            // Relaxed: a counter; it publishes no other memory.
-            self.too_many_requests.fetch_add(1, Ordering::Relaxed);
-        }
+    /// Applies one response's announcement, read at `now`; `newer` is how
+    /// many requests were sent after the one answered and are still in
+    /// flight (the upstream's `r` may not count them yet).
+    pub(crate) fn learn(&self, now: u64, said: &Announcement, newer: u64) {
+        self.refusals.record(said);
         if let Some(pause) = said.pause() {
             let end = now.saturating_add(nanos(pause));
             // Relaxed: the pause end publishes no other memory, and
@@ -130,11 +141,35 @@ impl<C: Clock> Partition<C> {
         let mut learned = lock(&self.learned);
         if let Some(q) = said.quota {
             learned.quota = Some(q);
+            learned.burst = said.burst;
         }
         if let Some(r) = said.remaining {
             let until = r.within.map(|w| now.saturating_add(nanos(w)));
             learned.remaining = Some((r.available, until));
+            drop(learned);
+            // One unit of margin: the bucket may hold a fraction of a unit
+            // beyond its whole ones (see `pacer.rs`).
+            let units = r.available.saturating_sub(1).saturating_sub(newer);
+            self.pacer.lower_to(units, now);
         }
+    }
+
+    /// Marks one request sent by a pacing layer until the guard drops
+    /// (its response read, or the call failed or was dropped).
+    pub(crate) fn send(&self) -> InFlight<'_, C> {
+        let mut flights = lock(&self.in_flight);
+        let ticket = flights.next;
+        flights.next += 1;
+        flights.open.insert(ticket);
+        InFlight {
+            partition: self,
+            ticket,
+        }
+    }
+
+    pub(crate) fn record_retry(&self) {
+        // Relaxed: a counter; it publishes no other memory.
+        self.retries.fetch_add(1, Ordering::Relaxed);
     }
 
     /// How much longer the partition is paused at `now`, at most
@@ -153,8 +188,8 @@ impl<C: Clock> Partition<C> {
 
     /// The pace to keep: the slower of the user's and the announced quota's.
     pub(crate) fn pace(&self, user: Option<Rate>) -> Option<Rate> {
-        let quota = lock(&self.learned).quota;
-        slower_pace(user, quota)
+        let learned = *lock(&self.learned);
+        slower_pace(user, learned.quota, learned.burst)
     }
 
     /// Tries to admit one request at `now`: denied (nothing taken, come
@@ -186,7 +221,8 @@ impl<C: Clock> Partition<C> {
             paused_for: self.paused_for(now),
             // Relaxed: counters, read for display.
             waits: self.waits.load(Ordering::Relaxed),
-            too_many_requests: self.too_many_requests.load(Ordering::Relaxed),
+            refusals: self.refusals.load(),
+            retries: self.retries.load(Ordering::Relaxed),
         }
     }
 }
@@ -196,30 +232,70 @@ fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// The announced quota as a pace: one request every `ceil(w / q)`, burst
-/// 1, so at most `q` in any window of length `w` whatever the upstream's
-/// algorithm (rounding up only slows it), and at most one every
-/// [`MAX_PAUSE`]: no single response makes the client wait longer than
-/// that (`q=1;w=31622400` paces one a day, not one a year). `None`
-/// without a window.
-fn announced_pace(quota: Quota) -> Option<Rate> {
-    let window = u128::from(nanos(quota.window?));
-    let interval = window.div_ceil(u128::from(quota.limit.max(1))).max(1);
-    let interval = u64::try_from(interval).unwrap_or(u64::MAX);
-    Some(Rate::every(Duration::from_nanos(interval).min(MAX_PAUSE)))
+/// The requests a pacing layer sent to a partition and has no response
+/// for: one ticket each, in the order sent (at most as many as the calls
+/// in progress).
+#[derive(Debug, Default)]
+struct Flights {
+    next: u64,
+    open: BTreeSet<u64>,
 }
 
-/// The slower of the user's pace and the announced quota's: an
-/// announcement sets a pace where the user set none, and tightens one,
-/// but never raises it.
-fn slower_pace(user: Option<Rate>, quota: Option<Quota>) -> Option<Rate> {
-    let announced = quota.and_then(announced_pace);
+/// One request sent and not answered yet (see [`Partition::send`]).
+pub(crate) struct InFlight<'p, C: Clock> {
+    partition: &'p Partition<C>,
+    ticket: u64,
+}
+
+impl<C: Clock> InFlight<'_, C> {
+    /// How many requests sent after this one are still in flight.
+    pub(crate) fn newer(&self) -> u64 {
+        let flights = lock(&self.partition.in_flight);
+        let newer = flights.open.range(self.ticket + 1..).count();
+        u64::try_from(newer).unwrap_or(u64::MAX)
+    }
+}
+
+impl<C: Clock> Drop for InFlight<'_, C> {
+    fn drop(&mut self) {
+        lock(&self.partition.in_flight).open.remove(&self.ticket);
+    }
+}
+
+/// The announced quota as a pace: `q` per `w` as one request every
+/// `ceil(w / q)` (rounding up only slows it), at most one every
+/// [`MAX_PAUSE`] (no single response makes the client wait longer than
+/// that: `q=1;w=31622400` paces one a day, not one a year), with a burst
+/// of `q`, or of `burst` (the smallest windowed `q` announced) if lower:
+/// the upstream's own bucket, so a paced client spends what the upstream
+/// admits at once, then keeps its refill rate. `None` without a window.
+fn announced_pace(quota: Quota, burst: Option<u64>) -> Option<Rate> {
+    let window = u128::from(nanos(quota.window?));
+    let limit = quota.limit.max(1);
+    let interval = window.div_ceil(u128::from(limit)).max(1);
+    let interval = u64::try_from(interval).unwrap_or(u64::MAX);
+    let burst = burst.map_or(limit, |b| b.clamp(1, limit));
+    Some(Rate::every(Duration::from_nanos(interval).min(MAX_PAUSE)).burst(burst))
+}
+
+/// The slower of the user's pace and the announced quota's, with the
+/// smaller of their bursts: an announcement sets a pace where the user
+/// set none, and tightens one, but never raises it.
+fn slower_pace(user: Option<Rate>, quota: Option<Quota>, burst: Option<u64>) -> Option<Rate> {
+    let announced = quota.and_then(|q| announced_pace(q, burst));
     match (user, announced) {
         (Some(u), Some(a)) => {
             // a is slower iff a.period / a.count > u.period / u.count
             // (a.count is 1); periods below 2^64 ns and counts below 2^64: no overflow.
             let slower = a.period().as_nanos() * u128::from(u.count()) > u.period().as_nanos();
-            Some(if slower { a } else { u })
+            let burst = a.burst_size().min(u.burst_size());
+            let pace = if slower { a } else { u };
+            // Only a smaller burst is written: a pace keeps its own form.
+            Some(if pace.burst_size() > burst {
+                pace.burst(burst)
+            } else {
+                pace
+            })
         }
         (u, a) => u.or(a),
     }
@@ -253,8 +329,10 @@ pub struct PartitionView {
     pub paused_for: Option<Duration>,
     /// How many times a request waited for this partition.
     pub waits: u64,
-    /// How many 429 responses came back.
-    pub too_many_requests: u64,
+    /// How many refusals (429s and 503s) came back, by status.
+    pub refusals: Refusals,
+    /// How many of this partition's requests a pacing layer sent again.
+    pub retries: u64,
 }
 
 impl fmt::Display for PartitionView {
@@ -278,7 +356,11 @@ impl fmt::Display for PartitionView {
         if let Some(p) = self.paused_for {
             write!(f, ", paused {:?}", to_ms(p))?;
         }
-        write!(f, ", {} waits, {} 429s", self.waits, self.too_many_requests)
+        write!(
+            f,
+            ", {} waits, {}, {} retries",
+            self.waits, self.refusals, self.retries
+        )
     }
 }
 
@@ -324,11 +406,12 @@ struct Table<K, C: Clock> {
 /// clock.advance(Duration::from_secs(2));
 /// assert_eq!(partitions.paused_for(&"api.example.com"), None);
 ///
-/// // An announced quota slows the user's pace, never speeds it up.
+/// // An announced quota slows the user's pace, never speeds it up, and
+/// // keeps the upstream's burst: 5 at once, then one every 200 ms.
 /// headers.insert("ratelimit-policy", HeaderValue::from_static(r#""d";q=5;w=1"#));
 /// partitions.learn(&"api.example.com", &Announcement::read(StatusCode::OK, &headers));
 /// let pace = partitions.pace(&"api.example.com", Some(Rate::per_second(100))).unwrap();
-/// assert_eq!(pace, Rate::every(Duration::from_millis(200)));
+/// assert_eq!(pace, Rate::every(Duration::from_millis(200)).burst(5));
 /// ```
 pub struct Partitions<K, C: Clock = DefaultClock> {
     table: Mutex<Table<K, C>>,
@@ -463,11 +546,11 @@ impl<K: Hash + Eq + Clone, C: Clock> Partitions<K, C> {
     /// let partitions = Partitions::new(8).unwrap();
     /// let said = Announcement::read(StatusCode::TOO_MANY_REQUESTS, &HeaderMap::new());
     /// partitions.learn(&"upstream", &said);
-    /// assert_eq!(partitions.view(&"upstream").unwrap().too_many_requests, 1);
+    /// assert_eq!(partitions.view(&"upstream").unwrap().refusals.too_many_requests, 1);
     /// ```
     pub fn learn(&self, key: &K, said: &Announcement) {
         let now = self.clock.now();
-        self.partition(key).learn(now, said);
+        self.partition(key).learn(now, said, 0);
     }
 
     /// How much longer partition `key` is paused (`None`: not paused).
@@ -483,8 +566,10 @@ impl<K: Hash + Eq + Clone, C: Clock> Partitions<K, C> {
 
     /// The pace to keep for partition `key`: the slower of `user` (the
     /// pace the user set, if any) and the announced quota (`q` per `w` as
-    /// one request every `w/q`, rounded up, burst 1, at most one every
-    /// [`MAX_PAUSE`]). `None` if neither is known.
+    /// one request every `w/q`, rounded up, at most one every
+    /// [`MAX_PAUSE`], burst `q`, or the smallest windowed `q` announced
+    /// with it if lower), with the smaller of the two bursts. `None` if
+    /// neither is known.
     ///
     /// ```
     /// use ratewall::client::Partitions;

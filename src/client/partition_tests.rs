@@ -47,7 +47,7 @@ fn a_429_pauses_until_the_upstream_says() {
     assert_eq!(t.paused_for(&"a"), Some(Duration::from_millis(500)));
     clock.advance(Duration::from_millis(500));
     assert_eq!(t.paused_for(&"a"), None);
-    assert_eq!(t.view(&"a").unwrap().too_many_requests, 1);
+    assert_eq!(t.view(&"a").unwrap().refusals.too_many_requests, 1);
 }
 
 #[test]
@@ -59,7 +59,7 @@ fn r_zero_pauses_for_t() {
     };
     t.learn(&"a", &said);
     assert_eq!(t.paused_for(&"a"), Some(secs(3)));
-    assert_eq!(t.view(&"a").unwrap().too_many_requests, 0);
+    assert_eq!(t.view(&"a").unwrap().refusals.too_many_requests, 0);
     clock.advance(secs(3));
     assert_eq!(t.paused_for(&"a"), None);
 }
@@ -93,61 +93,79 @@ fn the_latest_quota_is_kept_and_paces_only_slower() {
     let user = Rate::per_second(10);
     assert_eq!(t.pace(&"a", None), None);
     assert_eq!(t.pace(&"a", Some(user)), Some(user));
-    // 4 per second: slower than the user's 10: it sets the pace.
+    // 4 per second: slower than the user's 10: it sets the pace, with
+    // its burst of 4 (below the user's 10).
     t.learn(&"a", &announce(4, 1));
-    assert_eq!(
-        t.pace(&"a", Some(user)),
-        Some(Rate::every(Duration::from_millis(250)))
-    );
-    assert_eq!(
-        t.pace(&"a", None),
-        Some(Rate::every(Duration::from_millis(250)))
-    );
-    // The upstream raises its quota to 100/s: the user's 10/s stays.
+    let four = Rate::every(Duration::from_millis(250)).burst(4);
+    assert_eq!(t.pace(&"a", Some(user)), Some(four));
+    assert_eq!(t.pace(&"a", None), Some(four));
+    // The upstream raises its quota to 100/s: the user's 10/s stays, with
+    // its own burst of 10.
     t.learn(&"a", &announce(100, 1));
     assert_eq!(t.view(&"a").unwrap().quota.unwrap().limit, 100);
     assert_eq!(t.pace(&"a", Some(user)), Some(user));
-    // Without a user pace, the announced one.
+    // Without a user pace, the announced one, burst 100.
     assert_eq!(
         t.pace(&"a", None),
-        Some(Rate::every(Duration::from_millis(10)))
+        Some(Rate::every(Duration::from_millis(10)).burst(100))
+    );
+    // A user burst below the quota's is kept; a quota of 2 at once tightens it.
+    let strict = Rate::per_second(1).burst(1);
+    assert_eq!(t.pace(&"a", Some(strict)), Some(strict));
+    t.learn(&"a", &announce(2, 1));
+    assert_eq!(
+        t.pace(&"a", Some(Rate::per_second(1))),
+        Some(Rate::per_second(1))
+    );
+    assert_eq!(
+        t.pace(&"a", Some(Rate::per_second(1).burst(50))),
+        Some(Rate::per_second(1).burst(2))
     );
     // An announcement without quota keeps the last one.
     t.learn(&"a", &pause_of(0));
-    assert_eq!(t.view(&"a").unwrap().quota.unwrap().limit, 100);
+    assert_eq!(t.view(&"a").unwrap().quota.unwrap().limit, 2);
 }
 
 #[test]
 fn announced_paces_round_the_interval_up() {
     let pace = |limit, window| {
-        announced_pace(Quota {
+        let quota = Quota {
             limit,
             window: Some(secs(window)),
-        })
+        };
+        announced_pace(quota, None)
+    };
+    let every = |d: Duration, burst| Some(Rate::every(d).burst(burst));
+    assert_eq!(pace(3, 1), every(Duration::from_nanos(333_333_334), 3));
+    assert_eq!(pace(100, 60), every(Duration::from_millis(600), 100));
+    // Faster than one per ns: one per ns (a limiter accepts it).
+    let huge = 999_999_999_999_999;
+    assert_eq!(pace(huge, 1), every(Duration::from_nanos(1), huge));
+    // One per 366 days: one per day at most (MAX_PAUSE), no slower.
+    assert_eq!(pace(1, 366 * 86_400), every(MAX_PAUSE, 1));
+    assert_eq!(pace(2, 2 * 86_400 + 2), every(MAX_PAUSE, 2));
+    assert_eq!(pace(2, 2 * 86_400 - 2), every(secs(86_399), 2));
+    // Several policies: the smallest windowed `q` bounds the burst, never
+    // below 1 nor above the quota's own `q`.
+    let day = Quota {
+        limit: 1000,
+        window: Some(secs(86_400)),
     };
     assert_eq!(
-        pace(3, 1),
-        Some(Rate::every(Duration::from_nanos(333_333_334)))
+        announced_pace(day, Some(5)),
+        every(Duration::from_millis(86_400), 5)
     );
-    assert_eq!(pace(100, 60), Some(Rate::every(Duration::from_millis(600))));
-    // Faster than one per ns: one per ns (a limiter accepts it).
-    assert_eq!(
-        pace(999_999_999_999_999, 1),
-        Some(Rate::every(Duration::from_nanos(1)))
-    );
-    // One per 366 days: one per day at most (MAX_PAUSE), no slower.
-    assert_eq!(pace(1, 366 * 86_400), Some(Rate::every(MAX_PAUSE)));
-    assert_eq!(pace(2, 2 * 86_400 + 2), Some(Rate::every(MAX_PAUSE)));
-    assert_eq!(pace(2, 2 * 86_400 - 2), Some(Rate::every(secs(86_399))));
+    assert_eq!(announced_pace(day, Some(0)).unwrap().burst_size(), 1);
+    assert_eq!(announced_pace(day, Some(5000)).unwrap().burst_size(), 1000);
     // No window: no pace.
     let windowless = Quota {
         limit: 5,
         window: None,
     };
-    assert_eq!(announced_pace(windowless), None);
-    assert_eq!(slower_pace(None, Some(windowless)), None);
+    assert_eq!(announced_pace(windowless, None), None);
+    assert_eq!(slower_pace(None, Some(windowless), None), None);
     let user = Rate::per_minute(1);
-    assert_eq!(slower_pace(Some(user), Some(windowless)), Some(user));
+    assert_eq!(slower_pace(Some(user), Some(windowless), None), Some(user));
 }
 
 #[test]
@@ -218,18 +236,27 @@ fn the_view_prints_what_was_learned() {
         remaining: left(0, Some(secs(12))),
         retry_after: Some(secs(12)),
         too_many_requests: true,
+        ..Announcement::default()
     };
     t.learn(&"a", &said);
     t.record_wait(&"a");
+    // A 503 is a refusal too, counted apart.
+    let unavailable = Announcement {
+        unavailable: true,
+        ..Announcement::default()
+    };
+    t.learn(&"a", &unavailable);
+    t.learn(&"a", &unavailable);
+    t.partition(&"a").record_retry();
     let shown = t.view(&"a").unwrap().to_string();
     assert_eq!(
         shown,
-        "quota 100 per 60s, 0 left within 12s, paused 12s, 1 waits, 1 429s"
+        "quota 100 per 60s, 0 left within 12s, paused 12s, 1 waits, 3 refused (429: 1, 503: 2), 1 retries"
     );
     t.learn(&"b", &Announcement::default());
     assert_eq!(
         t.view(&"b").unwrap().to_string(),
-        "no quota announced, 0 waits, 0 429s"
+        "no quota announced, 0 waits, 0 refused (429: 0, 503: 0), 0 retries"
     );
     // Times print to the millisecond: 77.9 us into a 1 s pause reads
     // 1s, 0.6 ms in 999ms.
@@ -281,7 +308,7 @@ fn concurrent_learners_keep_the_latest_pause_end_and_every_count() {
         }
     });
     let view = t.view(&"a").unwrap();
-    assert_eq!((view.waits, view.too_many_requests), (400, 400));
+    assert_eq!((view.waits, view.refusals.too_many_requests), (400, 400));
     assert_eq!(view.paused_for, Some(secs(499)));
 }
 
@@ -305,17 +332,23 @@ proptest! {
     /// `q` per `w`, and is one of the two.
     #[test]
     fn the_pace_is_the_slower_one(user in any_rate(), quota in any_quota()) {
-        let pace = slower_pace(Some(user), Some(quota)).unwrap();
+        let pace = slower_pace(Some(user), Some(quota), None).unwrap();
         // rate = count / period; compare pace <= user as a cross product.
         let (pc, pp) = (u128::from(pace.count()), pace.period().as_nanos());
         let (uc, up) = (u128::from(user.count()), user.period().as_nanos());
         prop_assert!(pc * up <= uc * pp, "{pace:?} faster than the user's {user:?}");
         let w = quota.window.unwrap().as_nanos();
-        let announced = announced_pace(quota).unwrap();
-        prop_assert!(pace == user || pace == announced);
+        let announced = announced_pace(quota, None).unwrap();
+        // One of the two rates, with the smaller burst.
+        let burst = user.burst_size().min(quota.limit);
+        prop_assert_eq!(pace.burst_size(), burst);
+        let same_rate = |r: Rate| (r.count(), r.period());
+        let a_rate = same_rate(announced);
+        prop_assert!(same_rate(pace) == same_rate(user) || same_rate(pace) == a_rate);
+        prop_assert_eq!(announced.burst_size(), quota.limit);
         let ap = announced.period().as_nanos();
         prop_assert!(pc * ap <= pp, "{pace:?} faster than the announced {announced:?}");
-        if pace == announced {
+        if same_rate(pace) == a_rate && same_rate(user) != a_rate {
             // At most q per w (the interval times q covers w), unless that
             // would be slower than one per MAX_PAUSE: then one per MAX_PAUSE.
             let max = MAX_PAUSE.as_nanos();

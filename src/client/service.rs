@@ -9,7 +9,7 @@ use super::backoff::Backoff;
 use super::layer::{count, PacingError, PacingLayer, Shared};
 use super::partition::Partition;
 use crate::clock::Clock;
-use http::{Method, Request, Response, StatusCode};
+use http::{Method, Request, Response};
 use std::fmt;
 use std::future::Future;
 use std::hash::Hash;
@@ -168,19 +168,21 @@ where
     loop {
         let partition = shared.partitions.partition(&key);
         turn(&shared, &partition).await?;
+        let sent = partition.send();
         let response = inner.call(req).await.map_err(PacingError::Inner)?;
+        // What is left, as the response says it, may miss the requests
+        // sent after this one and not answered yet.
+        let newer = sent.newer();
+        drop(sent);
         let said = Announcement::read(response.status(), response.headers());
-        partition.learn(shared.partitions.clock().now(), &said);
-        if said.too_many_requests {
-            count(&shared.too_many_requests);
-        }
-        let status = response.status();
-        let refused =
-            status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE;
+        partition.learn(shared.partitions.clock().now(), &said, newer);
+        shared.refusals.record(&said);
+        let refused = said.too_many_requests || said.unavailable;
         match &replay {
             Some(replay) if refused && retried < shared.retries => {
                 retried += 1;
                 count(&shared.retried);
+                partition.record_retry();
                 // Back off before the retry's turn (which then waits out
                 // whatever pause is left): never again at once, however
                 // short the upstream's `Retry-After`.
@@ -233,6 +235,7 @@ where
 mod tests {
     use super::*;
     use crate::sync::{AtomicU64, Ordering as O};
+    use http::StatusCode;
     use tower::ServiceExt;
     use tower_layer::Layer;
 
@@ -274,6 +277,15 @@ mod tests {
         assert_eq!(res.status(), status);
         let made = calls.load(O::SeqCst) - 1;
         assert_eq!(layer.retries_made(), made);
+        // Every refusal counted by its status, retried or not.
+        let sent = made + 1;
+        let refused = layer.refusals();
+        let want = match status {
+            StatusCode::TOO_MANY_REQUESTS => (sent, 0),
+            StatusCode::SERVICE_UNAVAILABLE => (0, sent),
+            _ => (0, 0),
+        };
+        assert_eq!((refused.too_many_requests, refused.unavailable), want);
         // Each retry backed off at least its floor, at most twice it (and
         // tokio's millisecond tick).
         let retries = u32::try_from(made).unwrap();
