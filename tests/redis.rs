@@ -1282,6 +1282,15 @@ async fn an_acl_user_and_its_password_come_from_the_url() {
     let policy = Policy::token_bucket(Rate::per_hour(3));
     let b = build("limiter", "s3cret");
     assert!(!format!("{b:?}").contains("s3cret"), "{b:?}");
+    // Nor in its builder's, for a server or a Cluster's nodes.
+    let builder = RedisBackend::builder(format!("redis://limiter:s3cret@127.0.0.1:{port}"));
+    let nodes = RedisBackend::cluster_builder([format!("redis://u:s3cret@127.0.0.1:{port}")]);
+    for shown in [format!("{builder:?}"), format!("{nodes:?}")] {
+        assert!(
+            !shown.contains("s3cret") && shown.contains("127.0.0.1"),
+            "{shown}"
+        );
+    }
     let l = limiter(policy, &b, "acl", FailurePolicy::Closed);
     for i in 0..3 {
         let d = l.check_key(b"k").await.unwrap();

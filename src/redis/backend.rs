@@ -80,7 +80,7 @@ struct Inner {
 /// # Ok(()) }
 /// ```
 #[must_use = "a builder does nothing until `build`"]
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct RedisBackendBuilder {
     url: String,
     name: String,
@@ -97,6 +97,28 @@ pub struct RedisBackendBuilder {
     /// The sentinels, the master's name and its credentials.
     #[cfg(feature = "redis-sentinel")]
     sentinel: Option<super::sentinel::Target>,
+}
+
+impl fmt::Debug for RedisBackendBuilder {
+    /// Without credentials: a URL's password (and user) shows as `***`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisBackendBuilder")
+            .field("url", &redacted(&self.url))
+            .field(
+                "cluster",
+                &self
+                    .cluster
+                    .as_ref()
+                    .map(|nodes| nodes.iter().map(|n| redacted(n)).collect::<Vec<_>>()),
+            )
+            .field("name", &self.name)
+            .field("timeout", &self.timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("breaker", &(self.failures, self.cool_down))
+            .field("max_batch", &self.max_batch)
+            .field("in_flight", &self.in_flight)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The default largest number of calls sent as one script call.
