@@ -437,6 +437,80 @@ mod tests {
         assert!(one.to_string().contains("(1 check answered"), "{one}");
     }
 
+    /// A summary rechecks under the lock: none after a recovery, none
+    /// before it is due (another call said it), whatever the hint said.
+    #[test]
+    fn a_summary_says_nothing_after_a_recovery_or_before_it_is_due() {
+        let (mut w, seen) = watched();
+        w.summary_every = Duration::from_millis(20);
+        unavailable(&w, "refused");
+        w.answered();
+        std::thread::sleep(Duration::from_millis(30));
+        // Due, but recovered: a call that read the word before the
+        // recovery and reaches the lock after it.
+        w.summary("refused");
+        assert_eq!(seen.lock().unwrap().len(), 2, "{:?}", seen.lock().unwrap());
+        // Failing again, not yet due.
+        w.summary_every = Duration::from_secs(3600);
+        unavailable(&w, "refused");
+        w.summary("refused");
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), 3, "{seen:?}");
+        assert!(matches!(seen[2], StoreEvent::Failing { .. }));
+    }
+
+    /// To `tracing`: failing and still failing are warnings, a recovery is
+    /// information; `Debug` names the limiter and its state.
+    #[cfg(feature = "tracing")]
+    #[test]
+    fn events_go_to_tracing_at_their_levels() {
+        #[derive(Clone, Default)]
+        struct Lines(Arc<StdMutex<Vec<u8>>>);
+        impl std::io::Write for Lines {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let lines = Lines::default();
+        let writer = lines.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::INFO)
+            .finish();
+        let mut w = Watch::new("logged", FailurePolicy::Closed, None);
+        w.summary_every = Duration::ZERO;
+        tracing::subscriber::with_default(subscriber, || {
+            unavailable(&w, "refused");
+            unavailable(&w, "refused");
+            w.answered();
+        });
+        let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+        let levels: Vec<&str> = text
+            .lines()
+            .map(|l| {
+                if l.contains(" WARN ") {
+                    "warn"
+                } else if l.contains(" INFO ") {
+                    "info"
+                } else {
+                    "?"
+                }
+            })
+            .collect();
+        assert_eq!(levels, ["warn", "warn", "info"], "{text}");
+        assert!(text.contains("still unavailable"), "{text}");
+        let shown = format!("{w:?}");
+        assert!(
+            shown.contains("logged") && shown.contains("failing: false"),
+            "{shown}"
+        );
+    }
+
     fn watched() -> (Watch, Arc<StdMutex<Vec<StoreEvent>>>) {
         let seen = Arc::new(StdMutex::new(Vec::new()));
         let s = seen.clone();
