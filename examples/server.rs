@@ -94,7 +94,7 @@ pub fn redis_limits(url: &str) -> Result<RateLimitLayer, Box<dyn std::error::Err
         .client_ip(ClientIp::peer())
         .skip(|_, uri, _| uri.path() == "/health")
         .rule(Rule::redis(
-            Key::client_ip(),
+            Key::ip(),
             shared("ip", Policy::token_bucket(Rate::per_minute(60).burst(20)))?,
         ))
         .rule(Rule::redis(

@@ -167,7 +167,7 @@ async fn a_client_over_its_own_concurrency_limit_gets_429_and_others_pass() {
     let layer = RateLimitLayer::builder()
         .clock(clock.clone())
         .client_ip(ClientIp::behind_proxies(["127.0.0.1/32".parse().unwrap()]))
-        .rule(Rule::concurrent("per-ip", Key::client_ip(), 1))
+        .rule(Rule::concurrent("per-ip", Key::ip(), 1))
         .build()
         .unwrap();
     let gate = Arc::new(Semaphore::new(0));
@@ -576,7 +576,7 @@ fn settings_the_layer_cannot_honour_are_typed_errors() {
         }
     ));
     for bad in [
-        Rule::concurrent("c", Key::client_ip(), 4).adaptive(Adaptive::vegas(1, 9)),
+        Rule::concurrent("c", Key::ip(), 4).adaptive(Adaptive::vegas(1, 9)),
         Rule::concurrent("c", Key::header("x-user"), 4).reserve(Priority::Critical, 10),
         Rule::concurrent("c", Key::global(), 4).mode(ratewall::http::Mode::Shadow),
         Rule::concurrent("c", Key::global(), 4).count_failures_only(),
@@ -720,7 +720,7 @@ async fn concurrency_outcomes_are_metrics() {
     let layer = metrics::with_local_recorder(&recorder, || {
         RateLimitLayer::builder()
             .rule(Rule::concurrent("all", Key::global(), 1))
-            .rule(Rule::concurrent("per-ip", Key::client_ip(), 1).on_path_prefix("/ip"))
+            .rule(Rule::concurrent("per-ip", Key::ip(), 1).on_path_prefix("/ip"))
             .build()
             .unwrap()
     });

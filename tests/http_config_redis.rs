@@ -88,7 +88,7 @@ fn in_rust(server: &RedisServer) -> RateLimitLayer {
         .build()
         .unwrap();
     RateLimitLayer::builder()
-        .rule(Rule::redis(Key::client_ip(), ip))
+        .rule(Rule::redis(Key::ip(), ip))
         .rule(Rule::redis(Key::header("x-api-key"), key))
         .rule(
             Rule::per_ip("login", Policy::sliding_window_log(Window::per_hour(2)))
@@ -97,9 +97,7 @@ fn in_rust(server: &RedisServer) -> RateLimitLayer {
                 .count_failures_only()
                 .hide_headers(),
         )
-        .rule(
-            Rule::redis(Key::composite([Key::client_ip(), Key::route()]), trial).mode(Mode::Shadow),
-        )
+        .rule(Rule::redis(Key::composite([Key::ip(), Key::route()]), trial).mode(Mode::Shadow))
         .build()
         .unwrap()
 }

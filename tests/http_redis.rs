@@ -89,7 +89,7 @@ async fn a_redis_rule_answers_429_with_retry_after_ratelimit_fields_and_problem_
         FailurePolicy::Closed,
     );
     let layer = RateLimitLayer::builder()
-        .rule(Rule::redis(Key::client_ip(), ip))
+        .rule(Rule::redis(Key::ip(), ip))
         .build()
         .unwrap();
     let app = make_app(layer.clone());
@@ -191,7 +191,7 @@ async fn a_redis_rule_is_named_after_its_limiter() {
     // A limiter left with its default name is refused: the default names
     // only the algorithm, and would reach clients' headers.
     let err = RateLimitLayer::builder()
-        .rule(Rule::redis(Key::client_ip(), unnamed))
+        .rule(Rule::redis(Key::ip(), unnamed))
         .build()
         .unwrap_err();
     assert_eq!(
@@ -206,7 +206,7 @@ async fn a_redis_rule_is_named_after_its_limiter() {
     );
     let ip = limiter(&b, "ip", policy, FailurePolicy::Closed);
     let rules = [
-        Rule::redis(Key::client_ip(), ip),
+        Rule::redis(Key::ip(), ip),
         Rule::redis(Key::header("x-api-key"), named),
     ];
     assert_eq!([rules[0].name(), rules[1].name()], ["ip", "per-ip"]);
@@ -236,7 +236,7 @@ async fn a_redis_rule_is_named_after_its_limiter() {
     let hourly = Policy::fixed_window(Window::per_hour(9));
     let twin = limiter(&b, "per-ip", hourly, FailurePolicy::Closed);
     let seconds = [
-        Rule::redis(Key::client_ip(), twin),
+        Rule::redis(Key::ip(), twin),
         rules[1].clone().on_path_prefix("/login"),
     ];
     for second in seconds {
@@ -255,7 +255,7 @@ async fn a_redis_rule_is_named_after_its_limiter() {
     // A Redis name that is not a rule name: refused with the fix named.
     let digit = limiter(&b, "1st", policy, FailurePolicy::Closed);
     let err = RateLimitLayer::builder()
-        .rule(Rule::redis(Key::client_ip(), digit))
+        .rule(Rule::redis(Key::ip(), digit))
         .build()
         .unwrap_err();
     assert_eq!(err, HttpConfigError::InvalidRuleName { name: "1st".into() });
@@ -281,11 +281,7 @@ async fn a_denied_request_takes_nothing_redis_and_redis() {
         Policy::sliding_window_log(Window::per_minute(2)),
         FailurePolicy::Closed,
     );
-    denied_requests_take_nothing(
-        Rule::redis(Key::client_ip(), ip),
-        Rule::redis(Key::client_ip(), login),
-    )
-    .await;
+    denied_requests_take_nothing(Rule::redis(Key::ip(), ip), Rule::redis(Key::ip(), login)).await;
 }
 
 #[tokio::test]
@@ -299,7 +295,7 @@ async fn a_local_denial_gives_the_redis_units_back() {
         FailurePolicy::Closed,
     );
     denied_requests_take_nothing(
-        Rule::redis(Key::client_ip(), ip),
+        Rule::redis(Key::ip(), ip),
         Rule::per_ip("login", Policy::sliding_window_log(Window::per_minute(2))),
     )
     .await;
@@ -317,7 +313,7 @@ async fn a_redis_denial_leaves_the_local_rules_uncharged() {
     );
     denied_requests_take_nothing(
         Rule::per_ip("ip", Policy::token_bucket(Rate::per_minute(100))),
-        Rule::redis(Key::client_ip(), login),
+        Rule::redis(Key::ip(), login),
     )
     .await;
 }
@@ -339,7 +335,7 @@ async fn shadow_count_only_failures_and_the_decisions_extension() {
         FailurePolicy::Closed,
     );
     let layer = RateLimitLayer::builder()
-        .rule(Rule::redis(Key::client_ip(), trial).mode(Mode::Shadow))
+        .rule(Rule::redis(Key::ip(), trial).mode(Mode::Shadow))
         .rule(
             Rule::redis(Key::header("x-user"), login)
                 .on_path_prefix("/login")
@@ -414,10 +410,7 @@ async fn with_the_server_killed_each_failure_policy_does_what_it_says() {
     let mut apps = Vec::new();
     for (name, failure) in rules {
         let layer = RateLimitLayer::builder()
-            .rule(Rule::redis(
-                Key::client_ip(),
-                limiter(&b, name, policy, failure),
-            ))
+            .rule(Rule::redis(Key::ip(), limiter(&b, name, policy, failure)))
             .decisions_extension(true)
             .build()
             .unwrap();
@@ -491,7 +484,7 @@ async fn a_stalled_server_costs_at_most_the_timeout() {
         FailurePolicy::Closed,
     );
     let layer = RateLimitLayer::builder()
-        .rule(Rule::redis(Key::client_ip(), ip))
+        .rule(Rule::redis(Key::ip(), ip))
         .build()
         .unwrap();
     let app = make_app(layer.clone());
@@ -533,7 +526,7 @@ async fn two_instances_share_one_limit_and_the_redis_keys_are_bounded() {
                 ),
             ))
             .rule(Rule::redis(
-                Key::composite([Key::client_ip(), Key::route()]),
+                Key::composite([Key::ip(), Key::route()]),
                 limiter(&b, "iproute", wide, closed),
             ))
             .rule(Rule::redis(
@@ -624,7 +617,7 @@ mod end_to_end {
             FailurePolicy::Closed,
         );
         let layer = RateLimitLayer::builder()
-            .rule(Rule::redis(Key::client_ip(), ip))
+            .rule(Rule::redis(Key::ip(), ip))
             .build()
             .unwrap();
         let (addr, stop, srv) = serve("127.0.0.1:0", make_app(layer.clone())).await;
@@ -656,7 +649,7 @@ mod end_to_end {
             FailurePolicy::Closed,
         );
         let layer = RateLimitLayer::builder()
-            .rule(Rule::redis(Key::client_ip(), ip))
+            .rule(Rule::redis(Key::ip(), ip))
             .rule(
                 Rule::per_ip("login", Policy::sliding_window_log(Window::per_minute(2)))
                     .on_path_prefix("/login"),
@@ -698,7 +691,7 @@ async fn a_local_concurrency_rule_and_a_redis_rule_are_one_step() {
         FailurePolicy::Closed,
     );
     let layer = RateLimitLayer::builder()
-        .rule(Rule::redis(Key::client_ip(), ip))
+        .rule(Rule::redis(Key::ip(), ip))
         .rule(Rule::concurrent("db", Key::global(), 1).hide_headers())
         .build()
         .unwrap();
@@ -750,7 +743,7 @@ async fn a_key_holding_another_policys_data_answers_503_for_that_key_only() {
         FailurePolicy::Open,
     );
     let layer = RateLimitLayer::builder()
-        .rule(Rule::redis(Key::client_ip(), l))
+        .rule(Rule::redis(Key::ip(), l))
         .decisions_extension(true)
         .build()
         .unwrap();
@@ -789,7 +782,7 @@ async fn an_outage_of_a_fail_closed_rule_is_one_warning_not_one_per_request() {
         FailurePolicy::Closed,
     );
     let layer = RateLimitLayer::builder()
-        .rule(Rule::redis(Key::client_ip(), l))
+        .rule(Rule::redis(Key::ip(), l))
         .build()
         .unwrap();
     let app = Router::new()

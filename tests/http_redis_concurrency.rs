@@ -300,10 +300,7 @@ async fn a_redis_permit_cannot_be_released_at_the_response_head() {
     let b = backend(&server);
     let jobs = permits(&b, "jobs", 4, FailurePolicy::Closed);
     let err = RateLimitLayer::builder()
-        .rule(
-            Rule::redis_concurrent(Key::client_ip(), jobs)
-                .release_permit(PermitRelease::ResponseHead),
-        )
+        .rule(Rule::redis_concurrent(Key::ip(), jobs).release_permit(PermitRelease::ResponseHead))
         .build()
         .unwrap_err();
     assert!(

@@ -45,7 +45,7 @@ fn process(server: &RedisServer, failure: FailurePolicy) -> (Router, RateLimitLa
         failure,
     );
     let layer = RateLimitLayer::builder()
-        .rule(Rule::redis(Key::client_ip(), login).block_for(BLOCK))
+        .rule(Rule::redis(Key::ip(), login).block_for(BLOCK))
         .rule(Rule::redis(Key::global(), all))
         .build()
         .unwrap();

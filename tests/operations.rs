@@ -412,7 +412,7 @@ async fn concurrency_rules_report_their_maximum_and_only_real_tables() {
                     Duration::from_millis(10),
                 )),
             )
-            .rule(Rule::concurrent("per-ip", Key::client_ip(), 3).max_keys(500))
+            .rule(Rule::concurrent("per-ip", Key::ip(), 3).max_keys(500))
             .build()
             .unwrap()
     });
@@ -575,11 +575,11 @@ async fn a_redis_lockout_accounts_like_any_redis_rule_and_recovers() {
         );
         RateLimitLayer::builder()
             .rule(
-                Rule::redis(Key::client_ip(), withblock)
+                Rule::redis(Key::ip(), withblock)
                     .on_path_prefix("/login")
                     .block_for(Duration::from_secs(30)),
             )
-            .rule(Rule::redis(Key::client_ip(), noblock))
+            .rule(Rule::redis(Key::ip(), noblock))
             .build()
             .unwrap()
     };

@@ -123,7 +123,7 @@ pub fn run_client_keys(data: &[u8]) {
     let clock = ManualClock::new();
     let header = Key::header("x-api-key");
     let key = if input.composite {
-        Key::composite([Key::client_ip(), header])
+        Key::composite([Key::ip(), header])
     } else {
         header
     };

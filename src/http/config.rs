@@ -924,7 +924,7 @@ fn parse_key(text: &str) -> Option<Key> {
     for part in text.split('+') {
         let part = part.trim();
         let key = if part.eq_ignore_ascii_case("ip") {
-            Key::client_ip()
+            Key::ip()
         } else if part.eq_ignore_ascii_case("route") {
             Key::route()
         } else if part.eq_ignore_ascii_case("global") {

@@ -36,7 +36,7 @@ pub(super) enum Shown {
 ///
 /// let per_user = Key::extension::<UserId>();
 /// let per_key = Key::header("x-api-key");
-/// let both = Key::composite([Key::client_ip(), Key::header("x-api-key")]);
+/// let both = Key::composite([Key::ip(), Key::header("x-api-key")]);
 /// # let _ = (per_user, per_key, both);
 /// ```
 #[derive(Clone)]
@@ -91,14 +91,16 @@ fn extension_hash<T: Hash + Send + Sync + 'static>(ext: &Extensions, h: &mut dyn
 
 impl Key {
     /// The client's IP address (see [`ClientIp`](super::ClientIp)): IPv4 per
-    /// address, IPv6 per /64.
+    /// address, IPv6 per /64. One word for one key: `Key::ip()`,
+    /// [`Rule::per_ip`](super::Rule::per_ip) and `key = "ip"` in a
+    /// configuration file.
     ///
     /// ```
     /// # use ratewall::http::Key;
-    /// let k = Key::client_ip();
+    /// let k = Key::ip();
     /// # let _ = k;
     /// ```
-    pub fn client_ip() -> Key {
+    pub fn ip() -> Key {
         Key(KeyKind::ClientIp {
             v4_prefix: 32,
             v6_prefix: 64,
@@ -110,10 +112,10 @@ impl Key {
     ///
     /// ```
     /// # use ratewall::http::Key;
-    /// let per_site = Key::client_ip_prefix(24, 48);
+    /// let per_site = Key::ip_prefix(24, 48);
     /// # let _ = per_site;
     /// ```
-    pub fn client_ip_prefix(v4_prefix: u8, v6_prefix: u8) -> Key {
+    pub fn ip_prefix(v4_prefix: u8, v6_prefix: u8) -> Key {
         Key(KeyKind::ClientIp {
             v4_prefix: v4_prefix.min(32),
             v6_prefix: v6_prefix.min(128),
@@ -190,7 +192,7 @@ impl Key {
     ///
     /// ```
     /// # use ratewall::http::Key;
-    /// let k = Key::composite([Key::client_ip(), Key::route()]);
+    /// let k = Key::composite([Key::ip(), Key::route()]);
     /// # let _ = k;
     /// ```
     pub fn composite(keys: impl IntoIterator<Item = Key>) -> Key {
@@ -274,7 +276,7 @@ impl Key {
             KeyKind::ClientIp {
                 v4_prefix,
                 v6_prefix,
-            } => Key::client_ip_prefix(v4.unwrap_or(v4_prefix), v6.unwrap_or(v6_prefix)),
+            } => Key::ip_prefix(v4.unwrap_or(v4_prefix), v6.unwrap_or(v6_prefix)),
             KeyKind::Composite(keys) => Key(KeyKind::Composite(
                 keys.into_iter().map(|k| k.with_prefix(v4, v6)).collect(),
             )),

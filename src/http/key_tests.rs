@@ -28,7 +28,7 @@ fn keys_separate_values_and_report_absence() {
         Err(Absent::Repeated),
         "a second line is no key, never a new one"
     );
-    let both = Key::composite([Key::client_ip(), k.clone()]);
+    let both = Key::composite([Key::ip(), k.clone()]);
     assert_eq!(
         both.extract(&RequestParts::sample(&m, &u, &h, &e), &fp),
         Err(Absent::Repeated)
@@ -38,7 +38,7 @@ fn keys_separate_values_and_report_absence() {
         .extract(&RequestParts::sample(&m, &u, &h, &e), &fp)
         .unwrap();
     assert_eq!(g, 0);
-    let c = Key::composite([Key::client_ip(), Key::header("x-missing")]);
+    let c = Key::composite([Key::ip(), Key::header("x-missing")]);
     assert_eq!(
         c.extract(&RequestParts::sample(&m, &u, &h, &e), &fp),
         Err(Absent::Value)
@@ -63,19 +63,11 @@ fn byte_keys_are_the_same_in_every_process_and_unambiguous() {
     let ip = |s: &str| Resolved::Ip(s.parse().unwrap());
     let v4 = ip("192.0.2.77");
     let cases = [
-        (Key::client_ip(), v4, "192.0.2.77"),
-        (Key::client_ip_prefix(24, 48), v4, "192.0.2.0/24"),
-        (Key::client_ip(), ip("::ffff:192.0.2.77"), "192.0.2.77"),
-        (
-            Key::client_ip(),
-            ip("2001:db8:1:2:3:4:5:6"),
-            "2001:db8:1:2::/64",
-        ),
-        (
-            Key::client_ip_prefix(32, 128),
-            ip("2001:db8::9"),
-            "2001:db8::9",
-        ),
+        (Key::ip(), v4, "192.0.2.77"),
+        (Key::ip_prefix(24, 48), v4, "192.0.2.0/24"),
+        (Key::ip(), ip("::ffff:192.0.2.77"), "192.0.2.77"),
+        (Key::ip(), ip("2001:db8:1:2:3:4:5:6"), "2001:db8:1:2::/64"),
+        (Key::ip_prefix(32, 128), ip("2001:db8::9"), "2001:db8::9"),
         (Key::route(), v4, "r:/items/7"),
         (Key::global(), v4, "*"),
     ];
@@ -83,7 +75,7 @@ fn byte_keys_are_the_same_in_every_process_and_unambiguous() {
         assert_eq!(bytes(&k, &h, &e, client).unwrap(), want, "{k:?}");
     }
     assert_eq!(
-        bytes(&Key::client_ip(), &h, &e, Resolved::NoPeer),
+        bytes(&Key::ip(), &h, &e, Resolved::NoPeer),
         Err(Absent::NoPeer)
     );
     let k = Key::header("x-api-key");
@@ -93,7 +85,7 @@ fn byte_keys_are_the_same_in_every_process_and_unambiguous() {
     h.append("x-api-key", "beta".parse().unwrap());
     assert_eq!(bytes(&k, &h, &e, v4), Err(Absent::Repeated));
     // Composites: each part with its length, so parts cannot run together.
-    let c = Key::composite([Key::client_ip(), Key::route()]);
+    let c = Key::composite([Key::ip(), Key::route()]);
     assert_eq!(bytes(&c, &h, &e, v4).unwrap(), "10:192.0.2.7710:r:/items/7");
     // Extensions: a SHA-1 of the `Hash`, the same whatever the seed.
     let x = Key::extension::<User>();
@@ -196,7 +188,7 @@ fn each_key_kind_reads_its_own_part_of_the_request() {
     assert_ne!(u7, key(&x, &a, &e, client).unwrap());
     // Client address: the masked address; no peer and an unknown client
     // are told apart.
-    let ip = Key::client_ip();
+    let ip = Key::ip();
     assert_eq!(
         key(&ip, &a, &e, client),
         Ok(ip_key("192.0.2.1".parse().unwrap(), 32, 64))
@@ -207,14 +199,14 @@ fn each_key_kind_reads_its_own_part_of_the_request() {
     // Global: one key, whoever asks.
     assert_eq!(key(&Key::global(), &a, &e, unknown), Ok(0));
     // Composite: every part, in order; any part missing is missing.
-    let c = Key::composite([Key::client_ip(), Key::route()]);
-    let swapped = Key::composite([Key::route(), Key::client_ip()]);
+    let c = Key::composite([Key::ip(), Key::route()]);
+    let swapped = Key::composite([Key::route(), Key::ip()]);
     let ca = key(&c, &a, &e, client).unwrap();
     assert_ne!(ca, key(&swapped, &a, &e, client).unwrap(), "order matters");
     assert_ne!(ca, key(&c, &b, &e, client).unwrap());
     assert_ne!(ca, ra);
     assert_eq!(key(&c, &a, &e, unknown), Err(Absent::UnknownClient));
-    let nested = Key::composite([Key::composite([Key::client_ip()]), Key::route()]);
+    let nested = Key::composite([Key::composite([Key::ip()]), Key::route()]);
     assert_eq!(key(&nested, &a, &e, unknown), Err(Absent::UnknownClient));
     // `key_of` gives the same local key.
     match Key::route().key_of(&parts(&a, &h, &e, client), &fp, false) {
@@ -229,7 +221,7 @@ fn each_key_kind_reads_its_own_part_of_the_request() {
         )
         .is_ok());
     assert!(matches!(
-        Key::client_ip().key_of(&parts(&a, &h, &e, Resolved::NoPeer), &fp, false),
+        Key::ip().key_of(&parts(&a, &h, &e, Resolved::NoPeer), &fp, false),
         Err(Absent::NoPeer)
     ));
 }
@@ -242,7 +234,7 @@ fn prefixes_are_clamped_replaced_and_reach_every_part() {
     let (u, h, e) = (Uri::from_static("/"), HeaderMap::new(), Extensions::new());
     let of = |k: &Key, ip: IpAddr| k.extract(&parts(&u, &h, &e, Resolved::Ip(ip)), &fp);
     // Clamped to 32 and 128: the whole address.
-    let whole = Key::client_ip_prefix(200, 200);
+    let whole = Key::ip_prefix(200, 200);
     assert_eq!(
         of(&whole, v6),
         Ok(u128::from_be_bytes(match v6 {
@@ -253,11 +245,11 @@ fn prefixes_are_clamped_replaced_and_reach_every_part() {
     assert_eq!(of(&whole, v4), Ok(ip_key(v4, 32, 128)));
     assert_eq!(format!("{whole:?}"), "ClientIp(/32, /128)");
     // Replaced where given, kept where not, in composites too.
-    let k = Key::client_ip().with_prefix(Some(24), None);
+    let k = Key::ip().with_prefix(Some(24), None);
     assert_eq!(format!("{k:?}"), "ClientIp(/24, /64)");
-    let k = Key::client_ip_prefix(16, 48).with_prefix(None, Some(56));
+    let k = Key::ip_prefix(16, 48).with_prefix(None, Some(56));
     assert_eq!(format!("{k:?}"), "ClientIp(/16, /56)");
-    let c = Key::composite([Key::client_ip(), Key::route()]).with_prefix(Some(8), Some(32));
+    let c = Key::composite([Key::ip(), Key::route()]).with_prefix(Some(8), Some(32));
     assert_eq!(format!("{c:?}"), "Composite([ClientIp(/8, /32), Route])");
     assert_eq!(
         format!("{:?}", Key::global().with_prefix(Some(8), Some(8))),
@@ -269,8 +261,8 @@ fn prefixes_are_clamped_replaced_and_reach_every_part() {
 fn what_a_key_needs_and_how_it_prints() {
     #[derive(Clone, Hash)]
     struct User(u64);
-    assert!(Key::client_ip().needs_client_ip());
-    assert!(Key::composite([Key::route(), Key::client_ip_prefix(24, 48)]).needs_client_ip());
+    assert!(Key::ip().needs_client_ip());
+    assert!(Key::composite([Key::route(), Key::ip_prefix(24, 48)]).needs_client_ip());
     for k in [
         Key::route(),
         Key::global(),
@@ -284,7 +276,7 @@ fn what_a_key_needs_and_how_it_prints() {
     assert!(Key::composite([Key::route(), Key::header("bad name")]).has_invalid_header());
     assert!(!Key::composite([Key::route(), Key::header("good-name")]).has_invalid_header());
     let printed = [
-        (Key::client_ip(), "ClientIp(/32, /64)"),
+        (Key::ip(), "ClientIp(/32, /64)"),
         (Key::header("X-Api-Key"), "Header(x-api-key)"),
         (Key::header("bad name"), "Header(<invalid name>)"),
         (Key::route(), "Route"),
@@ -327,10 +319,10 @@ fn absence_reasons_are_told_apart_and_say_no_server_detail() {
 #[test]
 fn only_addresses_and_the_global_key_are_readable_in_redis() {
     for k in [
-        Key::client_ip(),
-        Key::client_ip_prefix(24, 48),
+        Key::ip(),
+        Key::ip_prefix(24, 48),
         Key::global(),
-        Key::composite([Key::client_ip(), Key::global()]),
+        Key::composite([Key::ip(), Key::global()]),
     ] {
         assert!(k.readable_in_redis(), "{k:?}");
     }
@@ -340,7 +332,7 @@ fn only_addresses_and_the_global_key_are_readable_in_redis() {
         Key::header("x-api-key"),
         Key::route(),
         Key::extension::<User>(),
-        Key::composite([Key::client_ip(), Key::route()]),
+        Key::composite([Key::ip(), Key::route()]),
         Key::composite([Key::global(), Key::header("x-api-key")]),
     ] {
         assert!(!k.readable_in_redis(), "{k:?}");

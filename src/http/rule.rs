@@ -453,7 +453,7 @@ impl Rule {
     ///     .name("ip")
     ///     .on_failure(FailurePolicy::FallbackShare { instances: 4 })
     ///     .build()?;
-    /// let rule = Rule::redis(Key::client_ip(), per_ip);
+    /// let rule = Rule::redis(Key::ip(), per_ip);
     /// assert_eq!(rule.name(), "ip");
     /// let layer = RateLimitLayer::builder().rule(rule).build()?;
     /// # let _ = layer;
@@ -467,7 +467,7 @@ impl Rule {
         rule
     }
 
-    /// Per client IP ([`Key::client_ip`]). A request whose client is
+    /// Per client IP ([`Key::ip`]). A request whose client is
     /// unknown is rejected with 500 and a message saying why, unless
     /// [`when_missing`](Self::when_missing) says otherwise.
     ///
@@ -478,7 +478,7 @@ impl Rule {
     /// # let _ = r;
     /// ```
     pub fn per_ip(name: impl Into<String>, policy: Policy) -> Rule {
-        Rule::new(name, Key::client_ip(), policy)
+        Rule::new(name, Key::ip(), policy)
     }
 
     /// Per value of header `header` ([`Key::header`]), e.g. an API key.

@@ -36,7 +36,7 @@ async fn apps(url: &str, locked: bool) -> Vec<(&'static str, std::net::SocketAdd
             .on_failure(failure)
             .build()
             .unwrap();
-        let mut rule = Rule::redis(Key::client_ip(), l);
+        let mut rule = Rule::redis(Key::ip(), l);
         if locked {
             rule = rule.block_for(Duration::from_secs(60));
         }

@@ -88,7 +88,7 @@ async fn a_second_key_line_is_a_bad_request_never_a_fresh_bucket() {
 async fn a_repeated_header_inside_a_composite_key_is_a_bad_request() {
     let rule = Rule::new(
         "ip-and-key",
-        Key::composite([Key::client_ip(), Key::header("x-api-key")]),
+        Key::composite([Key::ip(), Key::header("x-api-key")]),
         three_a_minute(),
     );
     let layer = RateLimitLayer::builder()

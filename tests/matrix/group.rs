@@ -159,7 +159,7 @@ fn rules(cell: Cell, backend: &RedisBackend, events: &Events) -> (Vec<Rule>, Bui
         let name = format!("{}-rate", cell.name());
         let p = Policy::token_bucket(Rate::per_second(1000));
         let l = limiter(cell, &name, p, backend, events);
-        rules.push(Rule::redis(Key::client_ip(), l).on_path_prefix(cell.path()));
+        rules.push(Rule::redis(Key::ip(), l).on_path_prefix(cell.path()));
         built.limiters.push(name.clone());
         built.companion = Some(name);
     }
@@ -194,7 +194,7 @@ fn rule(cell: Cell, backend: &RedisBackend, events: &Events) -> (Rule, Built) {
         (_, Store::Redis | Store::Cluster) => {
             let l = limiter(cell, &name, p, backend, events);
             built.limiters.push(name.clone());
-            Rule::redis(Key::client_ip(), l)
+            Rule::redis(Key::ip(), l)
         }
     };
     let rule = rule.on_path_prefix(cell.path());
@@ -298,7 +298,7 @@ pub async fn run(
             .on_store_event(events.hook())
             .build()
             .unwrap();
-        builder = builder.rule(Rule::redis(Key::client_ip(), canary).on_path_prefix("/canary"));
+        builder = builder.rule(Rule::redis(Key::ip(), canary).on_path_prefix("/canary"));
     }
     let layer = builder.build().unwrap();
     let app = Router::new()
