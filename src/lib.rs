@@ -68,6 +68,7 @@ mod sync;
 mod text;
 pub mod wait;
 mod word;
+mod wording;
 
 /// The README's examples, compiled and run as doctests with warnings
 /// denied (`cargo test --all-features --doc Readme`). Blocks that need a
