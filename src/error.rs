@@ -101,6 +101,25 @@ pub enum ConfigError {
         /// What to change, in words.
         fix: &'static str,
     },
+    /// An adaptive maximum's bounds ([`Adaptive`](crate::Adaptive)) that
+    /// cannot hold it: a floor of 0, or a starting maximum (the limiter's
+    /// maximum) outside `floor..=ceiling`.
+    ///
+    /// ```
+    /// use ratewall::{Adaptive, ConcurrencyLimiter, ConfigError};
+    ///
+    /// let err = ConcurrencyLimiter::builder(100).adaptive(Adaptive::vegas(10, 50)).build().unwrap_err();
+    /// assert_eq!(err, ConfigError::AdaptiveBounds { floor: 10, initial: 100, ceiling: 50 });
+    /// assert!(err.to_string().contains("100") && err.to_string().contains("10..50"));
+    /// ```
+    AdaptiveBounds {
+        /// The floor asked for.
+        floor: u64,
+        /// Where the adaptive maximum starts: the limiter's maximum.
+        initial: u64,
+        /// The ceiling asked for.
+        ceiling: u64,
+    },
     /// The parts of an elastic limit do not fit together, or a quota change
     /// asks for something the limiter cannot change at run time.
     Incompatible {
@@ -167,6 +186,22 @@ impl fmt::Display for ConfigError {
             } => write!(
                 f,
                 "{what} {value} does not fit a keyed table's 8-byte slot (bound {bound}); {fix}"
+            ),
+            ConfigError::AdaptiveBounds {
+                floor: 0,
+                initial,
+                ceiling,
+            } => write!(
+                f,
+                "an adaptive maximum's floor is 0 (bounds 0..{ceiling}, starting at {initial}): use a floor of at least 1"
+            ),
+            ConfigError::AdaptiveBounds {
+                floor,
+                initial,
+                ceiling,
+            } => write!(
+                f,
+                "an adaptive maximum starts at the limiter's maximum, {initial}, which lies outside its bounds {floor}..{ceiling}: the floor, the maximum and the ceiling must be in that order (floor <= maximum <= ceiling); change the maximum or the bounds"
             ),
             ConfigError::Incompatible { reason } => f.write_str(reason),
         }

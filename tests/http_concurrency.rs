@@ -584,7 +584,6 @@ fn settings_the_layer_cannot_honour_are_typed_errors() {
             .adaptive(Adaptive::vegas(1, 9)),
         Rule::per_ip("c", Policy::token_bucket(Rate::per_second(1)))
             .release_permit(PermitRelease::ResponseHead),
-        Rule::concurrent("c", Key::global(), 40).adaptive(Adaptive::vegas(1, 9)),
         Rule::concurrent("c", Key::global(), 4).reserve(Priority::Critical, 100),
     ] {
         let e = err(bad);
@@ -594,6 +593,21 @@ fn settings_the_layer_cannot_honour_are_typed_errors() {
         );
         assert!(!e.to_string().is_empty());
     }
+    // Bounds that cannot hold the maximum: the error shows all three.
+    let bounds = err(Rule::concurrent("c", Key::global(), 40).adaptive(Adaptive::vegas(1, 9)));
+    assert_eq!(
+        bounds,
+        HttpConfigError::Policy {
+            rule: "c".into(),
+            error: ratewall::ConfigError::AdaptiveBounds {
+                floor: 1,
+                initial: 40,
+                ceiling: 9
+            }
+        }
+    );
+    let text = bounds.to_string();
+    assert!(text.contains("40") && text.contains("1..9"), "{text}");
     assert!(matches!(
         err(Rule::concurrent("c", Key::global(), 4).cost(5)),
         HttpConfigError::CostTooHigh {
