@@ -37,6 +37,7 @@ use super::FailurePolicy;
 #[cfg(feature = "metrics")]
 use super::{DecisionSource, RedisDecision};
 use crate::sync::{lock, AtomicU64, Mutex, Ordering};
+use crate::wording::{plural, Millis};
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -125,9 +126,9 @@ impl fmt::Display for StoreEvent {
                 ..
             } => write!(
                 f,
-                "rate limiter `{limiter}`: Redis still unavailable after {} s ({cause}); {answered_locally} {} answered by the failure policy so far",
-                after.as_secs(),
-                if *answered_locally == 1 { "check" } else { "checks" }
+                "rate limiter `{limiter}`: Redis still unavailable after {} ({cause}); {} answered by the failure policy so far",
+                plural(after.as_secs(), "second"),
+                plural(*answered_locally, "check")
             ),
             StoreEvent::Recovered {
                 limiter,
@@ -136,9 +137,9 @@ impl fmt::Display for StoreEvent {
                 ..
             } => write!(
                 f,
-                "rate limiter `{limiter}`: Redis answers again after {} ms ({answered_locally} {} answered by the failure policy)",
-                after.as_millis(),
-                if *answered_locally == 1 { "check" } else { "checks" }
+                "rate limiter `{limiter}`: Redis answers again after {} ({} answered by the failure policy)",
+                Millis(*after),
+                plural(*answered_locally, "check")
             ),
         }
     }
