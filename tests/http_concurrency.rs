@@ -622,6 +622,60 @@ fn settings_the_layer_cannot_honour_are_typed_errors() {
     ));
 }
 
+/// A mistake is told in the words it was made in: a rule from a file
+/// names the file's fields and values, one made in Rust the API's names.
+#[test]
+fn concurrency_errors_speak_the_language_of_their_origin() {
+    let from_file = |extra: &str| {
+        let text = format!("[[rules]]\nname = \"c\"\nkey = \"ip\"\nconcurrent = 4\n{extra}\n");
+        let config: LayerConfig = toml::from_str(&text).unwrap();
+        config
+            .to_builder()
+            .unwrap()
+            .build()
+            .unwrap_err()
+            .to_string()
+    };
+    let in_rust = |rule: Rule| {
+        RateLimitLayer::builder()
+            .rule(rule)
+            .build()
+            .unwrap_err()
+            .to_string()
+    };
+
+    let file = from_file("adaptive = \"vegas 1..9\"");
+    assert!(file.contains("`key = \"global\"`"), "{file}");
+    assert!(
+        !file.contains("Key::") && !file.contains("on_route"),
+        "{file}"
+    );
+    let rust = in_rust(Rule::concurrent("c", Key::client_ip(), 4).adaptive(Adaptive::vegas(1, 9)));
+    assert!(rust.contains("`Key::global()`"), "{rust}");
+
+    let file = from_file("mode = \"shadow\"");
+    assert!(
+        file.contains("`mode = \"shadow\"`") && file.contains("`concurrent`"),
+        "{file}"
+    );
+    let rust = in_rust(Rule::concurrent("c", Key::global(), 4).mode(ratewall::http::Mode::Shadow));
+    assert!(rust.contains("`Mode::Shadow`"), "{rust}");
+
+    let file = from_file("count_failures_only = true");
+    assert!(file.contains("a rule with a `policy`"), "{file}");
+
+    // A rate rule given a concurrency setting in Rust is told to make a
+    // concurrency rule with the API (the file refuses it when read).
+    let rust = in_rust(
+        Rule::per_ip("c", Policy::token_bucket(Rate::per_second(1)))
+            .adaptive(Adaptive::vegas(1, 9)),
+    );
+    assert!(
+        rust.contains("`Rule::concurrent`") && !rust.contains(" = "),
+        "{rust}"
+    );
+}
+
 #[tokio::test]
 async fn concurrency_rules_come_from_the_configuration_file() {
     let text = r#"

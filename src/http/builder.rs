@@ -10,6 +10,7 @@ use super::engine::{warn_now, Shared, SkipFn};
 use super::headers::{Buf, Headers};
 use super::key::Fingerprint;
 use super::lockout::Lockout;
+use super::origin::{self, Origin};
 use super::response::{Rejection, Responder};
 use super::rule::{self, Mode, Rule, Visibility};
 use super::service::RateLimitLayer;
@@ -282,6 +283,8 @@ pub struct RateLimitBuilder<C: Clock = DefaultClock> {
     responder: Option<Responder>,
     decisions_extension: bool,
     clock: C,
+    /// Where the layer's settings were written (`LayerConfig` or Rust).
+    origin: Origin,
 }
 
 impl<C: Clock> fmt::Debug for RateLimitBuilder<C> {
@@ -431,7 +434,16 @@ impl<C: Clock + Clone> RateLimitBuilder<C> {
             responder: self.responder,
             decisions_extension: self.decisions_extension,
             clock,
+            origin: self.origin,
         }
+    }
+
+    /// The layer's settings were read from a configuration file: its
+    /// messages name the file's fields (`config.rs`).
+    #[cfg(feature = "serde")]
+    pub(super) fn read_from_file(mut self) -> Self {
+        self.origin = Origin::File;
+        self
     }
 
     /// Validates every rule and builds its limiter.
@@ -476,10 +488,12 @@ impl<C: Clock + Clone> RateLimitBuilder<C> {
             let conc = match &rule.concurrency {
                 None => None,
                 Some(c) => {
-                    if let (false, Some(reason)) = (c.on_rate_rule, not_for_concurrency(&rule)) {
+                    if let (false, Some(said)) = (c.on_rate_rule, not_for_concurrency(&rule)) {
+                        let reason = rule.origin.pick(said);
                         return Err(policy_error(ConfigError::Incompatible { reason }));
                     }
-                    let built = ConcLimit::build(&self.clock, &name, &rule.key, rule.table, c);
+                    let built =
+                        ConcLimit::build(&self.clock, &name, &rule.key, rule.table, c, rule.origin);
                     Some(built.map_err(|e| match e {
                         ConcError::Config(error) => policy_error(error),
                         ConcError::BadHeader => {
@@ -625,13 +639,7 @@ impl<C: Clock + Clone> RateLimitBuilder<C> {
             None
         };
         if needs_ip && self.client_ip.hops_from_any_peer() {
-            warn_now(
-                "`ClientIp::behind_hops` without `from_peers` believes X-Forwarded-For from every \
-                 peer: a client that reaches the server directly can write any address (another \
-                 client's key, an allowed network). Name the proxies with \
-                 `ClientIp::behind_hops(n).from_peers(..)` (`trusted_peers` in a file) unless only \
-                 they can connect",
-            );
+            warn_now(self.origin.pick(origin::HOPS_FROM_ANY_PEER));
         }
         if let Some((a, b)) = charged_twice(&rules) {
             warn_now(&format!(
@@ -652,6 +660,7 @@ impl<C: Clock + Clone> RateLimitBuilder<C> {
                 decisions_extension: self.decisions_extension,
                 any_refund,
                 any_count_refused,
+                origin: self.origin,
                 plain,
                 unit_costs,
                 keep_decisions: self.headers != Headers::None
@@ -804,19 +813,22 @@ fn table_of<C: Clock>(limit: &RuleLimit<C>) -> Option<usize> {
 }
 
 /// What a concurrency rule cannot have, and what to do instead.
-fn not_for_concurrency(rule: &Rule) -> Option<&'static str> {
+fn not_for_concurrency(rule: &Rule) -> Option<origin::Said> {
     if rule.mode == Mode::Shadow {
-        return Some("a concurrency rule cannot be in shadow mode: a dry run would have to hold permits it never enforces; enforce it with a high maximum instead");
+        return Some(origin::NO_SHADOW);
     }
     if rule.refund_on_success
         || rule.count_refused
         || !rule.tiers.is_empty()
         || rule.block_for.is_some()
     {
-        return Some("`count_failures_only`, `count_refused`, tiers and `block_for` apply to rate rules only: put them on a rate rule beside the concurrency rule");
+        return Some(origin::RATE_ONLY);
     }
     if remote_of(rule).is_some() {
-        return Some("a Redis rule cannot be a concurrency rule");
+        return Some(origin::Said {
+            rust: "a Redis rule cannot be a concurrency rule",
+            file: "a Redis rule cannot be a concurrency rule",
+        });
     }
     None
 }
@@ -907,6 +919,7 @@ impl RateLimitLayer<DefaultClock> {
             responder: None,
             decisions_extension: false,
             clock: DefaultClock::default(),
+            origin: Origin::Rust,
         }
     }
 }

@@ -434,6 +434,7 @@ impl RuleConfig {
             Some(policy) if in_redis => self.redis_rule(key, policy, redis)?,
             Some(policy) => Rule::new(self.name.clone(), key, policy),
         };
+        rule.origin = super::origin::Origin::File;
         for (field, prefix, max) in [
             ("ipv4_prefix", self.ipv4_prefix, 32),
             ("ipv6_prefix", self.ipv6_prefix, 128),
@@ -786,7 +787,7 @@ impl LayerConfig {
                 .map(|s| s.parse::<Cidr>().map_err(|_| bad(field, s, NETWORK)))
                 .collect::<Result<Vec<Cidr>, _>>()
         };
-        let mut b = RateLimitLayer::builder();
+        let mut b = RateLimitLayer::builder().read_from_file();
         if let Some(h) = &self.headers {
             let kinds = [
                 ("draft", Headers::Draft(Items::All)),
