@@ -235,8 +235,9 @@ pub enum WaitError<E = Infallible> {
         last: Option<Decision>,
     },
     /// No permit of a [`ConcurrencyLimiter`](crate::ConcurrencyLimiter)
-    /// was released before the deadline
-    /// ([`Acquire::blocking`](crate::Acquire::blocking), `Acquire::wait`).
+    /// ([`Acquire::blocking`](crate::Acquire::blocking), `Acquire::wait`)
+    /// or of a Redis concurrency limiter (`RedisConcurrencyLimiter::acquire_key`,
+    /// feature `redis`) was released before the deadline.
     /// A permit comes back when its holder is done with it, so unlike a
     /// rate there is no time at which the next one is due.
     ///
