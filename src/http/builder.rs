@@ -166,14 +166,16 @@ impl fmt::Display for HttpConfigError {
             HttpConfigError::InvalidRuleName { name } => write!(
                 f,
                 "rule name {name:?} is not usable in RateLimit headers: use 1 to 64 characters, \
-                 a letter first, then letters, digits or !#$%&'*+-.^_`|~:/ (a Redis rule is \
-                 named after its limiter: rename the limiter with RedisLimiterBuilder::name)"
+                 a letter first, then letters, digits or !#$%&'*+-.^_`|~:/ (a Redis rule made in \
+                 Rust is named after its limiter: rename the limiter with \
+                 `RedisLimiterBuilder::name`; in a file, the rule's `name` is its limiter's)"
             ),
             HttpConfigError::DuplicateRuleName { name } => write!(
                 f,
-                "two rules are named {name:?}: give each rule its own name (a Redis rule is \
-                 named after its limiter: give each limiter its own RedisLimiterBuilder::name; \
-                 limiters of one name and prefix share one limit, so one rule on it suffices)"
+                "two rules are named {name:?}: give each rule its own name (a Redis rule made \
+                 in Rust is named after its limiter: give each limiter its own \
+                 `RedisLimiterBuilder::name`; limiters of one name and prefix share one limit, so \
+                 one rule on it suffices)"
             ),
             HttpConfigError::InvalidHeaderName { rule } => write!(
                 f,
@@ -576,7 +578,7 @@ impl<C: Clock + Clone> RateLimitBuilder<C> {
             let pick = rule
                 .tiers
                 .compile(rule.key.header_name(), first)
-                .map_err(|e| tier_error(&rule.name, e))?;
+                .map_err(|e| tier_error(&rule.name, rule.origin, e))?;
             for (tier, policy) in &rule.tiers.list {
                 let mut t = rule.clone();
                 t.policy = *policy;
@@ -755,7 +757,7 @@ fn lockout_of<C: Clock + Clone>(
 }
 
 /// What is wrong with rule `rule`'s tiers, as the error that names it.
-fn tier_error(rule: &str, e: TierError) -> HttpConfigError {
+fn tier_error(rule: &str, origin: Origin, e: TierError) -> HttpConfigError {
     let rule = rule.to_owned();
     match e {
         TierError::BadHeader => HttpConfigError::InvalidHeaderName { rule },
@@ -765,13 +767,17 @@ fn tier_error(rule: &str, e: TierError) -> HttpConfigError {
             rule: Some(rule),
             field: "tier_keys",
             value,
-            expected: "a rule keyed by one header (`header:x-api-key`): its values are the keys listed",
+            expected:
+                "a rule keyed by one header (`header:x-api-key`): its values are the keys listed",
         },
         TierError::NoPick(value) => HttpConfigError::InvalidValue {
             rule: Some(rule),
             field: "tiers",
             value,
-            expected: "tiers and a way to pick one: `tier_keys`, `tier_header` (Rust: `tier_by`, `tier_by_header`)",
+            expected: origin.pick(origin::Said {
+                rust: "tiers and a way to pick one: `tier_keys`, `tier_by` or `tier_by_header`",
+                file: "tiers and a way to pick one: `tier_keys` or `tier_header`",
+            }),
         },
     }
 }
