@@ -52,7 +52,7 @@ pub enum ConfigError {
         /// The period, in nanoseconds.
         period_ns: u64,
     },
-    /// A window limit of 0 admits nothing.
+    /// A limit of 0 (a window's limit, a concurrency maximum) admits nothing.
     ZeroLimit,
     /// The window limit does not fit the bits its packed word gives it.
     LimitTooLarge {
@@ -156,7 +156,9 @@ impl fmt::Display for ConfigError {
                 "{count} per {period_ns} ns gives an interval of {:.3} ns, which rounding would change by more than 0.1%; pick a count that divides the period, or a rate under 1,000,000 per second",
                 *period_ns as f64 / *count as f64
             ),
-            ConfigError::ZeroLimit => f.write_str("window limit is zero; use a limit of at least 1"),
+            ConfigError::ZeroLimit => {
+                f.write_str("the limit is 0, which admits nothing; use a limit of at least 1")
+            }
             ConfigError::LimitTooLarge { limit, max } => write!(
                 f,
                 "limit {limit} does not fit this algorithm's packed state; use a limit of at most {max}"

@@ -568,13 +568,16 @@ impl CloneForTest for Request<String> {
 fn settings_the_layer_cannot_honour_are_typed_errors() {
     use ratewall::http::HttpConfigError;
     let err = |rule: Rule| RateLimitLayer::builder().rule(rule).build().unwrap_err();
+    let zero = err(Rule::concurrent("c", Key::global(), 0));
     assert!(matches!(
-        err(Rule::concurrent("c", Key::global(), 0)),
+        zero,
         HttpConfigError::Policy {
             error: ratewall::ConfigError::ZeroLimit,
             ..
         }
     ));
+    // A maximum in flight is no window's limit.
+    assert!(!zero.to_string().contains("window"), "{zero}");
     for bad in [
         Rule::concurrent("c", Key::client_ip(), 4).adaptive(Adaptive::vegas(1, 9)),
         Rule::concurrent("c", Key::header("x-user"), 4).reserve(Priority::Critical, 10),
