@@ -235,9 +235,12 @@ pub enum WaitError<E = Infallible> {
         last: Option<Decision>,
     },
     /// No permit of a [`ConcurrencyLimiter`](crate::ConcurrencyLimiter)
-    /// ([`Acquire::blocking`](crate::Acquire::blocking), `Acquire::wait`)
-    /// or of a Redis concurrency limiter (`RedisConcurrencyLimiter::acquire_key`,
-    /// feature `redis`) was released before the deadline.
+    /// ([`Acquire::blocking`](crate::Acquire::blocking), `Acquire::wait`),
+    /// of a [`KeyedConcurrencyLimiter`](crate::KeyedConcurrencyLimiter)
+    /// (a wait on `try_acquire_key`), or of a Redis concurrency limiter
+    /// (`RedisConcurrencyLimiter::acquire_key`, feature `redis`) was
+    /// released before the deadline, or (keyed: the mean hold time is a
+    /// lower bound there) none is expected before it.
     /// A permit comes back when its holder is done with it, so unlike a
     /// rate there is no time at which the next one is due.
     ///
@@ -369,6 +372,13 @@ mod sealed {
         Admitted(T),
         /// Denied, nothing taken.
         Denied(crate::decision::Decision),
+        /// Denied a permit, nothing taken: no permit was free.
+        Busy {
+            /// The denial.
+            last: crate::decision::Decision,
+            /// The permits asked for.
+            requested: u64,
+        },
         /// A cost that can never pass.
         Never(crate::error::InsufficientCapacity),
         /// The limiter failed.
@@ -422,6 +432,8 @@ pub(crate) enum Step<T, E> {
 /// policy; the blocking and the async loops only read their clock and sleep.
 pub(crate) struct Waiter {
     jitter_ns: u64,
+    /// The wait's timeout (zero: none), for a permit wait's error.
+    timeout: Duration,
     /// xorshift64* state, seeded on the first jittered sleep (never 0).
     rng: u64,
     /// A denial's `retry_after` is a hint (a concurrency permit comes back
@@ -435,6 +447,7 @@ impl Waiter {
     pub(crate) fn new(wait: &Wait) -> Self {
         Waiter {
             jitter_ns: u64::try_from(wait.jitter.as_nanos()).unwrap_or(u64::MAX),
+            timeout: wait.timeout.unwrap_or_default(),
             rng: 0,
             hint: false,
         }
@@ -460,17 +473,27 @@ impl Waiter {
         outcome: Outcome<T, E>,
         left: Option<Duration>,
     ) -> Step<T, E> {
-        let denied = match outcome {
+        let (denied, permits) = match outcome {
             Outcome::Admitted(t) => return Step::Done(Ok(t)),
             Outcome::Never(e) => return Step::Done(Err(WaitError::InsufficientCapacity(e))),
             Outcome::Failed(e) => return Step::Done(Err(WaitError::Limiter(e))),
-            Outcome::Denied(d) => d,
+            Outcome::Denied(d) => (d, None),
+            Outcome::Busy { last, requested } => (last, Some(requested)),
         };
         let retry = denied.retry_after();
         match left {
             // A hint gives up only at the deadline (its last try denied).
             Some(left) if retry > left && (!self.hint || left.is_zero()) => {
-                Step::Done(Err(WaitError::Deadline { last: Some(denied) }))
+                Step::Done(Err(match permits {
+                    None => WaitError::Deadline { last: Some(denied) },
+                    // A permit has no time at which it is due.
+                    Some(requested) => WaitError::NoPermit {
+                        timeout: self.timeout,
+                        requested,
+                        max: denied.limit(),
+                        last: Some(denied),
+                    },
+                }))
             }
             // Jitter only lengthens, and is cut at the deadline.
             Some(left) => Step::Sleep(retry.saturating_add(self.jitter()).min(left)),
