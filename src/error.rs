@@ -221,7 +221,11 @@ impl std::error::Error for ConfigError {}
 /// use ratewall::{InsufficientCapacity, Rate, TokenBucket};
 ///
 /// let bucket = TokenBucket::new(Rate::per_second(10).burst(5)).unwrap();
-/// assert_eq!(bucket.check_n(6).unwrap_err(), InsufficientCapacity { requested: 6, capacity: 5 });
+/// let err = bucket.check_n(6).unwrap_err();
+/// assert_eq!(err, InsufficientCapacity { requested: 6, capacity: 5 });
+/// assert!(err.to_string().starts_with("cost 6 can never pass: the limiter admits at most 5 at once"));
+/// // The advice fits every limiter: a concurrency limiter has no burst.
+/// assert!(err.to_string().contains("or the maximum"));
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct InsufficientCapacity {
@@ -251,7 +255,7 @@ impl fmt::Display for InsufficientCapacity {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "cost {} can never pass: the limiter admits at most {} at once; split the request or raise the burst",
+            "cost {} can never pass: the limiter admits at most {} at once; split the request, or raise the burst, the limit or the maximum (a concurrency limiter's)",
             self.requested, self.capacity
         )
     }
