@@ -619,10 +619,10 @@ fn settings_the_layer_cannot_honour_are_typed_errors() {
             ..
         }
     ));
-    assert!(matches!(
-        err(Rule::concurrent("c", Key::global(), 4).priority_by_header("bad header")),
-        HttpConfigError::InvalidHeaderName { .. }
-    ));
+    let header = err(Rule::concurrent("c", Key::global(), 4).priority_by_header("bad header"));
+    assert!(matches!(header, HttpConfigError::InvalidHeaderName { .. }));
+    // The rule is keyed by no header: the message names the header's roles.
+    assert!(header.to_string().contains("priority header"), "{header}");
 }
 
 /// A mistake is told in the words it was made in: a rule from a file

@@ -59,7 +59,8 @@ pub enum HttpConfigError {
         /// The name given twice.
         name: String,
     },
-    /// A header key whose header name is not valid.
+    /// A header the rule names (its key's, its tier header, its priority
+    /// header) whose name is not a valid header name.
     InvalidHeaderName {
         /// The rule.
         rule: String,
@@ -179,7 +180,9 @@ impl fmt::Display for HttpConfigError {
             ),
             HttpConfigError::InvalidHeaderName { rule } => write!(
                 f,
-                "rule {rule:?} is keyed by a header whose name is not a valid HTTP header name"
+                "rule {rule:?} names a header (in its key, as its tier header or as its priority \
+                 header) whose name is not a valid HTTP header name: use letters, digits and `-`, \
+                 such as `x-api-key`"
             ),
             HttpConfigError::Policy { rule, error } => write!(f, "rule {rule:?}: {error}"),
             HttpConfigError::CostTooHigh { rule, cost, limit } => write!(
