@@ -288,7 +288,8 @@ pub struct RateLimitBuilder<C: Clock = DefaultClock> {
     responder: Option<Responder>,
     decisions_extension: bool,
     clock: C,
-    /// Where the layer's settings were written (`LayerConfig` or Rust).
+    /// Where the client-address settings were written (`LayerConfig` or
+    /// Rust): the words of the warnings about them.
     origin: Origin,
 }
 
@@ -334,6 +335,8 @@ impl<C: Clock + Clone> RateLimitBuilder<C> {
     /// ```
     pub fn client_ip(mut self, client_ip: ClientIp) -> Self {
         self.client_ip = client_ip;
+        // Set in Rust now: its warnings name the API.
+        self.origin = Origin::Rust;
         self
     }
 
@@ -945,6 +948,17 @@ mod tests {
         }
         let layer = b.build().unwrap();
         Arc::try_unwrap(layer.shared).ok().expect("one owner").rules
+    }
+
+    /// A layer read from a file warns about its client address in the
+    /// file's words, until Rust sets the client address.
+    #[cfg(feature = "serde")]
+    #[test]
+    fn the_client_address_warnings_follow_who_set_it() {
+        let config: super::super::LayerConfig = toml::from_str("trusted_hops = 1").unwrap();
+        let b = config.to_builder().unwrap();
+        assert_eq!(b.origin, Origin::File);
+        assert_eq!(b.client_ip(ClientIp::behind_hops(1)).origin, Origin::Rust);
     }
 
     #[test]

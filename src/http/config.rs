@@ -787,7 +787,7 @@ impl LayerConfig {
                 .map(|s| s.parse::<Cidr>().map_err(|_| bad(field, s, NETWORK)))
                 .collect::<Result<Vec<Cidr>, _>>()
         };
-        let mut b = RateLimitLayer::builder().read_from_file();
+        let mut b = RateLimitLayer::builder();
         if let Some(h) = &self.headers {
             let kinds = [
                 ("draft", Headers::Draft(Items::All)),
@@ -883,10 +883,12 @@ impl LayerConfig {
                 ClientIp::peer()
             }
         };
-        b = b.client_ip(match proxy_header {
-            Some(p) if self.client_ip_header.is_none() => client_ip.header(p),
-            _ => client_ip,
-        });
+        b = b
+            .client_ip(match proxy_header {
+                Some(p) if self.client_ip_header.is_none() => client_ip.header(p),
+                _ => client_ip,
+            })
+            .read_from_file();
         b = b.allow(networks("allow", &self.allow)?);
         for rule in &self.rules {
             b = b.rule(rule.make_rule(redis)?);
