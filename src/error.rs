@@ -52,7 +52,7 @@ pub enum ConfigError {
         /// The period, in nanoseconds.
         period_ns: u64,
     },
-    /// A window limit of 0 admits nothing.
+    /// A limit of 0 (a window's limit, a concurrency maximum) admits nothing.
     ZeroLimit,
     /// The window limit does not fit the bits its packed word gives it.
     LimitTooLarge {
@@ -101,6 +101,25 @@ pub enum ConfigError {
         /// What to change, in words.
         fix: &'static str,
     },
+    /// An adaptive maximum's bounds ([`Adaptive`](crate::Adaptive)) that
+    /// cannot hold it: a floor of 0, or a starting maximum (the limiter's
+    /// maximum) outside `floor..=ceiling`.
+    ///
+    /// ```
+    /// use ratewall::{Adaptive, ConcurrencyLimiter, ConfigError};
+    ///
+    /// let err = ConcurrencyLimiter::builder(100).adaptive(Adaptive::vegas(10, 50)).build().unwrap_err();
+    /// assert_eq!(err, ConfigError::AdaptiveBounds { floor: 10, initial: 100, ceiling: 50 });
+    /// assert!(err.to_string().contains("100") && err.to_string().contains("10..50"));
+    /// ```
+    AdaptiveBounds {
+        /// The floor asked for.
+        floor: u64,
+        /// Where the adaptive maximum starts: the limiter's maximum.
+        initial: u64,
+        /// The ceiling asked for.
+        ceiling: u64,
+    },
     /// The parts of an elastic limit do not fit together, or a quota change
     /// asks for something the limiter cannot change at run time.
     Incompatible {
@@ -137,7 +156,9 @@ impl fmt::Display for ConfigError {
                 "{count} per {period_ns} ns gives an interval of {:.3} ns, which rounding would change by more than 0.1%; pick a count that divides the period, or a rate under 1,000,000 per second",
                 *period_ns as f64 / *count as f64
             ),
-            ConfigError::ZeroLimit => f.write_str("window limit is zero; use a limit of at least 1"),
+            ConfigError::ZeroLimit => {
+                f.write_str("the limit is 0, which admits nothing; use a limit of at least 1")
+            }
             ConfigError::LimitTooLarge { limit, max } => write!(
                 f,
                 "limit {limit} does not fit this algorithm's packed state; use a limit of at most {max}"
@@ -168,6 +189,22 @@ impl fmt::Display for ConfigError {
                 f,
                 "{what} {value} does not fit a keyed table's 8-byte slot (bound {bound}); {fix}"
             ),
+            ConfigError::AdaptiveBounds {
+                floor: 0,
+                initial,
+                ceiling,
+            } => write!(
+                f,
+                "an adaptive maximum's floor is 0 (bounds 0..{ceiling}, starting at {initial}): use a floor of at least 1"
+            ),
+            ConfigError::AdaptiveBounds {
+                floor,
+                initial,
+                ceiling,
+            } => write!(
+                f,
+                "an adaptive maximum starts at the limiter's maximum, {initial}, which lies outside its bounds {floor}..{ceiling}: the floor, the maximum and the ceiling must be in that order (floor <= maximum <= ceiling); change the maximum or the bounds"
+            ),
             ConfigError::Incompatible { reason } => f.write_str(reason),
         }
     }
@@ -184,7 +221,11 @@ impl std::error::Error for ConfigError {}
 /// use ratewall::{InsufficientCapacity, Rate, TokenBucket};
 ///
 /// let bucket = TokenBucket::new(Rate::per_second(10).burst(5)).unwrap();
-/// assert_eq!(bucket.check_n(6).unwrap_err(), InsufficientCapacity { requested: 6, capacity: 5 });
+/// let err = bucket.check_n(6).unwrap_err();
+/// assert_eq!(err, InsufficientCapacity { requested: 6, capacity: 5 });
+/// assert!(err.to_string().starts_with("cost 6 can never pass: the limiter admits at most 5 at once"));
+/// // The advice fits every limiter: a concurrency limiter has no burst.
+/// assert!(err.to_string().contains("or the maximum"));
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct InsufficientCapacity {
@@ -214,7 +255,7 @@ impl fmt::Display for InsufficientCapacity {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "cost {} can never pass: the limiter admits at most {} at once; split the request or raise the burst",
+            "cost {} can never pass: the limiter admits at most {} at once; split the request, or raise the burst, the limit or the maximum (a concurrency limiter's)",
             self.requested, self.capacity
         )
     }

@@ -68,6 +68,21 @@ mod sync;
 mod text;
 pub mod wait;
 mod word;
+mod wording;
+
+/// The README's examples, compiled and run as doctests with warnings
+/// denied (`cargo test --all-features --doc Readme`). Blocks that need a
+/// server are `no_run`: compiled, not run.
+#[cfg(all(
+    doctest,
+    feature = "axum",
+    feature = "client",
+    feature = "redis",
+    feature = "wait"
+))]
+#[doc = include_str!("../README.md")]
+#[doc(test(attr(deny(warnings))))]
+pub struct Readme;
 
 /// The algorithm types that parametrize [`Limiter`].
 pub mod algorithm {

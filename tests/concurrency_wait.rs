@@ -342,7 +342,7 @@ mod with_tokio {
         let t = tokio::time::Instant::now();
         let wait = Wait::new().timeout(Duration::from_millis(50));
         let e = l.acquire(1).wait(&wait).await.unwrap_err();
-        assert!(matches!(e, WaitError::Deadline { last: Some(_) }));
+        assert!(matches!(e, WaitError::NoPermit { last: Some(_), .. }));
         assert_eq!(t.elapsed(), Duration::from_millis(50));
         assert_eq!(l.in_flight(), 1);
         // Released during the next wait: admitted then, not at the deadline.

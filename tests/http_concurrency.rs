@@ -568,13 +568,16 @@ impl CloneForTest for Request<String> {
 fn settings_the_layer_cannot_honour_are_typed_errors() {
     use ratewall::http::HttpConfigError;
     let err = |rule: Rule| RateLimitLayer::builder().rule(rule).build().unwrap_err();
+    let zero = err(Rule::concurrent("c", Key::global(), 0));
     assert!(matches!(
-        err(Rule::concurrent("c", Key::global(), 0)),
+        zero,
         HttpConfigError::Policy {
             error: ratewall::ConfigError::ZeroLimit,
             ..
         }
     ));
+    // A maximum in flight is no window's limit.
+    assert!(!zero.to_string().contains("window"), "{zero}");
     for bad in [
         Rule::concurrent("c", Key::ip(), 4).adaptive(Adaptive::vegas(1, 9)),
         Rule::concurrent("c", Key::header("x-user"), 4).reserve(Priority::Critical, 10),
@@ -584,7 +587,6 @@ fn settings_the_layer_cannot_honour_are_typed_errors() {
             .adaptive(Adaptive::vegas(1, 9)),
         Rule::per_ip("c", Policy::token_bucket(Rate::per_second(1)))
             .release_permit(PermitRelease::ResponseHead),
-        Rule::concurrent("c", Key::global(), 40).adaptive(Adaptive::vegas(1, 9)),
         Rule::concurrent("c", Key::global(), 4).reserve(Priority::Critical, 100),
     ] {
         let e = err(bad);
@@ -594,6 +596,21 @@ fn settings_the_layer_cannot_honour_are_typed_errors() {
         );
         assert!(!e.to_string().is_empty());
     }
+    // Bounds that cannot hold the maximum: the error shows all three.
+    let bounds = err(Rule::concurrent("c", Key::global(), 40).adaptive(Adaptive::vegas(1, 9)));
+    assert_eq!(
+        bounds,
+        HttpConfigError::Policy {
+            rule: "c".into(),
+            error: ratewall::ConfigError::AdaptiveBounds {
+                floor: 1,
+                initial: 40,
+                ceiling: 9
+            }
+        }
+    );
+    let text = bounds.to_string();
+    assert!(text.contains("40") && text.contains("1..9"), "{text}");
     assert!(matches!(
         err(Rule::concurrent("c", Key::global(), 4).cost(5)),
         HttpConfigError::CostTooHigh {
@@ -602,10 +619,64 @@ fn settings_the_layer_cannot_honour_are_typed_errors() {
             ..
         }
     ));
-    assert!(matches!(
-        err(Rule::concurrent("c", Key::global(), 4).priority_by_header("bad header")),
-        HttpConfigError::InvalidHeaderName { .. }
-    ));
+    let header = err(Rule::concurrent("c", Key::global(), 4).priority_by_header("bad header"));
+    assert!(matches!(header, HttpConfigError::InvalidHeaderName { .. }));
+    // The rule is keyed by no header: the message names the header's roles.
+    assert!(header.to_string().contains("priority header"), "{header}");
+}
+
+/// A mistake is told in the words it was made in: a rule from a file
+/// names the file's fields and values, one made in Rust the API's names.
+#[test]
+fn concurrency_errors_speak_the_language_of_their_origin() {
+    let from_file = |extra: &str| {
+        let text = format!("[[rules]]\nname = \"c\"\nkey = \"ip\"\nconcurrent = 4\n{extra}\n");
+        let config: LayerConfig = toml::from_str(&text).unwrap();
+        config
+            .to_builder()
+            .unwrap()
+            .build()
+            .unwrap_err()
+            .to_string()
+    };
+    let in_rust = |rule: Rule| {
+        RateLimitLayer::builder()
+            .rule(rule)
+            .build()
+            .unwrap_err()
+            .to_string()
+    };
+
+    let file = from_file("adaptive = \"vegas 1..9\"");
+    assert!(file.contains("`key = \"global\"`"), "{file}");
+    assert!(
+        !file.contains("Key::") && !file.contains("on_route"),
+        "{file}"
+    );
+    let rust = in_rust(Rule::concurrent("c", Key::client_ip(), 4).adaptive(Adaptive::vegas(1, 9)));
+    assert!(rust.contains("`Key::global()`"), "{rust}");
+
+    let file = from_file("mode = \"shadow\"");
+    assert!(
+        file.contains("`mode = \"shadow\"`") && file.contains("`concurrent`"),
+        "{file}"
+    );
+    let rust = in_rust(Rule::concurrent("c", Key::global(), 4).mode(ratewall::http::Mode::Shadow));
+    assert!(rust.contains("`Mode::Shadow`"), "{rust}");
+
+    let file = from_file("count_failures_only = true");
+    assert!(file.contains("a rule with a `policy`"), "{file}");
+
+    // A rate rule given a concurrency setting in Rust is told to make a
+    // concurrency rule with the API (the file refuses it when read).
+    let rust = in_rust(
+        Rule::per_ip("c", Policy::token_bucket(Rate::per_second(1)))
+            .adaptive(Adaptive::vegas(1, 9)),
+    );
+    assert!(
+        rust.contains("`Rule::concurrent`") && !rust.contains(" = "),
+        "{rust}"
+    );
 }
 
 #[tokio::test]

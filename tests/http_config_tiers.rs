@@ -8,8 +8,8 @@ mod support;
 use axum::routing::get;
 use axum::Router;
 use http::StatusCode;
-use ratewall::http::{HttpConfigError, LayerConfig, RateLimitLayer};
-use ratewall::{ConfigError, ManualClock};
+use ratewall::http::{HttpConfigError, LayerConfig, RateLimitLayer, Rule};
+use ratewall::{ConfigError, ManualClock, Policy, Rate};
 use std::time::Duration;
 use support::http_client::{call, Got};
 
@@ -132,6 +132,24 @@ fn bad_tiers_and_blocks_are_typed_errors_that_say_what_to_change() {
         matches!(&e, HttpConfigError::InvalidValue { field: "tiers", .. }),
         "{e:?}"
     );
+    // Told in the file's words; the same rule made in Rust, in the API's.
+    assert!(
+        e.to_string().contains("`tier_keys` or `tier_header`")
+            && !e.to_string().contains("tier_by"),
+        "{e}"
+    );
+    let rust = RateLimitLayer::builder()
+        .rule(
+            Rule::per_header(
+                "api",
+                "x-api-key",
+                Policy::token_bucket(Rate::per_minute(10)),
+            )
+            .tier("premium", Policy::token_bucket(Rate::per_minute(100))),
+        )
+        .build()
+        .unwrap_err();
+    assert!(rust.to_string().contains("`tier_by_header`"), "{rust}");
     let e = error_of("tiers = { premium = \"100/min\" }\ntier_header = \"x plan\"");
     assert!(
         matches!(

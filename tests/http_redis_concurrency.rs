@@ -291,6 +291,21 @@ async fn redis_killed_open_admits_closed_answers_503_and_neither_hangs() {
     assert_eq!(closed.status, StatusCode::SERVICE_UNAVAILABLE);
     assert!(closed.retry_after().is_some_and(|s| s >= 1));
     assert!(closed.text().contains("jobs"), "{}", closed.text());
+    // A concurrency rule's outage is not told as rate limits, and the
+    // detail's seconds agree with `Retry-After` in number.
+    assert!(
+        closed.text().contains("concurrency limit"),
+        "{}",
+        closed.text()
+    );
+    assert!(!closed.text().contains("rate limits"), "{}", closed.text());
+    let secs = closed.retry_after().unwrap();
+    let said = if secs == 1 {
+        "1 second.".to_string()
+    } else {
+        format!("{secs} seconds.")
+    };
+    assert!(closed.text().contains(&said), "{}", closed.text());
     assert!(took < Duration::from_secs(3), "took {took:?}");
 }
 

@@ -654,8 +654,17 @@ fn a_wait_returns_the_permit_when_one_comes_back() {
         .timeout(Duration::from_millis(50))
         .blocking(|| slow.try_acquire_key(&1, 1));
     match r {
-        Err(WaitError::Deadline { last: Some(d) }) => {
-            assert_eq!(d.retry_after(), Duration::from_secs(10))
+        Err(
+            e @ WaitError::NoPermit {
+                last: Some(d),
+                requested: 1,
+                max: 1,
+                ..
+            },
+        ) => {
+            assert_eq!(d.retry_after(), Duration::from_secs(10));
+            // A permit has no time at which it is due: none is named.
+            assert!(!e.to_string().contains("next chance"), "{e}");
         }
         other => panic!("expected a deadline, got {other:?}"),
     }

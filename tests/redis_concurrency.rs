@@ -484,7 +484,7 @@ mod waiting {
         let e = l.acquire_key(b"d", 1, &wait).await.unwrap_err();
         let took = t.elapsed();
         assert!(
-            matches!(e, WaitError::Deadline { last: Some(d) } if !d.is_allowed()),
+            matches!(e, WaitError::NoPermit { requested: 1, max: 1, last: Some(d), .. } if !d.is_allowed()),
             "{e:?}"
         );
         assert!(took >= Duration::from_millis(150), "{took:?}");
@@ -588,7 +588,7 @@ mod waiting {
         let t = Instant::now();
         assert!(matches!(
             share.acquire_key(b"k", 1, &wait).await,
-            Err(WaitError::Deadline { .. })
+            Err(WaitError::NoPermit { .. })
         ));
         assert!(t.elapsed() >= Duration::from_millis(300));
     }

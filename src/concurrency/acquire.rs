@@ -117,6 +117,16 @@ impl<L: Handle> Turn<L> {
         Poll::Ready(Ok(self.handle.permit(l.held(self.units, hold))))
     }
 
+    /// The error of a wait that reached its deadline unserved.
+    fn no_permit(&self, wait: &Wait) -> WaitError {
+        WaitError::NoPermit {
+            timeout: wait.timeout_value().unwrap_or_default(),
+            requested: self.units,
+            max: self.handle.limiter().max(),
+            last: self.last,
+        }
+    }
+
     /// The blocking form: parks the thread between polls.
     fn block(mut self, wait: &Wait) -> Result<L::Permit, WaitError> {
         let deadline = wait
@@ -133,7 +143,7 @@ impl<L: Handle> Turn<L> {
                     let now = Instant::now();
                     if now >= d {
                         // Dropping `self` leaves the queue.
-                        return Err(WaitError::Deadline { last: self.last });
+                        return Err(self.no_permit(wait));
                     }
                     park_timeout(d - now);
                 }
@@ -155,7 +165,7 @@ impl<L: Handle> Turn<L> {
                 return Poll::Ready(r.map_err(WaitError::InsufficientCapacity));
             }
             match sleep.as_mut().poll(cx) {
-                Poll::Ready(()) => Poll::Ready(Err(WaitError::Deadline { last: self.last })),
+                Poll::Ready(()) => Poll::Ready(Err(self.no_permit(wait))),
                 Poll::Pending => Poll::Pending,
             }
         })
@@ -280,8 +290,9 @@ macro_rules! acquire_methods {
 
             /// Waits on this thread (parked; a release unparks it) until
             /// admitted, or until `wait`'s timeout from now: never later.
-            /// The deadline error carries the denial of the try at once
-            /// (`None` for a fair waiter that queued behind others). A cost
+            /// At the deadline the error is [`WaitError::NoPermit`], with
+            /// the denial of the try at once (`None` for a fair waiter that
+            /// queued behind others). A cost
             /// above the class's share of the maximum is
             /// [`WaitError::InsufficientCapacity`] at once, or when a lowered
             /// maximum rules it out while it waits. `wait`'s jitter is not
@@ -294,7 +305,7 @@ macro_rules! acquire_methods {
             /// let l = ConcurrencyLimiter::new(1)?;
             /// let _held = l.try_acquire(1).unwrap();
             /// let late = l.acquire(1).blocking(&Wait::new().timeout(Duration::from_millis(5)));
-            /// assert!(matches!(late, Err(WaitError::Deadline { last: Some(_) })));
+            /// assert!(matches!(late, Err(WaitError::NoPermit { last: Some(_), .. })));
             /// assert_eq!(l.in_flight(), 1); // the waiter took nothing
             /// # Ok::<(), ratewall::ConfigError>(())
             /// ```
@@ -316,7 +327,7 @@ macro_rules! acquire_methods {
             /// let l = ConcurrencyLimiter::new(1)?;
             /// let held = l.try_acquire(1)?.into_permit().unwrap();
             /// let wait = Wait::new().timeout(Duration::from_millis(5));
-            /// assert!(matches!(l.acquire(1).wait(&wait).await, Err(WaitError::Deadline { .. })));
+            /// assert!(matches!(l.acquire(1).wait(&wait).await, Err(WaitError::NoPermit { .. })));
             /// drop(held);
             /// assert!(l.acquire(1).wait(&wait).await.is_ok());
             /// # Ok(()) }

@@ -173,8 +173,13 @@ impl Adaptive {
 
     /// The floor and ceiling, validated against the initial maximum.
     fn validate(&self, initial: u64) -> Result<(), ConfigError> {
+        let bounds = ConfigError::AdaptiveBounds {
+            floor: self.floor,
+            initial,
+            ceiling: self.ceiling,
+        };
         if self.floor == 0 {
-            return Err(ConfigError::ZeroLimit);
+            return Err(bounds);
         }
         if self.ceiling > MAX_ADAPTIVE {
             return Err(ConfigError::LimitTooLarge {
@@ -183,9 +188,7 @@ impl Adaptive {
             });
         }
         if !(self.floor..=self.ceiling).contains(&initial) {
-            return Err(ConfigError::Incompatible {
-                reason: "an adaptive limit starts at the limiter's maximum, which must lie between its floor and its ceiling (floor <= max <= ceiling)",
-            });
+            return Err(bounds);
         }
         match self.algorithm {
             Algorithm::Aimd {
@@ -311,14 +314,34 @@ mod tests {
     #[test]
     fn bad_bounds_are_refused() {
         let ms = Duration::from_millis(1);
+        let zero = Controller::new(Adaptive::vegas(0, 5), 1).unwrap_err();
         assert_eq!(
-            Controller::new(Adaptive::vegas(0, 5), 1).unwrap_err(),
-            ConfigError::ZeroLimit
+            zero,
+            ConfigError::AdaptiveBounds {
+                floor: 0,
+                initial: 1,
+                ceiling: 5
+            }
         );
-        assert!(matches!(
-            Controller::new(Adaptive::vegas(5, 10), 11).unwrap_err(),
-            ConfigError::Incompatible { .. }
-        ));
+        assert_eq!(
+            zero.to_string(),
+            "an adaptive maximum's floor is 0 (bounds 0..5, starting at 1): use a floor of at least 1"
+        );
+        let outside = Controller::new(Adaptive::vegas(5, 10), 11).unwrap_err();
+        assert_eq!(
+            outside,
+            ConfigError::AdaptiveBounds {
+                floor: 5,
+                initial: 11,
+                ceiling: 10
+            }
+        );
+        // The message shows every value it checked.
+        let text = outside.to_string();
+        assert!(
+            text.contains("maximum, 11,") && text.contains("bounds 5..10"),
+            "{text}"
+        );
         assert!(matches!(
             Controller::new(Adaptive::vegas(1, MAX_ADAPTIVE + 1), 1).unwrap_err(),
             ConfigError::LimitTooLarge { .. }

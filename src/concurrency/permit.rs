@@ -32,11 +32,22 @@ use std::sync::Arc;
 pub struct Acquisition<P> {
     decision: Decision,
     permit: Option<P>,
+    /// The units asked for (a wait's error names them).
+    units: u64,
 }
 
 impl<P> Acquisition<P> {
-    pub(crate) fn new(decision: Decision, permit: Option<P>) -> Self {
-        Acquisition { decision, permit }
+    pub(crate) fn new(decision: Decision, permit: Option<P>, units: u64) -> Self {
+        Acquisition {
+            decision,
+            permit,
+            units,
+        }
+    }
+
+    /// The units asked for.
+    pub(crate) fn units(&self) -> u64 {
+        self.units
     }
 
     /// Whether the request was admitted (and so holds a permit).
@@ -234,6 +245,7 @@ impl<C: Clock> ConcurrencyLimiter<C> {
                 limiter: self,
                 held,
             }),
+            n,
         ))
     }
 
@@ -280,6 +292,7 @@ impl<C: Clock> ConcurrencyLimiter<C> {
                 limiter: Arc::clone(self),
                 held,
             }),
+            n,
         ))
     }
 }

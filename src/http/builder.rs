@@ -10,6 +10,7 @@ use super::engine::{warn_now, Shared, SkipFn};
 use super::headers::{Buf, Headers};
 use super::key::Fingerprint;
 use super::lockout::Lockout;
+use super::origin::{self, Origin};
 use super::response::{Rejection, Responder};
 use super::rule::{self, Mode, Rule, Visibility};
 use super::service::RateLimitLayer;
@@ -58,7 +59,8 @@ pub enum HttpConfigError {
         /// The name given twice.
         name: String,
     },
-    /// A header key whose header name is not valid.
+    /// A header the rule names (its key's, its tier header, its priority
+    /// header) whose name is not a valid header name.
     InvalidHeaderName {
         /// The rule.
         rule: String,
@@ -165,18 +167,22 @@ impl fmt::Display for HttpConfigError {
             HttpConfigError::InvalidRuleName { name } => write!(
                 f,
                 "rule name {name:?} is not usable in RateLimit headers: use 1 to 64 characters, \
-                 a letter first, then letters, digits or !#$%&'*+-.^_`|~:/ (a Redis rule is \
-                 named after its limiter: rename the limiter with RedisLimiterBuilder::name)"
+                 a letter first, then letters, digits or !#$%&'*+-.^_`|~:/ (a Redis rule made in \
+                 Rust is named after its limiter: rename the limiter with \
+                 `RedisLimiterBuilder::name`; in a file, the rule's `name` is its limiter's)"
             ),
             HttpConfigError::DuplicateRuleName { name } => write!(
                 f,
-                "two rules are named {name:?}: give each rule its own name (a Redis rule is \
-                 named after its limiter: give each limiter its own RedisLimiterBuilder::name; \
-                 limiters of one name and prefix share one limit, so one rule on it suffices)"
+                "two rules are named {name:?}: give each rule its own name (a Redis rule made \
+                 in Rust is named after its limiter: give each limiter its own \
+                 `RedisLimiterBuilder::name`; limiters of one name and prefix share one limit, so \
+                 one rule on it suffices)"
             ),
             HttpConfigError::InvalidHeaderName { rule } => write!(
                 f,
-                "rule {rule:?} is keyed by a header whose name is not a valid HTTP header name"
+                "rule {rule:?} names a header (in its key, as its tier header or as its priority \
+                 header) whose name is not a valid HTTP header name: use letters, digits and `-`, \
+                 such as `x-api-key`"
             ),
             HttpConfigError::Policy { rule, error } => write!(f, "rule {rule:?}: {error}"),
             HttpConfigError::CostTooHigh { rule, cost, limit } => write!(
@@ -282,6 +288,9 @@ pub struct RateLimitBuilder<C: Clock = DefaultClock> {
     responder: Option<Responder>,
     decisions_extension: bool,
     clock: C,
+    /// Where the client-address settings were written (`LayerConfig` or
+    /// Rust): the words of the warnings about them.
+    origin: Origin,
 }
 
 impl<C: Clock> fmt::Debug for RateLimitBuilder<C> {
@@ -326,6 +335,8 @@ impl<C: Clock + Clone> RateLimitBuilder<C> {
     /// ```
     pub fn client_ip(mut self, client_ip: ClientIp) -> Self {
         self.client_ip = client_ip;
+        // Set in Rust now: its warnings name the API.
+        self.origin = Origin::Rust;
         self
     }
 
@@ -431,7 +442,16 @@ impl<C: Clock + Clone> RateLimitBuilder<C> {
             responder: self.responder,
             decisions_extension: self.decisions_extension,
             clock,
+            origin: self.origin,
         }
+    }
+
+    /// The layer's settings were read from a configuration file: its
+    /// messages name the file's fields (`config.rs`).
+    #[cfg(feature = "serde")]
+    pub(super) fn read_from_file(mut self) -> Self {
+        self.origin = Origin::File;
+        self
     }
 
     /// Validates every rule and builds its limiter.
@@ -476,10 +496,12 @@ impl<C: Clock + Clone> RateLimitBuilder<C> {
             let conc = match &rule.concurrency {
                 None => None,
                 Some(c) => {
-                    if let (false, Some(reason)) = (c.on_rate_rule, not_for_concurrency(&rule)) {
+                    if let (false, Some(said)) = (c.on_rate_rule, not_for_concurrency(&rule)) {
+                        let reason = rule.origin.pick(said);
                         return Err(policy_error(ConfigError::Incompatible { reason }));
                     }
-                    let built = ConcLimit::build(&self.clock, &name, &rule.key, rule.table, c);
+                    let built =
+                        ConcLimit::build(&self.clock, &name, &rule.key, rule.table, c, rule.origin);
                     Some(built.map_err(|e| match e {
                         ConcError::Config(error) => policy_error(error),
                         ConcError::BadHeader => {
@@ -562,7 +584,7 @@ impl<C: Clock + Clone> RateLimitBuilder<C> {
             let pick = rule
                 .tiers
                 .compile(rule.key.header_name(), first)
-                .map_err(|e| tier_error(&rule.name, e))?;
+                .map_err(|e| tier_error(&rule.name, rule.origin, e))?;
             for (tier, policy) in &rule.tiers.list {
                 let mut t = rule.clone();
                 t.policy = *policy;
@@ -625,13 +647,7 @@ impl<C: Clock + Clone> RateLimitBuilder<C> {
             None
         };
         if needs_ip && self.client_ip.hops_from_any_peer() {
-            warn_now(
-                "`ClientIp::behind_hops` without `from_peers` believes X-Forwarded-For from every \
-                 peer: a client that reaches the server directly can write any address (another \
-                 client's key, an allowed network). Name the proxies with \
-                 `ClientIp::behind_hops(n).from_peers(..)` (`trusted_peers` in a file) unless only \
-                 they can connect",
-            );
+            warn_now(self.origin.pick(origin::HOPS_FROM_ANY_PEER));
         }
         if let Some((a, b)) = charged_twice(&rules) {
             warn_now(&format!(
@@ -652,6 +668,7 @@ impl<C: Clock + Clone> RateLimitBuilder<C> {
                 decisions_extension: self.decisions_extension,
                 any_refund,
                 any_count_refused,
+                origin: self.origin,
                 plain,
                 unit_costs,
                 keep_decisions: self.headers != Headers::None
@@ -746,7 +763,7 @@ fn lockout_of<C: Clock + Clone>(
 }
 
 /// What is wrong with rule `rule`'s tiers, as the error that names it.
-fn tier_error(rule: &str, e: TierError) -> HttpConfigError {
+fn tier_error(rule: &str, origin: Origin, e: TierError) -> HttpConfigError {
     let rule = rule.to_owned();
     match e {
         TierError::BadHeader => HttpConfigError::InvalidHeaderName { rule },
@@ -756,13 +773,17 @@ fn tier_error(rule: &str, e: TierError) -> HttpConfigError {
             rule: Some(rule),
             field: "tier_keys",
             value,
-            expected: "a rule keyed by one header (`header:x-api-key`): its values are the keys listed",
+            expected:
+                "a rule keyed by one header (`header:x-api-key`): its values are the keys listed",
         },
         TierError::NoPick(value) => HttpConfigError::InvalidValue {
             rule: Some(rule),
             field: "tiers",
             value,
-            expected: "tiers and a way to pick one: `tier_keys`, `tier_header` (Rust: `tier_by`, `tier_by_header`)",
+            expected: origin.pick(origin::Said {
+                rust: "tiers and a way to pick one: `tier_keys`, `tier_by` or `tier_by_header`",
+                file: "tiers and a way to pick one: `tier_keys` or `tier_header`",
+            }),
         },
     }
 }
@@ -804,19 +825,22 @@ fn table_of<C: Clock>(limit: &RuleLimit<C>) -> Option<usize> {
 }
 
 /// What a concurrency rule cannot have, and what to do instead.
-fn not_for_concurrency(rule: &Rule) -> Option<&'static str> {
+fn not_for_concurrency(rule: &Rule) -> Option<origin::Said> {
     if rule.mode == Mode::Shadow {
-        return Some("a concurrency rule cannot be in shadow mode: a dry run would have to hold permits it never enforces; enforce it with a high maximum instead");
+        return Some(origin::NO_SHADOW);
     }
     if rule.refund_on_success
         || rule.count_refused
         || !rule.tiers.is_empty()
         || rule.block_for.is_some()
     {
-        return Some("`count_failures_only`, `count_refused`, tiers and `block_for` apply to rate rules only: put them on a rate rule beside the concurrency rule");
+        return Some(origin::RATE_ONLY);
     }
     if remote_of(rule).is_some() {
-        return Some("a Redis rule cannot be a concurrency rule");
+        return Some(origin::Said {
+            rust: "a Redis rule cannot be a concurrency rule",
+            file: "a Redis rule cannot be a concurrency rule",
+        });
     }
     None
 }
@@ -907,6 +931,7 @@ impl RateLimitLayer<DefaultClock> {
             responder: None,
             decisions_extension: false,
             clock: DefaultClock::default(),
+            origin: Origin::Rust,
         }
     }
 }
@@ -923,6 +948,17 @@ mod tests {
         }
         let layer = b.build().unwrap();
         Arc::try_unwrap(layer.shared).ok().expect("one owner").rules
+    }
+
+    /// A layer read from a file warns about its client address in the
+    /// file's words, until Rust sets the client address.
+    #[cfg(feature = "serde")]
+    #[test]
+    fn the_client_address_warnings_follow_who_set_it() {
+        let config: super::super::LayerConfig = toml::from_str("trusted_hops = 1").unwrap();
+        let b = config.to_builder().unwrap();
+        assert_eq!(b.origin, Origin::File);
+        assert_eq!(b.client_ip(ClientIp::behind_hops(1)).origin, Origin::Rust);
     }
 
     #[test]

@@ -10,6 +10,7 @@
 //! timeout) dropped; `4xx` ignored.
 
 use super::key::{single_header, Key};
+use super::origin::{self, Origin};
 use super::stats::Counter;
 use crate::clock::Clock;
 use crate::concurrency::{Adaptive, ConcurrencyLimiter, Outcome, OwnedPermit, Priority};
@@ -165,10 +166,15 @@ impl<C: Clock + Clone> ConcLimit<C> {
         key: &Key,
         table: TableOptions,
         c: &Concurrency,
+        origin: Origin,
     ) -> Result<ConcLimit<C>, ConcError> {
-        let refuse = |reason| Err(ConcError::Config(ConfigError::Incompatible { reason }));
+        let refuse = |said| {
+            Err(ConcError::Config(ConfigError::Incompatible {
+                reason: origin.pick(said),
+            }))
+        };
         if c.on_rate_rule {
-            return refuse("`adaptive`, `reserve`, `priority_by_header` and `release_permit` apply to concurrency rules only: make the rule with `Rule::concurrent` (in a file, `concurrent = N` instead of `policy`)");
+            return refuse(origin::CONCURRENCY_ONLY);
         }
         let priority = match &c.priority_header {
             None => None,
@@ -183,7 +189,7 @@ impl<C: Clock + Clone> ConcLimit<C> {
                 || priority.is_some()
                 || c.release != PermitRelease::BodyEnd
             {
-                return refuse("an adaptive maximum, reserved shares, request classes and `release_permit` apply to local concurrency rules only: drop them from the Redis concurrency rule, or make it with `Rule::concurrent`");
+                return refuse(origin::LOCAL_ONLY);
             }
             return Ok(ConcLimit {
                 limiter: Limiter::Redis(l.clone()),
@@ -205,7 +211,7 @@ impl<C: Clock + Clone> ConcLimit<C> {
             }
             Limiter::One(Arc::new(b.build().map_err(ConcError::Config)?))
         } else if c.adaptive.is_some() || !c.reserved.is_empty() || priority.is_some() {
-            return refuse("an adaptive maximum, reserved shares and request classes apply to one limit shared by all requests: give the rule `Key::global()` (narrowed with `on_route` or `on_path_prefix`), or drop them from the per-key rule");
+            return refuse(origin::SHARED_ONLY);
         } else {
             let b = KeyedConcurrencyLimiter::<u128>::builder(c.max)
                 .table(table)

@@ -434,6 +434,7 @@ impl RuleConfig {
             Some(policy) if in_redis => self.redis_rule(key, policy, redis)?,
             Some(policy) => Rule::new(self.name.clone(), key, policy),
         };
+        rule.origin = super::origin::Origin::File;
         for (field, prefix, max) in [
             ("ipv4_prefix", self.ipv4_prefix, 32),
             ("ipv6_prefix", self.ipv6_prefix, 128),
@@ -882,10 +883,12 @@ impl LayerConfig {
                 ClientIp::peer()
             }
         };
-        b = b.client_ip(match proxy_header {
-            Some(p) if self.client_ip_header.is_none() => client_ip.header(p),
-            _ => client_ip,
-        });
+        b = b
+            .client_ip(match proxy_header {
+                Some(p) if self.client_ip_header.is_none() => client_ip.header(p),
+                _ => client_ip,
+            })
+            .read_from_file();
         b = b.allow(networks("allow", &self.allow)?);
         for rule in &self.rules {
             b = b.rule(rule.make_rule(redis)?);

@@ -19,6 +19,7 @@ use super::headers::{Admitted, Headers};
 use super::info::RateLimitInfo;
 use super::key::{Absent, Fingerprint, RequestParts, RuleKey};
 use super::lockout::no_sooner_than;
+use super::origin::{self, Origin};
 use super::response::{self, Responder};
 use super::rule::{Missing, Mode, UnknownClient};
 use super::stats::{self, bump};
@@ -70,6 +71,8 @@ pub(super) struct Shared<C: Clock> {
     pub(super) any_refund: bool,
     /// Some rule counts requests other rules refuse (`Rule::count_refused`).
     pub(super) any_count_refused: bool,
+    /// Where the layer's client-address settings were written.
+    pub(super) origin: Origin,
     /// No rule is in shadow mode and every rule is local: every entry of a
     /// request takes part in the all-or-nothing check (known at build, so
     /// no request scans its entries to find out).
@@ -316,11 +319,7 @@ impl<C: Clock + 'static> Shared<C> {
             // Relaxed: as above; an overshoot by concurrent requests is harmless.
             self.xff_checks.fetch_add(1, Ordering::Relaxed);
             if req.headers.contains_key(X_FORWARDED_FOR) {
-                self.warn(
-                    &self.warn_xff,
-                    "X-Forwarded-For seen while no proxy is trusted: the TCP peer is the client. \
-                     Behind a proxy, configure `ClientIp::behind_proxies` or `ClientIp::behind_hops`",
-                );
+                self.warn(&self.warn_xff, self.origin.pick(origin::XFF_UNTRUSTED));
             }
         }
         if let Resolved::Ip(ip) = client {

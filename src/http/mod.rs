@@ -100,6 +100,7 @@ mod headers;
 mod info;
 mod key;
 mod lockout;
+mod origin;
 mod path;
 mod refused;
 #[cfg(feature = "redis")]

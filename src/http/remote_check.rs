@@ -312,7 +312,9 @@ impl<C: Clock + 'static> Shared<C> {
                         .insert(RETRY_AFTER, HeaderValue::from(retry));
                     res
                 } else {
-                    response::store_unavailable(&names, retry)
+                    let unchecked =
+                        response::Unchecked::of(blamed.iter().map(|r| r.conc.is_some()));
+                    response::store_unavailable(&names, retry, unchecked)
                 }
             }
         }

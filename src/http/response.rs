@@ -8,6 +8,8 @@ use super::headers::{legacy, Buf, Headers, Items, RATELIMIT, RATELIMIT_POLICY, X
 use super::rule::Visibility;
 use crate::clock::Clock;
 use crate::decision::Decision;
+#[cfg(feature = "redis")]
+use crate::wording::plural;
 use bytes::Bytes;
 use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, Response, StatusCode};
@@ -361,10 +363,56 @@ pub(super) fn missing_key(status: StatusCode, rule: &str, why: &str) -> Response
     problem(status, body)
 }
 
+/// Which limits of a request a store outage left unchecked.
+#[cfg(feature = "redis")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Unchecked {
+    /// Rate rules only.
+    Rates,
+    /// Concurrency rules only: the requests in flight could not be counted.
+    Concurrency,
+    /// Both kinds.
+    Both,
+}
+
+#[cfg(feature = "redis")]
+impl Unchecked {
+    /// What the outage left unchecked, for rules that are concurrency
+    /// rules (`true`) or rate rules (`false`).
+    pub(super) fn of(concurrency: impl IntoIterator<Item = bool>) -> Unchecked {
+        let (mut conc, mut rate) = (false, false);
+        for c in concurrency {
+            conc |= c;
+            rate |= !c;
+        }
+        match (rate, conc) {
+            (false, true) => Unchecked::Concurrency,
+            (true, true) => Unchecked::Both,
+            _ => Unchecked::Rates,
+        }
+    }
+
+    fn says(self) -> &'static str {
+        match self {
+            Unchecked::Rates => "the rate limits of this request could not be checked",
+            Unchecked::Concurrency => {
+                "the requests in flight could not be counted, so the concurrency limit of this request could not be checked"
+            }
+            Unchecked::Both => {
+                "the rate and concurrency limits of this request could not be checked"
+            }
+        }
+    }
+}
+
 /// A 503 when the Redis rules could not be decided and their limiters
 /// fail closed.
 #[cfg(feature = "redis")]
-pub(super) fn store_unavailable(rules: &[&str], retry_after: u64) -> Response<Bytes> {
+pub(super) fn store_unavailable(
+    rules: &[&str],
+    retry_after: u64,
+    unchecked: Unchecked,
+) -> Response<Bytes> {
     let mut list = String::new();
     for (i, r) in rules.iter().enumerate() {
         if i > 0 {
@@ -378,8 +426,10 @@ pub(super) fn store_unavailable(rules: &[&str], retry_after: u64) -> Response<By
     // the title is the status phrase; the detail says which store.
     let body = format!(
         "{{\"type\":\"about:blank\",\"title\":\"Service Unavailable\",\"status\":503,\
-         \"detail\":\"The rate-limit store is unavailable: the rate limits of this request could not be checked; retry after {retry_after} seconds.\",\
-         \"violated-policies\":[{list}]}}"
+         \"detail\":\"The rate-limit store is unavailable: {}; retry after {}.\",\
+         \"violated-policies\":[{list}]}}",
+        unchecked.says(),
+        plural(retry_after, "second")
     );
     let mut res = problem(StatusCode::SERVICE_UNAVAILABLE, body);
     res.headers_mut()
@@ -572,7 +622,7 @@ mod tests {
     #[cfg(feature = "redis")]
     #[test]
     fn the_503_body_has_a_type_like_the_429() {
-        let res = store_unavailable(&["ip", "key"], 7);
+        let res = store_unavailable(&["ip", "key"], 7, Unchecked::Rates);
         assert_eq!(res.status(), 503);
         assert_eq!(res.headers()[http::header::RETRY_AFTER], "7");
         let v: serde_json::Value = serde_json::from_slice(res.body()).unwrap();
@@ -580,5 +630,30 @@ mod tests {
         assert_eq!(v["title"], "Service Unavailable");
         assert_eq!(v["status"], 503);
         assert_eq!(v["violated-policies"], serde_json::json!(["ip", "key"]));
+        assert_eq!(
+            v["detail"],
+            "The rate-limit store is unavailable: the rate limits of this request could not be \
+             checked; retry after 7 seconds."
+        );
+    }
+
+    /// The detail says what the outage left unchecked (a concurrency
+    /// rule's is not a rate limit) and agrees with `Retry-After` in number.
+    #[cfg(feature = "redis")]
+    #[test]
+    fn the_503_detail_names_what_was_not_checked_and_its_plural() {
+        let detail = |unchecked, retry| {
+            let res = store_unavailable(&["jobs"], retry, unchecked);
+            let v: serde_json::Value = serde_json::from_slice(res.body()).unwrap();
+            v["detail"].as_str().unwrap().to_owned()
+        };
+        let one = detail(Unchecked::of([true]), 1);
+        assert!(one.contains("concurrency limit"), "{one}");
+        assert!(!one.contains("rate limits"), "{one}");
+        assert!(one.ends_with("retry after 1 second."), "{one}");
+        let both = detail(Unchecked::of([true, false]), 2);
+        assert!(both.contains("the rate and concurrency limits"), "{both}");
+        assert!(both.ends_with("retry after 2 seconds."), "{both}");
+        assert_eq!(Unchecked::of([false, false]), Unchecked::Rates);
     }
 }

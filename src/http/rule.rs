@@ -196,6 +196,8 @@ pub struct Rule {
     pub(super) refund_on_success: bool,
     /// Charged when another rule refuses the request (`refused.rs`).
     pub(super) count_refused: bool,
+    /// Made in Rust or read from a file: the words of its errors.
+    pub(super) origin: super::origin::Origin,
     /// Premium tiers: other policies, and how a request picks one.
     pub(super) tiers: Tiers,
     /// The lockout after a denial.
@@ -274,6 +276,7 @@ impl Rule {
             table: TableOptions::new().when_full(WhenFull::EvictLeastRecent),
             refund_on_success: false,
             count_refused: false,
+            origin: super::origin::Origin::Rust,
             tiers: Tiers::default(),
             block_for: None,
             lockout_max_keys: None,

@@ -5,9 +5,11 @@
 //! ([`Rule::lockout_max_keys`]). `docs/http.md`, "Key spraying and full
 //! tables", gives what a spray costs under each policy.
 
+use super::origin::Origin;
 use super::rule::{Mode, Rule};
 use crate::keyed::{TableOptions, WhenFull};
 use crate::policy::{Policy, PolicyAlgorithm};
+use crate::wording::plural;
 use std::time::Duration;
 
 /// Requests a second: a table that rejects new keys and that a client can
@@ -60,10 +62,18 @@ pub(super) fn spray_warning(rule: &Rule, local: bool) -> Option<String> {
     if keys.saturating_mul(1_000_000_000) >= SPRAY_WARN_RATE.saturating_mul(keeps.as_nanos()) {
         return None;
     }
+    let (reject, evict) = match rule.origin {
+        Origin::Rust => ("`WhenFull::RejectNew`", "`WhenFull::EvictLeastRecent`"),
+        Origin::File => (
+            "`when_full = \"reject-new\"`",
+            "`when_full = \"evict-least-recent\"`",
+        ),
+    };
+    let requests = plural(u64::try_from(keys).unwrap_or(u64::MAX), "request");
     Some(format!(
-        "rule {:?} (key {:?}) rejects new keys when its table is full (`WhenFull::RejectNew`): \
-         {keys} requests with new keys, each active for {keeps:?}, fill it, and every new client \
-         then gets 429 until they go idle; use `WhenFull::EvictLeastRecent` (the default: a \
+        "rule {:?} (key {:?}) rejects new keys when its table is full ({reject}): \
+         {requests} with new keys, each active for {keeps:?}, fill it, and every new client \
+         then gets 429 until they go idle; use {evict} (the default: a \
          spray evicts its own keys first) or a larger `max_keys` (docs/http.md, \"Key spraying \
          and full tables\")",
         rule.name, rule.key
@@ -153,6 +163,16 @@ mod tests {
         assert!(
             w.contains("RejectNew") && w.contains("65536 requests"),
             "{w}"
+        );
+        // A rule read from a file is told in the file's words.
+        let mut from_file = daily_header(Some(WhenFull::RejectNew));
+        from_file.origin = Origin::File;
+        let f = spray_warning(&from_file, true).expect("warns");
+        assert!(
+            f.contains("`when_full = \"reject-new\"`")
+                && f.contains("`when_full = \"evict-least-recent\"`")
+                && !f.contains("WhenFull::"),
+            "{f}"
         );
         // Not for Redis rules (no table), shadow rules (never deny), or an
         // extension key (the application picks its values).

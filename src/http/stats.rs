@@ -77,7 +77,15 @@ impl RuleStats {
     pub fn shadow_denied(&self) -> u64 {
         self.shadow_denied
     }
-    /// Requests without a key for the rule.
+    /// Requests the rule matched that had no key for it (no key header,
+    /// a key header sent twice, no client address), whatever the rule did
+    /// with them: rejected (`when_missing = "reject 401"`,
+    /// [`Missing::Reject`](super::Missing::Reject)) or skipped (`"skip"`,
+    /// [`Missing::Skip`](super::Missing::Skip)). A skip rule on an optional
+    /// header (`key = "header:x-api-key"` beside a per-IP rule) therefore
+    /// counts every request without that header: not an error, but the
+    /// traffic the rule leaves to the others. Requests the rule does not
+    /// match (method, path, route, mode `off`) are never counted.
     ///
     /// ```
     /// # fn f(s: &ratewall::http::RuleStats) { let _ = s.missing_key(); }

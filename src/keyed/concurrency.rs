@@ -86,7 +86,9 @@ const UNTIMED: u64 = u64::MAX;
 /// `retry_after`, the observed mean hold time: a **hint**, so the wait tries
 /// again then, and a release may have come sooner or later. With a
 /// timeout, a hint longer than the time left ends the wait at once (the
-/// wait's rule for every limiter). A cost above the key's maximum ends it
+/// wait's rule for every limiter), with
+/// [`WaitError::NoPermit`](crate::wait::WaitError::NoPermit) (the count
+/// asked, the maximum, the denial). A cost above the key's maximum ends it
 /// with [`WaitError::InsufficientCapacity`](crate::wait::WaitError).
 ///
 /// ```
@@ -278,7 +280,7 @@ impl<K, C: Clock> KeyedConcurrencyLimiter<K, C> {
         permit: impl FnOnce(KeyHeld) -> P,
     ) -> Result<Acquisition<P>, InsufficientCapacity> {
         let (decision, held) = self.admit(key, n)?;
-        Ok(Acquisition::new(decision, held.map(permit)))
+        Ok(Acquisition::new(decision, held.map(permit), n))
     }
 
     /// Gives a permit's units back (its `Drop`): one update of its key's
@@ -733,10 +735,10 @@ macro_rules! permit_attempt {
                 match self {
                     Err(e) => Outcome::Never(e),
                     Ok(a) => {
-                        let decision = a.decision();
+                        let (last, requested) = (a.decision(), a.units());
                         match a.into_permit() {
                             Some(permit) => Outcome::Admitted(permit),
-                            None => Outcome::Denied(decision),
+                            None => Outcome::Busy { last, requested },
                         }
                     }
                 }

@@ -494,7 +494,8 @@ impl RedisConcurrencyLimiter {
     /// denial sleeps for a **hint**: the mean time this instance's permits
     /// were held (10 ms until one came back), at least 1 ms and at most the
     /// denial's own `retry_after` (the first lapse), plus `wait`'s jitter
-    /// (which only lengthens); cut at the deadline, where a last try decides.
+    /// (which only lengthens); cut at the deadline, where a last try
+    /// decides (denied: [`WaitError::NoPermit`](crate::wait::WaitError::NoPermit)).
     /// Nobody wakes a Redis waiter: other instances' releases are not seen
     /// until the next try.
     ///
@@ -546,6 +547,16 @@ impl RedisConcurrencyLimiter {
             }
         })
         .await
+        // A permit has no time at which it is due: say none was released.
+        .map_err(|e| match e {
+            WaitError::Deadline { last } => WaitError::NoPermit {
+                timeout: wait.timeout_value().unwrap_or_default(),
+                requested: n,
+                max: self.max(),
+                last,
+            },
+            e => e,
+        })
     }
 
     /// The units of `key` this instance holds in Redis now.

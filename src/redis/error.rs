@@ -1,6 +1,7 @@
 //! The errors of the Redis backend.
 
 use crate::error::{ConfigError, InsufficientCapacity};
+use crate::wording::Millis;
 use std::fmt;
 use std::time::Duration;
 
@@ -109,11 +110,19 @@ impl fmt::Display for RedisError {
                 "empty rate-limit key; key by something that identifies the caller (an IP, a user id)",
             ),
             RedisError::InsufficientCapacity(e) => e.fmt(f),
-            RedisError::Unavailable { retry_in, cause } => write!(
-                f,
-                "Redis unavailable ({cause}); ratewall tries it again in {} ms. Choose FailurePolicy::Open or a local fallback to keep serving meanwhile",
-                retry_in.as_millis()
-            ),
+            RedisError::Unavailable { retry_in, cause } => {
+                write!(f, "Redis unavailable ({cause}); ratewall tries it again ")?;
+                if retry_in.is_zero() {
+                    f.write_str("on the next call")?;
+                } else {
+                    write!(f, "in {}", Millis(*retry_in))?;
+                }
+                f.write_str(
+                    ". To keep serving meanwhile, give the limiter a failure policy that admits \
+                     or limits locally (in Rust `FailurePolicy::Open` or a fallback; in a \
+                     configuration file `on_failure = \"open\"` or `\"fallback-share N\"`)",
+                )
+            }
             RedisError::Server { message } => write!(
                 f,
                 "Redis answered with an error about this key: {message}; the key holds data that is not this policy's state: check that no other program, and no other policy with the same prefix and name, writes under the limiter's keys"
@@ -144,5 +153,31 @@ impl From<ConfigError> for RedisError {
 impl From<InsufficientCapacity> for RedisError {
     fn from(e: InsufficientCapacity) -> Self {
         RedisError::InsufficientCapacity(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The wait is rounded up as `Retry-After` is (never "0 ms" while a
+    /// wait is due), and the advice names the failure policy in both the
+    /// forms a user may have written it in.
+    #[test]
+    fn an_outage_says_when_it_is_tried_again_rounded_up() {
+        let down = |retry_in| RedisError::Unavailable {
+            retry_in,
+            cause: "connection refused".into(),
+        };
+        let soon = down(Duration::from_micros(300)).to_string();
+        assert!(soon.contains("tries it again in 1 ms."), "{soon}");
+        let later = down(Duration::from_millis(1500)).to_string();
+        assert!(later.contains("tries it again in 1500 ms."), "{later}");
+        let next = down(Duration::ZERO).to_string();
+        assert!(next.contains("tries it again on the next call."), "{next}");
+        assert!(
+            next.contains("FailurePolicy::Open") && next.contains("on_failure = \"open\""),
+            "{next}"
+        );
     }
 }

@@ -37,6 +37,7 @@ use super::FailurePolicy;
 #[cfg(feature = "metrics")]
 use super::{DecisionSource, RedisDecision};
 use crate::sync::{lock, AtomicU64, Mutex, Ordering};
+use crate::wording::{plural, Millis};
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -115,7 +116,8 @@ impl fmt::Display for StoreEvent {
                 cause,
             } => write!(
                 f,
-                "rate limiter `{limiter}`: Redis unavailable ({cause}); failing over to {policy:?}"
+                "rate limiter `{limiter}`: Redis unavailable ({cause}); failing over to {}",
+                FailingOver(policy)
             ),
             StoreEvent::StillFailing {
                 limiter,
@@ -125,9 +127,9 @@ impl fmt::Display for StoreEvent {
                 ..
             } => write!(
                 f,
-                "rate limiter `{limiter}`: Redis still unavailable after {} s ({cause}); {answered_locally} {} answered by the failure policy so far",
-                after.as_secs(),
-                if *answered_locally == 1 { "check" } else { "checks" }
+                "rate limiter `{limiter}`: Redis still unavailable after {} ({cause}); {} answered by the failure policy so far",
+                plural(after.as_secs(), "second"),
+                plural(*answered_locally, "check")
             ),
             StoreEvent::Recovered {
                 limiter,
@@ -136,10 +138,30 @@ impl fmt::Display for StoreEvent {
                 ..
             } => write!(
                 f,
-                "rate limiter `{limiter}`: Redis answers again after {} ms ({answered_locally} {} answered by the failure policy)",
-                after.as_millis(),
-                if *answered_locally == 1 { "check" } else { "checks" }
+                "rate limiter `{limiter}`: Redis answers again after {} ({} answered by the failure policy)",
+                Millis(*after),
+                plural(*answered_locally, "check")
             ),
+        }
+    }
+}
+
+/// What a failure policy does, in the words of a configuration file's
+/// `on_failure` (which a reader who wrote Rust understands as well): "open:
+/// admitting every check", not `Open`.
+struct FailingOver<'a>(&'a FailurePolicy);
+
+impl fmt::Display for FailingOver<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            FailurePolicy::Open => f.write_str("open: admitting every check"),
+            FailurePolicy::Closed => f.write_str("closed: every check fails as unavailable"),
+            FailurePolicy::FallbackShare { instances } => write!(
+                f,
+                "fallback-share {instances}: limiting locally at this instance's share of the limit among {}",
+                plural(u64::from(*instances), "instance")
+            ),
+            FailurePolicy::Fallback(p) => write!(f, "fallback {p}: limiting locally at {p}"),
         }
     }
 }
@@ -548,6 +570,17 @@ mod tests {
             StoreEvent::Recovered { answered_locally: 1000, ref limiter, .. } if limiter == "api"
         ));
         assert!(seen[1].to_string().contains("1000 checks"), "{}", seen[1]);
+        // The policy in words, not its Rust Debug form.
+        assert_eq!(
+            seen[0].to_string(),
+            "rate limiter `api`: Redis unavailable (refused); failing over to open: admitting every check"
+        );
+        let share = StoreEvent::Failing {
+            limiter: "api".into(),
+            policy: FailurePolicy::FallbackShare { instances: 1 },
+            cause: "refused".into(),
+        };
+        assert!(share.to_string().ends_with("fallback-share 1: limiting locally at this instance's share of the limit among 1 instance"), "{share}");
     }
 
     /// Failing and answered checks racing: the events still alternate,

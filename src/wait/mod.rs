@@ -44,6 +44,7 @@
 
 use crate::decision::Decision;
 use crate::error::InsufficientCapacity;
+use crate::wording::{plural, Millis};
 use std::convert::Infallible;
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -233,6 +234,39 @@ pub enum WaitError<E = Infallible> {
         /// The last denial, if the wait tried at all.
         last: Option<Decision>,
     },
+    /// No permit of a [`ConcurrencyLimiter`](crate::ConcurrencyLimiter)
+    /// ([`Acquire::blocking`](crate::Acquire::blocking), `Acquire::wait`),
+    /// of a [`KeyedConcurrencyLimiter`](crate::KeyedConcurrencyLimiter)
+    /// (a wait on `try_acquire_key`), or of a Redis concurrency limiter
+    /// (`RedisConcurrencyLimiter::acquire_key`, feature `redis`) was
+    /// released before the deadline, or (keyed: the mean hold time is a
+    /// lower bound there) none is expected before it.
+    /// A permit comes back when its holder is done with it, so unlike a
+    /// rate there is no time at which the next one is due.
+    ///
+    /// ```
+    /// use ratewall::wait::{Wait, WaitError};
+    /// use ratewall::ConcurrencyLimiter;
+    /// use std::time::Duration;
+    ///
+    /// let l = ConcurrencyLimiter::new(2)?;
+    /// let _held = l.try_acquire(2).unwrap();
+    /// let err = l.acquire(1).blocking(&Wait::new().timeout(Duration::from_millis(5))).unwrap_err();
+    /// assert!(matches!(err, WaitError::NoPermit { requested: 1, max: 2, .. }));
+    /// println!("{err}"); // no permit was released within the 5 ms timeout: ...
+    /// # Ok::<(), ratewall::ConfigError>(())
+    /// ```
+    NoPermit {
+        /// The wait's timeout.
+        timeout: Duration,
+        /// The permits asked for.
+        requested: u64,
+        /// The limiter's maximum when the wait gave up.
+        max: u64,
+        /// The denial of the try at once; `None` for a fair waiter that
+        /// queued behind others without trying.
+        last: Option<Decision>,
+    },
     /// The cost can never pass at once (above the burst or the limit).
     InsufficientCapacity(InsufficientCapacity),
     /// The limiter failed (for Redis: unavailable, bad input): returned as
@@ -251,7 +285,7 @@ impl<E> WaitError<E> {
     /// ```
     pub fn last_decision(&self) -> Option<Decision> {
         match self {
-            WaitError::Deadline { last } => *last,
+            WaitError::Deadline { last } | WaitError::NoPermit { last, .. } => *last,
             _ => None,
         }
     }
@@ -262,11 +296,22 @@ impl<E: fmt::Display> fmt::Display for WaitError<E> {
         match self {
             WaitError::Deadline { last: Some(d) } => write!(
                 f,
-                "not admitted before the deadline (next chance in {:?}): raise the timeout, lower the cost or the rate of calls",
-                d.retry_after()
+                "not admitted before the deadline (next chance in {}): raise the timeout, lower the cost or the rate of calls",
+                Millis(d.retry_after())
             ),
             WaitError::Deadline { last: None } => f.write_str(
                 "not admitted before the deadline: the wait was still queued behind earlier waiters; raise the timeout",
+            ),
+            WaitError::NoPermit {
+                timeout,
+                requested,
+                max,
+                ..
+            } => write!(
+                f,
+                "no permit was released within the {} timeout: asked for {} of a maximum of {max}, all held meanwhile; raise the timeout, release permits sooner (hold each for less work) or ask for fewer",
+                Millis(*timeout),
+                plural(*requested, "permit")
             ),
             WaitError::InsufficientCapacity(e) => e.fmt(f),
             WaitError::Limiter(e) => write!(f, "the limiter failed: {e}"),
@@ -327,6 +372,13 @@ mod sealed {
         Admitted(T),
         /// Denied, nothing taken.
         Denied(crate::decision::Decision),
+        /// Denied a permit, nothing taken: no permit was free.
+        Busy {
+            /// The denial.
+            last: crate::decision::Decision,
+            /// The permits asked for.
+            requested: u64,
+        },
         /// A cost that can never pass.
         Never(crate::error::InsufficientCapacity),
         /// The limiter failed.
@@ -380,6 +432,8 @@ pub(crate) enum Step<T, E> {
 /// policy; the blocking and the async loops only read their clock and sleep.
 pub(crate) struct Waiter {
     jitter_ns: u64,
+    /// The wait's timeout (zero: none), for a permit wait's error.
+    timeout: Duration,
     /// xorshift64* state, seeded on the first jittered sleep (never 0).
     rng: u64,
     /// A denial's `retry_after` is a hint (a concurrency permit comes back
@@ -393,6 +447,7 @@ impl Waiter {
     pub(crate) fn new(wait: &Wait) -> Self {
         Waiter {
             jitter_ns: u64::try_from(wait.jitter.as_nanos()).unwrap_or(u64::MAX),
+            timeout: wait.timeout.unwrap_or_default(),
             rng: 0,
             hint: false,
         }
@@ -418,17 +473,27 @@ impl Waiter {
         outcome: Outcome<T, E>,
         left: Option<Duration>,
     ) -> Step<T, E> {
-        let denied = match outcome {
+        let (denied, permits) = match outcome {
             Outcome::Admitted(t) => return Step::Done(Ok(t)),
             Outcome::Never(e) => return Step::Done(Err(WaitError::InsufficientCapacity(e))),
             Outcome::Failed(e) => return Step::Done(Err(WaitError::Limiter(e))),
-            Outcome::Denied(d) => d,
+            Outcome::Denied(d) => (d, None),
+            Outcome::Busy { last, requested } => (last, Some(requested)),
         };
         let retry = denied.retry_after();
         match left {
             // A hint gives up only at the deadline (its last try denied).
             Some(left) if retry > left && (!self.hint || left.is_zero()) => {
-                Step::Done(Err(WaitError::Deadline { last: Some(denied) }))
+                Step::Done(Err(match permits {
+                    None => WaitError::Deadline { last: Some(denied) },
+                    // A permit has no time at which it is due.
+                    Some(requested) => WaitError::NoPermit {
+                        timeout: self.timeout,
+                        requested,
+                        max: denied.limit(),
+                        last: Some(denied),
+                    },
+                }))
             }
             // Jitter only lengthens, and is cut at the deadline.
             Some(left) => Step::Sleep(retry.saturating_add(self.jitter()).min(left)),
@@ -598,9 +663,28 @@ mod tests {
         let d = Decision::deny(1, 0, 2_000_000_000, 0);
         let e: WaitError = WaitError::Deadline { last: Some(d) };
         assert!(e.to_string().contains("raise the timeout"), "{e}");
+        assert!(e.to_string().contains("next chance in 2000 ms"), "{e}");
+        // A wait under a millisecond is rounded up, never "0 ms" or "1ns".
+        let soon: WaitError = WaitError::Deadline {
+            last: Some(Decision::deny(1, 0, 1, 0)),
+        };
+        assert!(soon.to_string().contains("next chance in 1 ms)"), "{soon}");
         assert_eq!(e.last_decision(), Some(d));
         let q: WaitError = WaitError::Deadline { last: None };
         assert!(q.to_string().contains("queued"), "{q}");
+        let p: WaitError = WaitError::NoPermit {
+            timeout: Duration::from_millis(50),
+            requested: 2,
+            max: 4,
+            last: Some(d),
+        };
+        assert_eq!(
+            p.to_string(),
+            "no permit was released within the 50 ms timeout: asked for 2 permits of a maximum \
+             of 4, all held meanwhile; raise the timeout, release permits sooner (hold each for \
+             less work) or ask for fewer"
+        );
+        assert_eq!(p.last_decision(), Some(d));
         let l: WaitError<&str> = WaitError::Limiter("down");
         assert_eq!(l.to_string(), "the limiter failed: down");
     }
