@@ -653,7 +653,7 @@ fn concurrency_errors_speak_the_language_of_their_origin() {
         !file.contains("Key::") && !file.contains("on_route"),
         "{file}"
     );
-    let rust = in_rust(Rule::concurrent("c", Key::client_ip(), 4).adaptive(Adaptive::vegas(1, 9)));
+    let rust = in_rust(Rule::concurrent("c", Key::ip(), 4).adaptive(Adaptive::vegas(1, 9)));
     assert!(rust.contains("`Key::global()`"), "{rust}");
 
     let file = from_file("mode = \"shadow\"");
