@@ -471,7 +471,8 @@ mod tests {
         // Due, but recovered: a call that read the word before the
         // recovery and reaches the lock after it.
         w.summary("refused");
-        assert_eq!(seen.lock().unwrap().len(), 2, "{:?}", seen.lock().unwrap());
+        let after_recovery = seen.lock().unwrap().clone();
+        assert_eq!(after_recovery.len(), 2, "{after_recovery:?}");
         // Failing again, not yet due.
         w.summary_every = Duration::from_secs(3600);
         unavailable(&w, "refused");
