@@ -392,3 +392,34 @@ async fn every_redis_limiter_takes_its_failure_policy() {
         }
     }
 }
+
+/// A call that waited out a timeout under a millisecond says "within 1 ms",
+/// rounded up as every wait is, never "within 0 ms".
+#[tokio::test]
+async fn a_timeout_under_a_millisecond_is_said_in_whole_milliseconds() {
+    // Accepts connections and never answers.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let held = tokio::spawn(async move {
+        let mut conns = Vec::new();
+        while let Ok((c, _)) = silent.accept().await {
+            conns.push(c);
+        }
+    });
+    let b = RedisBackend::builder(format!("redis://127.0.0.1:{port}"))
+        .timeout(Duration::from_micros(500))
+        .build()
+        .unwrap();
+    let l = RedisLimiter::builder(Policy::token_bucket(Rate::per_second(5)), &b)
+        .name("silent")
+        .on_failure(FailurePolicy::Closed)
+        .build()
+        .unwrap();
+    match l.check_key(b"k").await {
+        Err(RedisError::Unavailable { cause, .. }) => {
+            assert!(cause.contains("no reply within 1 ms"), "{cause}")
+        }
+        other => panic!("{other:?}"),
+    }
+    held.abort();
+}

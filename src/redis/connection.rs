@@ -8,6 +8,7 @@ use super::fault::{self, Fault};
 use super::wire::Call;
 use super::RedisError;
 use crate::decision::Decision;
+use crate::wording::Millis;
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
@@ -189,8 +190,8 @@ impl Link {
             Ok(Ok(value)) => read(value),
             Ok(Err(e)) => Err(fault::of_error(&e)),
             Err(_) => Err(Fault::Store(format!(
-                "no reply within {} ms",
-                self.timeout.as_millis()
+                "no reply within {}",
+                Millis(self.timeout)
             ))),
         };
         #[cfg(feature = "metrics")]
@@ -230,7 +231,7 @@ impl Link {
     pub(crate) fn timed_out(&self) -> RedisError {
         RedisError::Unavailable {
             retry_in: self.breaker.retry_in(Instant::now()),
-            cause: format!("no reply within {} ms", self.timeout.as_millis()),
+            cause: format!("no reply within {}", Millis(self.timeout)),
         }
     }
 }

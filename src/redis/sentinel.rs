@@ -168,7 +168,10 @@ impl Shared {
             Err(redis::RedisError::from((
                 ErrorKind::Io,
                 "no master from Sentinel",
-                format!("lookup took over {} ms", self.lookup_timeout.as_millis()),
+                format!(
+                    "lookup took over {}",
+                    crate::wording::Millis(self.lookup_timeout)
+                ),
             )))
         });
         let mut current = lock(&self.current);
