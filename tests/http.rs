@@ -1370,3 +1370,76 @@ async fn a_fallback_added_after_the_layer_is_unlimited_and_wrapping_the_router_c
     let wrapped = Router::new().fallback_service(layer(&clock).layer(inner));
     assert_eq!(four(wrapped).await, limited);
 }
+
+/// Each rule of a multi-rule request counts its own untracked admissions:
+/// a full table admitting untracked counts them, a rule whose table holds
+/// every key counts none (a flipped test would count every tracked one).
+#[tokio::test]
+async fn untracked_admissions_are_counted_per_rule_among_several() {
+    let clock = ManualClock::new();
+    let layer = builder(&clock)
+        .rule(
+            Rule::per_ip("ip", Policy::fixed_window(Window::per_minute(5)))
+                .max_keys(1)
+                .when_full(ratewall::WhenFull::AdmitUntracked),
+        )
+        .rule(Rule::global(
+            "all",
+            Policy::fixed_window(Window::per_minute(1000)),
+        ))
+        .build()
+        .unwrap();
+    let app = make_app(layer.clone());
+    for i in 0..64 {
+        let got = get_(&app, &format!("198.51.100.{i}")).await;
+        assert_eq!(got.status, StatusCode::OK);
+    }
+    let s = layer.stats();
+    assert_eq!((s[0].allowed(), s[1].allowed()), (64, 64));
+    assert_eq!(
+        s[1].untracked(),
+        0,
+        "a global key is always tracked: {:?}",
+        s[1]
+    );
+    assert!(
+        (60..64).contains(&s[0].untracked()),
+        "a one-key table tracks a few: {:?}",
+        s[0]
+    );
+}
+
+/// `X-Forwarded-For` seen while no proxy is trusted: one warning, however
+/// many requests send it.
+#[cfg(feature = "tracing")]
+#[tokio::test]
+async fn an_untrusted_forwarded_header_is_warned_about_once() {
+    let logs = support::logs::Captured::default();
+    let _guard = tracing::subscriber::set_default(logs.subscriber());
+    let clock = ManualClock::new();
+    let layer = builder(&clock)
+        .rule(Rule::per_ip(
+            "ip",
+            Policy::fixed_window(Window::per_minute(100)),
+        ))
+        .build()
+        .unwrap();
+    let app = make_app(layer);
+    for _ in 0..5 {
+        let got = send(
+            &app,
+            "GET",
+            "/",
+            "203.0.113.9",
+            &[("x-forwarded-for", b"1.1.1.1")],
+        )
+        .await;
+        assert_eq!(got.status, StatusCode::OK);
+    }
+    let text = logs.text();
+    let seen = text
+        .lines()
+        .filter(|l| l.contains("X-Forwarded-For seen"))
+        .count();
+    assert_eq!((seen, logs.warnings()), (1, 1), "{text}");
+}
