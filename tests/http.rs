@@ -1443,3 +1443,43 @@ async fn an_untrusted_forwarded_header_is_warned_about_once() {
         .count();
     assert_eq!((seen, logs.warnings()), (1, 1), "{text}");
 }
+
+/// Behind trusted proxies `X-Forwarded-For` is expected: no warning, nor
+/// for a rule that never reads the client address.
+#[cfg(feature = "tracing")]
+#[tokio::test]
+async fn a_forwarded_header_is_not_warned_about_when_it_is_expected_or_unused() {
+    let logs = support::logs::Captured::default();
+    let _guard = tracing::subscriber::set_default(logs.subscriber());
+    let clock = ManualClock::new();
+    let trusted = builder(&clock)
+        .client_ip(ClientIp::behind_proxies(["10.0.0.0/8".parse().unwrap()]))
+        .rule(Rule::per_ip(
+            "ip",
+            Policy::fixed_window(Window::per_minute(100)),
+        ))
+        .build()
+        .unwrap();
+    let unused = builder(&clock)
+        .rule(Rule::global(
+            "all",
+            Policy::fixed_window(Window::per_minute(100)),
+        ))
+        .build()
+        .unwrap();
+    for layer in [trusted, unused] {
+        let app = make_app(layer);
+        for _ in 0..5 {
+            let got = send(
+                &app,
+                "GET",
+                "/",
+                "10.0.0.1",
+                &[("x-forwarded-for", b"1.1.1.1")],
+            )
+            .await;
+            assert_eq!(got.status, StatusCode::OK);
+        }
+    }
+    assert!(logs.is_empty(), "{}", logs.text());
+}
