@@ -223,11 +223,11 @@ impl Wake for Unpark {
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let pool = ConcurrencyLimiter::new(1)?;
-/// let first = pool.try_acquire(1)?.into_permit().unwrap();
+/// let first = pool.try_acquire().into_permit().unwrap();
 /// std::thread::scope(|s| {
 ///     s.spawn(|| {
 ///         // Waits until `first` is dropped, then holds the unit.
-///         let permit = pool.acquire(1).blocking(&Default::default()).unwrap();
+///         let permit = pool.acquire().blocking(&Default::default()).unwrap();
 ///         assert_eq!(permit.units(), 1);
 ///     });
 ///     std::thread::sleep(std::time::Duration::from_millis(20));
@@ -254,7 +254,7 @@ pub struct Acquire<'a, C: Clock = DefaultClock> {
 ///
 /// let pool = Arc::new(ConcurrencyLimiter::new(2)?);
 /// let pool2 = Arc::clone(&pool);
-/// let permit = std::thread::spawn(move || pool2.acquire_owned(2).blocking(&Default::default()))
+/// let permit = std::thread::spawn(move || pool2.acquire_owned_n(2).blocking(&Default::default()))
 ///     .join()
 ///     .unwrap()
 ///     .unwrap();
@@ -279,7 +279,7 @@ macro_rules! acquire_methods {
             /// ```
             /// # use ratewall::{ConcurrencyLimiter, Priority};
             /// let l = ConcurrencyLimiter::builder(4).reserve(Priority::Critical, 50).build()?;
-            /// let p = l.acquire(3).priority(Priority::Critical).blocking(&Default::default()).unwrap();
+            /// let p = l.acquire_n(3).priority(Priority::Critical).blocking(&Default::default()).unwrap();
             /// assert_eq!(p.units(), 3);
             /// # Ok::<(), ratewall::ConfigError>(())
             /// ```
@@ -303,8 +303,8 @@ macro_rules! acquire_methods {
             /// # use ratewall::wait::{Wait, WaitError};
             /// # use std::time::Duration;
             /// let l = ConcurrencyLimiter::new(1)?;
-            /// let _held = l.try_acquire(1).unwrap();
-            /// let late = l.acquire(1).blocking(&Wait::new().timeout(Duration::from_millis(5)));
+            /// let _held = l.try_acquire();
+            /// let late = l.acquire().blocking(&Wait::new().timeout(Duration::from_millis(5)));
             /// assert!(matches!(late, Err(WaitError::NoPermit { last: Some(_), .. })));
             /// assert_eq!(l.in_flight(), 1); // the waiter took nothing
             /// # Ok::<(), ratewall::ConfigError>(())
@@ -325,11 +325,11 @@ macro_rules! acquire_methods {
             /// # #[tokio::main(flavor = "current_thread")]
             /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
             /// let l = ConcurrencyLimiter::new(1)?;
-            /// let held = l.try_acquire(1)?.into_permit().unwrap();
+            /// let held = l.try_acquire().into_permit().unwrap();
             /// let wait = Wait::new().timeout(Duration::from_millis(5));
-            /// assert!(matches!(l.acquire(1).wait(&wait).await, Err(WaitError::NoPermit { .. })));
+            /// assert!(matches!(l.acquire().wait(&wait).await, Err(WaitError::NoPermit { .. })));
             /// drop(held);
-            /// assert!(l.acquire(1).wait(&wait).await.is_ok());
+            /// assert!(l.acquire().wait(&wait).await.is_ok());
             /// # Ok(()) }
             /// ```
             #[cfg(feature = "wait")]
@@ -361,6 +361,22 @@ acquire_methods!(Acquire<'a>, Permit<'a, C>);
 acquire_methods!(AcquireOwned, OwnedPermit<C>);
 
 impl<C: Clock> ConcurrencyLimiter<C> {
+    /// Waits for one unit: [`acquire_n`](Self::acquire_n)`(1)`. Await it
+    /// to wait with no deadline; give it to a [`Wait`] for one.
+    ///
+    /// ```
+    /// # use ratewall::ConcurrencyLimiter;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let pool = ConcurrencyLimiter::new(1)?;
+    /// let permit = pool.acquire().await?;
+    /// assert_eq!((permit.units(), pool.in_flight()), (1, 1));
+    /// # Ok(()) }
+    /// ```
+    pub fn acquire(&self) -> Acquire<'_, C> {
+        self.acquire_n(1)
+    }
+
     /// Waits for `n` units: a future that resolves with the permit when a
     /// release (or a raised maximum) admits it, on any executor. A cost
     /// above the maximum is an error at once. See [`Acquire`] for the
@@ -371,14 +387,14 @@ impl<C: Clock> ConcurrencyLimiter<C> {
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let pool = ConcurrencyLimiter::new(2)?;
-    /// let a = pool.acquire(1).await?;
-    /// let b = pool.acquire(1).await?;
+    /// let a = pool.acquire().await?;
+    /// let b = pool.acquire().await?;
     /// assert_eq!(pool.in_flight(), 2);
-    /// assert!(pool.acquire(3).await.is_err()); // can never fit
+    /// assert!(pool.acquire_n(3).await.is_err()); // can never fit
     /// # drop((a, b));
     /// # Ok(()) }
     /// ```
-    pub fn acquire(&self, n: u64) -> Acquire<'_, C> {
+    pub fn acquire_n(&self, n: u64) -> Acquire<'_, C> {
         Acquire {
             turn: Turn::new(self, n),
         }
@@ -393,13 +409,32 @@ impl<C: Clock> ConcurrencyLimiter<C> {
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let pool = Arc::new(ConcurrencyLimiter::new(1)?);
-    /// let permit = pool.acquire_owned(1).await?;
+    /// let permit = pool.acquire_owned().await?;
     /// let task = tokio::spawn(async move { drop(permit) });
     /// task.await?;
     /// assert_eq!(pool.in_flight(), 0);
     /// # Ok(()) }
     /// ```
-    pub fn acquire_owned(self: &Arc<Self>, n: u64) -> AcquireOwned<C> {
+    pub fn acquire_owned(self: &Arc<Self>) -> AcquireOwned<C> {
+        self.acquire_owned_n(1)
+    }
+
+    /// [`acquire_n`](Self::acquire_n) for a `'static` [`OwnedPermit`]; see
+    /// [`AcquireOwned`].
+    ///
+    /// ```
+    /// # use ratewall::ConcurrencyLimiter;
+    /// # use std::sync::Arc;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let pool = Arc::new(ConcurrencyLimiter::new(3)?);
+    /// let permit = pool.acquire_owned_n(3).await?;
+    /// let task = tokio::spawn(async move { drop(permit) });
+    /// task.await?;
+    /// assert_eq!(pool.in_flight(), 0);
+    /// # Ok(()) }
+    /// ```
+    pub fn acquire_owned_n(self: &Arc<Self>, n: u64) -> AcquireOwned<C> {
         AcquireOwned {
             turn: Turn::new(Arc::clone(self), n),
         }

@@ -77,7 +77,7 @@ pub const DEFAULT_PERMIT_EXPIRY: Duration = Duration::from_secs(10);
 ///     .name("db")
 ///     .expiry(Duration::from_secs(5))
 ///     .build()?;
-/// let a = db.try_acquire_key(b"tenant:7", 1).await?;
+/// let a = db.try_acquire_key(b"tenant:7").await?;
 /// if let Some(permit) = a.into_permit() {
 ///     // ... the work; the permit is renewed while held ...
 ///     permit.release().await?; // or drop it
@@ -125,7 +125,7 @@ struct Fallback {
 impl Fallback {
     /// A local permit of `n` for `key`; a denial if the key's share is
     /// taken, or if the table is full of keys with permits out.
-    fn acquire(&self, key: &[u8], n: u64) -> (Decision, Option<OwnedPermit>) {
+    fn try_acquire_n(&self, key: &[u8], n: u64) -> (Decision, Option<OwnedPermit>) {
         let limiter = {
             let mut map = lock(&self.map);
             if !map.contains_key(key) && map.len() >= self.max_keys {
@@ -143,7 +143,7 @@ impl Fallback {
                 None => return (Decision::deny(self.share, 0, 0, 0), None),
             }
         };
-        match limiter.try_acquire_owned(n) {
+        match limiter.try_acquire_owned_n(n) {
             Ok(a) => (a.decision(), a.into_permit()),
             // More than this instance's share: it cannot fit while failing over.
             Err(_) => (Decision::deny(self.share, 0, 0, 0), None),
@@ -407,6 +407,24 @@ impl RedisConcurrencyLimiter {
         Ok(k)
     }
 
+    /// Takes one unit for `key` if it fits, without waiting:
+    /// [`try_acquire_key_n`](Self::try_acquire_key_n) for a cost of 1 (a
+    /// `Result` still: Redis can fail).
+    ///
+    /// ```no_run
+    /// # use ratewall::redis::{RedisBackend, RedisConcurrencyLimiter};
+    /// # async fn f() -> Result<(), ratewall::redis::RedisError> {
+    /// # let redis = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
+    /// let l = RedisConcurrencyLimiter::builder(1, &redis).build()?;
+    /// let first = l.try_acquire_key(b"k").await?;
+    /// assert!(first.is_allowed());
+    /// assert!(!l.try_acquire_key(b"k").await?.is_allowed());
+    /// # Ok(()) }
+    /// ```
+    pub async fn try_acquire_key(&self, key: &[u8]) -> Result<RedisAcquisition, RedisError> {
+        self.try_acquire_key_n(key, 1).await
+    }
+
     /// Takes `n` units for `key` if they fit, without waiting: one script
     /// call. The acquisition holds the decision (`limit` the maximum,
     /// `remaining` what the key may still take; a denial's `retry_after` is
@@ -425,14 +443,14 @@ impl RedisConcurrencyLimiter {
     /// # async fn f() -> Result<(), ratewall::redis::RedisError> {
     /// # let redis = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
     /// let l = RedisConcurrencyLimiter::builder(2, &redis).build()?;
-    /// let first = l.try_acquire_key(b"k", 2).await?;
+    /// let first = l.try_acquire_key_n(b"k", 2).await?;
     /// assert!(first.is_allowed());
-    /// assert!(!l.try_acquire_key(b"k", 1).await?.is_allowed());
+    /// assert!(!l.try_acquire_key(b"k").await?.is_allowed());
     /// drop(first); // releases (a call spawned on the runtime)
-    /// assert!(l.try_acquire_key(b"k", 3).await.is_err()); // never fits
+    /// assert!(l.try_acquire_key_n(b"k", 3).await.is_err()); // never fits
     /// # Ok(()) }
     /// ```
-    pub async fn try_acquire_key(
+    pub async fn try_acquire_key_n(
         &self,
         key: &[u8],
         n: u64,
@@ -469,7 +487,7 @@ impl RedisConcurrencyLimiter {
         });
         door::settle(&inner.watch, got, |retry_in, cause| match &inner.fallback {
             Some(local) => {
-                let (d, permit) = local.acquire(key, n);
+                let (d, permit) = local.try_acquire_n(key, n);
                 let hold = permit.map_or(Hold::None, Hold::Local);
                 Ok(RedisAcquisition::new(d, DecisionSource::Fallback, hold))
             }
@@ -530,7 +548,7 @@ impl RedisConcurrencyLimiter {
             let (limiter, key) = (self.clone(), Arc::clone(&key));
             async move {
                 let call = tokio::spawn(async move {
-                    let got = limiter.try_acquire_key(&key, n).await;
+                    let got = limiter.try_acquire_key_n(&key, n).await;
                     (got, limiter.inner.hold_ns.load(Ordering::Relaxed)) // Relaxed: a hint
                 });
                 match call.await {
@@ -566,7 +584,7 @@ impl RedisConcurrencyLimiter {
     /// # async fn f() -> Result<(), ratewall::redis::RedisError> {
     /// # let redis = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
     /// let l = RedisConcurrencyLimiter::builder(4, &redis).build()?;
-    /// let a = l.try_acquire_key(b"k", 3).await?;
+    /// let a = l.try_acquire_key_n(b"k", 3).await?;
     /// assert_eq!(l.held_here(b"k")?, 3);
     /// # Ok(()) }
     /// ```
@@ -765,7 +783,7 @@ enum Hold {
 /// # async fn f() -> Result<(), ratewall::redis::RedisError> {
 /// # let redis = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
 /// let l = RedisConcurrencyLimiter::builder(4, &redis).build()?;
-/// let a = l.try_acquire_key(b"k", 1).await?;
+/// let a = l.try_acquire_key(b"k").await?;
 /// assert_eq!(a.decision().source(), DecisionSource::Redis);
 /// assert_eq!(a.decision().remaining(), 3);
 /// let _permit = a.into_permit();
@@ -798,7 +816,7 @@ impl RedisAcquisition {
     /// # async fn f() -> Result<(), ratewall::redis::RedisError> {
     /// # let redis = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
     /// # let l = RedisConcurrencyLimiter::builder(1, &redis).build()?;
-    /// let a = l.try_acquire_key(b"k", 1).await?;
+    /// let a = l.try_acquire_key(b"k").await?;
     /// assert!(a.is_allowed());
     /// # Ok(()) }
     /// ```
@@ -813,7 +831,7 @@ impl RedisAcquisition {
     /// # async fn f() -> Result<(), ratewall::redis::RedisError> {
     /// # let redis = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
     /// # let l = RedisConcurrencyLimiter::builder(5, &redis).build()?;
-    /// let a = l.try_acquire_key(b"k", 2).await?;
+    /// let a = l.try_acquire_key_n(b"k", 2).await?;
     /// assert_eq!((a.decision().limit(), a.decision().remaining()), (5, 3));
     /// # Ok(()) }
     /// ```
@@ -828,7 +846,7 @@ impl RedisAcquisition {
     /// # async fn f() -> Result<(), ratewall::redis::RedisError> {
     /// # let redis = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
     /// # let l = RedisConcurrencyLimiter::builder(1, &redis).build()?;
-    /// let permit = l.try_acquire_key(b"k", 1).await?.into_permit();
+    /// let permit = l.try_acquire_key(b"k").await?.into_permit();
     /// assert!(permit.is_some());
     /// # Ok(()) }
     /// ```
@@ -850,9 +868,9 @@ impl RedisAcquisition {
 /// # async fn f() -> Result<(), ratewall::redis::RedisError> {
 /// # let redis = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
 /// let l = RedisConcurrencyLimiter::builder(1, &redis).build()?;
-/// let permit = l.try_acquire_key(b"k", 1).await?.into_permit().unwrap();
+/// let permit = l.try_acquire_key(b"k").await?.into_permit().unwrap();
 /// assert!(permit.release().await?); // held until now
-/// assert!(l.try_acquire_key(b"k", 1).await?.is_allowed());
+/// assert!(l.try_acquire_key(b"k").await?.is_allowed());
 /// # Ok(()) }
 /// ```
 #[must_use = "dropping a permit releases it at once"]
@@ -870,7 +888,7 @@ impl RedisPermit {
     /// # async fn f() -> Result<(), ratewall::redis::RedisError> {
     /// # let redis = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
     /// # let l = RedisConcurrencyLimiter::builder(1, &redis).build()?;
-    /// let p = l.try_acquire_key(b"k", 1).await?.into_permit().unwrap();
+    /// let p = l.try_acquire_key(b"k").await?.into_permit().unwrap();
     /// assert_eq!(p.source(), DecisionSource::Redis);
     /// # Ok(()) }
     /// ```
@@ -890,7 +908,7 @@ impl RedisPermit {
     /// # async fn f() -> Result<(), ratewall::redis::RedisError> {
     /// # let redis = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
     /// # let l = RedisConcurrencyLimiter::builder(1, &redis).build()?;
-    /// let p = l.try_acquire_key(b"k", 1).await?.into_permit().unwrap();
+    /// let p = l.try_acquire_key(b"k").await?.into_permit().unwrap();
     /// assert!(p.release().await?);
     /// # Ok(()) }
     /// ```

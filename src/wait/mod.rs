@@ -250,8 +250,8 @@ pub enum WaitError<E = Infallible> {
     /// use std::time::Duration;
     ///
     /// let l = ConcurrencyLimiter::new(2)?;
-    /// let _held = l.try_acquire(2).unwrap();
-    /// let err = l.acquire(1).blocking(&Wait::new().timeout(Duration::from_millis(5))).unwrap_err();
+    /// let _held = l.try_acquire_n(2).unwrap();
+    /// let err = l.acquire().blocking(&Wait::new().timeout(Duration::from_millis(5))).unwrap_err();
     /// assert!(matches!(err, WaitError::NoPermit { requested: 1, max: 2, .. }));
     /// println!("{err}"); // no permit was released within the 5 ms timeout: ...
     /// # Ok::<(), ratewall::ConfigError>(())
