@@ -342,3 +342,29 @@ fn threads_never_exceed_the_maximum() {
     assert!(peak.load(Ordering::SeqCst) <= 3);
     assert_eq!(l.in_flight(), 0);
 }
+
+/// Issue 32, item 1: one permit needs no `Result` (a maximum is at least
+/// 1), as `check()` needs none; `try_acquire_n` keeps it for costs.
+#[test]
+fn one_permit_is_an_acquisition_not_a_result() {
+    use ratewall::{Acquisition, KeyedConcurrencyLimiter, OwnedPermit, Permit, Priority};
+    use std::sync::Arc;
+    let l = Arc::new(
+        ConcurrencyLimiter::builder(2)
+            .reserve(Priority::Critical, 50)
+            .build()
+            .unwrap(),
+    );
+    let a: Acquisition<Permit<'_>> = l.try_acquire();
+    assert!(a.is_allowed());
+    let b: Acquisition<OwnedPermit> = l.try_acquire_owned();
+    assert!(!b.is_allowed(), "Normal may fill 1 of 2");
+    let c: Acquisition<Permit<'_>> = l.try_acquire_with(Priority::Critical);
+    assert!(c.is_allowed());
+    let d: Acquisition<OwnedPermit> = l.try_acquire_owned_with(Priority::Critical);
+    assert!(!d.is_allowed());
+    assert!(l.try_acquire_n(3).is_err());
+    let keyed = KeyedConcurrencyLimiter::<u8>::new(1).unwrap();
+    assert!(keyed.try_acquire_key(&1).is_allowed());
+    assert!(keyed.try_acquire_key_n(&1, 2).is_err());
+}

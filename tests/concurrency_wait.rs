@@ -176,7 +176,7 @@ fn a_class_waits_only_for_its_share() {
     let mut normal = l.acquire();
     assert!(poll(&mut normal, &w).is_pending());
     let critical = l.acquire_n(5).priority(Priority::Critical);
-    let p = critical.blocking(&Wait::new()).unwrap();
+    let p = Wait::new().blocking(critical).unwrap();
     assert_eq!(l.in_flight(), 10);
     drop(p);
     assert!(
@@ -243,7 +243,7 @@ fn an_adaptive_limit_that_grows_serves_waiters() {
 #[test]
 fn a_cost_that_never_fits_is_an_error_at_once() {
     let l = limiter(2);
-    let e = l.acquire_n(3).blocking(&Wait::new()).unwrap_err();
+    let e = Wait::new().blocking(l.acquire_n(3)).unwrap_err();
     assert_eq!(
         e,
         WaitError::InsufficientCapacity(InsufficientCapacity {
@@ -258,9 +258,9 @@ fn a_blocking_wait_never_passes_its_deadline_and_takes_nothing() {
     let l = ConcurrencyLimiter::new(1).unwrap();
     let first = held(&l, 1);
     let t = Instant::now();
-    let e = l
-        .acquire()
-        .blocking(&Wait::new().timeout(Duration::from_millis(30)))
+    let e = Wait::new()
+        .timeout(Duration::from_millis(30))
+        .blocking(l.acquire())
         .unwrap_err();
     let took = t.elapsed();
     assert!(took >= Duration::from_millis(30), "{took:?}");
@@ -285,7 +285,7 @@ fn blocked_threads_are_woken_by_releases_and_never_exceed_the_maximum() {
         for _ in 0..4 {
             s.spawn(|| {
                 for _ in 0..200 {
-                    let p = l.acquire().blocking(&Wait::new()).unwrap();
+                    let p = Wait::new().blocking(l.acquire()).unwrap();
                     let now = holders.fetch_add(1, Ordering::SeqCst) + 1;
                     most.fetch_max(now, Ordering::SeqCst);
                     std::thread::yield_now();
@@ -318,7 +318,7 @@ mod with_tokio {
                 tokio::spawn(async move {
                     // `wait`'s future is `Send` too: it runs in a spawned task.
                     let wait = Wait::new().timeout(Duration::from_secs(1));
-                    let p = l.acquire_owned().wait(&wait).await.unwrap();
+                    let p = wait.until(l.acquire_owned()).await.unwrap();
                     let now = holders.fetch_add(1, Ordering::SeqCst) + 1;
                     most.fetch_max(now, Ordering::SeqCst);
                     tokio::time::sleep(Duration::from_millis(10)).await;
@@ -341,12 +341,12 @@ mod with_tokio {
         let first = held(&l, 1);
         let t = tokio::time::Instant::now();
         let wait = Wait::new().timeout(Duration::from_millis(50));
-        let e = l.acquire().wait(&wait).await.unwrap_err();
+        let e = wait.until(l.acquire()).await.unwrap_err();
         assert!(matches!(e, WaitError::NoPermit { last: Some(_), .. }));
         assert_eq!(t.elapsed(), Duration::from_millis(50));
         assert_eq!(l.in_flight(), 1);
         // Released during the next wait: admitted then, not at the deadline.
-        let (p, ()) = tokio::join!(l.acquire().wait(&wait), async {
+        let (p, ()) = tokio::join!(wait.until(l.acquire()), async {
             tokio::time::sleep(Duration::from_millis(20)).await;
             drop(first);
         });
@@ -543,6 +543,6 @@ proptest! {
         drop(holders);
         prop_assert_eq!(l.in_flight(), 0);
         // Nobody queued: a fair newcomer tries at once.
-        prop_assert!(l.acquire().priority(Priority::Critical).blocking(&Wait::new().timeout(Duration::ZERO)).is_ok());
+        prop_assert!(Wait::new().timeout(Duration::ZERO).blocking(l.acquire().priority(Priority::Critical)).is_ok());
     }
 }

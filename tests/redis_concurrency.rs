@@ -433,7 +433,7 @@ mod waiting {
                 let l = instances[i % 2].clone();
                 let (holders, peak) = (holders.clone(), peak.clone());
                 tokio::spawn(async move {
-                    let permit = l.acquire_key(b"w", 1, &wait).await.unwrap();
+                    let permit = wait.until(l.acquire_key(b"w")).await.unwrap();
                     assert_eq!(permit.source(), DecisionSource::Redis);
                     let now = holders.fetch_add(1, Ordering::SeqCst) + 1;
                     assert!(now <= 2, "{now} holders of 2 permits");
@@ -481,7 +481,7 @@ mod waiting {
             .timeout(Duration::from_millis(150))
             .jitter(Duration::from_secs(5)); // jitter is cut at the deadline
         let t = Instant::now();
-        let e = l.acquire_key(b"d", 1, &wait).await.unwrap_err();
+        let e = wait.until(l.acquire_key(b"d")).await.unwrap_err();
         let took = t.elapsed();
         assert!(
             matches!(e, WaitError::NoPermit { requested: 1, max: 1, last: Some(d), .. } if !d.is_allowed()),
@@ -491,14 +491,21 @@ mod waiting {
         assert!(took < Duration::from_millis(400), "{took:?}");
         assert_eq!(held_in_redis(&server, &l, b"d"), 1);
         assert!(matches!(
-            l.acquire_key(b"d", 2, &wait).await,
+            wait.until(l.acquire_key_n(b"d", 2)).await,
             Err(WaitError::InsufficientCapacity(_))
+        ));
+        // Awaited itself, a request waits with no deadline; its error is the try's.
+        assert!(matches!(
+            l.acquire_key_n(b"d", 2).await,
+            Err(RedisError::InsufficientCapacity(_))
         ));
         // Released while a waiter sleeps: admitted on its next try.
         let waiter = {
             let l = l.clone();
             tokio::spawn(async move {
-                l.acquire_key(b"d", 1, &Wait::new().timeout(Duration::from_secs(5)))
+                Wait::new()
+                    .timeout(Duration::from_secs(5))
+                    .until(l.acquire_key(b"d"))
                     .await
             })
         };
@@ -520,8 +527,11 @@ mod waiting {
         let wait = Wait::new().timeout(Duration::from_secs(1));
         let (mut admitted, mut cancelled) = (0, 0);
         for i in 0..150u64 {
-            match tokio::time::timeout(Duration::from_micros(i * 10), l.acquire_key(b"c", 1, &wait))
-                .await
+            match tokio::time::timeout(
+                Duration::from_micros(i * 10),
+                wait.until(l.acquire_key(b"c")),
+            )
+            .await
             {
                 Ok(r) => {
                     drop(r.unwrap());
@@ -566,20 +576,20 @@ mod waiting {
         let share = waiting(&b, 2, FailurePolicy::FallbackShare { instances: 2 });
         server.kill9();
         let wait = Wait::new().timeout(Duration::from_millis(300));
-        let p = open.acquire_key(b"k", 1, &wait).await.unwrap();
+        let p = wait.until(open.acquire_key(b"k")).await.unwrap();
         assert_eq!(p.source(), DecisionSource::FailOpen);
         let t = Instant::now();
         assert!(matches!(
-            closed.acquire_key(b"k", 1, &wait).await,
+            wait.until(closed.acquire_key(b"k")).await,
             Err(WaitError::Limiter(RedisError::Unavailable { .. }))
         ));
         assert!(t.elapsed() < Duration::from_millis(300), "never retried");
         // The local share is 1: the second waits for the first, locally.
-        let first = share.acquire_key(b"k", 1, &wait).await.unwrap();
+        let first = wait.until(share.acquire_key(b"k")).await.unwrap();
         assert_eq!(first.source(), DecisionSource::Fallback);
         let second = {
             let share = share.clone();
-            tokio::spawn(async move { share.acquire_key(b"k", 1, &wait).await })
+            tokio::spawn(async move { wait.until(share.acquire_key(b"k")).await })
         };
         tokio::time::sleep(Duration::from_millis(30)).await;
         drop(first);
@@ -587,7 +597,7 @@ mod waiting {
         assert_eq!(second.source(), DecisionSource::Fallback);
         let t = Instant::now();
         assert!(matches!(
-            share.acquire_key(b"k", 1, &wait).await,
+            wait.until(share.acquire_key(b"k")).await,
             Err(WaitError::NoPermit { .. })
         ));
         assert!(t.elapsed() >= Duration::from_millis(300));

@@ -28,12 +28,12 @@ fn a_release_racing_a_waiters_registration_is_never_lost() {
         let l = limiter(1, true);
         let held = l.try_acquire_owned().into_permit().unwrap();
         let releaser = thread::spawn(move || drop(held));
-        let permit = l.acquire().blocking(&Wait::new()).unwrap();
+        let permit = Wait::new().blocking(l.acquire()).unwrap();
         assert_eq!(l.in_flight(), 1);
         drop(permit);
         releaser.join().unwrap();
         assert_eq!(l.in_flight(), 0);
-        assert!(l.acquire().blocking(&Wait::new()).is_ok());
+        assert!(Wait::new().blocking(l.acquire()).is_ok());
     });
 }
 
@@ -73,13 +73,13 @@ fn two_waiters_are_served_one_after_the_other() {
         let other = {
             let l = Arc::clone(&l);
             thread::spawn(move || {
-                let p = l.acquire().blocking(&Wait::new()).unwrap();
+                let p = Wait::new().blocking(l.acquire()).unwrap();
                 assert_eq!(l.in_flight(), 1);
                 drop(p);
             })
         };
         drop(held);
-        let p = l.acquire().blocking(&Wait::new()).unwrap();
+        let p = Wait::new().blocking(l.acquire()).unwrap();
         assert_eq!(l.in_flight(), 1);
         drop(p);
         other.join().unwrap();
@@ -99,7 +99,7 @@ fn a_raised_maximum_racing_a_registration_is_never_lost() {
             let l = Arc::clone(&l);
             thread::spawn(move || l.set_max(2).unwrap())
         };
-        let permit = l.acquire().blocking(&Wait::new()).unwrap();
+        let permit = Wait::new().blocking(l.acquire()).unwrap();
         assert_eq!(l.in_flight(), 2);
         raiser.join().unwrap();
         drop((permit, held));

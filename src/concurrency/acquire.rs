@@ -12,7 +12,10 @@ use crate::decision::Decision;
 use crate::error::InsufficientCapacity;
 use crate::limiter::DefaultClock;
 use crate::sync::{current_thread, park, park_timeout, Ordering, Thread};
-use crate::wait::{Wait, WaitError};
+#[cfg(feature = "wait")]
+use crate::wait::Waitable;
+use crate::wait::{BlockingWaitable, Token, Wait, WaitError, WaitableCore};
+use std::convert::Infallible;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -211,14 +214,19 @@ impl Wake for Unpark {
 /// takes nothing and loses nothing: a permit handed to it at that moment
 /// goes back, and on to the next waiter.
 ///
-/// Set the class with [`priority`](Self::priority); wait with a deadline
-/// with [`blocking`](Self::blocking), or, with feature `wait`, `wait`. As
-/// any future, it is not to be polled again once it has completed (it
-/// would start waiting for another permit).
+/// Awaited, it waits with no deadline (its output is
+/// `Result<Permit, InsufficientCapacity>`: only a cost that can never fit
+/// fails). Set the class with [`priority`](Self::priority). With a
+/// deadline, give it to a [`Wait`], as every wait with a deadline is
+/// written: `wait.blocking(pool.acquire())` on a thread, or, with feature
+/// `wait`, `wait.until(pool.acquire()).await` (the error is then a
+/// [`WaitError`]). As any future, it is not to be polled again once it
+/// has completed (it would start waiting for another permit).
 ///
 /// # Example
 ///
 /// ```
+/// use ratewall::wait::Wait;
 /// use ratewall::ConcurrencyLimiter;
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -227,7 +235,7 @@ impl Wake for Unpark {
 /// std::thread::scope(|s| {
 ///     s.spawn(|| {
 ///         // Waits until `first` is dropped, then holds the unit.
-///         let permit = pool.acquire().blocking(&Default::default()).unwrap();
+///         let permit = Wait::new().blocking(pool.acquire()).unwrap();
 ///         assert_eq!(permit.units(), 1);
 ///     });
 ///     std::thread::sleep(std::time::Duration::from_millis(20));
@@ -249,12 +257,13 @@ pub struct Acquire<'a, C: Clock = DefaultClock> {
 /// # Example
 ///
 /// ```
+/// use ratewall::wait::Wait;
 /// use ratewall::ConcurrencyLimiter;
 /// use std::sync::Arc;
 ///
 /// let pool = Arc::new(ConcurrencyLimiter::new(2)?);
 /// let pool2 = Arc::clone(&pool);
-/// let permit = std::thread::spawn(move || pool2.acquire_owned_n(2).blocking(&Default::default()))
+/// let permit = std::thread::spawn(move || Wait::new().blocking(pool2.acquire_owned_n(2)))
 ///     .join()
 ///     .unwrap()
 ///     .unwrap();
@@ -277,9 +286,9 @@ macro_rules! acquire_methods {
             /// a release serves the higher classes' waiters first.
             ///
             /// ```
-            /// # use ratewall::{ConcurrencyLimiter, Priority};
+            /// # use ratewall::{wait::Wait, ConcurrencyLimiter, Priority};
             /// let l = ConcurrencyLimiter::builder(4).reserve(Priority::Critical, 50).build()?;
-            /// let p = l.acquire_n(3).priority(Priority::Critical).blocking(&Default::default()).unwrap();
+            /// let p = Wait::new().blocking(l.acquire_n(3).priority(Priority::Critical)).unwrap();
             /// assert_eq!(p.units(), 3);
             /// # Ok::<(), ratewall::ConfigError>(())
             /// ```
@@ -287,53 +296,37 @@ macro_rules! acquire_methods {
                 self.turn.class = class;
                 self
             }
+        }
 
-            /// Waits on this thread (parked; a release unparks it) until
-            /// admitted, or until `wait`'s timeout from now: never later.
-            /// At the deadline the error is [`WaitError::NoPermit`], with
-            /// the denial of the try at once (`None` for a fair waiter that
-            /// queued behind others). A cost
-            /// above the class's share of the maximum is
-            /// [`WaitError::InsufficientCapacity`] at once, or when a lowered
-            /// maximum rules it out while it waits. `wait`'s jitter is not
-            /// used: a waiter is woken by the release that admits it.
-            ///
-            /// ```
-            /// # use ratewall::ConcurrencyLimiter;
-            /// # use ratewall::wait::{Wait, WaitError};
-            /// # use std::time::Duration;
-            /// let l = ConcurrencyLimiter::new(1)?;
-            /// let _held = l.try_acquire();
-            /// let late = l.acquire().blocking(&Wait::new().timeout(Duration::from_millis(5)));
-            /// assert!(matches!(late, Err(WaitError::NoPermit { last: Some(_), .. })));
-            /// assert_eq!(l.in_flight(), 1); // the waiter took nothing
-            /// # Ok::<(), ratewall::ConfigError>(())
-            /// ```
-            pub fn blocking(self, wait: &Wait) -> Result<$permit, WaitError> {
+        impl<$($lt,)? C: Clock> WaitableCore for $name<$($lt,)? C> {}
+
+        /// `wait.blocking(pool.acquire_n(n))`: waits on this thread
+        /// (parked; a release unparks it) until admitted, or until `wait`'s
+        /// timeout from now: never later. At the deadline the error is
+        /// [`WaitError::NoPermit`], with the denial of the try at once
+        /// (`None` for a fair waiter that queued behind others). A cost
+        /// above the class's share of the maximum is
+        /// [`WaitError::InsufficientCapacity`] at once, or when a lowered
+        /// maximum rules it out while it waits. `wait`'s jitter is not
+        /// used: a waiter is woken by the release that admits it.
+        impl<$($lt,)? C: Clock> BlockingWaitable for $name<$($lt,)? C> {
+            type Output = $permit;
+            type Error = Infallible;
+            fn block(self, wait: &Wait, _: Token) -> Result<$permit, WaitError> {
                 self.turn.block(wait)
             }
+        }
 
-            /// Waits (on tokio's timer for the deadline; feature `wait`)
-            /// until admitted or until `wait`'s timeout from now, never
-            /// later; the errors as [`blocking`](Self::blocking)'s.
-            /// Dropping the future takes nothing and loses nothing.
-            ///
-            /// ```
-            /// # use ratewall::ConcurrencyLimiter;
-            /// # use ratewall::wait::{Wait, WaitError};
-            /// # use std::time::Duration;
-            /// # #[tokio::main(flavor = "current_thread")]
-            /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-            /// let l = ConcurrencyLimiter::new(1)?;
-            /// let held = l.try_acquire().into_permit().unwrap();
-            /// let wait = Wait::new().timeout(Duration::from_millis(5));
-            /// assert!(matches!(l.acquire().wait(&wait).await, Err(WaitError::NoPermit { .. })));
-            /// drop(held);
-            /// assert!(l.acquire().wait(&wait).await.is_ok());
-            /// # Ok(()) }
-            /// ```
-            #[cfg(feature = "wait")]
-            pub async fn wait(self, wait: &Wait) -> Result<$permit, WaitError> {
+        /// `wait.until(pool.acquire_n(n)).await` (feature `wait`): waits
+        /// (on tokio's timer for the deadline) until admitted or until
+        /// `wait`'s timeout from now, never later; the errors as the
+        /// blocking form's. Dropping the future takes nothing and loses
+        /// nothing.
+        #[cfg(feature = "wait")]
+        impl<$($lt,)? C: Clock> Waitable for $name<$($lt,)? C> {
+            type Output = $permit;
+            type Error = Infallible;
+            async fn until(self, wait: &Wait, _: Token) -> Result<$permit, WaitError> {
                 self.turn.until(wait).await
             }
         }

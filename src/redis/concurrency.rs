@@ -29,8 +29,6 @@ use crate::concurrency::{check_max, ConcurrencyLimiter, OwnedPermit};
 use crate::decision::{Decision, Tracking};
 use crate::error::{ConfigError, InsufficientCapacity};
 use crate::sync::{lock, AtomicU64, Mutex, Ordering};
-#[cfg(feature = "wait")]
-use crate::wait::{Attempt, AttemptCore, Outcome, Token, Wait, WaitError};
 use redis::Value;
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -504,79 +502,6 @@ impl RedisConcurrencyLimiter {
         })
     }
 
-    /// Waits for `n` units of `key`, up to `wait`'s timeout (feature
-    /// `wait`): tries as [`try_acquire_key`](Self::try_acquire_key) does
-    /// (the same failure policy answers when Redis cannot: `Open` admits,
-    /// `FallbackShare` waits on the local share, `Closed` ends the wait with
-    /// [`WaitError::Limiter`](crate::wait::WaitError::Limiter)), and after a
-    /// denial sleeps for a **hint**: the mean time this instance's permits
-    /// were held (10 ms until one came back), at least 1 ms and at most the
-    /// denial's own `retry_after` (the first lapse), plus `wait`'s jitter
-    /// (which only lengthens); cut at the deadline, where a last try
-    /// decides (denied: [`WaitError::NoPermit`](crate::wait::WaitError::NoPermit)).
-    /// Nobody wakes a Redis waiter: other instances' releases are not seen
-    /// until the next try.
-    ///
-    /// Cancel-safe: each try runs in a task of its own, so a wait dropped
-    /// while its script is in flight does not drop the call; if the script
-    /// admitted, the task drops the permit, whose drop releases it at once
-    /// (a call spawned on the runtime), as any dropped permit does. Nothing
-    /// is stranded until the expiry.
-    ///
-    /// ```no_run
-    /// # use ratewall::redis::{RedisBackend, RedisConcurrencyLimiter};
-    /// # use ratewall::wait::Wait;
-    /// # use std::time::Duration;
-    /// # async fn f() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let redis = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
-    /// let db = RedisConcurrencyLimiter::builder(20, &redis).name("db").build()?;
-    /// let wait = Wait::new().timeout(Duration::from_secs(2)).jitter(Duration::from_millis(5));
-    /// let permit = db.acquire_key(b"tenant:7", 1, &wait).await?;
-    /// // ... the work ...
-    /// drop(permit);
-    /// # Ok(()) }
-    /// ```
-    #[cfg(feature = "wait")]
-    pub async fn acquire_key(
-        &self,
-        key: &[u8],
-        n: u64,
-        wait: &Wait,
-    ) -> Result<RedisPermit, WaitError<RedisError>> {
-        let key: Arc<[u8]> = key.into();
-        wait.until_hinted(|| {
-            let (limiter, key) = (self.clone(), Arc::clone(&key));
-            async move {
-                let call = tokio::spawn(async move {
-                    let got = limiter.try_acquire_key_n(&key, n).await;
-                    (got, limiter.inner.hold_ns.load(Ordering::Relaxed)) // Relaxed: a hint
-                });
-                match call.await {
-                    Ok((got, hold_ns)) => Hinted { got, hold_ns },
-                    Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-                    Err(_) => Hinted {
-                        got: Err(RedisError::Unavailable {
-                            retry_in: Duration::ZERO,
-                            cause: "the tokio runtime shut down during a waiting acquire".into(),
-                        }),
-                        hold_ns: 0,
-                    },
-                }
-            }
-        })
-        .await
-        // A permit has no time at which it is due: say none was released.
-        .map_err(|e| match e {
-            WaitError::Deadline { last } => WaitError::NoPermit {
-                timeout: wait.timeout_value().unwrap_or_default(),
-                requested: n,
-                max: self.max(),
-                last,
-            },
-            e => e,
-        })
-    }
-
     /// The units of `key` this instance holds in Redis now.
     ///
     /// ```no_run
@@ -706,45 +631,6 @@ impl Inner {
             held.remove(zkey);
         }
         was
-    }
-}
-
-/// One try of a waiting acquire, with the hint its denial sleeps for.
-#[cfg(feature = "wait")]
-struct Hinted {
-    got: Result<RedisAcquisition, RedisError>,
-    /// The mean hold time when it was made (0: none known).
-    hold_ns: u64,
-}
-
-#[cfg(feature = "wait")]
-impl AttemptCore for Hinted {}
-
-#[cfg(feature = "wait")]
-impl Attempt for Hinted {
-    type Output = RedisPermit;
-    type Error = RedisError;
-    fn outcome(self, _: Token) -> Outcome<RedisPermit, RedisError> {
-        match self.got {
-            Ok(a) => match a.permit {
-                Some(permit) => Outcome::Admitted(permit),
-                None => {
-                    let d = a.decision.decision();
-                    let ns = |t: Duration| u64::try_from(t.as_nanos()).unwrap_or(u64::MAX);
-                    let hint = if self.hold_ns == 0 {
-                        10_000_000
-                    } else {
-                        self.hold_ns
-                    };
-                    let retry = hint.max(1_000_000).min(ns(d.retry_after()).max(1_000_000));
-                    let hinted =
-                        Decision::deny(d.limit(), d.remaining(), retry, ns(d.reset_after()));
-                    Outcome::Denied(hinted)
-                }
-            },
-            Err(RedisError::InsufficientCapacity(e)) => Outcome::Never(e),
-            Err(e) => Outcome::Failed(e),
-        }
     }
 }
 
@@ -988,6 +874,12 @@ impl fmt::Debug for RedisConcurrencyLimiter {
             .finish()
     }
 }
+
+#[cfg(feature = "wait")]
+#[path = "concurrency_wait.rs"]
+mod wait;
+#[cfg(feature = "wait")]
+pub use wait::RedisAcquire;
 
 #[cfg(test)]
 #[path = "concurrency_tests.rs"]
