@@ -67,7 +67,10 @@ fn keyed_rows(rounds: usize, ms: u64, threads: &[usize]) {
         .map(|k| (k, Semaphore::new(MAX as usize)))
         .collect();
     let rw_op = || {
-        let permit = keyed.try_acquire_key(&next_key(), 1).unwrap().into_permit();
+        let permit = keyed
+            .try_acquire_key_n(&next_key(), 1)
+            .unwrap()
+            .into_permit();
         permit.is_some()
     };
     let tk_op = || {
@@ -119,7 +122,7 @@ fn point(threads: usize, ms: u64, op: impl Fn() -> bool + Sync) -> f64 {
 }
 
 fn ratewall_op(l: &ConcurrencyLimiter) -> bool {
-    let permit = l.try_acquire(1).unwrap().into_permit();
+    let permit = l.try_acquire().into_permit();
     permit.is_some()
 }
 
@@ -148,7 +151,7 @@ fn waiting_point(ms: u64, ratewall_side: bool) -> f64 {
                     while !stop.load(Ordering::Relaxed) {
                         for _ in 0..64 {
                             if ratewall_side {
-                                let p = l.acquire(1).await.unwrap();
+                                let p = l.acquire().await.unwrap();
                                 tokio::task::yield_now().await;
                                 drop(p);
                             } else {

@@ -367,7 +367,7 @@ fn ops(case: &str, n: u64) -> Result<(), String> {
         // races the two in wall-clock time).
         "rw-permit" => {
             let l = ratewall::ConcurrencyLimiter::new(1024).unwrap();
-            run(n, |_| l.try_acquire(1).unwrap().into_permit().is_some())
+            run(n, |_| l.try_acquire().into_permit().is_some())
         }
         "tokio-permit" => {
             let s = tokio::sync::Semaphore::new(1024);
@@ -387,7 +387,7 @@ fn ops(case: &str, n: u64) -> Result<(), String> {
                 .unwrap();
             let seq = key_sequence(10_000, SEQ_LEN, Dist::Uniform, 1);
             run(n, |i| {
-                l.try_acquire_key(&u64_key(seq[i as usize & (SEQ_LEN - 1)]), 1)
+                l.try_acquire_key_n(&u64_key(seq[i as usize & (SEQ_LEN - 1)]), 1)
                     .unwrap()
                     .into_permit()
                     .is_some()

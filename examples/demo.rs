@@ -113,7 +113,7 @@ fn leaky_bucket() {
             ),
         }
     }
-    let waited = shaper.acquire();
+    let waited = shaper.pace_blocking();
     println!(
         "  acquire() blocked {} for the next place ({:.0} ms since the burst)\n",
         fmt_ms(waited),
@@ -922,7 +922,7 @@ fn waiting_run(
         }
         for (i, c) in callers.iter_mut().enumerate() {
             if let Caller::Idle = c {
-                *c = Caller::Waiting(l.acquire(1), now);
+                *c = Caller::Waiting(l.acquire(), now);
                 flags[i].0.store(true, Ordering::Relaxed);
             }
             let Caller::Waiting(acquire, since) = c else {

@@ -39,7 +39,7 @@ pub type DefaultClock = crate::clock::StdClock;
 pub type TokenBucket<C = DefaultClock> = Limiter<Gcra, C>;
 
 /// A leaky bucket (GCRA): a meter that rejects overflow (`check`), or a
-/// shaper that queues and spaces requests (`reserve`, `acquire`).
+/// shaper that queues and spaces requests (`reserve`, `pace_blocking`).
 ///
 /// # Example
 ///
@@ -523,22 +523,33 @@ impl<C: Clock> Limiter<LeakyGcra, C> {
         }))
     }
 
-    /// Blocking shaping: waits for a place in the queue (sleeping while it is
-    /// full), then for the place's turn, and returns the total time waited.
-    /// The first half is the one blocking wait,
-    /// [`Wait::blocking`](crate::wait::Wait::blocking) over
-    /// [`reserve`](Self::reserve) (with no timeout); for a deadline, call
-    /// `Wait::new().timeout(t).blocking(|| leaky.reserve())` and sleep the
-    /// reservation's delay.
+    /// Blocking shaping ("pacing"): waits for a place in the queue
+    /// (sleeping while it is full), then for the place's turn, and returns
+    /// the total time waited. `_blocking` marks that it sleeps the thread,
+    /// as [`Wait::blocking`](crate::wait::Wait::blocking) does; it takes no
+    /// permit (that is `acquire`, on the concurrency limiters), it spaces
+    /// calls. The first half is the one blocking wait, `Wait::blocking`
+    /// over [`reserve`](Self::reserve) (with no timeout); for a deadline,
+    /// call `Wait::new().timeout(t).blocking(|| leaky.reserve())` and sleep
+    /// the reservation's delay.
     ///
     /// ```
     /// # use ratewall::{LeakyBucket, Rate};
     /// let leaky = LeakyBucket::new(Rate::per_second(1000).burst(1)).unwrap();
-    /// leaky.acquire();
-    /// let waited = leaky.acquire(); // about 1 ms
+    /// leaky.pace_blocking();
+    /// let waited = leaky.pace_blocking(); // about 1 ms
     /// assert!(waited.as_micros() > 0);
     /// ```
-    pub fn acquire(&self) -> Duration {
+    ///
+    /// `acquire` means taking permits, so a leaky bucket has none (renamed
+    /// from `acquire` in 0.x):
+    ///
+    /// ```compile_fail
+    /// # use ratewall::{LeakyBucket, Rate};
+    /// let leaky = LeakyBucket::new(Rate::per_second(1000)).unwrap();
+    /// leaky.acquire();
+    /// ```
+    pub fn pace_blocking(&self) -> Duration {
         let start = std::time::Instant::now();
         // No timeout, and a place of cost 1 always fits: the wait ends admitted.
         if let Ok(r) = Wait::new().blocking(|| self.reserve()) {

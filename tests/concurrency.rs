@@ -84,7 +84,7 @@ proptest! {
             match op {
                 Op::Acquire(n, class) => {
                     let cap = m.cap(class);
-                    match l.try_acquire_with(n, class) {
+                    match l.try_acquire_n_with(n, class) {
                         Err(e) => {
                             prop_assert!(n > cap);
                             prop_assert_eq!(e, InsufficientCapacity { requested: n, capacity: cap });
@@ -125,21 +125,21 @@ proptest! {
 #[test]
 fn lowering_the_maximum_strands_nothing_and_raising_admits_at_once() {
     let l = limiter(4);
-    let held: Vec<_> = (0..4).map(|_| l.try_acquire(1).unwrap()).collect();
+    let held: Vec<_> = (0..4).map(|_| l.try_acquire()).collect();
     assert!(held.iter().all(|a| a.is_allowed()));
     l.set_max(2).unwrap();
     let mut held: Vec<_> = held.into_iter().filter_map(|a| a.into_permit()).collect();
     // 4 out, max 2: nothing until 3 are back.
     for _ in 0..2 {
         held.pop();
-        assert!(!l.try_acquire(1).unwrap().is_allowed());
+        assert!(!l.try_acquire().is_allowed());
     }
     held.pop();
-    let a = l.try_acquire(1).unwrap();
+    let a = l.try_acquire();
     assert!(a.is_allowed());
     assert_eq!((a.decision().limit(), a.decision().remaining()), (2, 0));
     l.set_max(5).unwrap();
-    assert!(l.try_acquire(3).unwrap().is_allowed());
+    assert!(l.try_acquire_n(3).unwrap().is_allowed());
 }
 
 #[test]
@@ -158,13 +158,13 @@ fn bad_input_gets_typed_errors() {
     assert!(ConcurrencyLimiter::new(MAX_PERMITS).is_ok());
     let l = limiter(3);
     assert_eq!(
-        l.try_acquire(4).unwrap_err(),
+        l.try_acquire_n(4).unwrap_err(),
         InsufficientCapacity {
             requested: 4,
             capacity: 3
         }
     );
-    assert_eq!(l.try_acquire(u64::MAX).unwrap_err().capacity, 3);
+    assert_eq!(l.try_acquire_n(u64::MAX).unwrap_err().capacity, 3);
     assert_eq!(l.set_max(0).unwrap_err(), ConfigError::ZeroLimit);
     assert!(matches!(
         ConcurrencyLimiter::builder(3)
@@ -183,7 +183,7 @@ fn bad_input_gets_typed_errors() {
     ));
     for msg in [
         ConfigError::ZeroLimit.to_string(),
-        l.try_acquire(9).unwrap_err().to_string(),
+        l.try_acquire_n(9).unwrap_err().to_string(),
     ] {
         assert!(msg.contains("use") || msg.contains("raise"), "{msg}");
     }
@@ -194,14 +194,14 @@ fn a_panic_releases_the_permit_once() {
     let l = Arc::new(limiter(2));
     let l2 = Arc::clone(&l);
     let r = std::thread::spawn(move || {
-        let _p = l2.try_acquire(2).unwrap().into_permit().unwrap();
+        let _p = l2.try_acquire_n(2).unwrap().into_permit().unwrap();
         assert_eq!(l2.in_flight(), 2);
         panic!("handler failed");
     })
     .join();
     assert!(r.is_err());
     assert_eq!(l.in_flight(), 0);
-    assert!(l.try_acquire(2).unwrap().is_allowed());
+    assert!(l.try_acquire_n(2).unwrap().is_allowed());
 }
 
 #[test]
@@ -215,7 +215,7 @@ fn a_dropped_future_releases_its_permit() {
     let r = rt.block_on(async move {
         let held = async move {
             let _permit: OwnedPermit<ManualClock> =
-                inner.try_acquire_owned(1).unwrap().into_permit().unwrap();
+                inner.try_acquire_owned().into_permit().unwrap();
             tokio::time::sleep(Duration::from_secs(3600)).await;
         };
         tokio::time::timeout(Duration::from_millis(20), held).await
@@ -223,7 +223,7 @@ fn a_dropped_future_releases_its_permit() {
     assert!(r.is_err(), "the timeout cancelled the future");
     assert_eq!(l.in_flight(), 0);
     // And a permit moved into a spawned task comes back when the task ends.
-    let p = l.try_acquire_owned(1).unwrap().into_permit().unwrap();
+    let p = l.try_acquire_owned().into_permit().unwrap();
     rt.block_on(async move { tokio::spawn(async move { drop(p) }).await })
         .unwrap();
     assert_eq!(l.in_flight(), 0);
@@ -258,7 +258,7 @@ fn critical_requests_keep_their_share_under_overload() {
         } else {
             Priority::Sheddable
         };
-        let a = l.try_acquire_with(1, class).unwrap();
+        let a = l.try_acquire_with(class);
         if a.is_allowed() {
             *if class == Priority::Normal {
                 &mut normal
@@ -274,19 +274,19 @@ fn critical_requests_keep_their_share_under_overload() {
     assert_eq!((sheddable, normal), (25, 55));
     // Now 20 critical requests: all admitted; the 21st is not.
     for _ in 0..20 {
-        let a = l.try_acquire_with(1, Priority::Critical).unwrap();
+        let a = l.try_acquire_with(Priority::Critical);
         assert!(a.is_allowed());
         held.extend(a.into_permit());
     }
     assert!(!l
-        .try_acquire_with(1, Priority::Critical)
+        .try_acquire_n_with(1, Priority::Critical)
         .unwrap()
         .is_allowed());
     // A normal request still finds nothing, even after a critical one leaves.
     held.pop();
-    assert!(!l.try_acquire(1).unwrap().is_allowed());
+    assert!(!l.try_acquire().is_allowed());
     assert!(l
-        .try_acquire_with(1, Priority::Critical)
+        .try_acquire_n_with(1, Priority::Critical)
         .unwrap()
         .is_allowed());
 }
@@ -299,12 +299,12 @@ fn a_denial_hints_the_mean_hold_time() {
         .build()
         .unwrap();
     assert_eq!(l.mean_hold_time(), Duration::ZERO);
-    let p = l.try_acquire(1).unwrap();
+    let p = l.try_acquire();
     clock.advance(Duration::from_millis(80));
     drop(p);
     assert_eq!(l.mean_hold_time(), Duration::from_millis(80));
-    let _p = l.try_acquire(1).unwrap();
-    let denied = l.try_acquire(1).unwrap().decision();
+    let _p = l.try_acquire();
+    let denied = l.try_acquire().decision();
     assert!(!denied.is_allowed());
     assert_eq!(denied.retry_after(), Duration::from_millis(80));
     assert_eq!(denied.retry_after_secs(), 1);
@@ -325,7 +325,7 @@ fn threads_never_exceed_the_maximum() {
                 let mut admitted = 0u64;
                 for i in 0..20_000u64 {
                     let n = 1 + (i + t) % 2;
-                    if let Some(p) = l.try_acquire(n).unwrap().into_permit() {
+                    if let Some(p) = l.try_acquire_n(n).unwrap().into_permit() {
                         let now = out.fetch_add(n, Ordering::SeqCst) + n;
                         peak.fetch_max(now, Ordering::SeqCst);
                         out.fetch_sub(n, Ordering::SeqCst);
@@ -341,4 +341,30 @@ fn threads_never_exceed_the_maximum() {
     assert!(admitted > 0);
     assert!(peak.load(Ordering::SeqCst) <= 3);
     assert_eq!(l.in_flight(), 0);
+}
+
+/// Issue 32, item 1: one permit needs no `Result` (a maximum is at least
+/// 1), as `check()` needs none; `try_acquire_n` keeps it for costs.
+#[test]
+fn one_permit_is_an_acquisition_not_a_result() {
+    use ratewall::{Acquisition, KeyedConcurrencyLimiter, OwnedPermit, Permit, Priority};
+    use std::sync::Arc;
+    let l = Arc::new(
+        ConcurrencyLimiter::builder(2)
+            .reserve(Priority::Critical, 50)
+            .build()
+            .unwrap(),
+    );
+    let a: Acquisition<Permit<'_>> = l.try_acquire();
+    assert!(a.is_allowed());
+    let b: Acquisition<OwnedPermit> = l.try_acquire_owned();
+    assert!(!b.is_allowed(), "Normal may fill 1 of 2");
+    let c: Acquisition<Permit<'_>> = l.try_acquire_with(Priority::Critical);
+    assert!(c.is_allowed());
+    let d: Acquisition<OwnedPermit> = l.try_acquire_owned_with(Priority::Critical);
+    assert!(!d.is_allowed());
+    assert!(l.try_acquire_n(3).is_err());
+    let keyed = KeyedConcurrencyLimiter::<u8>::new(1).unwrap();
+    assert!(keyed.try_acquire_key(&1).is_allowed());
+    assert!(keyed.try_acquire_key_n(&1, 2).is_err());
 }

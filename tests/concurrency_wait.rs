@@ -46,7 +46,7 @@ fn fair(max: u64) -> ConcurrencyLimiter<ManualClock> {
 }
 
 fn held<C: ratewall::Clock>(l: &ConcurrencyLimiter<C>, n: u64) -> Permit<'_, C> {
-    l.try_acquire(n).unwrap().into_permit().unwrap()
+    l.try_acquire_n(n).unwrap().into_permit().unwrap()
 }
 
 #[test]
@@ -54,7 +54,7 @@ fn a_release_wakes_the_waiter_once_and_hands_it_the_units() {
     let l = limiter(1);
     let first = held(&l, 1);
     let (count, w) = counter();
-    let mut waiting = l.acquire(1);
+    let mut waiting = l.acquire();
     assert!(poll(&mut waiting, &w).is_pending());
     assert!(poll(&mut waiting, &w).is_pending());
     assert_eq!(count.0.load(Ordering::SeqCst), 0, "nobody polls: no wake");
@@ -62,14 +62,14 @@ fn a_release_wakes_the_waiter_once_and_hands_it_the_units() {
     assert_eq!(count.0.load(Ordering::SeqCst), 1, "the release wakes it");
     // The units moved to the waiter in the release: nobody can take them.
     assert_eq!(l.in_flight(), 1);
-    assert!(!l.try_acquire(1).unwrap().is_allowed());
+    assert!(!l.try_acquire().is_allowed());
     let Poll::Ready(Ok(permit)) = poll(&mut waiting, &w) else {
         panic!("served")
     };
     assert_eq!(permit.units(), 1);
     drop(permit);
     assert_eq!(l.in_flight(), 0);
-    assert!(l.try_acquire(1).unwrap().is_allowed());
+    assert!(l.try_acquire().is_allowed());
 }
 
 #[test]
@@ -79,8 +79,8 @@ fn a_waiter_dropped_while_handed_a_permit_passes_it_on() {
         let first = held(&l, 1);
         let (a_count, a_w) = counter();
         let (b_count, b_w) = counter();
-        let mut a = l.acquire(1);
-        let mut b = l.acquire(1);
+        let mut a = l.acquire();
+        let mut b = l.acquire();
         assert!(poll(&mut a, &a_w).is_pending());
         assert!(poll(&mut b, &b_w).is_pending());
         drop(first); // served to `a` (first in line)
@@ -91,7 +91,7 @@ fn a_waiter_dropped_while_handed_a_permit_passes_it_on() {
         assert_eq!(l.in_flight(), 1);
         drop(b); // collected by nobody either: back to the limiter
         assert_eq!(l.in_flight(), 0, "fair={fair_mode}");
-        assert!(l.try_acquire(1).unwrap().is_allowed());
+        assert!(l.try_acquire().is_allowed());
     }
 }
 
@@ -100,9 +100,9 @@ fn a_waiter_dropped_while_queued_takes_nothing() {
     let l = fair(2);
     let first = held(&l, 2);
     let (_, w) = counter();
-    let mut big = l.acquire(2);
+    let mut big = l.acquire_n(2);
     let (small_count, sw) = counter();
-    let mut small = l.acquire(1);
+    let mut small = l.acquire();
     assert!(poll(&mut big, &w).is_pending());
     assert!(poll(&mut small, &sw).is_pending());
     drop(big);
@@ -121,8 +121,8 @@ fn fair_waiting_keeps_arrival_order_and_unfair_lets_small_ones_pass() {
         let l = if fair_mode { fair(4) } else { limiter(4) };
         let ones: Vec<_> = (0..4).map(|_| held(&l, 1)).collect();
         let (_, w) = counter();
-        let mut big = l.acquire(4);
-        let mut small = l.acquire(1);
+        let mut big = l.acquire_n(4);
+        let mut small = l.acquire();
         assert!(poll(&mut big, &w).is_pending());
         assert!(poll(&mut small, &w).is_pending());
         let mut ones = ones.into_iter();
@@ -135,7 +135,7 @@ fn fair_waiting_keeps_arrival_order_and_unfair_lets_small_ones_pass() {
         };
         assert_eq!(small_served.is_some(), !fair_mode);
         // A fair newcomer does not pass the queue even when its unit is free.
-        let mut newcomer = l.acquire(1);
+        let mut newcomer = l.acquire();
         assert!(poll(&mut newcomer, &w).is_pending(), "fair={fair_mode}");
         drop(newcomer);
         drop(small);
@@ -153,8 +153,8 @@ fn a_higher_class_is_served_first() {
     let l = limiter(2);
     let first = held(&l, 2);
     let (_, w) = counter();
-    let mut normal = l.acquire(1);
-    let mut critical = l.acquire(1).priority(Priority::Critical);
+    let mut normal = l.acquire();
+    let mut critical = l.acquire().priority(Priority::Critical);
     assert!(poll(&mut normal, &w).is_pending());
     assert!(poll(&mut critical, &w).is_pending());
     let mut first = Some(first);
@@ -173,10 +173,10 @@ fn a_class_waits_only_for_its_share() {
         .unwrap();
     let held5 = held(&l, 5); // Normal may fill 5 of 10
     let (_, w) = counter();
-    let mut normal = l.acquire(1);
+    let mut normal = l.acquire();
     assert!(poll(&mut normal, &w).is_pending());
-    let critical = l.acquire(5).priority(Priority::Critical);
-    let p = critical.blocking(&Wait::new()).unwrap();
+    let critical = l.acquire_n(5).priority(Priority::Critical);
+    let p = Wait::new().blocking(critical).unwrap();
     assert_eq!(l.in_flight(), 10);
     drop(p);
     assert!(
@@ -192,14 +192,14 @@ fn raising_the_maximum_serves_waiters_and_lowering_it_rules_out_those_that_canno
     let l = limiter(2);
     let first = held(&l, 2);
     let (count, w) = counter();
-    let mut two = l.acquire(2);
+    let mut two = l.acquire_n(2);
     assert!(poll(&mut two, &w).is_pending());
     l.set_max(4).unwrap();
     assert_eq!(count.0.load(Ordering::SeqCst), 1);
     let Poll::Ready(Ok(two)) = poll(&mut two, &w) else {
         panic!("served")
     };
-    let mut three = l.acquire(3);
+    let mut three = l.acquire_n(3);
     assert!(poll(&mut three, &w).is_pending());
     l.set_max(2).unwrap();
     assert_eq!(
@@ -227,7 +227,7 @@ fn an_adaptive_limit_that_grows_serves_waiters() {
         .unwrap();
     let (a, b) = (held(&l, 1), held(&l, 1));
     let (count, w) = counter();
-    let mut two = l.acquire(2);
+    let mut two = l.acquire_n(2);
     assert!(poll(&mut two, &w).is_pending());
     clock.advance(Duration::from_millis(1));
     drop(a);
@@ -243,7 +243,7 @@ fn an_adaptive_limit_that_grows_serves_waiters() {
 #[test]
 fn a_cost_that_never_fits_is_an_error_at_once() {
     let l = limiter(2);
-    let e = l.acquire(3).blocking(&Wait::new()).unwrap_err();
+    let e = Wait::new().blocking(l.acquire_n(3)).unwrap_err();
     assert_eq!(
         e,
         WaitError::InsufficientCapacity(InsufficientCapacity {
@@ -258,9 +258,9 @@ fn a_blocking_wait_never_passes_its_deadline_and_takes_nothing() {
     let l = ConcurrencyLimiter::new(1).unwrap();
     let first = held(&l, 1);
     let t = Instant::now();
-    let e = l
-        .acquire(1)
-        .blocking(&Wait::new().timeout(Duration::from_millis(30)))
+    let e = Wait::new()
+        .timeout(Duration::from_millis(30))
+        .blocking(l.acquire())
         .unwrap_err();
     let took = t.elapsed();
     assert!(took >= Duration::from_millis(30), "{took:?}");
@@ -270,7 +270,7 @@ fn a_blocking_wait_never_passes_its_deadline_and_takes_nothing() {
     assert_eq!(l.in_flight(), 1);
     drop(first);
     assert_eq!(l.in_flight(), 0);
-    assert!(l.try_acquire(1).unwrap().is_allowed());
+    assert!(l.try_acquire().is_allowed());
 }
 
 #[test]
@@ -285,7 +285,7 @@ fn blocked_threads_are_woken_by_releases_and_never_exceed_the_maximum() {
         for _ in 0..4 {
             s.spawn(|| {
                 for _ in 0..200 {
-                    let p = l.acquire(1).blocking(&Wait::new()).unwrap();
+                    let p = Wait::new().blocking(l.acquire()).unwrap();
                     let now = holders.fetch_add(1, Ordering::SeqCst) + 1;
                     most.fetch_max(now, Ordering::SeqCst);
                     std::thread::yield_now();
@@ -297,7 +297,7 @@ fn blocked_threads_are_woken_by_releases_and_never_exceed_the_maximum() {
     });
     assert!(most.load(Ordering::SeqCst) <= 2);
     assert_eq!(l.in_flight(), 0);
-    assert!(l.try_acquire(2).unwrap().is_allowed());
+    assert!(l.try_acquire_n(2).unwrap().is_allowed());
 }
 
 #[cfg(feature = "wait")]
@@ -318,7 +318,7 @@ mod with_tokio {
                 tokio::spawn(async move {
                     // `wait`'s future is `Send` too: it runs in a spawned task.
                     let wait = Wait::new().timeout(Duration::from_secs(1));
-                    let p = l.acquire_owned(1).wait(&wait).await.unwrap();
+                    let p = wait.until(l.acquire_owned()).await.unwrap();
                     let now = holders.fetch_add(1, Ordering::SeqCst) + 1;
                     most.fetch_max(now, Ordering::SeqCst);
                     tokio::time::sleep(Duration::from_millis(10)).await;
@@ -341,12 +341,12 @@ mod with_tokio {
         let first = held(&l, 1);
         let t = tokio::time::Instant::now();
         let wait = Wait::new().timeout(Duration::from_millis(50));
-        let e = l.acquire(1).wait(&wait).await.unwrap_err();
+        let e = wait.until(l.acquire()).await.unwrap_err();
         assert!(matches!(e, WaitError::NoPermit { last: Some(_), .. }));
         assert_eq!(t.elapsed(), Duration::from_millis(50));
         assert_eq!(l.in_flight(), 1);
         // Released during the next wait: admitted then, not at the deadline.
-        let (p, ()) = tokio::join!(l.acquire(1).wait(&wait), async {
+        let (p, ()) = tokio::join!(wait.until(l.acquire()), async {
             tokio::time::sleep(Duration::from_millis(20)).await;
             drop(first);
         });
@@ -359,12 +359,12 @@ mod with_tokio {
         let l = ConcurrencyLimiter::new(1).unwrap();
         let first = held(&l, 1);
         tokio::select! {
-            _ = l.acquire(1) => panic!("no room"),
+            _ = l.acquire() => panic!("no room"),
             _ = tokio::time::sleep(Duration::from_millis(5)) => {}
         }
         drop(first);
         assert_eq!(l.in_flight(), 0);
-        assert!(l.try_acquire(1).unwrap().is_allowed());
+        assert!(l.try_acquire().is_allowed());
     }
 }
 
@@ -473,7 +473,7 @@ proptest! {
                 Op::Wait(n, c) => {
                     let id = next_id;
                     next_id += 1;
-                    let mut a = l.acquire(n).priority(class(c));
+                    let mut a = l.acquire_n(n).priority(class(c));
                     // The limiter tries at once (unless fair with a queue),
                     // else queues; the model: join, then serve.
                     let model_try_at_once = !fair_mode || m.queue.is_empty();
@@ -543,6 +543,6 @@ proptest! {
         drop(holders);
         prop_assert_eq!(l.in_flight(), 0);
         // Nobody queued: a fair newcomer tries at once.
-        prop_assert!(l.acquire(1).priority(Priority::Critical).blocking(&Wait::new().timeout(Duration::ZERO)).is_ok());
+        prop_assert!(Wait::new().timeout(Duration::ZERO).blocking(l.acquire().priority(Priority::Critical)).is_ok());
     }
 }

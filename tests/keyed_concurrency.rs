@@ -169,7 +169,7 @@ proptest! {
             match op {
                 Op::Acquire { key, n } => {
                     let want = m.acquire(key, n, true);
-                    let got = l.try_acquire_key(&key, n);
+                    let got = l.try_acquire_key_n(&key, n);
                     match (want, got) {
                         (Err(w), Err(g)) => prop_assert_eq!(w, g),
                         (Ok(w), Ok(a)) => {
@@ -264,7 +264,7 @@ proptest! {
                 k
             } else {
                 let out = counts.get(&key).copied().unwrap_or(0);
-                let a = l.try_acquire_key(&key, n).unwrap();
+                let a = l.try_acquire_key_n(&key, n).unwrap();
                 let d = a.decision();
                 match d.tracking() {
                     Tracking::Tracked => {
@@ -307,7 +307,7 @@ proptest! {
 #[test]
 fn a_key_holds_at_most_its_maximum_and_gets_units_back_on_drop() {
     let l = limiter(3, 16, WhenFull::RejectNew);
-    let a = l.try_acquire_key(&1, 2).unwrap();
+    let a = l.try_acquire_key_n(&1, 2).unwrap();
     assert_eq!(
         (
             a.is_allowed(),
@@ -316,17 +316,17 @@ fn a_key_holds_at_most_its_maximum_and_gets_units_back_on_drop() {
         ),
         (true, 3, 1)
     );
-    let denied = l.try_acquire_key(&1, 2).unwrap();
+    let denied = l.try_acquire_key_n(&1, 2).unwrap();
     assert!(!denied.is_allowed());
     assert_eq!(denied.decision().remaining(), 1);
     assert!(denied.into_permit().is_none());
     // Another key has its own count.
-    let b = l.try_acquire_key(&2, 3).unwrap();
+    let b = l.try_acquire_key_n(&2, 3).unwrap();
     assert!(b.is_allowed());
     assert_eq!((l.in_flight_key(&1), l.in_flight_key(&2)), (2, 3));
     drop(a);
     assert_eq!(l.in_flight_key(&1), 0);
-    assert!(l.try_acquire_key(&1, 3).unwrap().is_allowed());
+    assert!(l.try_acquire_key_n(&1, 3).unwrap().is_allowed());
     drop(b);
     assert_eq!(l.peek_key(&2).remaining(), 2);
 }
@@ -353,7 +353,7 @@ fn bad_input_is_a_typed_error() {
     );
     let l = limiter(4, 16, WhenFull::RejectNew);
     assert_eq!(
-        l.try_acquire_key(&1, 5).unwrap_err(),
+        l.try_acquire_key_n(&1, 5).unwrap_err(),
         InsufficientCapacity {
             requested: 5,
             capacity: 4
@@ -364,11 +364,11 @@ fn bad_input_is_a_typed_error() {
     assert_eq!(l.max(), 4, "a refused change changes nothing");
     // A key's own maximum bounds its cost.
     l.set_key_max(&1, 8).unwrap();
-    assert!(l.try_acquire_key(&1, 8).unwrap().is_allowed());
+    assert!(l.try_acquire_key_n(&1, 8).unwrap().is_allowed());
     assert_eq!(l.in_flight_key(&1), 0, "the acquisition was dropped");
     // A cost of 0 takes nothing: a unit request's decision, a permit of nothing.
     let keys = l.len();
-    let zero = l.try_acquire_key(&2, 0).unwrap();
+    let zero = l.try_acquire_key_n(&2, 0).unwrap();
     assert!(zero.is_allowed());
     assert_eq!(zero.decision().remaining(), 3);
     assert_eq!(
@@ -384,20 +384,20 @@ fn bad_input_is_a_typed_error() {
 fn lowering_the_maximum_strands_nothing_and_raising_it_admits_at_once() {
     let l = limiter(4, 16, WhenFull::RejectNew);
     let held: Vec<_> = (0..4)
-        .map(|_| l.try_acquire_key(&1, 1).unwrap().into_permit().unwrap())
+        .map(|_| l.try_acquire_key(&1).into_permit().unwrap())
         .collect();
     l.set_max(2).unwrap();
     assert_eq!((l.max(), l.in_flight_key(&1)), (2, 4));
-    let d = l.try_acquire_key(&1, 1).unwrap().decision();
+    let d = l.try_acquire_key(&1).decision();
     assert_eq!((d.is_allowed(), d.limit(), d.remaining()), (false, 2, 0));
     let mut held = held;
     held.truncate(2);
     assert_eq!(l.in_flight_key(&1), 2);
-    assert!(!l.try_acquire_key(&1, 1).unwrap().is_allowed());
+    assert!(!l.try_acquire_key(&1).is_allowed());
     held.truncate(1);
-    assert!(l.try_acquire_key(&1, 1).unwrap().is_allowed());
+    assert!(l.try_acquire_key(&1).is_allowed());
     l.set_max(5).unwrap();
-    let more: Vec<_> = (0..4).map(|_| l.try_acquire_key(&1, 1).unwrap()).collect();
+    let more: Vec<_> = (0..4).map(|_| l.try_acquire_key(&1)).collect();
     assert!(more.iter().all(|a| a.is_allowed()));
     assert_eq!(l.in_flight_key(&1), 5);
     drop((held, more));
@@ -418,11 +418,11 @@ fn a_key_with_permits_out_is_never_reclaimed_nor_evicted() {
     ] {
         let l = limiter(2, 2, policy);
         assert_eq!(l.when_full(), policy);
-        let a = l.try_acquire_key(&1, 2).unwrap().into_permit().unwrap();
-        let b = l.try_acquire_key(&2, 1).unwrap().into_permit().unwrap();
+        let a = l.try_acquire_key_n(&1, 2).unwrap().into_permit().unwrap();
+        let b = l.try_acquire_key(&2).into_permit().unwrap();
         assert_eq!(l.retain_active(), 0);
         let peek = l.peek_key(&3);
-        let c = l.try_acquire_key(&3, 1).unwrap();
+        let c = l.try_acquire_key(&3);
         assert_eq!(peek.tracking(), c.decision().tracking(), "{policy:?}");
         match policy {
             WhenFull::AdmitUntracked => {
@@ -440,7 +440,7 @@ fn a_key_with_permits_out_is_never_reclaimed_nor_evicted() {
         assert_eq!((l.in_flight_key(&1), l.in_flight_key(&2)), (2, 1));
         drop(b);
         // Key 2 is idle: key 3 takes its place.
-        let c = l.try_acquire_key(&3, 2).unwrap();
+        let c = l.try_acquire_key_n(&3, 2).unwrap();
         assert_eq!(
             (c.is_allowed(), c.decision().tracking()),
             (true, Tracking::Tracked)
@@ -457,7 +457,7 @@ fn a_key_with_permits_out_is_never_reclaimed_nor_evicted() {
 fn a_key_of_its_own_keeps_its_maximum_across_changes() {
     let l = limiter(1, 16, WhenFull::RejectNew);
     l.set_key_max(&7, 3).unwrap();
-    let held: Vec<_> = (0..3).map(|_| l.try_acquire_key(&7, 1).unwrap()).collect();
+    let held: Vec<_> = (0..3).map(|_| l.try_acquire_key(&7)).collect();
     assert!(held.iter().all(|a| a.is_allowed()));
     l.set_max(2).unwrap();
     assert_eq!((l.key_max(&7), l.key_max(&8)), (3, 2));
@@ -468,7 +468,7 @@ fn a_key_of_its_own_keeps_its_maximum_across_changes() {
         3,
         "clearing the maximum strands no permit"
     );
-    assert!(!l.try_acquire_key(&7, 1).unwrap().is_allowed());
+    assert!(!l.try_acquire_key(&7).is_allowed());
     drop(held);
     assert_eq!(l.in_flight_key(&7), 0);
 }
@@ -478,14 +478,14 @@ fn a_panic_releases_the_permit_once() {
     let l = Arc::new(limiter(2, 16, WhenFull::RejectNew));
     let l2 = Arc::clone(&l);
     let r = std::thread::spawn(move || {
-        let _p = l2.try_acquire_key(&1, 2).unwrap().into_permit().unwrap();
+        let _p = l2.try_acquire_key_n(&1, 2).unwrap().into_permit().unwrap();
         assert_eq!(l2.in_flight_key(&1), 2);
         panic!("handler failed");
     })
     .join();
     assert!(r.is_err());
     assert_eq!(l.in_flight_key(&1), 0);
-    assert!(l.try_acquire_key(&1, 2).unwrap().is_allowed());
+    assert!(l.try_acquire_key_n(&1, 2).unwrap().is_allowed());
 }
 
 #[test]
@@ -499,7 +499,7 @@ fn a_dropped_future_releases_its_permit() {
     let r = rt.block_on(async move {
         let held = async move {
             let _permit: OwnedKeyedPermit<u64, ManualClock> = inner
-                .try_acquire_key_owned(&1, 1)
+                .try_acquire_key_owned_n(&1, 1)
                 .unwrap()
                 .into_permit()
                 .unwrap();
@@ -510,7 +510,7 @@ fn a_dropped_future_releases_its_permit() {
     assert!(r.is_err(), "the timeout cancelled the future");
     assert_eq!(l.in_flight_key(&1), 0);
     let p = l
-        .try_acquire_key_owned(&1, 1)
+        .try_acquire_key_owned_n(&1, 1)
         .unwrap()
         .into_permit()
         .unwrap();
@@ -537,18 +537,18 @@ fn the_hold_time_hint_is_the_mean_hold_time() {
         .clock(clock.clone())
         .build()
         .unwrap();
-    let p = l.try_acquire_key(&1, 1).unwrap();
-    let d = l.try_acquire_key(&1, 1).unwrap().decision();
+    let p = l.try_acquire_key(&1);
+    let d = l.try_acquire_key(&1).decision();
     assert_eq!(d.retry_after(), Duration::from_nanos(1), "no sample yet");
     clock.advance(Duration::from_millis(80));
     drop(p);
     assert_eq!(l.mean_hold_time(), Duration::from_millis(80));
-    let q = l.try_acquire_key(&2, 1).unwrap();
+    let q = l.try_acquire_key(&2);
     clock.advance(Duration::from_millis(160));
     drop(q);
     assert_eq!(l.mean_hold_time(), Duration::from_millis(90)); // 80 + (160 - 80) / 8
-    let _held = l.try_acquire_key(&1, 1).unwrap();
-    let d = l.try_acquire_key(&1, 1).unwrap().decision();
+    let _held = l.try_acquire_key(&1);
+    let d = l.try_acquire_key(&1).decision();
     assert_eq!(
         (d.retry_after(), d.reset_after()),
         (Duration::from_millis(90), Duration::from_millis(90))
@@ -577,7 +577,7 @@ fn threads_never_exceed_a_keys_maximum() {
             std::thread::spawn(move || {
                 for i in 0..20_000u64 {
                     let key = (i + t) % 3;
-                    let a = l.try_acquire_key(&key, 1).unwrap();
+                    let a = l.try_acquire_key(&key);
                     if let Some(p) = a.into_permit() {
                         // SeqCst: a test-side count, checked against the limit.
                         let before = holders[key as usize].fetch_add(1, Ordering::SeqCst);
@@ -615,7 +615,7 @@ fn a_wait_returns_the_permit_when_one_comes_back() {
 
     let l = Arc::new(KeyedConcurrencyLimiter::<u64>::new(1).unwrap());
     let held = l
-        .try_acquire_key_owned(&7, 1)
+        .try_acquire_key_owned_n(&7, 1)
         .unwrap()
         .into_permit()
         .unwrap();
@@ -625,12 +625,12 @@ fn a_wait_returns_the_permit_when_one_comes_back() {
         drop(held);
     });
     let wait = Wait::new().timeout(Duration::from_secs(10));
-    let permit = wait.blocking(|| l.try_acquire_key(&7, 1)).unwrap();
+    let permit = wait.blocking(|| l.try_acquire_key_n(&7, 1)).unwrap();
     assert!(start.elapsed() >= Duration::from_millis(25));
     assert_eq!((permit.units(), l.in_flight_key(&7)), (1, 1));
     t.join().unwrap();
     assert!(matches!(
-        wait.blocking(|| l.try_acquire_key(&7, 2)),
+        wait.blocking(|| l.try_acquire_key_n(&7, 2)),
         Err(WaitError::InsufficientCapacity(InsufficientCapacity {
             requested: 2,
             capacity: 1
@@ -645,14 +645,14 @@ fn a_wait_returns_the_permit_when_one_comes_back() {
         .clock(clock.clone())
         .build()
         .unwrap();
-    let p = slow.try_acquire_key(&1, 1).unwrap();
+    let p = slow.try_acquire_key(&1);
     clock.advance(Duration::from_secs(10));
     drop(p);
-    let _busy = slow.try_acquire_key(&1, 1).unwrap();
+    let _busy = slow.try_acquire_key(&1);
     let start = Instant::now();
     let r = Wait::new()
         .timeout(Duration::from_millis(50))
-        .blocking(|| slow.try_acquire_key(&1, 1));
+        .blocking(|| slow.try_acquire_key_n(&1, 1));
     match r {
         Err(
             e @ WaitError::NoPermit {
@@ -685,7 +685,7 @@ fn an_async_wait_returns_an_owned_permit() {
         .build()
         .unwrap();
     let first = l
-        .try_acquire_key_owned("t", 2)
+        .try_acquire_key_owned_n("t", 2)
         .unwrap()
         .into_permit()
         .unwrap();
@@ -697,7 +697,7 @@ fn an_async_wait_returns_an_owned_permit() {
         });
         let p = Wait::new()
             .timeout(Duration::from_secs(10))
-            .until(|| l2.try_acquire_key_owned("t", 1))
+            .until(|| l2.try_acquire_key_owned_n("t", 1))
             .await
             .unwrap();
         release.await.unwrap();

@@ -149,11 +149,11 @@ async fn a_three_master_cluster_limits_exactly_across_slots_and_follows_moved() 
     for u in &users[..9] {
         let key = String::from_utf8(cc.redis_key(u.as_bytes()).unwrap()).unwrap();
         masters[cluster.owner(&key)] = true;
-        let a = cc.try_acquire_key(u.as_bytes(), 3).await.unwrap();
+        let a = cc.try_acquire_key_n(u.as_bytes(), 3).await.unwrap();
         assert!(a.is_allowed(), "{u}");
         permits.push(a.into_permit().unwrap());
         assert!(!cc
-            .try_acquire_key(u.as_bytes(), 1)
+            .try_acquire_key_n(u.as_bytes(), 1)
             .await
             .unwrap()
             .is_allowed());
@@ -162,7 +162,7 @@ async fn a_three_master_cluster_limits_exactly_across_slots_and_follows_moved() 
     // Renewed across masters past the expiry, then released.
     tokio::time::sleep(Duration::from_millis(800)).await;
     assert!(!cc
-        .try_acquire_key(users[0].as_bytes(), 1)
+        .try_acquire_key_n(users[0].as_bytes(), 1)
         .await
         .unwrap()
         .is_allowed());
@@ -170,7 +170,7 @@ async fn a_three_master_cluster_limits_exactly_across_slots_and_follows_moved() 
         assert!(p.release().await.unwrap());
     }
     assert!(cc
-        .try_acquire_key(users[0].as_bytes(), 3)
+        .try_acquire_key_n(users[0].as_bytes(), 3)
         .await
         .unwrap()
         .is_allowed());

@@ -64,7 +64,7 @@ async fn the_bound_is_exact_across_two_instances_with_weights() {
         tasks.push(tokio::spawn(async move {
             let n = 1 + t % 2; // weights 1 and 2
             while Instant::now() < stop {
-                let a = l.try_acquire_key(b"shared", n).await.unwrap();
+                let a = l.try_acquire_key_n(b"shared", n).await.unwrap();
                 assert_eq!(a.decision().source(), DecisionSource::Redis);
                 assert_eq!(a.decision().limit(), max);
                 if let Some(permit) = a.into_permit() {
@@ -107,12 +107,12 @@ async fn weights_drop_and_release_give_units_back_exactly_once() {
     let server = RedisServer::start();
     let b = backend(&server);
     let l = limiter(&b, 4, 500);
-    let three = l.try_acquire_key(b"k", 3).await.unwrap();
+    let three = l.try_acquire_key_n(b"k", 3).await.unwrap();
     assert!(three.is_allowed());
     assert_eq!(three.decision().remaining(), 1);
     assert!(three.decision().reset_after() > Duration::from_millis(400));
     assert_eq!(l.held_here(b"k").unwrap(), 3);
-    let two = l.try_acquire_key(b"k", 2).await.unwrap();
+    let two = l.try_acquire_key_n(b"k", 2).await.unwrap();
     assert!(!two.is_allowed());
     assert_eq!(two.decision().remaining(), 1);
     // The hint: the first permit lapses within the expiry if not renewed.
@@ -122,7 +122,7 @@ async fn weights_drop_and_release_give_units_back_exactly_once() {
         "{hint:?}"
     );
     let one = l
-        .try_acquire_key(b"k", 1)
+        .try_acquire_key_n(b"k", 1)
         .await
         .unwrap()
         .into_permit()
@@ -132,12 +132,12 @@ async fn weights_drop_and_release_give_units_back_exactly_once() {
         "RedisPermit { units: 1, source: Redis }"
     );
     // Another key is independent.
-    assert!(l.try_acquire_key(b"other", 4).await.unwrap().is_allowed());
+    assert!(l.try_acquire_key_n(b"other", 4).await.unwrap().is_allowed());
     // Drop gives the 3 back (a spawned call), well before the expiry could.
     drop(three);
     assert!(
         eventually(Duration::from_millis(200), async || {
-            l.try_acquire_key(b"k", 3).await.unwrap().is_allowed()
+            l.try_acquire_key_n(b"k", 3).await.unwrap().is_allowed()
         })
         .await
     );
@@ -157,7 +157,7 @@ async fn weights_drop_and_release_give_units_back_exactly_once() {
         .await
     );
     // A cost of 0 holds nothing and makes no call.
-    let zero = l.try_acquire_key(b"k", 0).await.unwrap();
+    let zero = l.try_acquire_key_n(b"k", 0).await.unwrap();
     assert!(zero.is_allowed());
     assert!(!zero.into_permit().unwrap().release().await.unwrap());
 }
@@ -178,7 +178,7 @@ fn a_crashed_instance_permits_lapse_while_a_live_one_is_renewed() {
         let permits = rt.block_on(async {
             let b = RedisBackend::builder(url).build().unwrap();
             let l = limiter(&b, 4, expiry);
-            let a = l.try_acquire_key(b"k", 3).await.unwrap();
+            let a = l.try_acquire_key_n(b"k", 3).await.unwrap();
             assert!(a.is_allowed());
             a.into_permit().unwrap()
         });
@@ -197,24 +197,24 @@ fn a_crashed_instance_permits_lapse_while_a_live_one_is_renewed() {
         let b = backend(&server);
         let live = limiter(&b, 4, expiry);
         let other = limiter(&b, 4, expiry);
-        let held = live.try_acquire_key(b"k", 1).await.unwrap();
+        let held = live.try_acquire_key(b"k").await.unwrap();
         assert!(held.is_allowed());
         let start = Instant::now();
-        assert!(!other.try_acquire_key(b"k", 1).await.unwrap().is_allowed());
+        assert!(!other.try_acquire_key(b"k").await.unwrap().is_allowed());
         // The crashed 3 lapse within the expiry; the live 1 is renewed
         // through 3 expiries and still counts.
         let freed = eventually(Duration::from_millis(3 * expiry), async || {
-            other.try_acquire_key(b"k", 3).await.unwrap().is_allowed()
+            other.try_acquire_key_n(b"k", 3).await.unwrap().is_allowed()
         })
         .await;
         assert!(freed, "the crashed instance's permits never lapsed");
         assert!(start.elapsed() >= Duration::from_millis(expiry / 2));
         tokio::time::sleep(Duration::from_millis(3 * expiry)).await;
-        let d = other.try_acquire_key(b"k", 4).await.unwrap();
+        let d = other.try_acquire_key_n(b"k", 4).await.unwrap();
         assert!(!d.is_allowed(), "the live permit lapsed: renewal failed");
         assert_eq!(d.decision().remaining(), 3);
         assert!(held.into_permit().unwrap().release().await.unwrap());
-        assert!(other.try_acquire_key(b"k", 4).await.unwrap().is_allowed());
+        assert!(other.try_acquire_key_n(b"k", 4).await.unwrap().is_allowed());
     });
 }
 
@@ -251,14 +251,14 @@ async fn kill_9_then_restart_each_failure_policy_does_what_it_says() {
     let share = build("share", FailurePolicy::FallbackShare { instances: 2 });
     let mut before = Vec::new();
     for l in [&open, &closed, &share] {
-        let a = l.try_acquire_key(b"k", 1).await.unwrap();
+        let a = l.try_acquire_key(b"k").await.unwrap();
         assert_eq!(a.decision().source(), DecisionSource::Redis);
         before.push(a.into_permit().unwrap());
     }
     server.kill9();
     // Open: admitted, untracked, holding nothing.
     for _ in 0..6 {
-        let a = open.try_acquire_key(b"k", 4).await.unwrap();
+        let a = open.try_acquire_key_n(b"k", 4).await.unwrap();
         assert!(a.is_allowed());
         assert_eq!(a.decision().source(), DecisionSource::FailOpen);
         let p = a.into_permit().unwrap();
@@ -267,22 +267,22 @@ async fn kill_9_then_restart_each_failure_policy_does_what_it_says() {
     }
     // Closed: the typed error.
     assert!(matches!(
-        closed.try_acquire_key(b"k", 1).await,
+        closed.try_acquire_key(b"k").await,
         Err(RedisError::Unavailable { .. })
     ));
     // FallbackShare: a local limit of 4 / 2 = 2 per key.
-    let f1 = share.try_acquire_key(b"k", 1).await.unwrap();
-    let f2 = share.try_acquire_key(b"k", 1).await.unwrap();
-    let f3 = share.try_acquire_key(b"k", 1).await.unwrap();
+    let f1 = share.try_acquire_key(b"k").await.unwrap();
+    let f2 = share.try_acquire_key(b"k").await.unwrap();
+    let f3 = share.try_acquire_key(b"k").await.unwrap();
     for f in [&f1, &f2, &f3] {
         assert_eq!(f.decision().source(), DecisionSource::Fallback);
     }
     assert!(f1.is_allowed() && f2.is_allowed() && !f3.is_allowed());
     assert_eq!(f2.decision().limit(), 2);
     drop(f1);
-    let f4 = share.try_acquire_key(b"k", 2).await.unwrap();
+    let f4 = share.try_acquire_key_n(b"k", 2).await.unwrap();
     assert!(!f4.is_allowed(), "1 of the share of 2 is still out");
-    let f5 = share.try_acquire_key(b"k", 1).await.unwrap();
+    let f5 = share.try_acquire_key(b"k").await.unwrap();
     assert!(f5.is_allowed());
     // A release Redis cannot take is an error; the expiry reclaims it.
     let lost = before.pop().unwrap();
@@ -294,7 +294,7 @@ async fn kill_9_then_restart_each_failure_policy_does_what_it_says() {
     server.restart();
     let back = eventually(Duration::from_secs(3), async || {
         share
-            .try_acquire_key(b"k", 1)
+            .try_acquire_key_n(b"k", 1)
             .await
             .is_ok_and(|a| a.decision().source() == DecisionSource::Redis)
     })
@@ -302,7 +302,7 @@ async fn kill_9_then_restart_each_failure_policy_does_what_it_says() {
     assert!(back, "Redis never answered again");
     // The fallback's permits stay local: released locally, never counted in
     // Redis (a fresh server: the whole maximum is free there).
-    let fresh = share.try_acquire_key(b"k", 3).await.unwrap();
+    let fresh = share.try_acquire_key_n(b"k", 3).await.unwrap();
     assert!(fresh.is_allowed() && fresh.decision().source() == DecisionSource::Redis);
     let p = f2.into_permit().unwrap();
     assert_eq!(p.source(), DecisionSource::Fallback);
@@ -312,7 +312,7 @@ async fn kill_9_then_restart_each_failure_policy_does_what_it_says() {
     for p in before {
         assert!(!p.release().await.unwrap());
     }
-    assert!(closed.try_acquire_key(b"k", 1).await.unwrap().is_allowed());
+    assert!(closed.try_acquire_key(b"k").await.unwrap().is_allowed());
     // Each limiter reported its outage once, and its recovery once: every
     // call to Redis counts, not only acquisitions (Open's recovery is its
     // permit's release above, which Redis answered).
@@ -360,25 +360,25 @@ async fn bad_input_gets_typed_errors() {
     ));
     let l = limiter(&b, 3, 500);
     assert!(matches!(
-        l.try_acquire_key(b"", 1).await,
+        l.try_acquire_key(b"").await,
         Err(RedisError::EmptyKey)
     ));
     assert!(matches!(
-        l.try_acquire_key(b"k", 4).await,
+        l.try_acquire_key_n(b"k", 4).await,
         Err(RedisError::InsufficientCapacity(c)) if c.requested == 4 && c.capacity == 3
     ));
     // A key holding something else is a server error, never a reset.
     let key = String::from_utf8(l.redis_key(b"taken").unwrap()).unwrap();
     server.cmd(&["SET", &key, "x"]);
     assert!(matches!(
-        l.try_acquire_key(b"taken", 1).await,
+        l.try_acquire_key(b"taken").await,
         Err(RedisError::Server { .. })
     ));
     // A long binary key is hashed into a bounded name in its own hash tag.
     let huge = vec![0u8; 1 << 16];
     let k = l.redis_key(&huge).unwrap();
     assert!(k.len() < 64 && k.ends_with(b"}"));
-    assert!(l.try_acquire_key(&huge, 3).await.unwrap().is_allowed());
+    assert!(l.try_acquire_key_n(&huge, 3).await.unwrap().is_allowed());
 }
 
 /// Waiting for a Redis permit (`acquire_key`, feature `wait`): waiters
@@ -433,7 +433,7 @@ mod waiting {
                 let l = instances[i % 2].clone();
                 let (holders, peak) = (holders.clone(), peak.clone());
                 tokio::spawn(async move {
-                    let permit = l.acquire_key(b"w", 1, &wait).await.unwrap();
+                    let permit = wait.until(l.acquire_key(b"w")).await.unwrap();
                     assert_eq!(permit.source(), DecisionSource::Redis);
                     let now = holders.fetch_add(1, Ordering::SeqCst) + 1;
                     assert!(now <= 2, "{now} holders of 2 permits");
@@ -472,7 +472,7 @@ mod waiting {
         let b = backend(&server);
         let l = waiting(&b, 1, FailurePolicy::Closed);
         let held = l
-            .try_acquire_key(b"d", 1)
+            .try_acquire_key_n(b"d", 1)
             .await
             .unwrap()
             .into_permit()
@@ -481,7 +481,7 @@ mod waiting {
             .timeout(Duration::from_millis(150))
             .jitter(Duration::from_secs(5)); // jitter is cut at the deadline
         let t = Instant::now();
-        let e = l.acquire_key(b"d", 1, &wait).await.unwrap_err();
+        let e = wait.until(l.acquire_key(b"d")).await.unwrap_err();
         let took = t.elapsed();
         assert!(
             matches!(e, WaitError::NoPermit { requested: 1, max: 1, last: Some(d), .. } if !d.is_allowed()),
@@ -491,14 +491,21 @@ mod waiting {
         assert!(took < Duration::from_millis(400), "{took:?}");
         assert_eq!(held_in_redis(&server, &l, b"d"), 1);
         assert!(matches!(
-            l.acquire_key(b"d", 2, &wait).await,
+            wait.until(l.acquire_key_n(b"d", 2)).await,
             Err(WaitError::InsufficientCapacity(_))
+        ));
+        // Awaited itself, a request waits with no deadline; its error is the try's.
+        assert!(matches!(
+            l.acquire_key_n(b"d", 2).await,
+            Err(RedisError::InsufficientCapacity(_))
         ));
         // Released while a waiter sleeps: admitted on its next try.
         let waiter = {
             let l = l.clone();
             tokio::spawn(async move {
-                l.acquire_key(b"d", 1, &Wait::new().timeout(Duration::from_secs(5)))
+                Wait::new()
+                    .timeout(Duration::from_secs(5))
+                    .until(l.acquire_key(b"d"))
                     .await
             })
         };
@@ -520,8 +527,11 @@ mod waiting {
         let wait = Wait::new().timeout(Duration::from_secs(1));
         let (mut admitted, mut cancelled) = (0, 0);
         for i in 0..150u64 {
-            match tokio::time::timeout(Duration::from_micros(i * 10), l.acquire_key(b"c", 1, &wait))
-                .await
+            match tokio::time::timeout(
+                Duration::from_micros(i * 10),
+                wait.until(l.acquire_key(b"c")),
+            )
+            .await
             {
                 Ok(r) => {
                     drop(r.unwrap());
@@ -545,7 +555,7 @@ mod waiting {
         // by its guard: under load that takes a moment).
         assert!(
             eventually(Duration::from_secs(2), async || l
-                .try_acquire_key(b"c", 1)
+                .try_acquire_key_n(b"c", 1)
                 .await
                 .unwrap()
                 .is_allowed())
@@ -566,20 +576,20 @@ mod waiting {
         let share = waiting(&b, 2, FailurePolicy::FallbackShare { instances: 2 });
         server.kill9();
         let wait = Wait::new().timeout(Duration::from_millis(300));
-        let p = open.acquire_key(b"k", 1, &wait).await.unwrap();
+        let p = wait.until(open.acquire_key(b"k")).await.unwrap();
         assert_eq!(p.source(), DecisionSource::FailOpen);
         let t = Instant::now();
         assert!(matches!(
-            closed.acquire_key(b"k", 1, &wait).await,
+            wait.until(closed.acquire_key(b"k")).await,
             Err(WaitError::Limiter(RedisError::Unavailable { .. }))
         ));
         assert!(t.elapsed() < Duration::from_millis(300), "never retried");
         // The local share is 1: the second waits for the first, locally.
-        let first = share.acquire_key(b"k", 1, &wait).await.unwrap();
+        let first = wait.until(share.acquire_key(b"k")).await.unwrap();
         assert_eq!(first.source(), DecisionSource::Fallback);
         let second = {
             let share = share.clone();
-            tokio::spawn(async move { share.acquire_key(b"k", 1, &wait).await })
+            tokio::spawn(async move { wait.until(share.acquire_key(b"k")).await })
         };
         tokio::time::sleep(Duration::from_millis(30)).await;
         drop(first);
@@ -587,7 +597,7 @@ mod waiting {
         assert_eq!(second.source(), DecisionSource::Fallback);
         let t = Instant::now();
         assert!(matches!(
-            share.acquire_key(b"k", 1, &wait).await,
+            wait.until(share.acquire_key(b"k")).await,
             Err(WaitError::NoPermit { .. })
         ));
         assert!(t.elapsed() >= Duration::from_millis(300));

@@ -371,7 +371,7 @@ async fn every_redis_limiter_takes_its_failure_policy() {
                 .unwrap();
             expect(
                 "concurrency",
-                conc.try_acquire_key(b"k", 1)
+                conc.try_acquire_key_n(b"k", 1)
                     .await
                     .map(|a| a.decision().source()),
             );

@@ -315,7 +315,7 @@ fn acquire_blocks_until_the_rate_allows() {
     let leaky = LeakyBucket::new(Rate::per_second(200).burst(1)).unwrap();
     let start = std::time::Instant::now();
     for _ in 0..5 {
-        leaky.acquire();
+        leaky.pace_blocking();
     }
     // The first is immediate, the next four 5 ms apart.
     assert!(

@@ -608,3 +608,56 @@ async fn every_limiter_kind_waits_through_the_one_call() {
     // Each kind admitted 3 in a row at 1 per ms: at least 2 ms of waiting.
     assert!(start.elapsed() >= 2 * MS, "{:?}", start.elapsed());
 }
+
+/// Issue 32, item 1: one shape for a wait with a deadline. A rate, local
+/// permits and keyed permits are all written `wait.until(x)`, and each
+/// still keeps its deadline (a rate fails at once past it; a permit waits
+/// to it and says no permit was released).
+#[tokio::test(start_paused = true)]
+async fn rates_local_permits_and_keyed_permits_wait_in_one_shape() {
+    use ratewall::{ConcurrencyLimiter, KeyedConcurrencyLimiter};
+    let clock = TokioClock(Instant::now());
+    let wait = Wait::new().timeout(Duration::from_millis(100));
+
+    let rate = bucket(Rate::per_second(10).burst(1), &clock);
+    assert!(wait.until(|| rate.check()).await.unwrap().is_allowed());
+    let started = Instant::now();
+    assert!(wait.until(|| rate.check()).await.unwrap().is_allowed()); // 100 ms later
+    assert_eq!(started.elapsed(), Duration::from_millis(100));
+    assert!(matches!(
+        Wait::new()
+            .timeout(Duration::from_millis(10))
+            .until(|| rate.check())
+            .await,
+        Err(WaitError::Deadline { last: Some(_) })
+    ));
+
+    let pool = ConcurrencyLimiter::new(2).unwrap();
+    let two = wait.until(pool.acquire_n(2)).await.unwrap();
+    assert_eq!(two.units(), 2);
+    let started = Instant::now();
+    let late = wait.until(pool.acquire()).await;
+    assert!(matches!(
+        late,
+        Err(WaitError::NoPermit {
+            requested: 1,
+            max: 2,
+            ..
+        })
+    ));
+    assert_eq!(started.elapsed(), Duration::from_millis(100));
+    drop(two);
+    assert_eq!(wait.until(pool.acquire()).await.unwrap().units(), 1);
+
+    let per_tenant = KeyedConcurrencyLimiter::<u32>::new(1).unwrap();
+    let held = wait.until(|| per_tenant.try_acquire_key(&7)).await.unwrap();
+    assert!(matches!(
+        wait.until(|| per_tenant.try_acquire_key(&7)).await,
+        Err(WaitError::NoPermit { requested: 1, .. })
+    ));
+    drop(held);
+    assert!(wait
+        .until(|| per_tenant.try_acquire_key_n(&7, 1))
+        .await
+        .is_ok());
+}

@@ -108,7 +108,7 @@ fn the_leaky_buckets_acquire_is_one_blocking_wait_and_a_reserve_with_a_deadline_
     let leaky = LeakyBucket::new(Rate::per_second(100).burst(2)).unwrap();
     let start = Instant::now();
     for _ in 0..4 {
-        let _ = leaky.acquire();
+        let _ = leaky.pace_blocking();
     }
     // Departures 10 ms apart: the 4th leaves at least 30 ms after the 1st.
     assert!(start.elapsed() >= 29 * MS, "{:?}", start.elapsed());

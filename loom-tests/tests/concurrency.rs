@@ -21,7 +21,7 @@ fn limiter(max: u64) -> Arc<ConcurrencyLimiter<ManualClock>> {
 /// in the word: if it ever passed the maximum the admission saw, two
 /// permits would have been admitted past it.
 fn hold_once(l: &ConcurrencyLimiter<ManualClock>, holders: &AtomicU64) -> bool {
-    let a = l.try_acquire(1).unwrap();
+    let a = l.try_acquire();
     let d = a.decision();
     match a.into_permit() {
         Some(permit) => {
@@ -64,7 +64,7 @@ fn racing_acquires_admit_one_at_a_time_and_release_once() {
         // Each one was admitted or denied; at least the first always is.
         assert!(admitted.fold(false, |any, a| any | a));
         assert_eq!(l.in_flight(), 0);
-        assert!(l.try_acquire(1).unwrap().is_allowed());
+        assert!(l.try_acquire().is_allowed());
     });
 }
 
@@ -82,9 +82,9 @@ fn lowering_the_maximum_racing_acquires_and_releases() {
             h.join().unwrap();
         }
         assert_eq!((l.in_flight(), l.max()), (0, 1));
-        let a = l.try_acquire(1).unwrap();
+        let a = l.try_acquire();
         assert!(a.is_allowed());
-        assert!(!l.try_acquire(1).unwrap().is_allowed());
+        assert!(!l.try_acquire().is_allowed());
     });
 }
 
@@ -98,7 +98,7 @@ fn weighted_permits_release_exactly_their_units() {
         let big = {
             let l = Arc::clone(&l);
             thread::spawn(move || {
-                let a = l.try_acquire(2).unwrap();
+                let a = l.try_acquire_n(2).unwrap();
                 let allowed = a.is_allowed();
                 drop(a);
                 allowed
@@ -107,7 +107,7 @@ fn weighted_permits_release_exactly_their_units() {
         let small = {
             let l = Arc::clone(&l);
             thread::spawn(move || {
-                let a = l.try_acquire(1).unwrap();
+                let a = l.try_acquire();
                 let in_flight = l.in_flight();
                 assert!(in_flight <= 2, "{in_flight}");
                 a.is_allowed()
@@ -116,6 +116,6 @@ fn weighted_permits_release_exactly_their_units() {
         let (b, s) = (big.join().unwrap(), small.join().unwrap());
         assert!(b || s, "one of them always finds room");
         assert_eq!(l.in_flight(), 0);
-        assert!(l.try_acquire(2).unwrap().is_allowed());
+        assert!(l.try_acquire_n(2).unwrap().is_allowed());
     });
 }

@@ -26,14 +26,14 @@ fn limiter(max: u64, fair: bool) -> Arc<ConcurrencyLimiter<ManualClock>> {
 fn a_release_racing_a_waiters_registration_is_never_lost() {
     loom::model(|| {
         let l = limiter(1, true);
-        let held = l.try_acquire_owned(1).unwrap().into_permit().unwrap();
+        let held = l.try_acquire_owned().into_permit().unwrap();
         let releaser = thread::spawn(move || drop(held));
-        let permit = l.acquire(1).blocking(&Wait::new()).unwrap();
+        let permit = Wait::new().blocking(l.acquire()).unwrap();
         assert_eq!(l.in_flight(), 1);
         drop(permit);
         releaser.join().unwrap();
         assert_eq!(l.in_flight(), 0);
-        assert!(l.acquire(1).blocking(&Wait::new()).is_ok());
+        assert!(Wait::new().blocking(l.acquire()).is_ok());
     });
 }
 
@@ -44,11 +44,11 @@ fn a_release_racing_a_waiters_registration_is_never_lost() {
 fn a_waiter_dropped_while_handed_a_permit_loses_nothing() {
     loom::model(|| {
         let l = limiter(1, false);
-        let held = l.try_acquire_owned(1).unwrap().into_permit().unwrap();
+        let held = l.try_acquire_owned().into_permit().unwrap();
         let waiter = {
             let l = Arc::clone(&l);
             thread::spawn(move || {
-                let mut a = l.acquire_owned(1);
+                let mut a = l.acquire_owned();
                 let mut cx = Context::from_waker(Waker::noop());
                 let got = Pin::new(&mut a).poll(&mut cx);
                 drop(a); // cancelled, whether or not it was just served
@@ -58,7 +58,7 @@ fn a_waiter_dropped_while_handed_a_permit_loses_nothing() {
         drop(held);
         waiter.join().unwrap();
         assert_eq!(l.in_flight(), 0);
-        assert!(l.try_acquire(1).unwrap().is_allowed());
+        assert!(l.try_acquire().is_allowed());
     });
 }
 
@@ -69,17 +69,17 @@ fn a_waiter_dropped_while_handed_a_permit_loses_nothing() {
 fn two_waiters_are_served_one_after_the_other() {
     loom::model(|| {
         let l = limiter(1, true);
-        let held = l.try_acquire_owned(1).unwrap().into_permit().unwrap();
+        let held = l.try_acquire_owned().into_permit().unwrap();
         let other = {
             let l = Arc::clone(&l);
             thread::spawn(move || {
-                let p = l.acquire(1).blocking(&Wait::new()).unwrap();
+                let p = Wait::new().blocking(l.acquire()).unwrap();
                 assert_eq!(l.in_flight(), 1);
                 drop(p);
             })
         };
         drop(held);
-        let p = l.acquire(1).blocking(&Wait::new()).unwrap();
+        let p = Wait::new().blocking(l.acquire()).unwrap();
         assert_eq!(l.in_flight(), 1);
         drop(p);
         other.join().unwrap();
@@ -94,12 +94,12 @@ fn two_waiters_are_served_one_after_the_other() {
 fn a_raised_maximum_racing_a_registration_is_never_lost() {
     loom::model(|| {
         let l = limiter(1, false);
-        let held = l.try_acquire_owned(1).unwrap().into_permit().unwrap();
+        let held = l.try_acquire_owned().into_permit().unwrap();
         let raiser = {
             let l = Arc::clone(&l);
             thread::spawn(move || l.set_max(2).unwrap())
         };
-        let permit = l.acquire(1).blocking(&Wait::new()).unwrap();
+        let permit = Wait::new().blocking(l.acquire()).unwrap();
         assert_eq!(l.in_flight(), 2);
         raiser.join().unwrap();
         drop((permit, held));

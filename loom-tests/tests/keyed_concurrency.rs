@@ -41,7 +41,7 @@ fn rival_of_key_1(l: &Keyed) -> u64 {
 /// of `key` (test-side count) stay within the decision's maximum, then
 /// releases. Returns the decision's tracking and whether it was admitted.
 fn hold_once(l: &Keyed, key: u64, holders: &AtomicU64) -> (Tracking, bool) {
-    let a = l.try_acquire_key(&key, 1).unwrap();
+    let a = l.try_acquire_key(&key);
     let d = a.decision();
     match a.into_permit() {
         Some(permit) => {
@@ -76,7 +76,7 @@ fn release_and_reacquire_race_the_reclaim_of_the_slot() {
         let l = table(1, WhenFull::RejectNew);
         let k2 = rival_of_key_1(&l);
         let first = l
-            .try_acquire_key_owned(&1, 1)
+            .try_acquire_key_owned_n(&1, 1)
             .unwrap()
             .into_permit()
             .unwrap();
@@ -112,7 +112,7 @@ fn release_and_reacquire_race_the_reclaim_of_the_slot() {
         let _ = l.retain_active();
         assert!(l.is_empty());
         // And the slot is whole: a full-size permit of either key passes.
-        assert!(l.try_acquire_key(&k2, 1).unwrap().is_allowed());
+        assert!(l.try_acquire_key(&k2).is_allowed());
     });
 }
 
@@ -140,7 +140,7 @@ fn acquires_race_retain_active() {
         let (tb, _) = b.join().unwrap();
         assert_eq!((ta, tb), (Tracking::Tracked, Tracking::Tracked));
         assert_eq!(l.in_flight_key(&1), 0);
-        assert!(l.try_acquire_key(&1, 1).unwrap().is_allowed());
+        assert!(l.try_acquire_key(&1).is_allowed());
     });
 }
 
@@ -154,7 +154,7 @@ fn eviction_never_takes_a_slot_with_permits_out() {
         let l = table(2, WhenFull::EvictLeastRecent);
         let k2 = rival_of_key_1(&l);
         let first = l
-            .try_acquire_key_owned(&1, 2)
+            .try_acquire_key_owned_n(&1, 2)
             .unwrap()
             .into_permit()
             .unwrap();
@@ -162,7 +162,7 @@ fn eviction_never_takes_a_slot_with_permits_out() {
         let b = {
             let l = Arc::clone(&l);
             thread::spawn(move || {
-                let acq = l.try_acquire_key(&k2, 2).unwrap();
+                let acq = l.try_acquire_key_n(&k2, 2).unwrap();
                 let t = acq.decision().tracking();
                 assert_ne!(t, Tracking::EvictedOther);
                 assert_eq!(acq.is_allowed(), t == Tracking::Tracked);

@@ -12,7 +12,10 @@ use crate::decision::Decision;
 use crate::error::InsufficientCapacity;
 use crate::limiter::DefaultClock;
 use crate::sync::{current_thread, park, park_timeout, Ordering, Thread};
-use crate::wait::{Wait, WaitError};
+#[cfg(feature = "wait")]
+use crate::wait::Waitable;
+use crate::wait::{BlockingWaitable, Token, Wait, WaitError, WaitableCore};
+use std::convert::Infallible;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -211,23 +214,28 @@ impl Wake for Unpark {
 /// takes nothing and loses nothing: a permit handed to it at that moment
 /// goes back, and on to the next waiter.
 ///
-/// Set the class with [`priority`](Self::priority); wait with a deadline
-/// with [`blocking`](Self::blocking), or, with feature `wait`, `wait`. As
-/// any future, it is not to be polled again once it has completed (it
-/// would start waiting for another permit).
+/// Awaited, it waits with no deadline (its output is
+/// `Result<Permit, InsufficientCapacity>`: only a cost that can never fit
+/// fails). Set the class with [`priority`](Self::priority). With a
+/// deadline, give it to a [`Wait`], as every wait with a deadline is
+/// written: `wait.blocking(pool.acquire())` on a thread, or, with feature
+/// `wait`, `wait.until(pool.acquire()).await` (the error is then a
+/// [`WaitError`]). As any future, it is not to be polled again once it
+/// has completed (it would start waiting for another permit).
 ///
 /// # Example
 ///
 /// ```
+/// use ratewall::wait::Wait;
 /// use ratewall::ConcurrencyLimiter;
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let pool = ConcurrencyLimiter::new(1)?;
-/// let first = pool.try_acquire(1)?.into_permit().unwrap();
+/// let first = pool.try_acquire().into_permit().unwrap();
 /// std::thread::scope(|s| {
 ///     s.spawn(|| {
 ///         // Waits until `first` is dropped, then holds the unit.
-///         let permit = pool.acquire(1).blocking(&Default::default()).unwrap();
+///         let permit = Wait::new().blocking(pool.acquire()).unwrap();
 ///         assert_eq!(permit.units(), 1);
 ///     });
 ///     std::thread::sleep(std::time::Duration::from_millis(20));
@@ -249,12 +257,13 @@ pub struct Acquire<'a, C: Clock = DefaultClock> {
 /// # Example
 ///
 /// ```
+/// use ratewall::wait::Wait;
 /// use ratewall::ConcurrencyLimiter;
 /// use std::sync::Arc;
 ///
 /// let pool = Arc::new(ConcurrencyLimiter::new(2)?);
 /// let pool2 = Arc::clone(&pool);
-/// let permit = std::thread::spawn(move || pool2.acquire_owned(2).blocking(&Default::default()))
+/// let permit = std::thread::spawn(move || Wait::new().blocking(pool2.acquire_owned_n(2)))
 ///     .join()
 ///     .unwrap()
 ///     .unwrap();
@@ -277,9 +286,9 @@ macro_rules! acquire_methods {
             /// a release serves the higher classes' waiters first.
             ///
             /// ```
-            /// # use ratewall::{ConcurrencyLimiter, Priority};
+            /// # use ratewall::{wait::Wait, ConcurrencyLimiter, Priority};
             /// let l = ConcurrencyLimiter::builder(4).reserve(Priority::Critical, 50).build()?;
-            /// let p = l.acquire(3).priority(Priority::Critical).blocking(&Default::default()).unwrap();
+            /// let p = Wait::new().blocking(l.acquire_n(3).priority(Priority::Critical)).unwrap();
             /// assert_eq!(p.units(), 3);
             /// # Ok::<(), ratewall::ConfigError>(())
             /// ```
@@ -287,53 +296,37 @@ macro_rules! acquire_methods {
                 self.turn.class = class;
                 self
             }
+        }
 
-            /// Waits on this thread (parked; a release unparks it) until
-            /// admitted, or until `wait`'s timeout from now: never later.
-            /// At the deadline the error is [`WaitError::NoPermit`], with
-            /// the denial of the try at once (`None` for a fair waiter that
-            /// queued behind others). A cost
-            /// above the class's share of the maximum is
-            /// [`WaitError::InsufficientCapacity`] at once, or when a lowered
-            /// maximum rules it out while it waits. `wait`'s jitter is not
-            /// used: a waiter is woken by the release that admits it.
-            ///
-            /// ```
-            /// # use ratewall::ConcurrencyLimiter;
-            /// # use ratewall::wait::{Wait, WaitError};
-            /// # use std::time::Duration;
-            /// let l = ConcurrencyLimiter::new(1)?;
-            /// let _held = l.try_acquire(1).unwrap();
-            /// let late = l.acquire(1).blocking(&Wait::new().timeout(Duration::from_millis(5)));
-            /// assert!(matches!(late, Err(WaitError::NoPermit { last: Some(_), .. })));
-            /// assert_eq!(l.in_flight(), 1); // the waiter took nothing
-            /// # Ok::<(), ratewall::ConfigError>(())
-            /// ```
-            pub fn blocking(self, wait: &Wait) -> Result<$permit, WaitError> {
+        impl<$($lt,)? C: Clock> WaitableCore for $name<$($lt,)? C> {}
+
+        /// `wait.blocking(pool.acquire_n(n))`: waits on this thread
+        /// (parked; a release unparks it) until admitted, or until `wait`'s
+        /// timeout from now: never later. At the deadline the error is
+        /// [`WaitError::NoPermit`], with the denial of the try at once
+        /// (`None` for a fair waiter that queued behind others). A cost
+        /// above the class's share of the maximum is
+        /// [`WaitError::InsufficientCapacity`] at once, or when a lowered
+        /// maximum rules it out while it waits. `wait`'s jitter is not
+        /// used: a waiter is woken by the release that admits it.
+        impl<$($lt,)? C: Clock> BlockingWaitable for $name<$($lt,)? C> {
+            type Output = $permit;
+            type Error = Infallible;
+            fn block(self, wait: &Wait, _: Token) -> Result<$permit, WaitError> {
                 self.turn.block(wait)
             }
+        }
 
-            /// Waits (on tokio's timer for the deadline; feature `wait`)
-            /// until admitted or until `wait`'s timeout from now, never
-            /// later; the errors as [`blocking`](Self::blocking)'s.
-            /// Dropping the future takes nothing and loses nothing.
-            ///
-            /// ```
-            /// # use ratewall::ConcurrencyLimiter;
-            /// # use ratewall::wait::{Wait, WaitError};
-            /// # use std::time::Duration;
-            /// # #[tokio::main(flavor = "current_thread")]
-            /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-            /// let l = ConcurrencyLimiter::new(1)?;
-            /// let held = l.try_acquire(1)?.into_permit().unwrap();
-            /// let wait = Wait::new().timeout(Duration::from_millis(5));
-            /// assert!(matches!(l.acquire(1).wait(&wait).await, Err(WaitError::NoPermit { .. })));
-            /// drop(held);
-            /// assert!(l.acquire(1).wait(&wait).await.is_ok());
-            /// # Ok(()) }
-            /// ```
-            #[cfg(feature = "wait")]
-            pub async fn wait(self, wait: &Wait) -> Result<$permit, WaitError> {
+        /// `wait.until(pool.acquire_n(n)).await` (feature `wait`): waits
+        /// (on tokio's timer for the deadline) until admitted or until
+        /// `wait`'s timeout from now, never later; the errors as the
+        /// blocking form's. Dropping the future takes nothing and loses
+        /// nothing.
+        #[cfg(feature = "wait")]
+        impl<$($lt,)? C: Clock> Waitable for $name<$($lt,)? C> {
+            type Output = $permit;
+            type Error = Infallible;
+            async fn until(self, wait: &Wait, _: Token) -> Result<$permit, WaitError> {
                 self.turn.until(wait).await
             }
         }
@@ -361,6 +354,22 @@ acquire_methods!(Acquire<'a>, Permit<'a, C>);
 acquire_methods!(AcquireOwned, OwnedPermit<C>);
 
 impl<C: Clock> ConcurrencyLimiter<C> {
+    /// Waits for one unit: [`acquire_n`](Self::acquire_n)`(1)`. Await it
+    /// to wait with no deadline; give it to a [`Wait`] for one.
+    ///
+    /// ```
+    /// # use ratewall::ConcurrencyLimiter;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let pool = ConcurrencyLimiter::new(1)?;
+    /// let permit = pool.acquire().await?;
+    /// assert_eq!((permit.units(), pool.in_flight()), (1, 1));
+    /// # Ok(()) }
+    /// ```
+    pub fn acquire(&self) -> Acquire<'_, C> {
+        self.acquire_n(1)
+    }
+
     /// Waits for `n` units: a future that resolves with the permit when a
     /// release (or a raised maximum) admits it, on any executor. A cost
     /// above the maximum is an error at once. See [`Acquire`] for the
@@ -371,14 +380,14 @@ impl<C: Clock> ConcurrencyLimiter<C> {
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let pool = ConcurrencyLimiter::new(2)?;
-    /// let a = pool.acquire(1).await?;
-    /// let b = pool.acquire(1).await?;
+    /// let a = pool.acquire().await?;
+    /// let b = pool.acquire().await?;
     /// assert_eq!(pool.in_flight(), 2);
-    /// assert!(pool.acquire(3).await.is_err()); // can never fit
+    /// assert!(pool.acquire_n(3).await.is_err()); // can never fit
     /// # drop((a, b));
     /// # Ok(()) }
     /// ```
-    pub fn acquire(&self, n: u64) -> Acquire<'_, C> {
+    pub fn acquire_n(&self, n: u64) -> Acquire<'_, C> {
         Acquire {
             turn: Turn::new(self, n),
         }
@@ -393,13 +402,32 @@ impl<C: Clock> ConcurrencyLimiter<C> {
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let pool = Arc::new(ConcurrencyLimiter::new(1)?);
-    /// let permit = pool.acquire_owned(1).await?;
+    /// let permit = pool.acquire_owned().await?;
     /// let task = tokio::spawn(async move { drop(permit) });
     /// task.await?;
     /// assert_eq!(pool.in_flight(), 0);
     /// # Ok(()) }
     /// ```
-    pub fn acquire_owned(self: &Arc<Self>, n: u64) -> AcquireOwned<C> {
+    pub fn acquire_owned(self: &Arc<Self>) -> AcquireOwned<C> {
+        self.acquire_owned_n(1)
+    }
+
+    /// [`acquire_n`](Self::acquire_n) for a `'static` [`OwnedPermit`]; see
+    /// [`AcquireOwned`].
+    ///
+    /// ```
+    /// # use ratewall::ConcurrencyLimiter;
+    /// # use std::sync::Arc;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let pool = Arc::new(ConcurrencyLimiter::new(3)?);
+    /// let permit = pool.acquire_owned_n(3).await?;
+    /// let task = tokio::spawn(async move { drop(permit) });
+    /// task.await?;
+    /// assert_eq!(pool.in_flight(), 0);
+    /// # Ok(()) }
+    /// ```
+    pub fn acquire_owned_n(self: &Arc<Self>, n: u64) -> AcquireOwned<C> {
         AcquireOwned {
             turn: Turn::new(Arc::clone(self), n),
         }

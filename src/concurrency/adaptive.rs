@@ -44,7 +44,7 @@ const LOW_MASK: u64 = u32::MAX as u64;
 ///     .clock(ManualClock::new())
 ///     .build()?;
 /// for _ in 0..10 {
-///     let permit = l.try_acquire(1).unwrap().into_permit().unwrap();
+///     let permit = l.try_acquire().into_permit().unwrap();
 ///     permit.release(Outcome::Dropped); // the backend refused or timed out
 /// }
 /// assert_eq!(l.max(), 9); // x 0.9 per window of drops (10 of them at 10)

@@ -54,12 +54,12 @@ pub(crate) struct Held {
 /// use ratewall::ConcurrencyLimiter;
 ///
 /// let pool = ConcurrencyLimiter::new(2)?;
-/// let a = pool.try_acquire(1).unwrap().into_permit().unwrap();
-/// let b = pool.try_acquire(1).unwrap().into_permit().unwrap();
-/// let denied = pool.try_acquire(1).unwrap();
+/// let a = pool.try_acquire().into_permit().unwrap();
+/// let b = pool.try_acquire().into_permit().unwrap();
+/// let denied = pool.try_acquire();
 /// assert!(!denied.is_allowed()); // 503, or try a replica
 /// drop(a);
-/// assert!(pool.try_acquire(1).unwrap().is_allowed());
+/// assert!(pool.try_acquire().is_allowed());
 /// # drop(b);
 /// # Ok::<(), ratewall::ConfigError>(())
 /// ```
@@ -403,12 +403,12 @@ impl<C: Clock> ConcurrencyLimiter<C> {
     /// ```
     /// # use ratewall::ConcurrencyLimiter;
     /// let l = ConcurrencyLimiter::new(3)?;
-    /// let held: Vec<_> = (0..3).map(|_| l.try_acquire(1).unwrap()).collect();
+    /// let held: Vec<_> = (0..3).map(|_| l.try_acquire()).collect();
     /// l.set_max(1)?;
     /// assert_eq!((l.max(), l.in_flight()), (1, 3));
     /// drop(held);
     /// assert_eq!(l.in_flight(), 0);
-    /// assert!(l.try_acquire(1).unwrap().is_allowed());
+    /// assert!(l.try_acquire().is_allowed());
     /// # Ok::<(), ratewall::ConfigError>(())
     /// ```
     pub fn set_max(&self, max: u64) -> Result<(), ConfigError> {
@@ -438,7 +438,7 @@ impl<C: Clock> ConcurrencyLimiter<C> {
     /// ```
     /// # use ratewall::ConcurrencyLimiter;
     /// let l = ConcurrencyLimiter::new(7)?;
-    /// let _p = l.try_acquire(2).unwrap();
+    /// let _p = l.try_acquire_n(2).unwrap();
     /// assert_eq!(l.in_flight(), 2);
     /// # Ok::<(), ratewall::ConfigError>(())
     /// ```
@@ -467,7 +467,7 @@ impl<C: Clock> ConcurrencyLimiter<C> {
     /// # use std::time::Duration;
     /// let clock = ManualClock::new();
     /// let l = ConcurrencyLimiter::builder(1).clock(clock.clone()).build()?;
-    /// let p = l.try_acquire(1).unwrap();
+    /// let p = l.try_acquire();
     /// clock.advance(Duration::from_millis(40));
     /// drop(p);
     /// assert_eq!(l.mean_hold_time(), Duration::from_millis(40));

@@ -21,7 +21,7 @@ use std::sync::Arc;
 /// use ratewall::ConcurrencyLimiter;
 ///
 /// let l = ConcurrencyLimiter::new(2)?;
-/// let a = l.try_acquire(1).unwrap();
+/// let a = l.try_acquire();
 /// assert!(a.is_allowed());
 /// assert_eq!((a.decision().limit(), a.decision().remaining()), (2, 1));
 /// let permit = a.into_permit().unwrap(); // dropping it gives the unit back
@@ -45,6 +45,22 @@ impl<P> Acquisition<P> {
         }
     }
 
+    /// A one-permit request's acquisition: one permit always fits (a
+    /// maximum, and each class's share of it, is at least 1), so the error
+    /// arm never runs; were it reached, it is a denial that takes nothing.
+    #[inline]
+    pub(crate) fn unit(result: Result<Self, InsufficientCapacity>) -> Self {
+        match result {
+            Ok(a) => a,
+            Err(e) => Self::unit_never_fits(e),
+        }
+    }
+
+    #[cold]
+    fn unit_never_fits(e: InsufficientCapacity) -> Self {
+        Acquisition::new(Decision::deny(e.capacity, 0, u64::MAX, u64::MAX), None, 1)
+    }
+
     /// The units asked for.
     pub(crate) fn units(&self) -> u64 {
         self.units
@@ -55,9 +71,9 @@ impl<P> Acquisition<P> {
     /// ```
     /// # use ratewall::ConcurrencyLimiter;
     /// let l = ConcurrencyLimiter::new(1)?;
-    /// let first = l.try_acquire(1).unwrap();
+    /// let first = l.try_acquire();
     /// assert!(first.is_allowed());
-    /// assert!(!l.try_acquire(1).unwrap().is_allowed());
+    /// assert!(!l.try_acquire().is_allowed());
     /// # Ok::<(), ratewall::ConfigError>(())
     /// ```
     pub fn is_allowed(&self) -> bool {
@@ -71,7 +87,7 @@ impl<P> Acquisition<P> {
     /// ```
     /// # use ratewall::ConcurrencyLimiter;
     /// let l = ConcurrencyLimiter::new(3)?;
-    /// let a = l.try_acquire(2).unwrap();
+    /// let a = l.try_acquire_n(2).unwrap();
     /// assert_eq!(a.decision().remaining(), 1);
     /// # Ok::<(), ratewall::ConfigError>(())
     /// ```
@@ -84,9 +100,9 @@ impl<P> Acquisition<P> {
     /// ```
     /// # use ratewall::ConcurrencyLimiter;
     /// let l = ConcurrencyLimiter::new(1)?;
-    /// let permit = l.try_acquire(1).unwrap().into_permit();
+    /// let permit = l.try_acquire().into_permit();
     /// assert!(permit.is_some());
-    /// assert!(l.try_acquire(1).unwrap().into_permit().is_none());
+    /// assert!(l.try_acquire().into_permit().is_none());
     /// # Ok::<(), ratewall::ConfigError>(())
     /// ```
     pub fn into_permit(self) -> Option<P> {
@@ -114,7 +130,7 @@ impl<P> fmt::Debug for Acquisition<P> {
 ///
 /// let l = ConcurrencyLimiter::new(1)?;
 /// {
-///     let _permit = l.try_acquire(1).unwrap().into_permit().unwrap();
+///     let _permit = l.try_acquire().into_permit().unwrap();
 ///     assert_eq!(l.in_flight(), 1);
 /// }
 /// assert_eq!(l.in_flight(), 0);
@@ -137,7 +153,7 @@ pub struct Permit<'a, C: Clock = DefaultClock> {
 /// use std::sync::Arc;
 ///
 /// let l = Arc::new(ConcurrencyLimiter::new(4)?);
-/// let permit = l.try_acquire_owned(1).unwrap().into_permit().unwrap();
+/// let permit = l.try_acquire_owned().into_permit().unwrap();
 /// std::thread::spawn(move || drop(permit)).join().unwrap();
 /// assert_eq!(l.in_flight(), 0);
 /// # Ok::<(), ratewall::ConfigError>(())
@@ -157,7 +173,7 @@ macro_rules! permit_methods {
             /// ```
             /// # use ratewall::ConcurrencyLimiter;
             /// let l = ConcurrencyLimiter::new(5)?;
-            /// let p = l.try_acquire(3).unwrap().into_permit().unwrap();
+            /// let p = l.try_acquire_n(3).unwrap().into_permit().unwrap();
             /// assert_eq!(p.units(), 3);
             /// # Ok::<(), ratewall::ConfigError>(())
             /// ```
@@ -173,7 +189,7 @@ macro_rules! permit_methods {
             /// ```
             /// # use ratewall::{ConcurrencyLimiter, Outcome};
             /// let l = ConcurrencyLimiter::new(5)?;
-            /// let p = l.try_acquire(1).unwrap().into_permit().unwrap();
+            /// let p = l.try_acquire().into_permit().unwrap();
             /// p.release(Outcome::Ignored);
             /// assert_eq!(l.in_flight(), 0);
             /// # Ok::<(), ratewall::ConfigError>(())
@@ -204,6 +220,26 @@ permit_methods!(Permit<'a>);
 permit_methods!(OwnedPermit);
 
 impl<C: Clock> ConcurrencyLimiter<C> {
+    /// Takes one unit if it fits, as a [`Priority::Normal`] request,
+    /// without waiting. One unit always fits a maximum (at least 1), so
+    /// this is the [`Acquisition`] itself, as `check()` is a decision;
+    /// [`try_acquire_n`](Self::try_acquire_n) takes more.
+    ///
+    /// ```
+    /// # use ratewall::ConcurrencyLimiter;
+    /// let l = ConcurrencyLimiter::new(1)?;
+    /// let first = l.try_acquire();
+    /// assert!(first.is_allowed());
+    /// assert!(!l.try_acquire().is_allowed()); // held by `first`
+    /// drop(first);
+    /// assert!(l.try_acquire().is_allowed());
+    /// # Ok::<(), ratewall::ConfigError>(())
+    /// ```
+    #[inline]
+    pub fn try_acquire(&self) -> Acquisition<Permit<'_, C>> {
+        Acquisition::unit(self.try_acquire_n(1))
+    }
+
     /// Takes `n` units if they fit, as a [`Priority::Normal`] request,
     /// without waiting. A cost above what this class may ever hold at the
     /// current maximum is an error, not a denial.
@@ -211,15 +247,18 @@ impl<C: Clock> ConcurrencyLimiter<C> {
     /// ```
     /// # use ratewall::{ConcurrencyLimiter, InsufficientCapacity};
     /// let l = ConcurrencyLimiter::new(4)?;
-    /// let big = l.try_acquire(3).unwrap();
+    /// let big = l.try_acquire_n(3)?;
     /// assert!(big.is_allowed());
-    /// assert!(!l.try_acquire(2).unwrap().is_allowed());
-    /// assert_eq!(l.try_acquire(5).unwrap_err(), InsufficientCapacity { requested: 5, capacity: 4 });
-    /// # Ok::<(), ratewall::ConfigError>(())
+    /// assert!(!l.try_acquire_n(2)?.is_allowed());
+    /// assert_eq!(l.try_acquire_n(5).unwrap_err(), InsufficientCapacity { requested: 5, capacity: 4 });
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     #[inline]
-    pub fn try_acquire(&self, n: u64) -> Result<Acquisition<Permit<'_, C>>, InsufficientCapacity> {
-        self.try_acquire_with(n, Priority::Normal)
+    pub fn try_acquire_n(
+        &self,
+        n: u64,
+    ) -> Result<Acquisition<Permit<'_, C>>, InsufficientCapacity> {
+        self.try_acquire_n_with(n, Priority::Normal)
     }
 
     /// [`try_acquire`](Self::try_acquire) for a request of class `class`.
@@ -227,13 +266,28 @@ impl<C: Clock> ConcurrencyLimiter<C> {
     /// ```
     /// # use ratewall::{ConcurrencyLimiter, Priority};
     /// let l = ConcurrencyLimiter::builder(10).reserve(Priority::Critical, 50).build()?;
-    /// let _held = l.try_acquire(5).unwrap();
-    /// assert!(!l.try_acquire(1).unwrap().is_allowed());
-    /// assert!(l.try_acquire_with(1, Priority::Critical).unwrap().is_allowed());
-    /// # Ok::<(), ratewall::ConfigError>(())
+    /// let _held = l.try_acquire_n(5)?;
+    /// assert!(!l.try_acquire().is_allowed());
+    /// assert!(l.try_acquire_with(Priority::Critical).is_allowed());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     #[inline]
-    pub fn try_acquire_with(
+    pub fn try_acquire_with(&self, class: Priority) -> Acquisition<Permit<'_, C>> {
+        Acquisition::unit(self.try_acquire_n_with(1, class))
+    }
+
+    /// [`try_acquire_n`](Self::try_acquire_n) for a request of class `class`.
+    ///
+    /// ```
+    /// # use ratewall::{ConcurrencyLimiter, Priority};
+    /// let l = ConcurrencyLimiter::builder(10).reserve(Priority::Critical, 50).build()?;
+    /// let _held = l.try_acquire_n(5)?;
+    /// assert!(!l.try_acquire().is_allowed());
+    /// assert!(l.try_acquire_n_with(2, Priority::Critical)?.is_allowed());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline]
+    pub fn try_acquire_n_with(
         &self,
         n: u64,
         class: Priority,
@@ -256,18 +310,36 @@ impl<C: Clock> ConcurrencyLimiter<C> {
     /// # use ratewall::ConcurrencyLimiter;
     /// # use std::sync::Arc;
     /// let l = Arc::new(ConcurrencyLimiter::new(1)?);
-    /// let p = l.try_acquire_owned(1).unwrap().into_permit().unwrap();
-    /// assert!(!l.try_acquire_owned(1).unwrap().is_allowed());
-    /// drop(p);
+    /// let p = l.try_acquire_owned().into_permit().unwrap();
+    /// assert!(!l.try_acquire_owned().is_allowed());
+    /// std::thread::spawn(move || drop(p)).join().unwrap();
     /// assert_eq!(l.in_flight(), 0);
     /// # Ok::<(), ratewall::ConfigError>(())
     /// ```
     #[inline]
-    pub fn try_acquire_owned(
+    pub fn try_acquire_owned(self: &Arc<Self>) -> Acquisition<OwnedPermit<C>> {
+        Acquisition::unit(self.try_acquire_owned_n(1))
+    }
+
+    /// [`try_acquire_n`](Self::try_acquire_n) with a `'static` permit that
+    /// owns an `Arc` of the limiter.
+    ///
+    /// ```
+    /// # use ratewall::ConcurrencyLimiter;
+    /// # use std::sync::Arc;
+    /// let l = Arc::new(ConcurrencyLimiter::new(2)?);
+    /// let p = l.try_acquire_owned_n(2)?.into_permit().unwrap();
+    /// assert!(!l.try_acquire_owned().is_allowed());
+    /// drop(p);
+    /// assert_eq!(l.in_flight(), 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline]
+    pub fn try_acquire_owned_n(
         self: &Arc<Self>,
         n: u64,
     ) -> Result<Acquisition<OwnedPermit<C>>, InsufficientCapacity> {
-        self.try_acquire_owned_with(n, Priority::Normal)
+        self.try_acquire_owned_n_with(n, Priority::Normal)
     }
 
     /// [`try_acquire_owned`](Self::try_acquire_owned) for a request of class `class`.
@@ -276,11 +348,28 @@ impl<C: Clock> ConcurrencyLimiter<C> {
     /// # use ratewall::{ConcurrencyLimiter, Priority};
     /// # use std::sync::Arc;
     /// let l = Arc::new(ConcurrencyLimiter::new(1)?);
-    /// assert!(l.try_acquire_owned_with(1, Priority::Sheddable).unwrap().is_allowed());
+    /// assert!(l.try_acquire_owned_with(Priority::Sheddable).is_allowed());
     /// # Ok::<(), ratewall::ConfigError>(())
     /// ```
     #[inline]
     pub fn try_acquire_owned_with(
+        self: &Arc<Self>,
+        class: Priority,
+    ) -> Acquisition<OwnedPermit<C>> {
+        Acquisition::unit(self.try_acquire_owned_n_with(1, class))
+    }
+
+    /// [`try_acquire_owned_n`](Self::try_acquire_owned_n) for a request of class `class`.
+    ///
+    /// ```
+    /// # use ratewall::{ConcurrencyLimiter, Priority};
+    /// # use std::sync::Arc;
+    /// let l = Arc::new(ConcurrencyLimiter::new(2)?);
+    /// assert!(l.try_acquire_owned_n_with(2, Priority::Sheddable)?.is_allowed());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline]
+    pub fn try_acquire_owned_n_with(
         self: &Arc<Self>,
         n: u64,
         class: Priority,

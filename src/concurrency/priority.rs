@@ -19,9 +19,9 @@ use crate::error::ConfigError;
 ///     .reserve(Priority::Critical, 20)
 ///     .clock(ManualClock::new())
 ///     .build()?;
-/// let normal: Vec<_> = (0..10).filter_map(|_| l.try_acquire(1).unwrap().into_permit()).collect();
+/// let normal: Vec<_> = (0..10).filter_map(|_| l.try_acquire().into_permit()).collect();
 /// assert_eq!(normal.len(), 8); // the last 2 are kept for critical requests
-/// let critical = l.try_acquire_with(1, Priority::Critical).unwrap();
+/// let critical = l.try_acquire_with(Priority::Critical);
 /// assert!(critical.is_allowed());
 /// # Ok::<(), ratewall::ConfigError>(())
 /// ```

@@ -299,7 +299,7 @@ impl<C: Clock> ConcLimit<C> {
 
     /// Takes `n` permits for `key` (a request of class `class`), if they
     /// fit.
-    pub(super) fn acquire(
+    pub(super) fn try_acquire_n(
         &self,
         key: u128,
         n: u64,
@@ -307,7 +307,7 @@ impl<C: Clock> ConcLimit<C> {
     ) -> Result<(Decision, Option<Permit<C>>), InsufficientCapacity> {
         Ok(match &self.limiter {
             Limiter::One(l) => {
-                let a = l.try_acquire_owned_with(n, class)?;
+                let a = l.try_acquire_owned_n_with(n, class)?;
                 // The maximum moves on releases; the next acquire reports it.
                 #[cfg(feature = "metrics")]
                 if let Some(g) = &self.max_gauge {
@@ -316,7 +316,7 @@ impl<C: Clock> ConcLimit<C> {
                 (a.decision(), a.into_permit().map(Permit::One))
             }
             Limiter::Keyed(l) => {
-                let a = l.try_acquire_key_owned(&key, n)?;
+                let a = l.try_acquire_key_owned_n(&key, n)?;
                 (a.decision(), a.into_permit().map(Permit::Keyed))
             }
             // Not reached: the local check leaves Redis rules out

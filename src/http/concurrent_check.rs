@@ -83,7 +83,7 @@ impl<C: Clock> LimitSet<C> for MixedSet<'_, C> {
             return Ok(Decision::allow(u64::MAX, u64::MAX, 0));
         };
         let at = usize::from(self.conc[j]);
-        let (d, permit) = l.acquire(self.entry(j).key, n, self.classes[at])?;
+        let (d, permit) = l.try_acquire_n(self.entry(j).key, n, self.classes[at])?;
         self.taken.borrow_mut()[j] = permit;
         Ok(d)
     }

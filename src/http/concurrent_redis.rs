@@ -119,7 +119,7 @@ impl<C: Clock + 'static> Shared<C> {
             let Some(l) = r.conc.as_ref().and_then(|c| c.redis()) else {
                 continue;
             };
-            match l.try_acquire_key(k, e.cost).await {
+            match l.try_acquire_key_n(k, e.cost).await {
                 Ok(a) => {
                     let d = a.decision();
                     entries[*i].decision = Some(told(d.decision(), l.mean_hold_time()));

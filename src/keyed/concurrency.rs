@@ -68,10 +68,10 @@ const UNTIMED: u64 = u64::MAX;
 /// use ratewall::KeyedConcurrencyLimiter;
 ///
 /// let per_tenant = KeyedConcurrencyLimiter::<String>::builder(2).max_keys(10_000).build()?;
-/// let a = per_tenant.try_acquire_key("acme", 1).unwrap().into_permit().unwrap();
-/// let _b = per_tenant.try_acquire_key("acme", 1).unwrap().into_permit().unwrap();
-/// assert!(!per_tenant.try_acquire_key("acme", 1).unwrap().is_allowed()); // 2 in flight
-/// assert!(per_tenant.try_acquire_key("globex", 1).unwrap().is_allowed()); // another key
+/// let a = per_tenant.try_acquire_key("acme").into_permit().unwrap();
+/// let _b = per_tenant.try_acquire_key("acme").into_permit().unwrap();
+/// assert!(!per_tenant.try_acquire_key("acme").is_allowed()); // 2 in flight
+/// assert!(per_tenant.try_acquire_key("globex").is_allowed()); // another key
 /// drop(a);
 /// assert_eq!(per_tenant.in_flight_key("acme"), 1);
 /// # Ok::<(), ratewall::ConfigError>(())
@@ -79,10 +79,11 @@ const UNTIMED: u64 = u64::MAX;
 ///
 /// # Waiting
 ///
-/// An acquisition is one try of a [`Wait`](crate::wait::Wait):
-/// `wait.blocking(|| limiter.try_acquire_key(&key, n))` returns the permit
-/// (and `try_acquire_key_owned` an owned one, for `until` with feature
-/// `wait`). A denial sleeps for its
+/// An acquisition is one try of a [`Wait`](crate::wait::Wait), written as
+/// every wait with a deadline is: `wait.blocking(|| limiter.try_acquire_key(&key))`
+/// (or `try_acquire_key_n(&key, n)`) returns the permit, and
+/// `wait.until(|| ...)` (feature `wait`) is its async form
+/// (`try_acquire_key_owned` for an owned permit). A denial sleeps for its
 /// `retry_after`, the observed mean hold time: a **hint**, so the wait tries
 /// again then, and a release may have come sooner or later. With a
 /// timeout, a hint longer than the time left ends the wait at once (the
@@ -96,9 +97,9 @@ const UNTIMED: u64 = u64::MAX;
 /// use std::{sync::Arc, time::Duration};
 ///
 /// let l = Arc::new(KeyedConcurrencyLimiter::<u64>::new(1)?);
-/// let held = l.try_acquire_key_owned(&7, 1).unwrap().into_permit().unwrap();
+/// let held = l.try_acquire_key_owned(&7).into_permit().unwrap();
 /// let t = std::thread::spawn(move || { std::thread::sleep(Duration::from_millis(20)); drop(held) });
-/// let permit = Wait::new().timeout(Duration::from_secs(5)).blocking(|| l.try_acquire_key(&7, 1)).unwrap();
+/// let permit = Wait::new().timeout(Duration::from_secs(5)).blocking(|| l.try_acquire_key(&7)).unwrap();
 /// assert_eq!(permit.units(), 1);
 /// # t.join().unwrap();
 /// # Ok::<(), ratewall::ConfigError>(())
@@ -317,6 +318,30 @@ impl<K, C: Clock> KeyedConcurrencyLimiter<K, C> {
         self.hold_ns.store(mean_hold(old, hold), Ordering::Relaxed);
     }
 
+    /// Takes one unit for `key` if it fits, without waiting: the
+    /// [`Acquisition`] itself (one unit always fits a key's maximum, at
+    /// least 1), as `check_key` is a decision; see
+    /// [`try_acquire_key_n`](Self::try_acquire_key_n) for the decision's
+    /// fields and a full table.
+    ///
+    /// ```
+    /// # use ratewall::KeyedConcurrencyLimiter;
+    /// let l = KeyedConcurrencyLimiter::<&str>::new(1)?;
+    /// let a = l.try_acquire_key("db");
+    /// assert!(a.is_allowed());
+    /// assert!(!l.try_acquire_key("db").is_allowed());
+    /// assert!(l.try_acquire_key("cache").is_allowed()); // another key
+    /// # Ok::<(), ratewall::ConfigError>(())
+    /// ```
+    #[inline]
+    pub fn try_acquire_key<Q>(&self, key: &Q) -> Acquisition<KeyedPermit<'_, K, C>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + ?Sized,
+    {
+        Acquisition::unit(self.try_acquire_key_n(key, 1))
+    }
+
     /// Takes `n` units for `key` if they fit under its maximum, without
     /// waiting. The decision's `limit` is the key's maximum, `remaining` what
     /// the key may still take after this request, and a denial's
@@ -332,14 +357,14 @@ impl<K, C: Clock> KeyedConcurrencyLimiter<K, C> {
     /// ```
     /// # use ratewall::{InsufficientCapacity, KeyedConcurrencyLimiter};
     /// let l = KeyedConcurrencyLimiter::<&str>::new(4)?;
-    /// let a = l.try_acquire_key("db", 3).unwrap();
+    /// let a = l.try_acquire_key_n("db", 3).unwrap();
     /// assert_eq!((a.decision().limit(), a.decision().remaining()), (4, 1));
-    /// assert!(!l.try_acquire_key("db", 2).unwrap().is_allowed());
-    /// assert_eq!(l.try_acquire_key("db", 5).unwrap_err(), InsufficientCapacity { requested: 5, capacity: 4 });
+    /// assert!(!l.try_acquire_key_n("db", 2).unwrap().is_allowed());
+    /// assert_eq!(l.try_acquire_key_n("db", 5).unwrap_err(), InsufficientCapacity { requested: 5, capacity: 4 });
     /// # Ok::<(), ratewall::ConfigError>(())
     /// ```
     #[inline]
-    pub fn try_acquire_key<Q>(
+    pub fn try_acquire_key_n<Q>(
         &self,
         key: &Q,
         n: u64,
@@ -362,13 +387,37 @@ impl<K, C: Clock> KeyedConcurrencyLimiter<K, C> {
     /// # use ratewall::KeyedConcurrencyLimiter;
     /// # use std::sync::Arc;
     /// let l = Arc::new(KeyedConcurrencyLimiter::<u64>::new(1)?);
-    /// let p = l.try_acquire_key_owned(&7, 1).unwrap().into_permit().unwrap();
+    /// let p = l.try_acquire_key_owned(&7).into_permit().unwrap();
     /// std::thread::spawn(move || drop(p)).join().unwrap();
     /// assert_eq!(l.in_flight_key(&7), 0);
     /// # Ok::<(), ratewall::ConfigError>(())
     /// ```
     #[inline]
     pub fn try_acquire_key_owned<Q>(
+        self: &Arc<Self>,
+        key: &Q,
+    ) -> Acquisition<OwnedKeyedPermit<K, C>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + ?Sized,
+    {
+        Acquisition::unit(self.try_acquire_key_owned_n(key, 1))
+    }
+
+    /// [`try_acquire_key_n`](Self::try_acquire_key_n) with a `'static`
+    /// permit that owns an `Arc` of the limiter.
+    ///
+    /// ```
+    /// # use ratewall::KeyedConcurrencyLimiter;
+    /// # use std::sync::Arc;
+    /// let l = Arc::new(KeyedConcurrencyLimiter::<u64>::new(1)?);
+    /// let p = l.try_acquire_key_owned(&7).into_permit().unwrap();
+    /// std::thread::spawn(move || drop(p)).join().unwrap();
+    /// assert_eq!(l.in_flight_key(&7), 0);
+    /// # Ok::<(), ratewall::ConfigError>(())
+    /// ```
+    #[inline]
+    pub fn try_acquire_key_owned_n<Q>(
         self: &Arc<Self>,
         key: &Q,
         n: u64,
@@ -392,7 +441,7 @@ impl<K, C: Clock> KeyedConcurrencyLimiter<K, C> {
     /// ```
     /// # use ratewall::KeyedConcurrencyLimiter;
     /// let l = KeyedConcurrencyLimiter::<u64>::new(3)?;
-    /// let _p = l.try_acquire_key(&1, 1).unwrap();
+    /// let _p = l.try_acquire_key(&1);
     /// assert_eq!(l.peek_key(&1).remaining(), 1);
     /// # Ok::<(), ratewall::ConfigError>(())
     /// ```
@@ -430,7 +479,7 @@ impl<K, C: Clock> KeyedConcurrencyLimiter<K, C> {
     /// ```
     /// # use ratewall::KeyedConcurrencyLimiter;
     /// let l = KeyedConcurrencyLimiter::<u64>::new(5)?;
-    /// let _p = l.try_acquire_key(&1, 2).unwrap();
+    /// let _p = l.try_acquire_key_n(&1, 2).unwrap();
     /// assert_eq!((l.in_flight_key(&1), l.in_flight_key(&2)), (2, 0));
     /// # Ok::<(), ratewall::ConfigError>(())
     /// ```
@@ -480,12 +529,12 @@ impl<K, C: Clock> KeyedConcurrencyLimiter<K, C> {
     /// ```
     /// # use ratewall::KeyedConcurrencyLimiter;
     /// let l = KeyedConcurrencyLimiter::<u64>::new(2)?;
-    /// let held = l.try_acquire_key(&1, 2).unwrap();
+    /// let held = l.try_acquire_key_n(&1, 2).unwrap();
     /// l.set_max(1)?;
     /// assert_eq!((l.max(), l.in_flight_key(&1)), (1, 2));
-    /// assert!(!l.try_acquire_key(&1, 1).unwrap().is_allowed());
+    /// assert!(!l.try_acquire_key(&1).is_allowed());
     /// drop(held);
-    /// assert!(l.try_acquire_key(&1, 1).unwrap().is_allowed());
+    /// assert!(l.try_acquire_key(&1).is_allowed());
     /// # Ok::<(), ratewall::ConfigError>(())
     /// ```
     pub fn set_max(&self, max: u64) -> Result<(), ConfigError> {
@@ -502,7 +551,7 @@ impl<K, C: Clock> KeyedConcurrencyLimiter<K, C> {
     /// # use ratewall::KeyedConcurrencyLimiter;
     /// let l = KeyedConcurrencyLimiter::<&str>::new(1)?;
     /// l.set_key_max("batch", 3)?;
-    /// let held: Vec<_> = (0..3).map(|_| l.try_acquire_key("batch", 1).unwrap()).collect();
+    /// let held: Vec<_> = (0..3).map(|_| l.try_acquire_key("batch")).collect();
     /// assert!(held.iter().all(|a| a.is_allowed()));
     /// # Ok::<(), ratewall::ConfigError>(())
     /// ```
@@ -543,11 +592,11 @@ impl<K, C: Clock> KeyedConcurrencyLimiter<K, C> {
     /// # use std::time::Duration;
     /// let clock = ManualClock::new();
     /// let l = KeyedConcurrencyLimiter::<u64, _>::builder(1).clock(clock.clone()).build()?;
-    /// let p = l.try_acquire_key(&1, 1).unwrap();
+    /// let p = l.try_acquire_key(&1);
     /// clock.advance(Duration::from_millis(30));
     /// drop(p);
     /// assert_eq!(l.mean_hold_time(), Duration::from_millis(30));
-    /// assert_eq!(l.try_acquire_key(&1, 1).unwrap().decision().reset_after(), Duration::from_millis(30));
+    /// assert_eq!(l.try_acquire_key(&1).decision().reset_after(), Duration::from_millis(30));
     /// # Ok::<(), ratewall::ConfigError>(())
     /// ```
     pub fn mean_hold_time(&self) -> Duration {
@@ -643,7 +692,7 @@ fn hinted(mut d: Decision, hold: u64) -> Decision {
 ///
 /// let l = KeyedConcurrencyLimiter::<&str>::new(1)?;
 /// {
-///     let permit = l.try_acquire_key("alice", 1).unwrap().into_permit().unwrap();
+///     let permit = l.try_acquire_key("alice").into_permit().unwrap();
 ///     assert_eq!((permit.units(), l.in_flight_key("alice")), (1, 1));
 /// }
 /// assert_eq!(l.in_flight_key("alice"), 0);
@@ -667,7 +716,7 @@ pub struct KeyedPermit<'a, K, C: Clock = DefaultClock> {
 /// use std::sync::Arc;
 ///
 /// let l = Arc::new(KeyedConcurrencyLimiter::<String>::new(2)?);
-/// let p: OwnedKeyedPermit<String> = l.try_acquire_key_owned("bob", 2).unwrap().into_permit().unwrap();
+/// let p: OwnedKeyedPermit<String> = l.try_acquire_key_owned_n("bob", 2).unwrap().into_permit().unwrap();
 /// std::thread::spawn(move || drop(p)).join().unwrap();
 /// assert_eq!(l.in_flight_key("bob"), 0);
 /// # Ok::<(), ratewall::ConfigError>(())
@@ -688,7 +737,7 @@ macro_rules! keyed_permit_methods {
             /// ```
             /// # use ratewall::KeyedConcurrencyLimiter;
             /// let l = KeyedConcurrencyLimiter::<u64>::new(5)?;
-            /// let p = l.try_acquire_key(&1, 3).unwrap().into_permit().unwrap();
+            /// let p = l.try_acquire_key_n(&1, 3).unwrap().into_permit().unwrap();
             /// assert_eq!(p.units(), 3);
             /// # Ok::<(), ratewall::ConfigError>(())
             /// ```
@@ -718,9 +767,24 @@ keyed_permit_methods!(KeyedPermit<'a>);
 keyed_permit_methods!(OwnedKeyedPermit);
 
 /// A keyed acquisition as one try of a wait (see "Waiting" on
-/// [`KeyedConcurrencyLimiter`]), written once for both permits.
+/// [`KeyedConcurrencyLimiter`]): `try_acquire_key`'s [`Acquisition`] and
+/// `try_acquire_key_n`'s `Result`, written once for both permits.
 macro_rules! permit_attempt {
     ($name:ident $(<$lt:lifetime>)?) => {
+        impl<$($lt,)? K, C: Clock> AttemptCore for Acquisition<$name<$($lt,)? K, C>> {}
+        impl<$($lt,)? K, C: Clock> Attempt for Acquisition<$name<$($lt,)? K, C>> {
+            type Output = $name<$($lt,)? K, C>;
+            type Error = std::convert::Infallible;
+            #[inline]
+            fn outcome(self, _: Token) -> Outcome<Self::Output, Self::Error> {
+                let (last, requested) = (self.decision(), self.units());
+                match self.into_permit() {
+                    Some(permit) => Outcome::Admitted(permit),
+                    None => Outcome::Busy { last, requested },
+                }
+            }
+        }
+
         impl<$($lt,)? K, C: Clock> AttemptCore
             for Result<Acquisition<$name<$($lt,)? K, C>>, InsufficientCapacity>
         {
@@ -731,16 +795,10 @@ macro_rules! permit_attempt {
             type Output = $name<$($lt,)? K, C>;
             type Error = std::convert::Infallible;
             #[inline]
-            fn outcome(self, _: Token) -> Outcome<Self::Output, Self::Error> {
+            fn outcome(self, t: Token) -> Outcome<Self::Output, Self::Error> {
                 match self {
                     Err(e) => Outcome::Never(e),
-                    Ok(a) => {
-                        let (last, requested) = (a.decision(), a.units());
-                        match a.into_permit() {
-                            Some(permit) => Outcome::Admitted(permit),
-                            None => Outcome::Busy { last, requested },
-                        }
-                    }
+                    Ok(a) => a.outcome(t),
                 }
             }
         }

@@ -29,8 +29,6 @@ use crate::concurrency::{check_max, ConcurrencyLimiter, OwnedPermit};
 use crate::decision::{Decision, Tracking};
 use crate::error::{ConfigError, InsufficientCapacity};
 use crate::sync::{lock, AtomicU64, Mutex, Ordering};
-#[cfg(feature = "wait")]
-use crate::wait::{Attempt, AttemptCore, Outcome, Token, Wait, WaitError};
 use redis::Value;
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -77,7 +75,7 @@ pub const DEFAULT_PERMIT_EXPIRY: Duration = Duration::from_secs(10);
 ///     .name("db")
 ///     .expiry(Duration::from_secs(5))
 ///     .build()?;
-/// let a = db.try_acquire_key(b"tenant:7", 1).await?;
+/// let a = db.try_acquire_key(b"tenant:7").await?;
 /// if let Some(permit) = a.into_permit() {
 ///     // ... the work; the permit is renewed while held ...
 ///     permit.release().await?; // or drop it
@@ -125,7 +123,7 @@ struct Fallback {
 impl Fallback {
     /// A local permit of `n` for `key`; a denial if the key's share is
     /// taken, or if the table is full of keys with permits out.
-    fn acquire(&self, key: &[u8], n: u64) -> (Decision, Option<OwnedPermit>) {
+    fn try_acquire_n(&self, key: &[u8], n: u64) -> (Decision, Option<OwnedPermit>) {
         let limiter = {
             let mut map = lock(&self.map);
             if !map.contains_key(key) && map.len() >= self.max_keys {
@@ -143,7 +141,7 @@ impl Fallback {
                 None => return (Decision::deny(self.share, 0, 0, 0), None),
             }
         };
-        match limiter.try_acquire_owned(n) {
+        match limiter.try_acquire_owned_n(n) {
             Ok(a) => (a.decision(), a.into_permit()),
             // More than this instance's share: it cannot fit while failing over.
             Err(_) => (Decision::deny(self.share, 0, 0, 0), None),
@@ -407,6 +405,24 @@ impl RedisConcurrencyLimiter {
         Ok(k)
     }
 
+    /// Takes one unit for `key` if it fits, without waiting:
+    /// [`try_acquire_key_n`](Self::try_acquire_key_n) for a cost of 1 (a
+    /// `Result` still: Redis can fail).
+    ///
+    /// ```no_run
+    /// # use ratewall::redis::{RedisBackend, RedisConcurrencyLimiter};
+    /// # async fn f() -> Result<(), ratewall::redis::RedisError> {
+    /// # let redis = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
+    /// let l = RedisConcurrencyLimiter::builder(1, &redis).build()?;
+    /// let first = l.try_acquire_key(b"k").await?;
+    /// assert!(first.is_allowed());
+    /// assert!(!l.try_acquire_key(b"k").await?.is_allowed());
+    /// # Ok(()) }
+    /// ```
+    pub async fn try_acquire_key(&self, key: &[u8]) -> Result<RedisAcquisition, RedisError> {
+        self.try_acquire_key_n(key, 1).await
+    }
+
     /// Takes `n` units for `key` if they fit, without waiting: one script
     /// call. The acquisition holds the decision (`limit` the maximum,
     /// `remaining` what the key may still take; a denial's `retry_after` is
@@ -425,14 +441,14 @@ impl RedisConcurrencyLimiter {
     /// # async fn f() -> Result<(), ratewall::redis::RedisError> {
     /// # let redis = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
     /// let l = RedisConcurrencyLimiter::builder(2, &redis).build()?;
-    /// let first = l.try_acquire_key(b"k", 2).await?;
+    /// let first = l.try_acquire_key_n(b"k", 2).await?;
     /// assert!(first.is_allowed());
-    /// assert!(!l.try_acquire_key(b"k", 1).await?.is_allowed());
+    /// assert!(!l.try_acquire_key(b"k").await?.is_allowed());
     /// drop(first); // releases (a call spawned on the runtime)
-    /// assert!(l.try_acquire_key(b"k", 3).await.is_err()); // never fits
+    /// assert!(l.try_acquire_key_n(b"k", 3).await.is_err()); // never fits
     /// # Ok(()) }
     /// ```
-    pub async fn try_acquire_key(
+    pub async fn try_acquire_key_n(
         &self,
         key: &[u8],
         n: u64,
@@ -469,7 +485,7 @@ impl RedisConcurrencyLimiter {
         });
         door::settle(&inner.watch, got, |retry_in, cause| match &inner.fallback {
             Some(local) => {
-                let (d, permit) = local.acquire(key, n);
+                let (d, permit) = local.try_acquire_n(key, n);
                 let hold = permit.map_or(Hold::None, Hold::Local);
                 Ok(RedisAcquisition::new(d, DecisionSource::Fallback, hold))
             }
@@ -486,79 +502,6 @@ impl RedisConcurrencyLimiter {
         })
     }
 
-    /// Waits for `n` units of `key`, up to `wait`'s timeout (feature
-    /// `wait`): tries as [`try_acquire_key`](Self::try_acquire_key) does
-    /// (the same failure policy answers when Redis cannot: `Open` admits,
-    /// `FallbackShare` waits on the local share, `Closed` ends the wait with
-    /// [`WaitError::Limiter`](crate::wait::WaitError::Limiter)), and after a
-    /// denial sleeps for a **hint**: the mean time this instance's permits
-    /// were held (10 ms until one came back), at least 1 ms and at most the
-    /// denial's own `retry_after` (the first lapse), plus `wait`'s jitter
-    /// (which only lengthens); cut at the deadline, where a last try
-    /// decides (denied: [`WaitError::NoPermit`](crate::wait::WaitError::NoPermit)).
-    /// Nobody wakes a Redis waiter: other instances' releases are not seen
-    /// until the next try.
-    ///
-    /// Cancel-safe: each try runs in a task of its own, so a wait dropped
-    /// while its script is in flight does not drop the call; if the script
-    /// admitted, the task drops the permit, whose drop releases it at once
-    /// (a call spawned on the runtime), as any dropped permit does. Nothing
-    /// is stranded until the expiry.
-    ///
-    /// ```no_run
-    /// # use ratewall::redis::{RedisBackend, RedisConcurrencyLimiter};
-    /// # use ratewall::wait::Wait;
-    /// # use std::time::Duration;
-    /// # async fn f() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let redis = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
-    /// let db = RedisConcurrencyLimiter::builder(20, &redis).name("db").build()?;
-    /// let wait = Wait::new().timeout(Duration::from_secs(2)).jitter(Duration::from_millis(5));
-    /// let permit = db.acquire_key(b"tenant:7", 1, &wait).await?;
-    /// // ... the work ...
-    /// drop(permit);
-    /// # Ok(()) }
-    /// ```
-    #[cfg(feature = "wait")]
-    pub async fn acquire_key(
-        &self,
-        key: &[u8],
-        n: u64,
-        wait: &Wait,
-    ) -> Result<RedisPermit, WaitError<RedisError>> {
-        let key: Arc<[u8]> = key.into();
-        wait.until_hinted(|| {
-            let (limiter, key) = (self.clone(), Arc::clone(&key));
-            async move {
-                let call = tokio::spawn(async move {
-                    let got = limiter.try_acquire_key(&key, n).await;
-                    (got, limiter.inner.hold_ns.load(Ordering::Relaxed)) // Relaxed: a hint
-                });
-                match call.await {
-                    Ok((got, hold_ns)) => Hinted { got, hold_ns },
-                    Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-                    Err(_) => Hinted {
-                        got: Err(RedisError::Unavailable {
-                            retry_in: Duration::ZERO,
-                            cause: "the tokio runtime shut down during a waiting acquire".into(),
-                        }),
-                        hold_ns: 0,
-                    },
-                }
-            }
-        })
-        .await
-        // A permit has no time at which it is due: say none was released.
-        .map_err(|e| match e {
-            WaitError::Deadline { last } => WaitError::NoPermit {
-                timeout: wait.timeout_value().unwrap_or_default(),
-                requested: n,
-                max: self.max(),
-                last,
-            },
-            e => e,
-        })
-    }
-
     /// The units of `key` this instance holds in Redis now.
     ///
     /// ```no_run
@@ -566,7 +509,7 @@ impl RedisConcurrencyLimiter {
     /// # async fn f() -> Result<(), ratewall::redis::RedisError> {
     /// # let redis = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
     /// let l = RedisConcurrencyLimiter::builder(4, &redis).build()?;
-    /// let a = l.try_acquire_key(b"k", 3).await?;
+    /// let a = l.try_acquire_key_n(b"k", 3).await?;
     /// assert_eq!(l.held_here(b"k")?, 3);
     /// # Ok(()) }
     /// ```
@@ -691,45 +634,6 @@ impl Inner {
     }
 }
 
-/// One try of a waiting acquire, with the hint its denial sleeps for.
-#[cfg(feature = "wait")]
-struct Hinted {
-    got: Result<RedisAcquisition, RedisError>,
-    /// The mean hold time when it was made (0: none known).
-    hold_ns: u64,
-}
-
-#[cfg(feature = "wait")]
-impl AttemptCore for Hinted {}
-
-#[cfg(feature = "wait")]
-impl Attempt for Hinted {
-    type Output = RedisPermit;
-    type Error = RedisError;
-    fn outcome(self, _: Token) -> Outcome<RedisPermit, RedisError> {
-        match self.got {
-            Ok(a) => match a.permit {
-                Some(permit) => Outcome::Admitted(permit),
-                None => {
-                    let d = a.decision.decision();
-                    let ns = |t: Duration| u64::try_from(t.as_nanos()).unwrap_or(u64::MAX);
-                    let hint = if self.hold_ns == 0 {
-                        10_000_000
-                    } else {
-                        self.hold_ns
-                    };
-                    let retry = hint.max(1_000_000).min(ns(d.retry_after()).max(1_000_000));
-                    let hinted =
-                        Decision::deny(d.limit(), d.remaining(), retry, ns(d.reset_after()));
-                    Outcome::Denied(hinted)
-                }
-            },
-            Err(RedisError::InsufficientCapacity(e)) => Outcome::Never(e),
-            Err(e) => Outcome::Failed(e),
-        }
-    }
-}
-
 /// The units a permit's member `<id>:<units>` holds.
 fn units_of(member: &str) -> u64 {
     member
@@ -765,7 +669,7 @@ enum Hold {
 /// # async fn f() -> Result<(), ratewall::redis::RedisError> {
 /// # let redis = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
 /// let l = RedisConcurrencyLimiter::builder(4, &redis).build()?;
-/// let a = l.try_acquire_key(b"k", 1).await?;
+/// let a = l.try_acquire_key(b"k").await?;
 /// assert_eq!(a.decision().source(), DecisionSource::Redis);
 /// assert_eq!(a.decision().remaining(), 3);
 /// let _permit = a.into_permit();
@@ -798,7 +702,7 @@ impl RedisAcquisition {
     /// # async fn f() -> Result<(), ratewall::redis::RedisError> {
     /// # let redis = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
     /// # let l = RedisConcurrencyLimiter::builder(1, &redis).build()?;
-    /// let a = l.try_acquire_key(b"k", 1).await?;
+    /// let a = l.try_acquire_key(b"k").await?;
     /// assert!(a.is_allowed());
     /// # Ok(()) }
     /// ```
@@ -813,7 +717,7 @@ impl RedisAcquisition {
     /// # async fn f() -> Result<(), ratewall::redis::RedisError> {
     /// # let redis = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
     /// # let l = RedisConcurrencyLimiter::builder(5, &redis).build()?;
-    /// let a = l.try_acquire_key(b"k", 2).await?;
+    /// let a = l.try_acquire_key_n(b"k", 2).await?;
     /// assert_eq!((a.decision().limit(), a.decision().remaining()), (5, 3));
     /// # Ok(()) }
     /// ```
@@ -828,7 +732,7 @@ impl RedisAcquisition {
     /// # async fn f() -> Result<(), ratewall::redis::RedisError> {
     /// # let redis = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
     /// # let l = RedisConcurrencyLimiter::builder(1, &redis).build()?;
-    /// let permit = l.try_acquire_key(b"k", 1).await?.into_permit();
+    /// let permit = l.try_acquire_key(b"k").await?.into_permit();
     /// assert!(permit.is_some());
     /// # Ok(()) }
     /// ```
@@ -850,9 +754,9 @@ impl RedisAcquisition {
 /// # async fn f() -> Result<(), ratewall::redis::RedisError> {
 /// # let redis = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
 /// let l = RedisConcurrencyLimiter::builder(1, &redis).build()?;
-/// let permit = l.try_acquire_key(b"k", 1).await?.into_permit().unwrap();
+/// let permit = l.try_acquire_key(b"k").await?.into_permit().unwrap();
 /// assert!(permit.release().await?); // held until now
-/// assert!(l.try_acquire_key(b"k", 1).await?.is_allowed());
+/// assert!(l.try_acquire_key(b"k").await?.is_allowed());
 /// # Ok(()) }
 /// ```
 #[must_use = "dropping a permit releases it at once"]
@@ -870,7 +774,7 @@ impl RedisPermit {
     /// # async fn f() -> Result<(), ratewall::redis::RedisError> {
     /// # let redis = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
     /// # let l = RedisConcurrencyLimiter::builder(1, &redis).build()?;
-    /// let p = l.try_acquire_key(b"k", 1).await?.into_permit().unwrap();
+    /// let p = l.try_acquire_key(b"k").await?.into_permit().unwrap();
     /// assert_eq!(p.source(), DecisionSource::Redis);
     /// # Ok(()) }
     /// ```
@@ -890,7 +794,7 @@ impl RedisPermit {
     /// # async fn f() -> Result<(), ratewall::redis::RedisError> {
     /// # let redis = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
     /// # let l = RedisConcurrencyLimiter::builder(1, &redis).build()?;
-    /// let p = l.try_acquire_key(b"k", 1).await?.into_permit().unwrap();
+    /// let p = l.try_acquire_key(b"k").await?.into_permit().unwrap();
     /// assert!(p.release().await?);
     /// # Ok(()) }
     /// ```
@@ -970,6 +874,12 @@ impl fmt::Debug for RedisConcurrencyLimiter {
             .finish()
     }
 }
+
+#[cfg(feature = "wait")]
+#[path = "concurrency_wait.rs"]
+mod wait;
+#[cfg(feature = "wait")]
+pub use wait::RedisAcquire;
 
 #[cfg(test)]
 #[path = "concurrency_tests.rs"]

@@ -68,7 +68,7 @@ async fn the_script_matches_the_local_step_and_the_expiry_model() {
             let last = live.iter().map(|m| m.expiry - t).max().unwrap_or(0);
             let (want, _) = local::acquire(local::pack(max, units), n, 100, 0);
             let want = want.unwrap();
-            let got = at(t, l.try_acquire_key(b"k", n)).await.unwrap();
+            let got = at(t, l.try_acquire_key_n(b"k", n)).await.unwrap();
             let d = got.decision();
             assert_eq!(d.source(), DecisionSource::Redis, "{ctx}");
             assert_eq!(
@@ -115,20 +115,23 @@ fn the_fallback_table_is_bounded_and_never_drops_a_key_with_permits_out() {
         max_keys: 2,
         map: Mutex::new(HashMap::new()),
     };
-    let (d, a) = f.acquire(b"a", 2);
+    let (d, a) = f.try_acquire_n(b"a", 2);
     assert!(d.is_allowed() && a.is_some());
-    assert!(!f.acquire(b"a", 1).0.is_allowed(), "a's share is taken");
-    let (d, b) = f.acquire(b"b", 1);
+    assert!(
+        !f.try_acquire_n(b"a", 1).0.is_allowed(),
+        "a's share is taken"
+    );
+    let (d, b) = f.try_acquire_n(b"b", 1);
     assert!(d.is_allowed());
     // Full of keys with permits out: a new key is denied, not tracked.
-    let (d, c) = f.acquire(b"c", 1);
+    let (d, c) = f.try_acquire_n(b"c", 1);
     assert!(!d.is_allowed() && c.is_none());
     assert_eq!(lock(&f.map).len(), 2);
     // `b` idle again: it makes room; `a` keeps its permits.
     drop(b);
-    assert!(f.acquire(b"c", 1).0.is_allowed());
-    assert!(!f.acquire(b"a", 1).0.is_allowed());
+    assert!(f.try_acquire_n(b"c", 1).0.is_allowed());
+    assert!(!f.try_acquire_n(b"a", 1).0.is_allowed());
     // More than the share is a denial while failing over, not an error.
     drop(a);
-    assert!(!f.acquire(b"a", 3).0.is_allowed());
+    assert!(!f.try_acquire_n(b"a", 3).0.is_allowed());
 }

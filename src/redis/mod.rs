@@ -96,6 +96,8 @@ pub use backend::{
     RedisBackend, RedisBackendBuilder, DEFAULT_BREAKER_FAILURES, DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_COOL_DOWN, DEFAULT_IN_FLIGHT, DEFAULT_MAX_BATCH, DEFAULT_TIMEOUT,
 };
+#[cfg(feature = "wait")]
+pub use concurrency::RedisAcquire;
 pub use concurrency::{
     RedisAcquisition, RedisConcurrencyBuilder, RedisConcurrencyLimiter, RedisPermit,
     DEFAULT_PERMIT_EXPIRY,

@@ -1,17 +1,26 @@
 //! The async wait (feature `wait`): the same step as the blocking loop, on
 //! tokio's timer (`tokio::time`, so `tokio::time::pause` drives it in tests).
 
-use super::{Attempt, Step, Wait, Waited, Waiter, TOKEN};
+use super::{Attempt, Step, Wait, WaitError, Waitable, Waited, Waiter, TOKEN};
 use std::future::Future;
 use tokio::time::Instant;
 
 impl Wait {
-    /// Tries `attempt` until it is admitted, sleeping on tokio's timer for
-    /// each denial's `retry_after` (plus jitter); needs a tokio runtime with
-    /// time enabled. Cancellation-safe: a try either takes and returns, or
-    /// takes nothing, so dropping the future (a `select!`, a timeout) takes
-    /// nothing. Not fair: waiters released together race for the capacity
-    /// (see [`FairQueue`](super::FairQueue)).
+    /// Waits for `what` until it is admitted, or until the timeout, on
+    /// tokio's timer; needs a tokio runtime with time enabled. `what` is a
+    /// try (a closure returning an [`Attempt`]: tried until admitted,
+    /// sleeping for each denial's `retry_after`, plus jitter), a local
+    /// permit request (`pool.acquire_n(n)`: a release wakes it; the timer
+    /// only ends it at the deadline), or a Redis permit request
+    /// (`redis_pool.acquire_key_n(k, n)`, feature `redis`). Awaiting a
+    /// permit request without a `Wait` waits with no deadline.
+    ///
+    /// Cancellation-safe: a try either takes and returns, or takes
+    /// nothing, and a dropped permit request takes nothing (a permit handed
+    /// to it at that moment goes to the next waiter), so dropping the
+    /// future (a `select!`, a timeout) takes nothing. Tries are not fair:
+    /// waiters released together race for the capacity (see
+    /// [`FairQueue`](super::FairQueue)); permit requests queue.
     ///
     /// # Panics
     ///
@@ -20,28 +29,41 @@ impl Wait {
     /// thread).
     ///
     /// ```
-    /// use ratewall::wait::Wait;
-    /// use ratewall::{KeyedTokenBucket, Rate};
+    /// use ratewall::wait::{Wait, WaitError};
+    /// use ratewall::{ConcurrencyLimiter, KeyedConcurrencyLimiter, KeyedTokenBucket, Rate};
     /// use std::time::Duration;
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let per_customer = KeyedTokenBucket::<u32>::builder(Rate::per_second(500).burst(2)).build()?;
     /// let wait = Wait::new().timeout(Duration::from_secs(1));
+    /// // A rate: a try.
+    /// let per_customer = KeyedTokenBucket::<u32>::builder(Rate::per_second(500).burst(2)).build()?;
     /// for _ in 0..4 {
     ///     let d = wait.until(|| per_customer.check_key_n(&7, 1)).await?;
     ///     assert!(d.is_allowed());
     /// }
+    /// // Local permits: a request; keyed permits: a try.
+    /// let pool = ConcurrencyLimiter::new(4)?;
+    /// let permit = wait.until(pool.acquire_n(3)).await?;
+    /// let short = Wait::new().timeout(Duration::from_millis(5));
+    /// assert!(matches!(short.until(pool.acquire_n(2)).await, Err(WaitError::NoPermit { .. })));
+    /// drop(permit);
+    /// let per_tenant = KeyedConcurrencyLimiter::<u32>::new(1)?;
+    /// let p = wait.until(|| per_tenant.try_acquire_key(&7)).await?;
+    /// assert_eq!(p.units(), 1);
     /// # Ok(()) }
     /// ```
-    pub async fn until<A: Attempt>(&self, mut attempt: impl FnMut() -> A) -> Waited<A> {
-        self.until_async(|| std::future::ready(attempt())).await
+    pub async fn until<W: Waitable>(&self, what: W) -> Result<W::Output, WaitError<W::Error>> {
+        what.until(self, TOKEN).await
     }
 
     /// [`until`](Self::until) for a try that is itself async (a Redis
-    /// check). Dropping the future between tries takes nothing; dropped
-    /// while a try is in flight, the try may still complete on the server
-    /// (as any network call may).
+    /// rate check: `wait.until_async(|| redis.check_key(b"k"))`). It is a
+    /// method of its own because a closure returning a future cannot share
+    /// `until`'s blanket impl for tries (closures returning an [`Attempt`])
+    /// without overlapping it. Dropping the future between tries takes
+    /// nothing; dropped while a try is in flight, the try may still
+    /// complete on the server (as any network call may).
     ///
     /// ```
     /// use ratewall::wait::Wait;

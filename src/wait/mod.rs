@@ -1,15 +1,23 @@
-//! Waiting for capacity: one wait loop for every limiter kind.
+//! Waiting for capacity, with a deadline: one shape for every limiter kind.
 //!
-//! A [`Wait`] is a small value (a timeout and an optional jitter) whose
-//! calls run a closure that **tries once** (`|| bucket.check_n(3)`,
-//! `|| keyed.check_key(&user)`, `|| check_all(&[&per_user.with_key(&7), &global])`,
-//! a Redis check) until it is admitted, sleeping for the denial's
-//! `retry_after` in between:
+//! A [`Wait`] is a small value (a timeout and an optional jitter) that
+//! takes **what to wait on**:
 //!
-//! - [`Wait::blocking`]: for synchronous code (`std::thread::sleep`); in
-//!   every build.
-//! - `Wait::until` and `Wait::until_async` (feature `wait`): the same loop
-//!   as a future, on tokio's timer; [`FairQueue`] and [`FairKeys`] admit
+//! - a **try**, a closure that tries once (`|| bucket.check_n(3)`,
+//!   `|| keyed.check_key(&user)`, `|| check_all(&[&per_user.with_key(&7), &global])`,
+//!   `|| pool.try_acquire_key(&tenant)`), tried until it is admitted,
+//!   sleeping for the denial's `retry_after` in between;
+//! - a **permit request** (`pool.acquire_n(3)`, `pool.acquire()`, and with
+//!   feature `redis` `redis_pool.acquire_key_n(b"k", 2)`), which waits as
+//!   its limiter does (a local release wakes it).
+//!
+//! The calls:
+//!
+//! - [`Wait::blocking`]: for synchronous code (the thread sleeps or parks);
+//!   in every build.
+//! - `Wait::until` and `Wait::until_async` (feature `wait`): the same as a
+//!   future, on tokio's timer; `until_async` for tries that are themselves
+//!   async (a Redis rate check); [`FairQueue`] and [`FairKeys`] admit
 //!   waiters in arrival order, per limiter or per key.
 //!
 //! The semantics (docs/client.md):
@@ -47,19 +55,26 @@ use crate::error::InsufficientCapacity;
 use crate::wording::{plural, Millis};
 use std::convert::Infallible;
 use std::fmt;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 #[cfg(feature = "wait")]
 mod fair;
 #[cfg(feature = "wait")]
 mod future;
+mod waitable;
+
+pub use waitable::BlockingWaitable;
+#[cfg(feature = "wait")]
+pub use waitable::Waitable;
+pub(crate) use waitable::WaitableCore;
 
 #[cfg(feature = "wait")]
 pub use fair::{FairKeys, FairQueue};
 
 /// How to wait: an optional timeout and an optional jitter. `Copy`, cheap to
-/// build; build one per call site or share it. Its calls take a closure
-/// that tries once ([`Attempt`]).
+/// build; build one per call site or share it. Its calls take what to wait
+/// on: a closure that tries once ([`Attempt`]) or a permit request
+/// ([`BlockingWaitable`], `Waitable`).
 ///
 /// # Example
 ///
@@ -172,36 +187,37 @@ impl Wait {
         self.jitter
     }
 
-    /// Tries `attempt` until it is admitted, sleeping the thread
-    /// (`std::thread::sleep`) for each denial's `retry_after` (plus jitter).
-    /// Returns what the admitted try returned, or the error (see
-    /// [`WaitError`]). For synchronous code; in async code use `until`
-    /// (feature `wait`), which does not block the executor.
+    /// Waits on this thread for `what` until it is admitted, or until the
+    /// timeout. `what` is a try (a closure returning an [`Attempt`]: tried
+    /// until admitted, the thread sleeping (`std::thread::sleep`) for each
+    /// denial's `retry_after`, plus jitter) or a local permit request
+    /// (`pool.acquire_n(n)`: the thread parks, and the release that admits
+    /// it unparks it). Returns what the admitted try returned, or the
+    /// permit, or the error (see [`WaitError`]). For synchronous code; in
+    /// async code use `until` (feature `wait`), which does not block the
+    /// executor.
     ///
     /// ```
     /// use ratewall::wait::Wait;
-    /// use ratewall::{check_all, KeyedTokenBucket, Rate, TokenBucket};
+    /// use ratewall::{check_all, ConcurrencyLimiter, KeyedTokenBucket, Rate, TokenBucket};
+    /// use std::time::Duration;
     ///
     /// let global = TokenBucket::new(Rate::per_second(1000).burst(5))?;
     /// let per_user = KeyedTokenBucket::<u32>::builder(Rate::per_second(500).burst(1)).build()?;
+    /// let wait = Wait::new().timeout(Duration::from_secs(1));
     /// for _ in 0..3 {
     ///     // Takes from both or from neither, then sleeps and tries again.
-    ///     let d = Wait::new().blocking(|| check_all(&[&per_user.with_key(&7), &global])).unwrap();
+    ///     let d = wait.blocking(|| check_all(&[&per_user.with_key(&7), &global])).unwrap();
     ///     assert!(d.is_allowed());
     /// }
+    /// // A permit request has the same shape.
+    /// let pool = ConcurrencyLimiter::new(4)?;
+    /// let permit = wait.blocking(pool.acquire_n(3)).unwrap();
+    /// assert_eq!(permit.units(), 3);
     /// # Ok::<(), ratewall::ConfigError>(())
     /// ```
-    pub fn blocking<A: Attempt>(&self, mut attempt: impl FnMut() -> A) -> Waited<A> {
-        let deadline = self.timeout.and_then(|t| Instant::now().checked_add(t));
-        let mut waiter = Waiter::new(self);
-        loop {
-            let outcome = attempt().outcome(TOKEN);
-            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-            match waiter.step(outcome, left) {
-                Step::Done(result) => return result,
-                Step::Sleep(d) => std::thread::sleep(d),
-            }
-        }
+    pub fn blocking<W: BlockingWaitable>(&self, what: W) -> Result<W::Output, WaitError<W::Error>> {
+        what.block(self, TOKEN)
     }
 }
 
@@ -235,10 +251,10 @@ pub enum WaitError<E = Infallible> {
         last: Option<Decision>,
     },
     /// No permit of a [`ConcurrencyLimiter`](crate::ConcurrencyLimiter)
-    /// ([`Acquire::blocking`](crate::Acquire::blocking), `Acquire::wait`),
+    /// (`wait.blocking(pool.acquire())`, `wait.until(pool.acquire())`),
     /// of a [`KeyedConcurrencyLimiter`](crate::KeyedConcurrencyLimiter)
-    /// (a wait on `try_acquire_key`), or of a Redis concurrency limiter
-    /// (`RedisConcurrencyLimiter::acquire_key`, feature `redis`) was
+    /// (a wait on `|| pool.try_acquire_key(&k)`), or of a Redis concurrency
+    /// limiter (`wait.until(redis_pool.acquire_key(k))`, feature `redis`) was
     /// released before the deadline, or (keyed: the mean hold time is a
     /// lower bound there) none is expected before it.
     /// A permit comes back when its holder is done with it, so unlike a
@@ -250,8 +266,8 @@ pub enum WaitError<E = Infallible> {
     /// use std::time::Duration;
     ///
     /// let l = ConcurrencyLimiter::new(2)?;
-    /// let _held = l.try_acquire(2).unwrap();
-    /// let err = l.acquire(1).blocking(&Wait::new().timeout(Duration::from_millis(5))).unwrap_err();
+    /// let _held = l.try_acquire_n(2).unwrap();
+    /// let err = Wait::new().timeout(Duration::from_millis(5)).blocking(l.acquire()).unwrap_err();
     /// assert!(matches!(err, WaitError::NoPermit { requested: 1, max: 2, .. }));
     /// println!("{err}"); // no permit was released within the 5 ms timeout: ...
     /// # Ok::<(), ratewall::ConfigError>(())
@@ -418,6 +434,7 @@ impl Attempt for Result<Decision, InsufficientCapacity> {
 }
 
 /// What a wait whose tries are `A` returns.
+#[cfg(feature = "wait")]
 pub(crate) type Waited<A> = Result<<A as Attempt>::Output, WaitError<<A as Attempt>::Error>>;
 
 /// What the loop does after one try.

@@ -75,7 +75,7 @@ pub fn run(
         }
         let idle = clients - running.len();
         for _ in 0..idle {
-            let acquired = limiter.try_acquire(1).expect("cost 1 fits");
+            let acquired = limiter.try_acquire_n(1).expect("cost 1 fits");
             match acquired.into_permit() {
                 Some(permit) => {
                     let latency = latency_ns(base_ns, limiter.in_flight(), knee);
