@@ -647,8 +647,16 @@ async fn skip_predicate_and_allow_list_pass_requests_through() {
 
 #[tokio::test]
 async fn count_only_failures_refunds_successful_logins() {
+    // With and without headers: a layer that writes none still refunds.
+    for headers in [Headers::default(), Headers::None] {
+        refunds_successful_logins(headers).await;
+    }
+}
+
+async fn refunds_successful_logins(headers: Headers) {
     let clock = ManualClock::new();
     let layer = builder(&clock)
+        .headers(headers)
         .rule(
             Rule::per_ip("login", Policy::sliding_window_log(Window::per_minute(3)))
                 .on_path_prefix("/login")
