@@ -36,6 +36,35 @@ pub struct TlsFiles<'a> {
     pub clients_must_authenticate: bool,
 }
 
+impl TlsFiles<'_> {
+    /// The server's TLS arguments: these files written into `dir`, served
+    /// on `tls_port`.
+    fn server_args(&self, dir: &std::path::Path, tls_port: u16) -> Vec<String> {
+        let write = |name: &str, pem: &[u8]| {
+            let path = dir.join(name);
+            std::fs::write(&path, pem).expect("write a PEM file");
+            path.to_string_lossy().into_owned()
+        };
+        let auth = if self.clients_must_authenticate {
+            "yes"
+        } else {
+            "no"
+        };
+        vec![
+            "--tls-port".to_string(),
+            tls_port.to_string(),
+            "--tls-cert-file".into(),
+            write("server.crt", self.cert),
+            "--tls-key-file".into(),
+            write("server.key", self.key),
+            "--tls-ca-cert-file".into(),
+            write("ca.crt", self.ca),
+            "--tls-auth-clients".into(),
+            auth.into(),
+        ]
+    }
+}
+
 /// A port that was free a moment ago (bound to port 0, then released).
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -83,28 +112,7 @@ impl RedisServer {
         let port = free_port();
         let tls_port = free_port();
         let dir = fresh_dir(port);
-        let write = |name: &str, pem: &[u8]| {
-            let path = dir.join(name);
-            std::fs::write(&path, pem).expect("write a PEM file");
-            path.to_string_lossy().into_owned()
-        };
-        let mut args = vec![
-            "--tls-port".to_string(),
-            tls_port.to_string(),
-            "--tls-cert-file".into(),
-            write("server.crt", files.cert),
-            "--tls-key-file".into(),
-            write("server.key", files.key),
-            "--tls-ca-cert-file".into(),
-            write("ca.crt", files.ca),
-            "--tls-auth-clients".into(),
-            if files.clients_must_authenticate {
-                "yes"
-            } else {
-                "no"
-            }
-            .into(),
-        ];
+        let mut args = files.server_args(&dir, tls_port);
         args.extend(extra.iter().map(|s| s.to_string()));
         let mut s = RedisServer {
             child: None,
@@ -382,30 +390,8 @@ impl RedisCluster {
                 // The bus of a TLS cluster is on the TLS port + 10,000.
                 let p = free_port_with_bus();
                 tls_port = Some(p);
-                let write = |name: &str, pem: &[u8]| {
-                    let path = dir.join(name);
-                    std::fs::write(&path, pem).expect("write a PEM file");
-                    path.to_string_lossy().into_owned()
-                };
-                tls_args = vec![
-                    "--tls-port".to_string(),
-                    p.to_string(),
-                    "--tls-cert-file".into(),
-                    write("server.crt", files.cert),
-                    "--tls-key-file".into(),
-                    write("server.key", files.key),
-                    "--tls-ca-cert-file".into(),
-                    write("ca.crt", files.ca),
-                    "--tls-auth-clients".into(),
-                    if files.clients_must_authenticate {
-                        "yes"
-                    } else {
-                        "no"
-                    }
-                    .into(),
-                    "--tls-cluster".into(),
-                    "yes".into(),
-                ];
+                tls_args = files.server_args(&dir, p);
+                tls_args.extend(["--tls-cluster".into(), "yes".into()]);
             }
             let mut s = RedisServer {
                 child: None,
