@@ -120,6 +120,22 @@ pub enum ConfigError {
         /// The ceiling asked for.
         ceiling: u64,
     },
+    /// An AIMD adaptive maximum's backoff is not strictly between 0 and 1.
+    ///
+    /// ```
+    /// use ratewall::{Adaptive, ConcurrencyLimiter, ConfigError};
+    /// use std::time::Duration;
+    ///
+    /// let aimd = Adaptive::aimd(5, 200, Duration::from_millis(100)).backoff(1.5);
+    /// let err = ConcurrencyLimiter::builder(50).adaptive(aimd).build().unwrap_err();
+    /// assert_eq!(err, ConfigError::AimdBackoff { backoff: "1.5".into() });
+    /// assert!(err.to_string().contains("1.5"));
+    /// ```
+    AimdBackoff {
+        /// The ratio asked for, as `f64`'s `Display` writes it (text, so
+        /// that the error keeps `Eq`).
+        backoff: String,
+    },
     /// The parts of an elastic limit do not fit together, or a quota change
     /// asks for something the limiter cannot change at run time.
     Incompatible {
@@ -204,6 +220,10 @@ impl fmt::Display for ConfigError {
             } => write!(
                 f,
                 "an adaptive maximum starts at the limiter's maximum, {initial}, which lies outside its bounds {floor}..{ceiling}: the floor, the maximum and the ceiling must be in that order (floor <= maximum <= ceiling); change the maximum or the bounds"
+            ),
+            ConfigError::AimdBackoff { backoff } => write!(
+                f,
+                "AIMD's backoff is {backoff}, but it must lie strictly between 0 and 1 (the share of the maximum kept after an overloaded window): use for example 0.9"
             ),
             ConfigError::Incompatible { reason } => f.write_str(reason),
         }

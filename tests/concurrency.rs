@@ -69,8 +69,8 @@ proptest! {
         ops in proptest::collection::vec(op(), 1..60),
     ) {
         let l = ConcurrencyLimiter::builder(max)
-            .reserve(Priority::Critical, critical)
-            .reserve(Priority::Normal, normal)
+            .keep_for(Priority::Critical, critical)
+            .keep_for(Priority::Normal, normal)
             .clock(ManualClock::new())
             .build()
             .unwrap();
@@ -168,8 +168,8 @@ fn bad_input_gets_typed_errors() {
     assert_eq!(l.set_max(0).unwrap_err(), ConfigError::ZeroLimit);
     assert!(matches!(
         ConcurrencyLimiter::builder(3)
-            .reserve(Priority::Critical, 60)
-            .reserve(Priority::Normal, 40)
+            .keep_for(Priority::Critical, 60)
+            .keep_for(Priority::Normal, 40)
             .build(),
         Err(ConfigError::Incompatible { .. })
     ));
@@ -244,8 +244,8 @@ fn permits_are_send_and_owned_ones_static() {
 #[test]
 fn critical_requests_keep_their_share_under_overload() {
     let l = ConcurrencyLimiter::builder(100)
-        .reserve(Priority::Critical, 20)
-        .reserve(Priority::Normal, 30)
+        .keep_for(Priority::Critical, 20)
+        .keep_for(Priority::Normal, 30)
         .clock(ManualClock::new())
         .build()
         .unwrap();
@@ -351,7 +351,7 @@ fn one_permit_is_an_acquisition_not_a_result() {
     use std::sync::Arc;
     let l = Arc::new(
         ConcurrencyLimiter::builder(2)
-            .reserve(Priority::Critical, 50)
+            .keep_for(Priority::Critical, 50)
             .build()
             .unwrap(),
     );

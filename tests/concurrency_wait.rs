@@ -167,7 +167,7 @@ fn a_higher_class_is_served_first() {
 #[test]
 fn a_class_waits_only_for_its_share() {
     let l = ConcurrencyLimiter::builder(10)
-        .reserve(Priority::Critical, 50)
+        .keep_for(Priority::Critical, 50)
         .clock(ManualClock::new())
         .build()
         .unwrap();
@@ -456,8 +456,8 @@ proptest! {
         ], 1..40)
     ) {
         let mut b = ConcurrencyLimiter::builder(4)
-            .reserve(Priority::Critical, 20)
-            .reserve(Priority::Normal, 30)
+            .keep_for(Priority::Critical, 20)
+            .keep_for(Priority::Normal, 30)
             .clock(ManualClock::new());
         if fair_mode {
             b = b.fair_waiting();

@@ -495,11 +495,11 @@ async fn an_adaptive_rule_learns_failures_and_5xx_as_drops_and_4xx_as_nothing() 
 }
 
 #[tokio::test]
-async fn reserved_shares_keep_room_for_critical_requests() {
+async fn kept_shares_keep_room_for_critical_requests() {
     let layer = RateLimitLayer::builder()
         .rule(
             Rule::concurrent("all", Key::global(), 4)
-                .reserve(Priority::Critical, 50)
+                .keep_for(Priority::Critical, 50)
                 .priority_by_header("x-priority"),
         )
         .build()
@@ -580,14 +580,14 @@ fn settings_the_layer_cannot_honour_are_typed_errors() {
     assert!(!zero.to_string().contains("window"), "{zero}");
     for bad in [
         Rule::concurrent("c", Key::ip(), 4).adaptive(Adaptive::vegas(1, 9)),
-        Rule::concurrent("c", Key::header("x-user"), 4).reserve(Priority::Critical, 10),
+        Rule::concurrent("c", Key::header("x-user"), 4).keep_for(Priority::Critical, 10),
         Rule::concurrent("c", Key::global(), 4).mode(ratewall::http::Mode::Shadow),
         Rule::concurrent("c", Key::global(), 4).count_failures_only(),
         Rule::per_ip("c", Policy::token_bucket(Rate::per_second(1)))
             .adaptive(Adaptive::vegas(1, 9)),
         Rule::per_ip("c", Policy::token_bucket(Rate::per_second(1)))
             .release_permit(PermitRelease::ResponseHead),
-        Rule::concurrent("c", Key::global(), 4).reserve(Priority::Critical, 100),
+        Rule::concurrent("c", Key::global(), 4).keep_for(Priority::Critical, 100),
     ] {
         let e = err(bad);
         assert!(
@@ -692,7 +692,7 @@ async fn concurrency_rules_come_from_the_configuration_file() {
         key = "global"
         concurrent = 3
         path_prefix = "/reports"
-        reserve = { critical = 30 }
+        keep_for = { critical = 30 }
         priority_header = "x-priority"
         release_permit = "body-end"
 
@@ -738,9 +738,9 @@ async fn concurrency_rules_come_from_the_configuration_file() {
     );
     assert_eq!(
         field_of(bad(&|r| {
-            r.reserve.insert("urgent".into(), 10);
+            r.keep_for.insert("urgent".into(), 10);
         })),
-        "reserve"
+        "keep_for"
     );
     assert_eq!(
         field_of(bad(&|r| r.priority_header = Some("a b".into()))),
@@ -778,6 +778,24 @@ async fn concurrency_rules_come_from_the_configuration_file() {
     assert_eq!(field_of(rate.to_rule().unwrap_err()), "release_permit");
     let msg = bad(&|r| r.adaptive = Some("vegas".into())).to_string();
     assert!(msg.contains("vegas FLOOR..CEILING"), "{msg}");
+    // A backoff outside (0, 1) reads, but the layer refuses to build, and
+    // the message shows the value written.
+    let aimd: LayerConfig = toml::from_str(
+        "[[rules]]\nname = \"c\"\nkey = \"global\"\nconcurrent = 4\nadaptive = \"aimd 2..8 50ms backoff 1.5\"",
+    )
+    .unwrap();
+    let msg = aimd.to_builder().unwrap().build().unwrap_err().to_string();
+    assert!(msg.contains("backoff is 1.5,"), "{msg}");
+    // The field's old name is refused, and the message lists its new one.
+    let old = toml::from_str::<LayerConfig>(
+        "[[rules]]\nname = \"c\"\nkey = \"global\"\nconcurrent = 4\nreserve = { critical = 20 }",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        old.contains("unknown field `reserve`") && old.contains("`keep_for`"),
+        "{old}"
+    );
 }
 
 /// With `metrics`, a concurrency rule's outcomes are the facade's counters,

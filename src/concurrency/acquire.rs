@@ -287,7 +287,7 @@ macro_rules! acquire_methods {
             ///
             /// ```
             /// # use ratewall::{wait::Wait, ConcurrencyLimiter, Priority};
-            /// let l = ConcurrencyLimiter::builder(4).reserve(Priority::Critical, 50).build()?;
+            /// let l = ConcurrencyLimiter::builder(4).keep_for(Priority::Critical, 50).build()?;
             /// let p = Wait::new().blocking(l.acquire_n(3).priority(Priority::Critical)).unwrap();
             /// assert_eq!(p.units(), 3);
             /// # Ok::<(), ratewall::ConfigError>(())

@@ -195,9 +195,8 @@ impl Adaptive {
                 threshold_ns: 0, ..
             } => Err(ConfigError::ZeroPeriod),
             Algorithm::Aimd { backoff, .. } if !(backoff > 0.0 && backoff < 1.0) => {
-                Err(ConfigError::Incompatible {
-                    reason:
-                        "AIMD's backoff must be between 0 and 1 (exclusive); use for example 0.9",
+                Err(ConfigError::AimdBackoff {
+                    backoff: backoff.to_string(),
                 })
             }
             _ => Ok(()),
@@ -350,8 +349,22 @@ mod tests {
             Controller::new(Adaptive::aimd(1, 5, Duration::ZERO), 1).unwrap_err(),
             ConfigError::ZeroPeriod
         );
-        for bad in [0.0, 1.0, -0.5, f64::NAN] {
-            assert!(Controller::new(Adaptive::aimd(1, 5, ms).backoff(bad), 1).is_err());
+        for (bad, text) in [(0.0, "0"), (1.0, "1"), (-0.5, "-0.5"), (f64::NAN, "NaN")] {
+            let err = Controller::new(Adaptive::aimd(1, 5, ms).backoff(bad), 1).unwrap_err();
+            assert_eq!(
+                err,
+                ConfigError::AimdBackoff {
+                    backoff: text.into()
+                }
+            );
+            assert!(
+                err.to_string().contains(&format!("backoff is {text},")),
+                "{err}"
+            );
+        }
+        // Just inside the bounds builds.
+        for good in [f64::MIN_POSITIVE, 0.5, 1.0 - f64::EPSILON] {
+            assert!(Controller::new(Adaptive::aimd(1, 5, ms).backoff(good), 1).is_ok());
         }
     }
 

@@ -46,7 +46,7 @@ pub(crate) struct Held {
 /// admission the units in flight are at most the maximum. The maximum can
 /// change at run time ([`set_max`](Self::set_max)), or follow the backend's
 /// latency ([`Adaptive`]). Requests can be given a [`Priority`], with
-/// shares of the maximum reserved for the higher classes.
+/// shares of the maximum kept for the higher classes.
 ///
 /// # Example
 ///
@@ -83,7 +83,7 @@ pub(super) struct State {
     pub(super) hold_ns: AtomicU64,
 }
 
-/// Builds a [`ConcurrencyLimiter`] with reserved shares, an adaptive
+/// Builds a [`ConcurrencyLimiter`] with kept shares, an adaptive
 /// maximum or another clock.
 ///
 /// # Example
@@ -92,8 +92,8 @@ pub(super) struct State {
 /// use ratewall::{Adaptive, ConcurrencyLimiter, ManualClock, Priority};
 ///
 /// let l = ConcurrencyLimiter::builder(50)
-///     .reserve(Priority::Critical, 20)
-///     .reserve(Priority::Normal, 30)
+///     .keep_for(Priority::Critical, 20)
+///     .keep_for(Priority::Normal, 30)
 ///     .adaptive(Adaptive::vegas(10, 200))
 ///     .clock(ManualClock::new())
 ///     .build()?;
@@ -103,7 +103,7 @@ pub(super) struct State {
 #[derive(Debug)]
 pub struct ConcurrencyBuilder<C = DefaultClock> {
     max: u64,
-    reserved_pct: [u8; 3],
+    kept_pct: [u8; 3],
     adaptive: Option<Adaptive>,
     fair: bool,
     clock: C,
@@ -113,7 +113,7 @@ impl ConcurrencyBuilder<DefaultClock> {
     fn new(max: u64) -> Self {
         ConcurrencyBuilder {
             max,
-            reserved_pct: [0; 3],
+            kept_pct: [0; 3],
             adaptive: None,
             fair: false,
             clock: DefaultClock::default(),
@@ -122,19 +122,19 @@ impl ConcurrencyBuilder<DefaultClock> {
 }
 
 impl<C: Clock> ConcurrencyBuilder<C> {
-    /// Reserves `percent` of the maximum for `class` and the classes above
-    /// it: the classes below never fill it. Reserving for
-    /// [`Priority::Sheddable`] (nothing ranks below it) or reserving 100% or
+    /// Keeps `percent` of the maximum for `class` and the classes above
+    /// it: the classes below never fill it. Keeping a share for
+    /// [`Priority::Sheddable`] (nothing ranks below it) or keeping 100% or
     /// more in total is a configuration error.
     ///
     /// ```
     /// # use ratewall::{ConcurrencyLimiter, Priority};
-    /// let l = ConcurrencyLimiter::builder(10).reserve(Priority::Critical, 20).build()?;
+    /// let l = ConcurrencyLimiter::builder(10).keep_for(Priority::Critical, 20).build()?;
     /// # let _ = l;
     /// # Ok::<(), ratewall::ConfigError>(())
     /// ```
-    pub fn reserve(mut self, class: Priority, percent: u8) -> Self {
-        self.reserved_pct[Shares::reserved_index(class)] = percent;
+    pub fn keep_for(mut self, class: Priority, percent: u8) -> Self {
+        self.kept_pct[Shares::kept_index(class)] = percent;
         self
     }
 
@@ -181,7 +181,7 @@ impl<C: Clock> ConcurrencyBuilder<C> {
     pub fn clock<C2: Clock>(self, clock: C2) -> ConcurrencyBuilder<C2> {
         ConcurrencyBuilder {
             max: self.max,
-            reserved_pct: self.reserved_pct,
+            kept_pct: self.kept_pct,
             adaptive: self.adaptive,
             fair: self.fair,
             clock,
@@ -197,7 +197,7 @@ impl<C: Clock> ConcurrencyBuilder<C> {
     /// ```
     pub fn build(self) -> Result<ConcurrencyLimiter<C>, ConfigError> {
         check_max(self.max)?;
-        let shares = Shares::new(self.reserved_pct)?;
+        let shares = Shares::new(self.kept_pct)?;
         let adaptive = match self.adaptive {
             Some(a) => Some(Controller::new(a, self.max)?),
             None => None,
@@ -265,7 +265,7 @@ impl ConcurrencyLimiter<DefaultClock> {
         Self::builder(max).build()
     }
 
-    /// A builder, for reserved shares, an adaptive maximum or another clock.
+    /// A builder, for kept shares, an adaptive maximum or another clock.
     ///
     /// ```
     /// # use ratewall::ConcurrencyLimiter;

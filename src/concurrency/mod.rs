@@ -11,7 +11,7 @@
 //! - `waiters.rs`: the queue waiters sleep in, and its protocol with the
 //!   word's waiters mark;
 //! - `adaptive.rs`: [`Adaptive`] (AIMD, Vegas) and the lock-free controller;
-//! - `priority.rs`: [`Priority`] and the reserved shares.
+//! - `priority.rs`: [`Priority`] and the kept shares.
 //!
 //! See `docs/concurrency.md`.
 

@@ -265,7 +265,7 @@ impl<C: Clock> ConcurrencyLimiter<C> {
     ///
     /// ```
     /// # use ratewall::{ConcurrencyLimiter, Priority};
-    /// let l = ConcurrencyLimiter::builder(10).reserve(Priority::Critical, 50).build()?;
+    /// let l = ConcurrencyLimiter::builder(10).keep_for(Priority::Critical, 50).build()?;
     /// let _held = l.try_acquire_n(5)?;
     /// assert!(!l.try_acquire().is_allowed());
     /// assert!(l.try_acquire_with(Priority::Critical).is_allowed());
@@ -280,7 +280,7 @@ impl<C: Clock> ConcurrencyLimiter<C> {
     ///
     /// ```
     /// # use ratewall::{ConcurrencyLimiter, Priority};
-    /// let l = ConcurrencyLimiter::builder(10).reserve(Priority::Critical, 50).build()?;
+    /// let l = ConcurrencyLimiter::builder(10).keep_for(Priority::Critical, 50).build()?;
     /// let _held = l.try_acquire_n(5)?;
     /// assert!(!l.try_acquire().is_allowed());
     /// assert!(l.try_acquire_n_with(2, Priority::Critical)?.is_allowed());

@@ -1,12 +1,12 @@
-//! Request classes and the shares of the maximum reserved for them.
+//! Request classes and the shares of the maximum kept for them.
 
 use crate::error::ConfigError;
 
-/// The class of a request, for load shedding: capacity reserved for a class
-/// (see [`ConcurrencyBuilder::reserve`](crate::ConcurrencyBuilder::reserve))
+/// The class of a request, for load shedding: capacity kept for a class
+/// (see [`ConcurrencyBuilder::keep_for`](crate::ConcurrencyBuilder::keep_for))
 /// can be used by that class and the classes above it, never by those below.
 ///
-/// Under overload the lower classes are shed first: with 20% reserved for
+/// Under overload the lower classes are shed first: with 20% kept for
 /// `Critical`, `Normal` and `Sheddable` requests together never hold more
 /// than 80% of the maximum, so critical requests always find their 20%.
 ///
@@ -16,7 +16,7 @@ use crate::error::ConfigError;
 /// use ratewall::{ConcurrencyLimiter, ManualClock, Priority};
 ///
 /// let l = ConcurrencyLimiter::builder(10)
-///     .reserve(Priority::Critical, 20)
+///     .keep_for(Priority::Critical, 20)
 ///     .clock(ManualClock::new())
 ///     .build()?;
 /// let normal: Vec<_> = (0..10).filter_map(|_| l.try_acquire().into_permit()).collect();
@@ -50,24 +50,24 @@ impl Priority {
 }
 
 /// How much of the maximum each class may fill, in percent: 100 less what
-/// is reserved for the classes above it.
+/// is kept for the classes above it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Shares {
     cap_pct: [u8; 3],
 }
 
 impl Shares {
-    /// From the percent reserved for each class (indexed like `Priority`).
-    pub(crate) fn new(reserved_pct: [u8; 3]) -> Result<Self, ConfigError> {
-        if reserved_pct[Priority::Sheddable.index()] != 0 {
+    /// From the percent kept for each class (indexed like `Priority`).
+    pub(crate) fn new(kept_pct: [u8; 3]) -> Result<Self, ConfigError> {
+        if kept_pct[Priority::Sheddable.index()] != 0 {
             return Err(ConfigError::Incompatible {
-                reason: "nothing ranks below Priority::Sheddable, so a share reserved for it reserves nothing; reserve for Normal or Critical",
+                reason: "nothing ranks below Priority::Sheddable, so a share kept for it keeps nothing; keep a share for Normal or Critical",
             });
         }
-        let total: u32 = reserved_pct.iter().map(|&p| u32::from(p)).sum();
+        let total: u32 = kept_pct.iter().map(|&p| u32::from(p)).sum();
         if total >= 100 {
             return Err(ConfigError::Incompatible {
-                reason: "the shares reserved for Critical and Normal add up to 100% or more, so Sheddable requests could never pass; keep their sum under 100",
+                reason: "the shares kept for Critical and Normal add up to 100% or more, so Sheddable requests could never pass; keep their sum under 100",
             });
         }
         let mut cap_pct = [100u8; 3];
@@ -75,7 +75,7 @@ impl Shares {
             let above: u8 = Priority::ALL
                 .iter()
                 .filter(|&&p| p > class)
-                .map(|p| reserved_pct[p.index()])
+                .map(|p| kept_pct[p.index()])
                 .sum();
             cap_pct[class.index()] = 100 - above;
         }
@@ -89,7 +89,7 @@ impl Shares {
     }
 
     #[inline]
-    pub(crate) const fn reserved_index(class: Priority) -> usize {
+    pub(crate) const fn kept_index(class: Priority) -> usize {
         class.index()
     }
 }

@@ -30,7 +30,7 @@ use std::sync::Arc;
 pub(super) struct Concurrency {
     pub(super) max: u64,
     pub(super) adaptive: Option<Adaptive>,
-    pub(super) reserved: Vec<(Priority, u8)>,
+    pub(super) kept: Vec<(Priority, u8)>,
     pub(super) priority_header: Option<String>,
     /// A concurrency setting was given to a rate rule: `build` says so.
     pub(super) on_rate_rule: bool,
@@ -79,7 +79,7 @@ impl Concurrency {
         Concurrency {
             max,
             adaptive: None,
-            reserved: Vec::new(),
+            kept: Vec::new(),
             priority_header: None,
             on_rate_rule: false,
             release: PermitRelease::BodyEnd,
@@ -156,7 +156,7 @@ pub(super) enum ConcError {
 
 impl<C: Clock + Clone> ConcLimit<C> {
     /// Builds the limit of a rule keyed by `key` with `table`'s options:
-    /// one limiter for a global key, with the rule's reserves and adaptive
+    /// one limiter for a global key, with the rule's kept shares and adaptive
     /// maximum; a keyed table for any other key. Settings the layer cannot
     /// honour are errors that say what to change (`builder.rs` checks the
     /// rule's other options).
@@ -185,7 +185,7 @@ impl<C: Clock + Clone> ConcLimit<C> {
         #[cfg(feature = "redis")]
         if let Some(l) = &c.redis {
             if c.adaptive.is_some()
-                || !c.reserved.is_empty()
+                || !c.kept.is_empty()
                 || priority.is_some()
                 || c.release != PermitRelease::BodyEnd
             {
@@ -203,14 +203,14 @@ impl<C: Clock + Clone> ConcLimit<C> {
         }
         let limiter = if key.is_global() {
             let mut b = ConcurrencyLimiter::builder(c.max).clock(clock.clone());
-            for &(class, pct) in &c.reserved {
-                b = b.reserve(class, pct);
+            for &(class, pct) in &c.kept {
+                b = b.keep_for(class, pct);
             }
             if let Some(a) = c.adaptive {
                 b = b.adaptive(a);
             }
             Limiter::One(Arc::new(b.build().map_err(ConcError::Config)?))
-        } else if c.adaptive.is_some() || !c.reserved.is_empty() || priority.is_some() {
+        } else if c.adaptive.is_some() || !c.kept.is_empty() || priority.is_some() {
             return refuse(origin::SHARED_ONLY);
         } else {
             let b = KeyedConcurrencyLimiter::<u128>::builder(c.max)

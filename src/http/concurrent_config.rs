@@ -1,6 +1,6 @@
 //! A [`RuleConfig`]'s concurrency fields (features `tower` and `serde`):
 //! `concurrent = N` instead of `policy` makes a concurrency rule
-//! ([`Rule::concurrent`]); `adaptive`, `reserve`, `priority_header` and
+//! ([`Rule::concurrent`]); `adaptive`, `keep_for`, `priority_header` and
 //! `release_permit` apply to it only. Each bad value is an [`HttpConfigError`] naming the
 //! rule and the field.
 
@@ -43,8 +43,8 @@ impl RuleConfig {
             ("priority_header", self.priority_header.clone()),
             ("release_permit", self.release_permit.clone()),
             (
-                "reserve",
-                (!self.reserve.is_empty()).then(|| format!("{:?}", self.reserve)),
+                "keep_for",
+                (!self.keep_for.is_empty()).then(|| format!("{:?}", self.keep_for)),
             ),
         ];
         if let Some((field, Some(value))) = only.iter().find(|(_, v)| v.is_some()) {
@@ -81,15 +81,15 @@ impl RuleConfig {
             let a = parse_adaptive(text).ok_or_else(|| self.bad("adaptive", text, ADAPTIVE))?;
             rule = rule.adaptive(a);
         }
-        for (class, &pct) in &self.reserve {
+        for (class, &pct) in &self.keep_for {
             let p = parse_class(class).ok_or_else(|| {
                 self.bad(
-                    "reserve",
+                    "keep_for",
                     class,
                     "classes `critical` and `normal` with a percent each, `{ critical = 20 }`",
                 )
             })?;
-            rule = rule.reserve(p, pct);
+            rule = rule.keep_for(p, pct);
         }
         if let Some(h) = &self.priority_header {
             HeaderName::from_bytes(h.as_bytes()).map_err(|_| {
@@ -170,7 +170,7 @@ impl RuleConfig {
     }
 }
 
-/// A request class by name (`sheddable` too: reserving for it is a
+/// A request class by name (`sheddable` too: keeping a share for it is a
 /// build error that says why).
 fn parse_class(text: &str) -> Option<Priority> {
     [

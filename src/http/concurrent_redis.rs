@@ -55,7 +55,7 @@ impl Rule {
     /// admits the request holding nothing, `Closed` answers `503` with
     /// `Retry-After` (the store cannot vouch for the bound),
     /// `FallbackShare` takes a local permit of the limiter's share.
-    /// `adaptive`, `reserve` and `priority_by_header` do not apply
+    /// `adaptive`, `keep_for` and `priority_by_header` do not apply
     /// ([`HttpConfigError::Policy`](super::HttpConfigError::Policy)).
     ///
     /// ```no_run

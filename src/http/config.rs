@@ -140,7 +140,7 @@ pub struct LayerConfig {
 /// | `lockout_max_keys` | the most live blocks tracked at once (default: `max_keys`, at least 65,536) |
 /// | `concurrent` | instead of `policy`: a concurrency rule, at most this many requests in flight (`key = "global"`) |
 /// | `adaptive` | concurrency rules: `"vegas FLOOR..CEILING"` or `"aimd FLOOR..CEILING LATENCY"` (`backoff 0.8` optional) |
-/// | `reserve` | concurrency rules: percent reserved per class, `{ critical = 20, normal = 10 }` |
+/// | `keep_for` | concurrency rules: percent of the maximum kept for a class and those above, `{ critical = 20, normal = 10 }` |
 /// | `priority_header` | concurrency rules: the header naming a request's class (`critical`, `normal`, `sheddable`); a client can send it too: set it in a trusted proxy that strips it from clients |
 /// | `release_permit` | concurrency rules: `"body-end"` (default: a slow reader holds its permit until its body ends) or `"response-head"` |
 ///
@@ -268,10 +268,10 @@ pub struct RuleConfig {
     /// `"aimd 4..200 50ms"` ([`Rule::adaptive`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub adaptive: Option<String>,
-    /// A concurrency rule's shares reserved per class, `{ critical = 20 }`
-    /// ([`Rule::reserve`]).
+    /// A concurrency rule's shares kept for a class and those above, `{ critical = 20 }`
+    /// ([`Rule::keep_for`]).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub reserve: BTreeMap<String, u8>,
+    pub keep_for: BTreeMap<String, u8>,
     /// The header naming a request's class ([`Rule::priority_by_header`]):
     /// a client can send it too, so set it in a trusted proxy that strips
     /// it from clients.

@@ -64,7 +64,7 @@
 //! |---|---|
 //! | `builder.rs` | [`RateLimitLayer::builder`], [`RateLimitBuilder`], [`HttpConfigError`] |
 //! | `config.rs` | [`LayerConfig`], [`RuleConfig`]: the layer as a file (feature `serde`) |
-//! | `concurrent_config.rs` | a [`RuleConfig`]'s concurrency fields (`concurrent`, `adaptive`, `reserve`, `priority_header`) |
+//! | `concurrent_config.rs` | a [`RuleConfig`]'s concurrency fields (`concurrent`, `adaptive`, `keep_for`, `priority_header`) |
 //! | `rule.rs` | [`Rule`], [`Mode`], [`Missing`], [`UnknownClient`]: what a rule says |
 //! | `key.rs` | [`Key`]: a request's key for a rule, as a fingerprint or as bytes |
 //! | `client_ip.rs` | [`ClientIp`], [`Cidr`], [`ProxyHeader`]: who the client is |

@@ -35,24 +35,24 @@ impl Origin {
     }
 }
 
-/// Adaptive maximums, reserved shares and request classes on a per-key
+/// Adaptive maximums, kept shares and request classes on a per-key
 /// concurrency rule.
 pub(super) const SHARED_ONLY: Said = Said {
-    rust: "an adaptive maximum, reserved shares and request classes apply to one limit shared by all requests: give the rule `Key::global()` (narrowed with `on_route` or `on_path_prefix`), or drop them from the per-key rule",
-    file: "`adaptive`, `reserve` and `priority_header` apply to one limit shared by all requests: set `key = \"global\"` (narrowed with `route` or `path_prefix`), or drop them from the per-key rule",
+    rust: "an adaptive maximum, kept shares and request classes apply to one limit shared by all requests: give the rule `Key::global()` (narrowed with `on_route` or `on_path_prefix`), or drop them from the per-key rule",
+    file: "`adaptive`, `keep_for` and `priority_header` apply to one limit shared by all requests: set `key = \"global\"` (narrowed with `route` or `path_prefix`), or drop them from the per-key rule",
 };
 
 /// Concurrency settings on a rate rule.
 pub(super) const CONCURRENCY_ONLY: Said = Said {
-    rust: "`adaptive`, `reserve`, `priority_by_header` and `release_permit` apply to concurrency rules only: make the rule with `Rule::concurrent`",
-    file: "`adaptive`, `reserve`, `priority_header` and `release_permit` apply to concurrency rules only: give the rule `concurrent = N` instead of `policy`",
+    rust: "`adaptive`, `keep_for`, `priority_by_header` and `release_permit` apply to concurrency rules only: make the rule with `Rule::concurrent`",
+    file: "`adaptive`, `keep_for`, `priority_header` and `release_permit` apply to concurrency rules only: give the rule `concurrent = N` instead of `policy`",
 };
 
 /// Settings of a local concurrency limit on a Redis concurrency rule.
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(super) const LOCAL_ONLY: Said = Said {
-    rust: "an adaptive maximum, reserved shares, request classes and `release_permit` apply to local concurrency rules only: drop them from the Redis concurrency rule, or make it with `Rule::concurrent`",
-    file: "`adaptive`, `reserve`, `priority_header` and `release_permit` apply to local concurrency rules only: drop them from the rule, or set `store = \"local\"`",
+    rust: "an adaptive maximum, kept shares, request classes and `release_permit` apply to local concurrency rules only: drop them from the Redis concurrency rule, or make it with `Rule::concurrent`",
+    file: "`adaptive`, `keep_for`, `priority_header` and `release_permit` apply to local concurrency rules only: drop them from the rule, or set `store = \"local\"`",
 };
 
 /// Shadow mode on a concurrency rule.

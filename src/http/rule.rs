@@ -344,10 +344,10 @@ impl Rule {
         self
     }
 
-    /// Reserves `percent` of a concurrency rule's maximum for requests of
-    /// `class` and above ([`ConcurrencyBuilder::reserve`](crate::ConcurrencyBuilder::reserve));
+    /// Keeps `percent` of a concurrency rule's maximum for requests of
+    /// `class` and above ([`ConcurrencyBuilder::keep_for`](crate::ConcurrencyBuilder::keep_for));
     /// a request's class comes from [`priority_by_header`](Self::priority_by_header).
-    /// A request shed because only reserved permits were left gets `503`.
+    /// A request shed because only kept permits were left gets `503`.
     /// Only on a [`Key::global`] concurrency rule.
     ///
     /// ```
@@ -355,14 +355,14 @@ impl Rule {
     /// use ratewall::Priority;
     ///
     /// let all = Rule::concurrent("all", Key::global(), 100)
-    ///     .reserve(Priority::Critical, 20)
+    ///     .keep_for(Priority::Critical, 20)
     ///     .priority_by_header("x-priority");
     /// # let _ = all;
     /// ```
-    pub fn reserve(mut self, class: Priority, percent: u8) -> Rule {
+    pub fn keep_for(mut self, class: Priority, percent: u8) -> Rule {
         let c = self.concurrency_mut();
-        c.reserved.retain(|(p, _)| *p != class);
-        c.reserved.push((class, percent));
+        c.kept.retain(|(p, _)| *p != class);
+        c.kept.push((class, percent));
         self
     }
 
@@ -372,7 +372,7 @@ impl Rule {
     /// set it in a trusted layer (your authenticating proxy, or a layer
     /// outside this one that computes it) and strip it from clients at the
     /// edge. Otherwise any client that sends `critical` takes the share
-    /// reserved for critical requests. An invalid header name is
+    /// kept for critical requests. An invalid header name is
     /// [`HttpConfigError::InvalidHeaderName`](super::HttpConfigError::InvalidHeaderName)
     /// when the layer is built.
     ///
@@ -381,7 +381,7 @@ impl Rule {
     /// use ratewall::Priority;
     ///
     /// let all = Rule::concurrent("all", Key::global(), 100)
-    ///     .reserve(Priority::Normal, 30)
+    ///     .keep_for(Priority::Normal, 30)
     ///     .priority_by_header("x-priority");
     /// # let _ = all;
     /// ```
