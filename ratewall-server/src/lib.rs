@@ -1,0 +1,5 @@
+//! `ratewall-server`: an Envoy rate limit service on ratewall.
+//!
+//! (Under construction.)
+
+pub mod config;
