@@ -619,6 +619,34 @@ async fn shadow_rules_count_but_never_reject_and_off_rules_are_ignored() {
     assert_eq!((s[1].allowed(), s[1].denied()), (0, 0));
 }
 
+/// A shadow rule never refuses, not even a request missing its key that
+/// the rule, enforced, would refuse (`when_missing`); the miss is counted.
+#[tokio::test]
+async fn a_shadow_rule_never_refuses_a_request_missing_its_key() {
+    let clock = ManualClock::new();
+    for (mode, want) in [
+        (Mode::Shadow, StatusCode::OK),
+        (Mode::Enforce, StatusCode::UNAUTHORIZED),
+    ] {
+        let layer = builder(&clock)
+            .rule(
+                Rule::per_header(
+                    "key",
+                    "x-api-key",
+                    Policy::fixed_window(Window::per_minute(5)),
+                )
+                .when_missing(Missing::Reject(StatusCode::UNAUTHORIZED))
+                .mode(mode),
+            )
+            .build()
+            .unwrap();
+        let app = make_app(layer.clone());
+        let got = get_(&app, "192.0.2.1").await;
+        assert_eq!(got.status, want, "{mode:?}");
+        assert_eq!(layer.stats()[0].missing_key(), 1, "{mode:?}");
+    }
+}
+
 #[tokio::test]
 async fn skip_predicate_and_allow_list_pass_requests_through() {
     let clock = ManualClock::new();
