@@ -1,1 +1,104 @@
-fn main() {}
+//! `ratewall-server`: flags (or the same from the environment), then serve
+//! until SIGTERM or Ctrl-C, draining the calls in flight.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use ratewall_server::{ServerBuilder, ServiceOptions};
+
+/// An Envoy rate limit service (gRPC ShouldRateLimit) on ratewall, reading
+/// envoyproxy/ratelimit's YAML configuration.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Flags {
+    /// The directory of YAML configuration files (every `*.yaml`/`*.yml`),
+    /// re-read when a file changes.
+    #[arg(long, env = "RATEWALL_CONFIG_DIR")]
+    config_dir: PathBuf,
+    /// Where gRPC (ShouldRateLimit, grpc.health.v1) listens.
+    #[arg(long, env = "RATEWALL_GRPC_ADDR", default_value = "0.0.0.0:8081")]
+    grpc_addr: SocketAddr,
+    /// Where HTTP (/json, /healthcheck, /metrics) listens.
+    #[arg(long, env = "RATEWALL_HTTP_ADDR", default_value = "0.0.0.0:8080")]
+    http_addr: SocketAddr,
+    /// The most counters one limit keeps in memory (least recently used
+    /// forgotten past it).
+    #[arg(long, env = "RATEWALL_MAX_KEYS_PER_LIMIT", default_value_t = 100_000)]
+    max_keys_per_limit: usize,
+    /// Answer OK to every call whatever the limits say (they still count).
+    #[arg(long, env = "RATEWALL_SHADOW_MODE")]
+    shadow_mode: bool,
+    /// Answer OK without limiting (a benchmark's floor: the transport alone).
+    #[arg(long, hide = true)]
+    answer_ok_without_limiting: bool,
+    /// How often the configuration directory is checked, in milliseconds.
+    #[arg(long, env = "RATEWALL_RELOAD_MS", default_value_t = 2000)]
+    reload_ms: u64,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("RATEWALL_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        // The log on stderr; stdout carries only the line naming the addresses.
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
+    let flags = Flags::parse();
+    let server = ServerBuilder::new(&flags.config_dir)
+        .grpc_addr(flags.grpc_addr)
+        .http_addr(flags.http_addr)
+        .reload_every(Duration::from_millis(flags.reload_ms))
+        .options(
+            ServiceOptions::default()
+                .max_keys_per_limit(flags.max_keys_per_limit)
+                .global_shadow_mode(flags.shadow_mode)
+                .answer_ok_without_limiting(flags.answer_ok_without_limiting),
+        )
+        .start()
+        .await;
+    let server = match server {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("ratewall-server: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // One line on stdout naming both addresses (port 0 picks a free one).
+    println!(
+        "ratewall-server serving grpc={} http={}",
+        server.grpc_addr(),
+        server.http_addr()
+    );
+    wait_for_signal().await;
+    tracing::info!("stopping: draining calls in flight");
+    server.shutdown().await;
+    ExitCode::SUCCESS
+}
+
+async fn wait_for_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(t) => t,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}

@@ -1,0 +1,178 @@
+//! The server's counters and their Prometheus text (`GET /metrics`).
+//!
+//! Per limit, the counts envoyproxy/ratelimit keeps (in hits): total,
+//! within the limit, near it (above 80% of it), over it, and over it in
+//! shadow mode. Labels are the configuration's names (domain and
+//! descriptor path), never a client's values unless the limit asks for
+//! `detailed_metric`.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::service::{LimitState, Service};
+
+/// Upper bounds of the call latency histogram, in seconds.
+const BUCKETS: [f64; 12] = [
+    0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.1, 1.0,
+];
+
+/// Calls by transport and answer, and their latency.
+#[derive(Debug, Default)]
+pub(crate) struct CallStats {
+    /// gRPC, JSON.
+    calls: [[AtomicU64; 3]; 2],
+    latency_buckets: [AtomicU64; BUCKETS.len()],
+    latency_count: AtomicU64,
+    latency_sum_ns: AtomicU64,
+    /// Configuration loads that failed (the old one kept serving).
+    pub(crate) reload_errors: AtomicU64,
+    /// Configuration loads that replaced the one serving.
+    pub(crate) reloads: AtomicU64,
+}
+
+/// How a call was carried.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Transport {
+    Grpc = 0,
+    Json = 1,
+}
+
+/// What a call was answered.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Answer {
+    Ok = 0,
+    OverLimit = 1,
+    Error = 2,
+}
+
+const ANSWERS: [&str; 3] = ["ok", "over_limit", "error"];
+const TRANSPORTS: [&str; 2] = ["grpc", "json"];
+
+fn bump(c: &AtomicU64, n: u64) {
+    // Relaxed: statistics, each read alone; they order nothing.
+    c.fetch_add(n, Ordering::Relaxed);
+}
+
+fn read(c: &AtomicU64) -> u64 {
+    // Relaxed: see `bump`.
+    c.load(Ordering::Relaxed)
+}
+
+impl CallStats {
+    pub(crate) fn record(&self, transport: Transport, answer: Answer, took: Duration) {
+        bump(&self.calls[transport as usize][answer as usize], 1);
+        let secs = took.as_secs_f64();
+        if let Some(i) = BUCKETS.iter().position(|&b| secs <= b) {
+            bump(&self.latency_buckets[i], 1);
+        }
+        bump(&self.latency_count, 1);
+        bump(
+            &self.latency_sum_ns,
+            u64::try_from(took.as_nanos()).unwrap_or(u64::MAX),
+        );
+    }
+}
+
+/// One of a limit's counters.
+type Field = fn(&LimitState) -> &AtomicU64;
+
+/// A label value with `\`, `"` and newlines escaped.
+fn label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// The Prometheus text of every counter.
+pub(crate) fn render(service: &Service, calls: &CallStats) -> String {
+    let mut out = String::new();
+    let generation = service.generation();
+    let mut limits: Vec<&LimitState> = generation.by_id.values().map(|s| &**s).collect();
+    let overrides = service.override_states();
+    limits.extend(overrides.iter().map(|s| &**s));
+    limits.sort_by(|a, b| a.def.full_key.cmp(&b.def.full_key));
+    let series: [(&str, &str, Field); 5] = [
+        (
+            "ratewall_server_hits_total",
+            "hits (cost units) counted against a limit",
+            |s| &s.stats.total_hits,
+        ),
+        ("ratewall_server_within_limit_total", "hits admitted", |s| {
+            &s.stats.within_limit
+        }),
+        (
+            "ratewall_server_near_limit_total",
+            "admitted hits above 80% of the limit",
+            |s| &s.stats.near_limit,
+        ),
+        (
+            "ratewall_server_over_limit_total",
+            "hits over the limit (shadow mode included)",
+            |s| &s.stats.over_limit,
+        ),
+        (
+            "ratewall_server_shadow_mode_total",
+            "hits over a shadow-mode limit, answered OK",
+            |s| &s.stats.shadow_mode,
+        ),
+    ];
+    for (name, help, get) in series {
+        let _ = writeln!(out, "# HELP {name} {help}.\n# TYPE {name} counter");
+        for s in &limits {
+            let _ = writeln!(
+                out,
+                "{name}{{descriptor=\"{}\"}} {}",
+                label(&s.def.full_key),
+                read(get(s))
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "# HELP ratewall_server_override_limits_refused_total descriptors whose own limit found no room (max_override_limits).\n# TYPE ratewall_server_override_limits_refused_total counter\nratewall_server_override_limits_refused_total {}",
+        read(&service.overrides_refused)
+    );
+    let _ = writeln!(
+        out,
+        "# HELP ratewall_server_calls_total ShouldRateLimit calls by transport and answer.\n# TYPE ratewall_server_calls_total counter"
+    );
+    for (t, tname) in TRANSPORTS.iter().enumerate() {
+        for (a, aname) in ANSWERS.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "ratewall_server_calls_total{{transport=\"{tname}\",answer=\"{aname}\"}} {}",
+                read(&calls.calls[t][a])
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "# HELP ratewall_server_call_seconds Time to answer a call, from its decoded request to its answer.\n# TYPE ratewall_server_call_seconds histogram"
+    );
+    let mut cumulative = 0;
+    for (i, b) in BUCKETS.iter().enumerate() {
+        cumulative += read(&calls.latency_buckets[i]);
+        let _ = writeln!(
+            out,
+            "ratewall_server_call_seconds_bucket{{le=\"{b}\"}} {cumulative}"
+        );
+    }
+    let count = read(&calls.latency_count);
+    let _ = writeln!(
+        out,
+        "ratewall_server_call_seconds_bucket{{le=\"+Inf\"}} {count}"
+    );
+    let _ = writeln!(
+        out,
+        "ratewall_server_call_seconds_sum {}\nratewall_server_call_seconds_count {count}",
+        read(&calls.latency_sum_ns) as f64 / 1e9
+    );
+    let _ = writeln!(
+        out,
+        "# HELP ratewall_server_config_loads_total Configuration loads by result.\n# TYPE ratewall_server_config_loads_total counter\nratewall_server_config_loads_total{{result=\"replaced\"}} {}\nratewall_server_config_loads_total{{result=\"error\"}} {}",
+        read(&calls.reloads),
+        read(&calls.reload_errors)
+    );
+    out
+}
