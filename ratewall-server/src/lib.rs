@@ -11,6 +11,8 @@
 //! use ratewall_server::config::Config;
 //! use ratewall_server::{Service, ServiceOptions};
 //!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let yaml = r#"
 //! domain: edge
 //! descriptors:
@@ -23,11 +25,12 @@
 //!     Config::from_sources(&[("edge.yaml".into(), yaml.into())])?,
 //!     ServiceOptions::default(),
 //! )?;
-//! let ip = [("remote_address", "10.0.0.1")];
-//! assert!(service.check("edge", &[&ip], 1)?);
-//! assert!(service.check("edge", &[&ip], 1)?);
-//! assert!(!service.check("edge", &[&ip], 1)?); // 2 per second
-//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! let ip: &[(&str, &str)] = &[("remote_address", "10.0.0.1")];
+//! assert!(service.check("edge", &[ip], 1).await?);
+//! assert!(service.check("edge", &[ip], 1).await?);
+//! assert!(!service.check("edge", &[ip], 1).await?); // 2 per second
+//! # Ok(())
+//! # }
 //! ```
 //!
 //! The binary (`ratewall-server --config-dir DIR`) serves gRPC and HTTP
@@ -41,4 +44,4 @@ mod service;
 mod stats;
 
 pub use server::{RunningServer, ServerBuilder, StartError};
-pub use service::{RequestError, Service, ServiceOptions};
+pub use service::{LimitError, RequestError, Service, ServiceOptions};

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
+use ratewall::redis::{FailurePolicy, RedisBackend};
 use ratewall_server::{ServerBuilder, ServiceOptions};
 
 /// An Envoy rate limit service (gRPC ShouldRateLimit) on ratewall, reading
@@ -31,6 +32,24 @@ struct Flags {
     /// Answer OK to every call whatever the limits say (they still count).
     #[arg(long, env = "RATEWALL_SHADOW_MODE")]
     shadow_mode: bool,
+    /// Count in Redis, shared by every replica: `redis://host:6379` (or
+    /// `rediss://` for TLS); several URLs separated by commas name the nodes
+    /// of a Redis Cluster. Without it, limits count in memory.
+    #[arg(long, env = "RATEWALL_REDIS_URL")]
+    redis_url: Option<String>,
+    /// What a call gets when Redis cannot answer: `open` (admitted),
+    /// `closed` (gRPC UNAVAILABLE: Envoy's failure_mode_deny decides) or
+    /// `fallback-share N` (limited here at 1/N of each limit, N replicas).
+    #[arg(long, env = "RATEWALL_REDIS_ON_FAILURE", default_value = "open")]
+    redis_on_failure: String,
+    /// The most time a Redis call may take before it counts as failed, in
+    /// milliseconds.
+    #[arg(long, env = "RATEWALL_REDIS_TIMEOUT_MS", default_value_t = 50)]
+    redis_timeout_ms: u64,
+    /// Keys per limit remembered as denied until their retry time, answered
+    /// without a Redis call (0: none).
+    #[arg(long, env = "RATEWALL_REDIS_DENY_CACHE", default_value_t = 10_000)]
+    redis_deny_cache: usize,
     /// Answer OK without limiting (a benchmark's floor: the transport alone).
     #[arg(long, hide = true)]
     answer_ok_without_limiting: bool,
@@ -51,16 +70,26 @@ async fn main() -> ExitCode {
         .with_ansi(false)
         .init();
     let flags = Flags::parse();
+    let mut options = ServiceOptions::default()
+        .max_keys_per_limit(flags.max_keys_per_limit)
+        .global_shadow_mode(flags.shadow_mode)
+        .answer_ok_without_limiting(flags.answer_ok_without_limiting);
+    if let Some(url) = &flags.redis_url {
+        match redis_options(&flags, url) {
+            Ok((backend, on_failure)) => {
+                options = options.redis(backend, on_failure, flags.redis_deny_cache);
+            }
+            Err(e) => {
+                eprintln!("ratewall-server: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
     let server = ServerBuilder::new(&flags.config_dir)
         .grpc_addr(flags.grpc_addr)
         .http_addr(flags.http_addr)
         .reload_every(Duration::from_millis(flags.reload_ms))
-        .options(
-            ServiceOptions::default()
-                .max_keys_per_limit(flags.max_keys_per_limit)
-                .global_shadow_mode(flags.shadow_mode)
-                .answer_ok_without_limiting(flags.answer_ok_without_limiting),
-        )
+        .options(options)
         .start()
         .await;
     let server = match server {
@@ -80,6 +109,40 @@ async fn main() -> ExitCode {
     tracing::info!("stopping: draining calls in flight");
     server.shutdown().await;
     ExitCode::SUCCESS
+}
+
+/// The Redis backend and failure policy the flags ask for.
+fn redis_options(flags: &Flags, url: &str) -> Result<(RedisBackend, FailurePolicy), String> {
+    let on_failure = match flags.redis_on_failure.trim() {
+        "open" => FailurePolicy::Open,
+        "closed" => FailurePolicy::Closed,
+        other => match other.strip_prefix("fallback-share").map(str::trim) {
+            Some(n) => match n.parse::<u32>() {
+                Ok(instances) if instances > 0 => FailurePolicy::FallbackShare { instances },
+                _ => return Err(format!("--redis-on-failure {other:?}: `fallback-share N` takes the number of replicas, at least 1")),
+            },
+            None => {
+                return Err(format!(
+                    "--redis-on-failure {other:?}: use `open`, `closed` or `fallback-share N`"
+                ))
+            }
+        },
+    };
+    let urls: Vec<&str> = url
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .collect();
+    let builder = if urls.len() > 1 {
+        RedisBackend::cluster_builder(urls)
+    } else {
+        RedisBackend::builder(url.trim())
+    };
+    let backend = builder
+        .timeout(Duration::from_millis(flags.redis_timeout_ms.max(1)))
+        .build()
+        .map_err(|e| format!("--redis-url: {e}"))?;
+    Ok((backend, on_failure))
 }
 
 async fn wait_for_signal() {

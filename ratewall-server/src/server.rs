@@ -25,7 +25,7 @@ use tokio::task::JoinHandle;
 
 use crate::config::{Config, ConfigError};
 use crate::json;
-use crate::service::{Service, ServiceOptions};
+use crate::service::{RequestError, Service, ServiceOptions};
 use crate::stats::{self, Answer, CallStats, Transport};
 
 /// What keeps a server from starting.
@@ -34,8 +34,9 @@ use crate::stats::{self, Answer, CallStats, Transport};
 pub enum StartError {
     /// The configuration directory does not load.
     Config(ConfigError),
-    /// A limit cannot be built (a policy outside ratewall's bounds).
-    Limit(ratewall::ConfigError),
+    /// A limit cannot be built (a policy outside ratewall's bounds, or one
+    /// Redis cannot run).
+    Limit(crate::service::LimitError),
     /// An address cannot be bound.
     Bind {
         /// The address.
@@ -268,9 +269,13 @@ impl RateLimitService for Grpc {
         request: tonic::Request<RateLimitRequest>,
     ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
         let start = Instant::now();
-        let answer = self.service.should_rate_limit(request.get_ref());
+        let answer = self.service.should_rate_limit(request.get_ref()).await;
         let (kind, result) = match answer {
             Ok(r) => (answer_of(&r), Ok(tonic::Response::new(r))),
+            Err(e @ RequestError::StoreUnavailable { .. }) => (
+                Answer::Error,
+                Err(tonic::Status::unavailable(e.to_string())),
+            ),
             Err(e) => (
                 Answer::Error,
                 Err(tonic::Status::invalid_argument(e.to_string())),
@@ -308,7 +313,7 @@ async fn json_call(State(http): State<Http>, body: Bytes) -> Response {
             return (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response();
         }
     };
-    match http.service.should_rate_limit(&request) {
+    match http.service.should_rate_limit(&request).await {
         Ok(r) => {
             let answer = answer_of(&r);
             http.calls.record(Transport::Json, answer, start.elapsed());

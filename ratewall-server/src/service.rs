@@ -8,13 +8,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     rate_limit::Unit as PbUnit, Code, DescriptorStatus, RateLimit as PbLimit,
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
-use ratewall::{Decision, KeyedPolicyLimiter, WhenFull};
+use ratewall::redis::{FailurePolicy, RedisBackend, RedisError, RedisLimiter};
+use ratewall::{Decision, InsufficientCapacity, KeyedPolicyLimiter, WhenFull};
 
 use crate::config::{apply_replaces, Config, Found, LimitDef, LimitKind, Unit};
 
@@ -36,6 +38,20 @@ pub struct ServiceOptions {
     max_override_limits: usize,
     global_shadow_mode: bool,
     floor: bool,
+    store: Store,
+}
+
+/// Where limits count.
+#[derive(Clone, Debug)]
+enum Store {
+    /// Bounded tables in this process.
+    Memory,
+    /// Shared through Redis.
+    Redis {
+        backend: RedisBackend,
+        on_failure: FailurePolicy,
+        deny_cache: usize,
+    },
 }
 
 impl Default for ServiceOptions {
@@ -45,6 +61,7 @@ impl Default for ServiceOptions {
             max_override_limits: 1024,
             global_shadow_mode: false,
             floor: false,
+            store: Store::Memory,
         }
     }
 }
@@ -93,6 +110,39 @@ impl ServiceOptions {
         self
     }
 
+    /// Counts every limit in Redis (or a Redis Cluster), shared by every
+    /// replica on the same store, instead of in this process. When Redis
+    /// cannot answer, `on_failure` decides: admit (`Open`), refuse the call
+    /// with gRPC `UNAVAILABLE` so Envoy's `failure_mode_deny` applies
+    /// (`Closed`), or limit locally at this replica's share
+    /// (`FallbackShare`). A key denied a moment ago is denied again without
+    /// a round trip until its retry time (a deny cache of `deny_cache`
+    /// keys per limit, 0 for none).
+    ///
+    /// ```no_run
+    /// use ratewall::redis::{FailurePolicy, RedisBackend};
+    /// use ratewall_server::ServiceOptions;
+    ///
+    /// let backend = RedisBackend::builder("redis://127.0.0.1:6379").build()?;
+    /// let options = ServiceOptions::default().redis(backend, FailurePolicy::Open, 10_000);
+    /// # let _ = options;
+    /// # Ok::<(), ratewall::redis::RedisError>(())
+    /// ```
+    #[must_use]
+    pub fn redis(
+        mut self,
+        backend: RedisBackend,
+        on_failure: FailurePolicy,
+        deny_cache: usize,
+    ) -> Self {
+        self.store = Store::Redis {
+            backend,
+            on_failure,
+            deny_cache,
+        };
+        self
+    }
+
     /// Every answer is `OK` whatever the limits say (they still count and
     /// report): envoyproxy/ratelimit's `SHADOW_MODE`.
     #[must_use]
@@ -118,29 +168,98 @@ fn add(c: &AtomicU64, n: u64) {
     c.fetch_add(n, Ordering::Relaxed);
 }
 
+/// Where one limit counts.
+#[derive(Debug)]
+enum Counter {
+    Memory(KeyedPolicyLimiter<Vec<u8>>),
+    Redis(RedisLimiter),
+}
+
+/// A limit that cannot be built, and which.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum LimitError {
+    /// The policy is outside ratewall's bounds.
+    Policy {
+        /// The limit (its stats key, `domain.key_value`).
+        limit: String,
+        /// Why.
+        error: ratewall::ConfigError,
+    },
+    /// Redis cannot run the limit (a policy its arithmetic cannot hold
+    /// exactly, or a bad setting).
+    Redis {
+        /// The limit.
+        limit: String,
+        /// Why.
+        error: RedisError,
+    },
+}
+
+impl std::fmt::Display for LimitError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LimitError::Policy { limit, error } => write!(f, "limit `{limit}`: {error}"),
+            LimitError::Redis { limit, error } => write!(f, "limit `{limit}` on Redis: {error}"),
+        }
+    }
+}
+
+impl std::error::Error for LimitError {}
+
+/// A limit's name in Redis: short, stable across replicas and restarts,
+/// and different whenever the limit's definition is (FNV-1a of its id).
+fn redis_name(id: &str) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in id.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("rl{h:016x}")
+}
+
 /// One limit's counters and stats; kept across a reload while the limit
 /// is unchanged.
 #[derive(Debug)]
 pub(crate) struct LimitState {
     pub(crate) def: Arc<LimitDef>,
     /// `None` for an unlimited limit.
-    limiter: Option<Arc<KeyedPolicyLimiter<Vec<u8>>>>,
+    limiter: Option<Arc<Counter>>,
     pub(crate) stats: Arc<LimitStats>,
 }
 
 impl LimitState {
-    fn build(
-        def: Arc<LimitDef>,
-        options: &ServiceOptions,
-    ) -> Result<LimitState, ratewall::ConfigError> {
+    fn build(def: Arc<LimitDef>, options: &ServiceOptions) -> Result<LimitState, LimitError> {
         let limiter = match &def.kind {
             LimitKind::Unlimited => None,
-            LimitKind::Limited { policy, .. } => Some(Arc::new(
-                KeyedPolicyLimiter::builder(*policy)
-                    .max_keys(options.max_keys)
-                    .when_full(WhenFull::EvictLeastRecent)
-                    .build()?,
-            )),
+            LimitKind::Limited { policy, .. } => Some(Arc::new(match &options.store {
+                Store::Memory => Counter::Memory(
+                    KeyedPolicyLimiter::builder(*policy)
+                        .max_keys(options.max_keys)
+                        .when_full(WhenFull::EvictLeastRecent)
+                        .build()
+                        .map_err(|error| LimitError::Policy {
+                            limit: def.full_key.clone(),
+                            error,
+                        })?,
+                ),
+                Store::Redis {
+                    backend,
+                    on_failure,
+                    deny_cache,
+                } => {
+                    let mut b = RedisLimiter::builder(*policy, backend)
+                        .name(redis_name(&def.id))
+                        .on_failure(*on_failure);
+                    if *deny_cache > 0 {
+                        b = b.deny_cache(*deny_cache);
+                    }
+                    Counter::Redis(b.build().map_err(|error| LimitError::Redis {
+                        limit: def.full_key.clone(),
+                        error,
+                    })?)
+                }
+            })),
         };
         Ok(LimitState {
             def,
@@ -178,7 +297,7 @@ impl Generation {
         config: Config,
         previous: Option<&Generation>,
         options: &ServiceOptions,
-    ) -> Result<Generation, ratewall::ConfigError> {
+    ) -> Result<Generation, LimitError> {
         let mut by_def = HashMap::new();
         let mut by_id = HashMap::new();
         for def in config.limits() {
@@ -211,6 +330,13 @@ pub enum RequestError {
         /// Its position in the request.
         index: usize,
     },
+    /// Redis could not answer and the failure policy is `Closed`: no
+    /// answer is given (gRPC `UNAVAILABLE`; Envoy's `failure_mode_deny`
+    /// decides).
+    StoreUnavailable {
+        /// What failed, and when Redis is tried again.
+        cause: String,
+    },
 }
 
 impl std::fmt::Display for RequestError {
@@ -223,6 +349,7 @@ impl std::fmt::Display for RequestError {
             RequestError::EmptyDescriptor { index } => {
                 write!(f, "descriptor {index} has no entries")
             }
+            RequestError::StoreUnavailable { cause } => f.write_str(cause),
         }
     }
 }
@@ -236,14 +363,17 @@ impl std::error::Error for RequestError {}
 /// use ratewall_server::config::Config;
 /// use ratewall_server::{Service, ServiceOptions};
 ///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let yaml = "domain: api\ndescriptors:\n  - key: user\n    rate_limit: { unit: minute, requests_per_unit: 2 }\n";
 /// let config = Config::from_sources(&[("api.yaml".into(), yaml.into())])?;
 /// let service = Service::new(config, ServiceOptions::default())?;
-/// let call = || service.check("api", &[&[("user", "ada")]], 1).unwrap();
-/// assert!(call());
-/// assert!(call());
-/// assert!(!call()); // the third call in the minute is over the limit
-/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// let ada: &[(&str, &str)] = &[("user", "ada")];
+/// assert!(service.check("api", &[ada], 1).await?);
+/// assert!(service.check("api", &[ada], 1).await?);
+/// assert!(!service.check("api", &[ada], 1).await?); // the third in the minute is over
+/// # Ok(())
+/// # }
 /// ```
 #[derive(Debug)]
 pub struct Service {
@@ -257,7 +387,7 @@ pub struct Service {
 
 impl Service {
     /// A service answering by `config`.
-    pub fn new(config: Config, options: ServiceOptions) -> Result<Service, ratewall::ConfigError> {
+    pub fn new(config: Config, options: ServiceOptions) -> Result<Service, LimitError> {
         let generation = Generation::new(config, None, &options)?;
         Ok(Service {
             current: ArcSwap::from_pointee(generation),
@@ -275,19 +405,23 @@ impl Service {
     /// use ratewall_server::config::Config;
     /// use ratewall_server::{Service, ServiceOptions};
     ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let load = |n: u32| {
     ///     let yaml = format!("domain: api\ndescriptors:\n  - key: user\n    rate_limit: {{ unit: minute, requests_per_unit: {n} }}\n");
     ///     Config::from_sources(&[("api.yaml".into(), yaml)]).unwrap()
     /// };
     /// let service = Service::new(load(1), ServiceOptions::default())?;
-    /// assert!(service.check("api", &[&[("user", "ada")]], 1)?);
+    /// let ada: &[(&str, &str)] = &[("user", "ada")];
+    /// assert!(service.check("api", &[ada], 1).await?);
     /// service.replace_config(load(1))?; // unchanged: the count is kept
-    /// assert!(!service.check("api", &[&[("user", "ada")]], 1)?);
+    /// assert!(!service.check("api", &[ada], 1).await?);
     /// service.replace_config(load(5))?; // a new limit counts afresh
-    /// assert!(service.check("api", &[&[("user", "ada")]], 1)?);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// assert!(service.check("api", &[ada], 1).await?);
+    /// # Ok(())
+    /// # }
     /// ```
-    pub fn replace_config(&self, config: Config) -> Result<(), ratewall::ConfigError> {
+    pub fn replace_config(&self, config: Config) -> Result<(), LimitError> {
         let old = self.current.load();
         let next = Generation::new(config, Some(&old), &self.options)?;
         self.current.store(Arc::new(next));
@@ -317,13 +451,16 @@ impl Service {
     /// ```
     /// # use ratewall_server::config::Config;
     /// # use ratewall_server::{Service, ServiceOptions};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let yaml = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: second, requests_per_unit: 1 }\n";
     /// let s = Service::new(Config::from_sources(&[("d.yaml".into(), yaml.into())])?, ServiceOptions::default())?;
-    /// assert!(s.check("d", &[&[("k", "v")]], 1)?);
-    /// assert!(s.check("d", &[&[("other", "v")]], 1)?); // no limit matches
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// assert!(s.check("d", &[&[("k", "v")]], 1).await?);
+    /// assert!(s.check("d", &[&[("other", "v")]], 1).await?); // no limit matches
+    /// # Ok(())
+    /// # }
     /// ```
-    pub fn check(
+    pub async fn check(
         &self,
         domain: &str,
         descriptors: &[&[(&str, &str)]],
@@ -336,11 +473,9 @@ impl Service {
                 .map(|entries| RateLimitDescriptor {
                     entries: entries
                         .iter()
-                        .map(|(k, v)| {
-                            envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry {
-                                key: (*k).to_owned(),
-                                value: (*v).to_owned(),
-                            }
+                        .map(|(k, v)| Entry {
+                            key: (*k).to_owned(),
+                            value: (*v).to_owned(),
                         })
                         .collect(),
                     ..RateLimitDescriptor::default()
@@ -348,7 +483,7 @@ impl Service {
                 .collect(),
             hits_addend: hits,
         };
-        let response = self.should_rate_limit(&request)?;
+        let response = self.should_rate_limit(&request).await?;
         Ok(response.overall_code == Code::Ok as i32)
     }
 
@@ -356,7 +491,9 @@ impl Service {
     /// each descriptor is matched and counted on its own (a descriptor
     /// over its limit does not stop the others from counting), the
     /// overall code is `OVER_LIMIT` when any enforced descriptor is over.
-    pub fn should_rate_limit(
+    /// In memory the answer is ready at once; on Redis the descriptors'
+    /// calls go out together (batched with other requests').
+    pub async fn should_rate_limit(
         &self,
         request: &RateLimitRequest,
     ) -> Result<RateLimitResponse, RequestError> {
@@ -379,7 +516,7 @@ impl Service {
                 ..RateLimitResponse::default()
             });
         }
-        let generation = self.current.load();
+        let generation = self.current.load_full();
         let mut found = Vec::with_capacity(request.descriptors.len());
         let mut entries: Vec<(&str, &str)> = Vec::new();
         for (index, d) in request.descriptors.iter().enumerate() {
@@ -395,34 +532,56 @@ impl Service {
             found.push(generation.config.find(&request.domain, &entries, own));
         }
         apply_replaces(&mut found);
-        let mut over = false;
-        let mut statuses = Vec::with_capacity(found.len());
-        for (d, f) in request.descriptors.iter().zip(&found) {
-            let hits = match &d.hits_addend {
-                // A descriptor's own count, 0 included (a check that takes nothing).
-                Some(h) => h.value,
-                // The request's, 0 meaning 1.
-                None => u64::from(request.hits_addend.max(1)),
+        let ok = DescriptorStatus {
+            code: Code::Ok as i32,
+            ..DescriptorStatus::default()
+        };
+        let mut statuses = vec![ok; found.len()];
+        let mut remote = Vec::new();
+        for (i, (d, f)) in request.descriptors.iter().zip(&found).enumerate() {
+            // `d`: the descriptor as sent; `f`: its limit, if any.
+            let Some(f) = f else { continue };
+            let Some(state) = self.state_of(&generation, f) else {
+                add(&self.overrides_refused, 1);
+                continue;
             };
-            let status = match f {
-                None => DescriptorStatus {
+            let hits = request_hits(request, i);
+            let Some(counter) = state.limiter.clone() else {
+                statuses[i] = DescriptorStatus {
                     code: Code::Ok as i32,
+                    limit_remaining: u32::MAX,
                     ..DescriptorStatus::default()
-                },
-                Some(f) => match self.state_of(&generation, f) {
-                    Some(state) => self.count(&state, f, hits, d.is_negative_hits),
-                    None => {
-                        add(&self.overrides_refused, 1);
-                        DescriptorStatus {
-                            code: Code::Ok as i32,
-                            ..DescriptorStatus::default()
-                        }
-                    }
-                },
+                };
+                continue;
             };
-            over |= status.code == Code::OverLimit as i32;
-            statuses.push(status);
+            let op = Op {
+                hits,
+                refund: d.is_negative_hits,
+            };
+            match &*counter {
+                Counter::Memory(l) => {
+                    let taken = op.on_memory(l, &f.counter_key);
+                    statuses[i] = finish(&state, taken, hits);
+                }
+                Counter::Redis(_) => remote.push((i, state, counter, f.counter_key.clone(), op)),
+            }
         }
+        if !remote.is_empty() {
+            let calls = remote.iter().map(|(_, _, counter, key, op)| async move {
+                match &**counter {
+                    Counter::Redis(l) => op.on_redis(l, key).await,
+                    Counter::Memory(l) => Ok(op.on_memory(l, key)),
+                }
+            });
+            let answers = futures_util::future::join_all(calls).await;
+            for ((i, state, ..), answer) in remote.iter().zip(answers) {
+                let taken = answer.map_err(|e| RequestError::StoreUnavailable {
+                    cause: e.to_string(),
+                })?;
+                statuses[*i] = finish(state, taken, request_hits(request, *i));
+            }
+        }
+        let over = statuses.iter().any(|s| s.code == Code::OverLimit as i32);
         let overall = if over && !self.options.global_shadow_mode {
             Code::OverLimit
         } else {
@@ -452,82 +611,112 @@ impl Service {
         overrides.insert(f.limit.id.clone(), Arc::clone(&state));
         Some(state)
     }
+}
 
-    /// Counts `hits` for one descriptor and says what to answer.
-    fn count(&self, state: &LimitState, f: &Found, hits: u64, refund: bool) -> DescriptorStatus {
-        let (limiter, requests_per_unit, unit) = match (&state.limiter, &state.def.kind) {
-            (
-                Some(l),
-                LimitKind::Limited {
-                    requests_per_unit,
-                    unit,
-                    ..
-                },
-            ) => (l, *requests_per_unit, *unit),
-            _ => {
-                return DescriptorStatus {
-                    code: Code::Ok as i32,
-                    limit_remaining: u32::MAX,
-                    ..DescriptorStatus::default()
-                }
-            }
-        };
-        let current_limit = Some(PbLimit {
-            name: state.def.name.clone().unwrap_or_default(),
+/// The hits of descriptor `i`: its own count, 0 included (a check that
+/// takes nothing), or else the request's, 0 meaning 1.
+fn request_hits(request: &RateLimitRequest, i: usize) -> u64 {
+    match &request.descriptors[i].hits_addend {
+        Some(h) => h.value,
+        None => u64::from(request.hits_addend.max(1)),
+    }
+}
+
+/// What one descriptor asks of its counter.
+#[derive(Clone, Copy, Debug)]
+struct Op {
+    hits: u64,
+    /// Give `hits` back (the descriptor's `is_negative_hits`).
+    refund: bool,
+}
+
+/// What a counter answered, whichever store it is in.
+#[derive(Clone, Copy, Debug)]
+enum Taken {
+    /// `hits` were asked for: the decision, or a cost the limit never admits.
+    Checked(Result<Decision, InsufficientCapacity>),
+    /// Nothing was taken (0 hits, or a refund): what is left.
+    Looked(Decision),
+}
+
+impl Op {
+    fn on_memory(self, l: &KeyedPolicyLimiter<Vec<u8>>, key: &[u8]) -> Taken {
+        if self.refund {
+            l.refund_key(key, self.hits);
+            Taken::Looked(l.peek_key(key))
+        } else if self.hits == 0 {
+            Taken::Looked(l.peek_key(key))
+        } else {
+            Taken::Checked(l.check_key_n(key, self.hits))
+        }
+    }
+
+    async fn on_redis(self, l: &RedisLimiter, key: &[u8]) -> Result<Taken, RedisError> {
+        if self.refund {
+            l.refund_key(key, self.hits).await?;
+            return Ok(Taken::Looked(l.peek_key(key).await?.decision()));
+        }
+        if self.hits == 0 {
+            return Ok(Taken::Looked(l.peek_key(key).await?.decision()));
+        }
+        match l.check_key_n(key, self.hits).await {
+            Ok(d) => Ok(Taken::Checked(Ok(d.decision()))),
+            Err(RedisError::InsufficientCapacity(e)) => Ok(Taken::Checked(Err(e))),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// Counts a descriptor's answer in its limit's stats and says what to
+/// answer.
+fn finish(state: &LimitState, taken: Taken, hits: u64) -> DescriptorStatus {
+    let (requests_per_unit, unit) = match &state.def.kind {
+        LimitKind::Limited {
             requests_per_unit,
-            unit: pb_unit(unit) as i32,
-        });
-        let key = &f.counter_key[..];
-        if refund {
-            // Hits given back (the descriptor's `is_negative_hits`).
-            limiter.refund_key(key, hits);
-            let d = limiter.peek_key(key);
-            return status(Code::Ok, current_limit, &d, true);
+            unit,
+            ..
+        } => (*requests_per_unit, *unit),
+        LimitKind::Unlimited => (0, Unit::Unknown),
+    };
+    let current_limit = Some(PbLimit {
+        name: state.def.name.clone().unwrap_or_default(),
+        requests_per_unit,
+        unit: pb_unit(unit) as i32,
+    });
+    let stats = &state.stats;
+    let checked = match taken {
+        Taken::Looked(d) => return status(Code::Ok, current_limit, &d, true),
+        Taken::Checked(c) => c,
+    };
+    add(&stats.total_hits, hits);
+    let over = |stats: &LimitStats| {
+        add(&stats.over_limit, hits);
+        if state.def.shadow_mode {
+            add(&stats.shadow_mode, hits);
+            Code::Ok
+        } else {
+            Code::OverLimit
         }
-        let stats = &state.stats;
-        add(&stats.total_hits, hits);
-        if hits == 0 {
-            // A check that takes nothing: what is left now.
-            let d = limiter.peek_key(key);
-            return status(Code::Ok, current_limit, &d, true);
+    };
+    match checked {
+        Ok(d) if d.is_allowed() => {
+            add(&stats.within_limit, hits);
+            let limit = d.limit();
+            let used_after = limit.saturating_sub(d.remaining());
+            let used_before = used_after.saturating_sub(hits);
+            let near = (limit as f64 * NEAR_LIMIT_RATIO).floor() as u64;
+            if used_after > near {
+                add(&stats.near_limit, used_after - near.max(used_before));
+            }
+            status(Code::Ok, current_limit, &d, true)
         }
-        match limiter.check_key_n(key, hits) {
-            Ok(d) if d.is_allowed() => {
-                add(&stats.within_limit, hits);
-                let limit = d.limit();
-                let used_after = limit.saturating_sub(d.remaining());
-                let used_before = used_after.saturating_sub(hits);
-                let near = (limit as f64 * NEAR_LIMIT_RATIO).floor() as u64;
-                if used_after > near {
-                    add(&stats.near_limit, used_after - near.max(used_before));
-                }
-                status(Code::Ok, current_limit, &d, true)
-            }
-            Ok(d) => {
-                add(&stats.over_limit, hits);
-                if state.def.shadow_mode {
-                    add(&stats.shadow_mode, hits);
-                    status(Code::Ok, current_limit, &d, false)
-                } else {
-                    status(Code::OverLimit, current_limit, &d, false)
-                }
-            }
-            // More hits than the limit ever admits at once: over, for good.
-            Err(_) => {
-                add(&stats.over_limit, hits);
-                let code = if state.def.shadow_mode {
-                    add(&stats.shadow_mode, hits);
-                    Code::Ok
-                } else {
-                    Code::OverLimit
-                };
-                DescriptorStatus {
-                    code: code as i32,
-                    current_limit,
-                    ..DescriptorStatus::default()
-                }
-            }
-        }
+        Ok(d) => status(over(stats), current_limit, &d, false),
+        // More hits than the limit ever admits at once: over, for good.
+        Err(_) => DescriptorStatus {
+            code: over(stats) as i32,
+            current_limit,
+            ..DescriptorStatus::default()
+        },
     }
 }
 
