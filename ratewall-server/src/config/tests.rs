@@ -714,6 +714,11 @@ fn share_threshold_shares_one_counter_per_pattern() {
         stats(&c, "s", &[("midroute", "/api/x/v2")]),
         "s.midroute_/api*v2"
     );
+    // detailed_metric with a shared level leaves an empty value out.
+    assert_eq!(
+        stats(&c, "s", &[("service", "svc/a"), ("endpoint", "")]),
+        "s.service_svc/*.endpoint"
+    );
     // Shared levels share, other levels keep their values.
     let p = |f: &str, t: &str| counter(&c, "s", &[("path", "path/1"), ("file", f), ("type", t)]);
     assert_ne!(p("file/1", "pdf"), p("file/2", "pdf"));
@@ -738,13 +743,14 @@ fn share_threshold_shares_one_counter_per_pattern() {
 #[test]
 fn counter_keys_are_unambiguous() {
     let c = load("domain: d\ndescriptors:\n  - key: a\n    descriptors:\n      - key: b\n        rate_limit: { unit: second, requests_per_unit: 1 }\n");
-    let one = counter(&c, "d", &[("a", "x|b"), ("b", "c")]);
-    let two = counter(&c, "d", &[("a", "x"), ("b", "b|c")]);
+    // Written back to back, both read `a` `xb1` `b` `2` = `axb1b2`.
+    let one = counter(&c, "d", &[("a", "xb1"), ("b", "2")]);
+    let two = counter(&c, "d", &[("a", "x"), ("b", "1b2")]);
     assert_ne!(one, two);
-    let three = counter(&c, "d", &[("a", "x_b"), ("b", "")]);
-    let four = counter(&c, "d", &[("a", "x"), ("b", "_b")]);
+    let three = counter(&c, "d", &[("a", "x|b"), ("b", "c")]);
+    let four = counter(&c, "d", &[("a", "x"), ("b", "b|c")]);
     assert_ne!(three, four);
-    assert_eq!(one, counter(&c, "d", &[("a", "x|b"), ("b", "c")]));
+    assert_eq!(one, counter(&c, "d", &[("a", "xb1"), ("b", "2")]));
 }
 
 #[test]

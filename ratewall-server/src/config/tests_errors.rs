@@ -349,3 +349,31 @@ fn garbage_never_panics() {
     // The loop reaches the walk, not only the parser's errors.
     assert!(loaded > 0);
 }
+
+#[test]
+fn what_go_accepts_loads() {
+    let ok = |yaml: &str| match Config::from_sources(&[("ok.yaml".to_string(), yaml.to_string())]) {
+        Ok(c) => c,
+        Err(e) => panic!("{e}"),
+    };
+    // `unlimited` ignores a `requests_per_unit` (not a `unit`), as in Go.
+    let c = ok("domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unlimited: true, requests_per_unit: 25 }\n");
+    assert_eq!(
+        c.find("d", &[("k", "v")], None).unwrap().limit.kind,
+        LimitKind::Unlimited
+    );
+    // An empty `rate_limit`, `descriptors`, `value` or `metadata` is absent.
+    let c = ok("domain: d\ndescriptors:\n  - key: k\n    value:\n    rate_limit:\n    metadata:\n    descriptors:\n");
+    assert!(c.limits().is_empty());
+    assert!(c.has_domain("d"));
+    // Units in any letter case; `unlimited: false` is counted.
+    let c = ok("domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unlimited: false, unit: WEEK, requests_per_unit: 3 }\n");
+    assert!(matches!(
+        c.find("d", &[("k", "v")], None).unwrap().limit.kind,
+        LimitKind::Limited {
+            requests_per_unit: 3,
+            unit: Unit::Week,
+            ..
+        }
+    ));
+}
