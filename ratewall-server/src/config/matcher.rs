@@ -93,7 +93,7 @@ struct Step<'c> {
 pub(crate) fn find(root: &Node, domain: &str, entries: &[(&str, &str)]) -> Option<Found> {
     let mut steps: Vec<Step<'_>> = Vec::with_capacity(entries.len());
     let mut node = root;
-    let mut final_key = String::new();
+    let mut final_key = String::with_capacity(64);
     for &(key, value) in entries {
         final_key.clear();
         final_key.push_str(key);

@@ -37,6 +37,15 @@
 //!   reads it as 0, which blocks every request; write `0` to mean that);
 //! - a second, non-empty YAML document in a file is an error (the Go
 //!   service ignores it).
+//!
+//! And one place where it is more lenient: a text field written as a
+//! decimal number (`value: 1.5`) is read as its text; the Go service
+//! refuses floating-point scalars outside `metadata`.
+//!
+//! Scalars are read as Go's yaml.v2 reads them into envoyproxy/ratelimit's
+//! fields: a text field takes the scalar as written (`value: 007` is
+//! `"007"`), a flag takes YAML 1.1's booleans (`yes`, `on`, `true`, …), a
+//! count YAML 1.1's integers (`0x10`, `010` octal, `1_000`).
 
 mod matcher;
 mod yaml;
@@ -449,6 +458,15 @@ impl Config {
     }
 
     /// Every limit, unlimited ones included, in the order loaded.
+    ///
+    /// ```
+    /// # use ratewall_server::config::Config;
+    /// let yaml = "domain: d\ndescriptors:\n  - key: a\n    rate_limit: { policy: 5/s }\n    descriptors:\n      - key: b\n        rate_limit: { unlimited: true }\n";
+    /// let config = Config::from_sources(&[("d.yaml".into(), yaml.into())])?;
+    /// let keys: Vec<_> = config.limits().iter().map(|l| l.full_key.clone()).collect();
+    /// assert_eq!(keys, ["d.a", "d.a.b"]);
+    /// # Ok::<(), ratewall_server::config::ConfigError>(())
+    /// ```
     pub fn limits(&self) -> Vec<Arc<LimitDef>> {
         self.limits.clone()
     }

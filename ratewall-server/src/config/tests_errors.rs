@@ -377,3 +377,47 @@ fn what_go_accepts_loads() {
         }
     ));
 }
+
+#[test]
+fn random_bytes_never_panic() {
+    let mut rng = Rng(0xD1B5_4A32_D192_ED03);
+    for _ in 0..2000 {
+        let n = rng.next() % 200;
+        let bytes: Vec<u8> = (0..n).map(|_| (rng.next() % 256) as u8).collect();
+        let text = String::from_utf8_lossy(&bytes).into_owned();
+        let _ = Config::from_sources(&[("r.yaml".into(), text)]);
+    }
+}
+
+/// A plain backtracking glob (`*` is any run of bytes), the reference for
+/// the matcher's allocation-free scan.
+fn glob(pattern: &[u8], text: &[u8]) -> bool {
+    match pattern.split_first() {
+        None => text.is_empty(),
+        Some((b'*', rest)) => (0..=text.len()).any(|i| glob(rest, &text[i..])),
+        Some((c, rest)) => text.first() == Some(c) && glob(rest, &text[1..]),
+    }
+}
+
+#[test]
+fn wildcard_matching_agrees_with_a_plain_glob() {
+    let mut rng = Rng(0x2545_F491_4F6C_DD1D);
+    let mut word = |len: u64, alphabet: &[u8]| -> String {
+        (0..rng.next() % len)
+            .map(|_| alphabet[(rng.next() % alphabet.len() as u64) as usize] as char)
+            .collect()
+    };
+    let mut matched = 0;
+    for _ in 0..20_000 {
+        let pattern = word(7, b"ab*");
+        let text = word(9, b"ab");
+        let ours = super::matcher::Wildcard::new(&pattern).matches(&text);
+        assert_eq!(
+            ours,
+            glob(pattern.as_bytes(), text.as_bytes()),
+            "{pattern:?} {text:?}"
+        );
+        matched += usize::from(ours);
+    }
+    assert!(matched > 100);
+}
