@@ -518,3 +518,29 @@ fn limits_are_shared_not_copied() {
     assert!(Arc::ptr_eq(&a.limit, &b.limit));
     assert!(c.limits().iter().any(|l| Arc::ptr_eq(l, &a.limit)));
 }
+
+#[test]
+fn anchors_and_merge_keys_read_as_yaml_v2_does() {
+    let c = load(
+        r#"
+domain: a
+descriptors:
+  - key: base
+    rate_limit: &per_minute { unit: minute, requests_per_unit: 10 }
+  - key: same
+    rate_limit: *per_minute
+  - key: more
+    rate_limit:
+      <<: *per_minute
+      requests_per_unit: 20
+  - key: both
+    rate_limit:
+      <<: [{ name: merged }, *per_minute]
+"#,
+    );
+    assert_eq!(rate(&c, "a", &[("same", "x")]), Some((10, Unit::Minute)));
+    assert_eq!(rate(&c, "a", &[("more", "x")]), Some((20, Unit::Minute)));
+    assert_eq!(rate(&c, "a", &[("both", "x")]), Some((10, Unit::Minute)));
+    let both = c.find("a", &[("both", "x")], None).unwrap();
+    assert_eq!(both.limit.name.as_deref(), Some("merged"));
+}

@@ -42,15 +42,15 @@ pub(super) fn load_file(
     let mut domain: Option<(String, usize)> = None;
     let mut descriptors: Option<&MarkedYaml<'_>> = None;
     if let Some(root) = root.filter(|r| !is_null(r)) {
-        let YamlData::Mapping(map) = &untag(root).data else {
+        if !matches!(untag(root).data, YamlData::Mapping(_)) {
             return Err(ctx.err(
                 root,
                 "",
                 "a configuration file is a mapping with `domain` and `descriptors`",
             ));
-        };
-        for (k, v) in map {
-            match ctx.key_name(k)? {
+        }
+        for (name, k, v) in ctx.mapping(root, "")? {
+            match name {
                 "domain" => domain = Some((ctx.text(v, "domain")?, line(k))),
                 "descriptors" => descriptors = Some(v),
                 other => return Err(ctx.unknown(k, other, "", &["domain", "descriptors"])),
@@ -200,6 +200,9 @@ fn is_float_text(text: &str) -> bool {
     (numeric && t.replace('_', "").parse::<f64>().is_ok())
         || matches!(t, ".inf" | ".Inf" | ".INF" | ".nan" | ".NaN" | ".NAN")
 }
+
+/// One field of a mapping: its name, its key node and its value.
+type Field<'a, 't> = (&'a str, &'a MarkedYaml<'t>, &'a MarkedYaml<'t>);
 
 /// The file being loaded, for errors.
 struct Ctx<'f> {
@@ -357,13 +360,34 @@ impl Ctx<'_> {
         &self,
         node: &'a MarkedYaml<'t>,
         field: &str,
-    ) -> Result<Vec<(&'a str, &'a MarkedYaml<'t>, &'a MarkedYaml<'t>)>, ConfigError> {
+    ) -> Result<Vec<Field<'a, 't>>, ConfigError> {
         let YamlData::Mapping(map) = &untag(node).data else {
             return Err(self.err(node, field, "expected a mapping of fields"));
         };
-        map.iter()
-            .map(|(k, v)| Ok((self.key_name(k)?, k, v)))
-            .collect()
+        let mut fields = Vec::with_capacity(map.len());
+        let mut merged = Vec::new();
+        for (k, v) in map {
+            if scalar(k) == Some(("<<", true)) {
+                // YAML's merge key, as yaml.v2 reads it: `<<: *base` or
+                // `<<: [*a, *b]` adds the fields not written here.
+                match &untag(v).data {
+                    YamlData::Sequence(items) => {
+                        for item in items {
+                            merged.extend(self.mapping(item, field)?);
+                        }
+                    }
+                    _ => merged.extend(self.mapping(v, field)?),
+                }
+            } else {
+                fields.push((self.key_name(k)?, k, v));
+            }
+        }
+        for m in merged {
+            if !fields.iter().any(|f| f.0 == m.0) {
+                fields.push(m);
+            }
+        }
+        Ok(fields)
     }
 
     /// A descriptor list into `parent`.
