@@ -91,10 +91,23 @@ struct Step<'c> {
 
 /// `GetLimit` without an override.
 pub(crate) fn find(root: &Node, domain: &str, entries: &[(&str, &str)]) -> Option<Found> {
-    let mut steps: Vec<Step<'_>> = Vec::with_capacity(entries.len());
+    // How each entry matched: on the stack for the usual few entries.
+    const INLINE: usize = 8;
+    let unmatched = Step {
+        matched: Matched::Default,
+        value_to_metric: false,
+    };
+    let mut inline = [unmatched; INLINE];
+    let mut spilled = Vec::new();
+    let steps: &mut [Step<'_>] = if entries.len() <= INLINE {
+        &mut inline[..entries.len()]
+    } else {
+        spilled.resize(entries.len(), unmatched);
+        &mut spilled
+    };
     let mut node = root;
     let mut final_key = String::with_capacity(64);
-    for &(key, value) in entries {
+    for (i, &(key, value)) in entries.iter().enumerate() {
         final_key.clear();
         final_key.push_str(key);
         final_key.push('_');
@@ -118,13 +131,14 @@ pub(crate) fn find(root: &Node, domain: &str, entries: &[(&str, &str)]) -> Optio
         } else {
             (node.children.get(key)?, Matched::Default)
         };
-        steps.push(Step {
+        steps[i] = Step {
             matched,
             value_to_metric: next.value_to_metric,
-        });
+        };
         node = next;
     }
     let limit = node.limit.as_ref()?;
+    let steps = &*steps;
     let share = |i: usize| match steps[i].matched {
         Matched::Wildcard {
             pattern,

@@ -781,3 +781,42 @@ descriptors:
         None
     );
 }
+
+#[test]
+fn long_descriptors_match_past_the_inline_steps() {
+    // Ten levels: more entries than the walk keeps on the stack.
+    let mut yaml = String::from("domain: deep\ndescriptors:\n");
+    for level in 0..10 {
+        let pad = "    ".repeat(level);
+        yaml.push_str(&format!("{pad}  - key: k{level}\n"));
+        if level == 9 {
+            yaml.push_str(&format!(
+                "{pad}    rate_limit: {{ unit: second, requests_per_unit: 9 }}\n"
+            ));
+        } else {
+            yaml.push_str(&format!("{pad}    value_to_metric: {}\n", level % 2 == 0));
+            yaml.push_str(&format!("{pad}    descriptors:\n"));
+        }
+    }
+    let c = load(&yaml);
+    let values: Vec<String> = (0..10).map(|i| format!("v{i}")).collect();
+    let entries: Vec<(String, &str)> = values
+        .iter()
+        .enumerate()
+        .map(|(i, v)| (format!("k{i}"), v.as_str()))
+        .collect();
+    let entries: Vec<(&str, &str)> = entries.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+    assert_eq!(rate(&c, "deep", &entries), Some((9, Unit::Second)));
+    let want: String = std::iter::once("deep".to_string())
+        // value_to_metric on even levels only; the leaf shows its key.
+        .chain((0..10).map(|i| match i % 2 == 0 && i < 9 {
+            true => format!(".k{i}_v{i}"),
+            false => format!(".k{i}"),
+        }))
+        .collect();
+    assert_eq!(stats(&c, "deep", &entries), want);
+    assert!(c.find("deep", &entries[..9], None).is_none());
+    let mut other = entries.clone();
+    other[9].1 = "w";
+    assert_ne!(counter(&c, "deep", &entries), counter(&c, "deep", &other));
+}
