@@ -619,6 +619,31 @@ async fn shadow_rules_count_but_never_reject_and_off_rules_are_ignored() {
     assert_eq!((s[1].allowed(), s[1].denied()), (0, 0));
 }
 
+/// A request whose cost one rule can never admit is a 413 naming that rule,
+/// not another whose cost just fits (equal to its limit).
+#[tokio::test]
+async fn the_413_names_the_rule_the_cost_can_never_pass() {
+    let clock = ManualClock::new();
+    let layer = builder(&clock)
+        .rule(
+            Rule::global("fits", Policy::fixed_window(Window::per_minute(5))).cost_fn(|_, _, _| 5),
+        )
+        .rule(
+            Rule::global("small", Policy::fixed_window(Window::per_minute(3))).cost_fn(|_, _, _| 4),
+        )
+        .build()
+        .unwrap();
+    let app = make_app(layer.clone());
+    let got = get_(&app, "192.0.2.1").await;
+    assert_eq!(got.status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(
+        got.json()["violated-policies"],
+        serde_json::json!(["small"])
+    );
+    let s = layer.stats();
+    assert_eq!((s[0].errors(), s[1].errors()), (0, 1));
+}
+
 /// A shadow rule never refuses, not even a request missing its key that
 /// the rule, enforced, would refuse (`when_missing`); the miss is counted.
 #[tokio::test]

@@ -11,9 +11,9 @@ use axum::routing::get;
 use axum::Router;
 use http::StatusCode;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
-use ratewall::http::{Key, RateLimitLayer, Rule};
+use ratewall::http::{Headers, Key, RateLimitLayer, Rule};
 use ratewall::redis::{DecisionSource, FailurePolicy, RedisBackend, RedisLimiter, StoreEvent};
-use ratewall::{Policy, Rate};
+use ratewall::{Policy, Rate, WhenFull};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use support::http_client::{fetch, serve};
@@ -374,6 +374,46 @@ fn a_tiered_rule_reports_each_table_under_its_tier() {
         (capacity(""), capacity("gold")),
         (Some(1_000.0), Some(1_000.0))
     );
+}
+
+/// A full table's evictions are counted whether or not the layer writes
+/// headers (a layer without headers keeps no decisions for them, but the
+/// metrics still read each admitted request's).
+#[tokio::test]
+async fn evictions_are_counted_whether_or_not_the_layer_writes_headers() {
+    let mut counted = Vec::new();
+    for headers in [Headers::default(), Headers::None] {
+        let recorder = DebuggingRecorder::new();
+        let snap = recorder.snapshotter();
+        let layer = metrics::with_local_recorder(&recorder, || {
+            RateLimitLayer::builder()
+                .headers(headers)
+                .rule(
+                    Rule::per_header(
+                        "api",
+                        "x-api-key",
+                        Policy::token_bucket(Rate::per_minute(10)),
+                    )
+                    .max_keys(2)
+                    .when_full(WhenFull::EvictLeastRecent),
+                )
+                .build()
+                .unwrap()
+        });
+        let app = Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(layer.clone());
+        let (addr, stop, server) = serve("127.0.0.1:0", app).await;
+        for key in ["k1", "k2", "k3", "k4", "k5", "k6"] {
+            let got = fetch(addr, "GET", "/", &[("x-api-key", key)]).await;
+            assert_eq!(got.status, StatusCode::OK);
+        }
+        drop(stop);
+        server.await.unwrap();
+        counted.push(take(&snap).count("ratewall_http_evictions_total", &[("rule", "api")]));
+    }
+    assert!(counted[0] >= 1, "{counted:?}");
+    assert_eq!(counted[0], counted[1], "with headers, without");
 }
 
 /// Concurrency rules (issue 30): an adaptive rule's current maximum as
