@@ -19,7 +19,7 @@
 //!   - key: remote_address
 //!     rate_limit: { unit: second, requests_per_unit: 2 }
 //!   - key: api_key
-//!     rate_limit: { policy: "100/min burst 5 sliding-window" }
+//!     rate_limit: { policy: "100/min sliding-window" }
 //! "#;
 //! let service = Service::new(
 //!     Config::from_sources(&[("edge.yaml".into(), yaml.into())])?,

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use ratewall::redis::{FailurePolicy, RedisBackend};
+use ratewall_server::config::LoadOptions;
 use ratewall_server::{ServerBuilder, ServiceOptions};
 
 /// An Envoy rate limit service (gRPC ShouldRateLimit) on ratewall, reading
@@ -50,6 +51,19 @@ struct Flags {
     /// without a Redis call (0: none).
     #[arg(long, env = "RATEWALL_REDIS_DENY_CACHE", default_value_t = 10_000)]
     redis_deny_cache: usize,
+    /// Files naming the same domain add to it instead of being an error
+    /// (envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG).
+    #[arg(long, env = "RATEWALL_MERGE_DOMAINS")]
+    merge_domains: bool,
+    /// Skip files and directories whose name starts with `.` (set it for a
+    /// Kubernetes ConfigMap mount, whose `..data` copies would otherwise
+    /// repeat every domain; envoyproxy/ratelimit's RUNTIME_IGNOREDOTFILES).
+    #[arg(long, env = "RATEWALL_IGNORE_DOT_FILES")]
+    ignore_dot_files: bool,
+    /// On SIGTERM, how long calls in flight may take to finish before the
+    /// connections still open are closed, in milliseconds.
+    #[arg(long, env = "RATEWALL_DRAIN_MS", default_value_t = 10_000)]
+    drain_ms: u64,
     /// Answer OK without limiting (a benchmark's floor: the transport alone).
     #[arg(long, hide = true)]
     answer_ok_without_limiting: bool,
@@ -90,6 +104,11 @@ async fn main() -> ExitCode {
         .http_addr(flags.http_addr)
         .reload_every(Duration::from_millis(flags.reload_ms))
         .options(options)
+        .load_options(
+            LoadOptions::default()
+                .merge_domains(flags.merge_domains)
+                .ignore_dot_files(flags.ignore_dot_files),
+        )
         .start()
         .await;
     let server = match server {
@@ -107,7 +126,7 @@ async fn main() -> ExitCode {
     );
     wait_for_signal().await;
     tracing::info!("stopping: draining calls in flight");
-    server.shutdown().await;
+    server.shutdown(Duration::from_millis(flags.drain_ms)).await;
     ExitCode::SUCCESS
 }
 

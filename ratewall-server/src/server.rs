@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -23,7 +23,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::config::{Config, ConfigError};
+use crate::config::{Config, ConfigError, LoadOptions};
 use crate::json;
 use crate::service::{RequestError, Service, ServiceOptions};
 use crate::stats::{self, Answer, CallStats, Transport};
@@ -70,7 +70,7 @@ impl std::error::Error for StartError {}
 ///     .start()
 ///     .await?;
 /// println!("gRPC on {}", server.grpc_addr());
-/// server.shutdown().await; // drains the calls in flight
+/// server.shutdown(std::time::Duration::from_secs(10)).await; // drains the calls in flight
 /// # Ok(())
 /// # }
 /// ```
@@ -80,6 +80,7 @@ pub struct ServerBuilder {
     grpc_addr: SocketAddr,
     http_addr: SocketAddr,
     options: ServiceOptions,
+    load_options: LoadOptions,
     poll: Duration,
 }
 
@@ -92,6 +93,7 @@ impl ServerBuilder {
             grpc_addr: SocketAddr::from(([0, 0, 0, 0], 8081)),
             http_addr: SocketAddr::from(([0, 0, 0, 0], 8080)),
             options: ServiceOptions::default(),
+            load_options: LoadOptions::default(),
             poll: Duration::from_secs(2),
         }
     }
@@ -118,6 +120,14 @@ impl ServerBuilder {
         self
     }
 
+    /// How the configuration directory is read (domains merged across
+    /// files, dot files skipped).
+    #[must_use]
+    pub fn load_options(mut self, options: LoadOptions) -> Self {
+        self.load_options = options;
+        self
+    }
+
     /// How often the configuration directory is checked for changes (2 s
     /// by default).
     #[must_use]
@@ -128,7 +138,8 @@ impl ServerBuilder {
 
     /// Loads the configuration, binds both addresses and starts serving.
     pub async fn start(self) -> Result<RunningServer, StartError> {
-        let (fingerprint, config) = load(&self.config_dir).map_err(StartError::Config)?;
+        let (fingerprint, config) = load(&self.config_dir, &self.load_options);
+        let config = config.map_err(StartError::Config)?;
         let service = Arc::new(Service::new(config, self.options).map_err(StartError::Limit)?);
         let calls = Arc::new(CallStats::default());
         let bind = |addr| async move {
@@ -187,6 +198,7 @@ impl ServerBuilder {
         });
         let reload_task = tokio::spawn(poll_config(
             self.config_dir.clone(),
+            self.load_options.clone(),
             fingerprint,
             self.poll,
             Arc::clone(&service),
@@ -237,18 +249,30 @@ impl RunningServer {
     }
 
     /// Stops taking new connections, lets the calls in flight finish, and
-    /// returns when both listeners are closed. gRPC health and
+    /// returns when both listeners are closed, or after `drain` at most
+    /// (connections still open then are dropped: a client that does not
+    /// answer the server's GOAWAY cannot hold it). gRPC health and
     /// `/healthcheck` answer "not serving" from the start of the drain.
-    pub async fn shutdown(self) {
+    pub async fn shutdown(self, drain: Duration) {
         self.health
             .set_not_serving::<RateLimitServiceServer<Grpc>>()
             .await;
         let _ = self.stop.send(true);
-        if let Ok(Err(e)) = self.grpc_task.await {
-            tracing::warn!(error = %e, "gRPC server ended with an error");
-        }
-        if let Ok(Err(e)) = self.http_task.await {
-            tracing::warn!(error = %e, "HTTP server ended with an error");
+        let (grpc_abort, http_abort) =
+            (self.grpc_task.abort_handle(), self.http_task.abort_handle());
+        let drained = tokio::time::timeout(drain, async {
+            if let Ok(Err(e)) = self.grpc_task.await {
+                tracing::warn!(error = %e, "gRPC server ended with an error");
+            }
+            if let Ok(Err(e)) = self.http_task.await {
+                tracing::warn!(error = %e, "HTTP server ended with an error");
+            }
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!(?drain, "connections still open after the drain: closed");
+            grpc_abort.abort();
+            http_abort.abort();
         }
         let _ = self.reload_task.await;
         tracing::info!("ratewall-server stopped");
@@ -349,37 +373,36 @@ async fn metrics(State(http): State<Http>) -> Response {
         .into_response()
 }
 
-/// What the directory's YAML files were when last read: names, sizes and
-/// modification times.
-type Fingerprint = Vec<(PathBuf, u64, Option<SystemTime>)>;
+/// What the configuration files held when last read (a hash of every
+/// path and text): a reload happens when it changes, and a file that stays
+/// broken is reported once.
+type Fingerprint = u64;
 
-fn fingerprint(dir: &Path) -> Fingerprint {
-    let mut files: Fingerprint = std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| {
-            let m = e.metadata().ok()?;
-            Some((e.path(), m.len(), m.modified().ok()))
-        })
-        .collect();
-    files.sort();
-    files
+fn fingerprint(files: &[(String, String)]) -> Fingerprint {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    files.hash(&mut h);
+    h.finish()
 }
 
-fn load(dir: &Path) -> Result<(Fingerprint, Config), ConfigError> {
-    // The fingerprint before the read: a change during the read is seen
-    // by the next poll.
-    let before = fingerprint(dir);
-    Config::load_dir(dir).map(|c| (before, c))
+/// Reads the directory: its fingerprint, and the configuration it holds.
+fn load(dir: &Path, options: &LoadOptions) -> (Option<Fingerprint>, Result<Config, ConfigError>) {
+    match Config::read_dir(dir, options) {
+        Ok(files) => (
+            Some(fingerprint(&files)),
+            Config::from_sources_with(&files, options),
+        ),
+        Err(e) => (None, Err(e)),
+    }
 }
 
-/// Re-reads the directory when its fingerprint changes: a configuration
-/// that loads replaces the serving one in one step; one that does not is
-/// logged once and the old one keeps serving.
+/// Re-reads the directory every `every`: a configuration that changed
+/// and loads replaces the serving one in one step; one that does not load
+/// is logged once (until it changes again) and the old one keeps serving.
 async fn poll_config(
     dir: PathBuf,
-    mut seen: Fingerprint,
+    options: LoadOptions,
+    mut seen: Option<Fingerprint>,
     every: Duration,
     service: Arc<Service>,
     calls: Arc<CallStats>,
@@ -390,35 +413,34 @@ async fn poll_config(
             _ = tokio::time::sleep(every) => {}
             _ = stop.wait_for(|s| *s) => return,
         }
-        let now = fingerprint(&dir);
-        if now == seen {
+        let read = {
+            let (dir, options) = (dir.clone(), options.clone());
+            tokio::task::spawn_blocking(move || load(&dir, &options)).await
+        };
+        let Ok((at, loaded)) = read else { continue };
+        if at.is_some() && at == seen {
             continue;
         }
-        seen = now;
-        let loaded = {
-            let dir = dir.clone();
-            tokio::task::spawn_blocking(move || load(&dir)).await
+        // A directory that cannot be read is retried without a second
+        // report until it reads.
+        let report = at.is_some() || seen.is_some();
+        seen = at;
+        let failed = |e: &dyn std::fmt::Display| {
+            // Relaxed: a statistic.
+            calls.reload_errors.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(error = %e, "configuration not reloaded; the previous configuration keeps serving");
         };
         match loaded {
-            Ok(Ok((at, config))) => {
-                seen = at;
-                match service.replace_config(config) {
-                    Ok(()) => {
-                        calls.reloads.fetch_add(1, Ordering::Relaxed);
-                        tracing::info!(config_dir = %dir.display(), "configuration reloaded");
-                    }
-                    Err(e) => {
-                        calls.reload_errors.fetch_add(1, Ordering::Relaxed);
-                        tracing::error!(error = %e, "configuration not reloaded: a limit cannot be built; the previous configuration keeps serving");
-                    }
+            Ok(config) => match service.replace_config(config) {
+                Ok(()) => {
+                    // Relaxed: a statistic.
+                    calls.reloads.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(config_dir = %dir.display(), "configuration reloaded");
                 }
-            }
-            Ok(Err(e)) => {
-                // Relaxed: a statistic.
-                calls.reload_errors.fetch_add(1, Ordering::Relaxed);
-                tracing::error!(error = %e, "configuration not reloaded; the previous configuration keeps serving");
-            }
-            Err(e) => tracing::error!(error = %e, "configuration reload task failed"),
+                Err(e) => failed(&e),
+            },
+            Err(e) if report => failed(&e),
+            Err(_) => {}
         }
     }
 }

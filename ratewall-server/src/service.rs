@@ -231,7 +231,8 @@ pub(crate) struct LimitState {
 impl LimitState {
     fn build(def: Arc<LimitDef>, options: &ServiceOptions) -> Result<LimitState, LimitError> {
         let limiter = match &def.kind {
-            LimitKind::Unlimited => None,
+            // Nothing to count: always OK, or (`requests_per_unit: 0`) always over.
+            LimitKind::Unlimited | LimitKind::Blocked { .. } => None,
             LimitKind::Limited { policy, .. } => Some(Arc::new(match &options.store {
                 Store::Memory => Counter::Memory(
                     KeyedPolicyLimiter::builder(*policy)
@@ -547,10 +548,14 @@ impl Service {
             };
             let hits = request_hits(request, i);
             let Some(counter) = state.limiter.clone() else {
-                statuses[i] = DescriptorStatus {
-                    code: Code::Ok as i32,
-                    limit_remaining: u32::MAX,
-                    ..DescriptorStatus::default()
+                statuses[i] = if let LimitKind::Blocked { .. } = state.def.kind {
+                    finish(&state, Taken::Blocked, hits)
+                } else {
+                    DescriptorStatus {
+                        code: Code::Ok as i32,
+                        limit_remaining: u32::MAX,
+                        ..DescriptorStatus::default()
+                    }
                 };
                 continue;
             };
@@ -637,6 +642,8 @@ enum Taken {
     Checked(Result<Decision, InsufficientCapacity>),
     /// Nothing was taken (0 hits, or a refund): what is left.
     Looked(Decision),
+    /// A limit of 0 (`requests_per_unit: 0`): every hit is over.
+    Blocked,
 }
 
 impl Op {
@@ -676,7 +683,8 @@ fn finish(state: &LimitState, taken: Taken, hits: u64) -> DescriptorStatus {
             unit,
             ..
         } => (*requests_per_unit, *unit),
-        LimitKind::Unlimited => (0, Unit::Unknown),
+        LimitKind::Blocked { unit } => (0, *unit),
+        _ => (0, Unit::Unknown),
     };
     let current_limit = Some(PbLimit {
         name: state.def.name.clone().unwrap_or_default(),
@@ -684,11 +692,6 @@ fn finish(state: &LimitState, taken: Taken, hits: u64) -> DescriptorStatus {
         unit: pb_unit(unit) as i32,
     });
     let stats = &state.stats;
-    let checked = match taken {
-        Taken::Looked(d) => return status(Code::Ok, current_limit, &d, true),
-        Taken::Checked(c) => c,
-    };
-    add(&stats.total_hits, hits);
     let over = |stats: &LimitStats| {
         add(&stats.over_limit, hits);
         if state.def.shadow_mode {
@@ -696,6 +699,22 @@ fn finish(state: &LimitState, taken: Taken, hits: u64) -> DescriptorStatus {
             Code::Ok
         } else {
             Code::OverLimit
+        }
+    };
+    add(&stats.total_hits, hits);
+    let checked = match taken {
+        Taken::Looked(d) => return status(Code::Ok, current_limit, &d, true),
+        Taken::Checked(c) => c,
+        Taken::Blocked => {
+            // As envoyproxy/ratelimit answers a limit of 0: over, until
+            // the end of the unit's current window (of wall-clock time).
+            let code = over(stats);
+            return DescriptorStatus {
+                code: code as i32,
+                current_limit,
+                duration_until_reset: unit.length().map(|len| pb_duration(until_window_end(len))),
+                ..DescriptorStatus::default()
+            };
         }
     };
     match checked {
@@ -741,6 +760,15 @@ fn status(
         duration_until_reset: Some(pb_duration(reset)),
         ..DescriptorStatus::default()
     }
+}
+
+/// The time left in the current `len`-long window of Unix time.
+fn until_window_end(len: Duration) -> Duration {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let len_ns = len.as_nanos().max(1);
+    Duration::from_nanos((len_ns - now.as_nanos() % len_ns) as u64)
 }
 
 fn pb_duration(d: Duration) -> PbDuration {

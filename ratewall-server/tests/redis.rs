@@ -48,7 +48,7 @@ async fn admitted_by(replicas: &[&Server], descriptor: (&str, &str), calls: usiz
 #[tokio::test]
 async fn two_replicas_on_one_redis_admit_exactly_the_limit_together() {
     let redis = RedisServer::start();
-    let dir = ConfigDir::new(&[("shared.yaml", &config("40/min burst 40 sliding-window"))]);
+    let dir = ConfigDir::new(&[("shared.yaml", &config("40/min sliding-window"))]);
     let flags = ["--redis-url", &redis.url()];
     let a = Server::start(&dir.path, &flags);
     let b = Server::start(&dir.path, &flags);

@@ -189,13 +189,41 @@ async fn json_health_and_a_drain_on_sigterm() {
         tonic_health::pb::health_check_response::ServingStatus::Serving as i32
     );
 
-    let status = server.terminate(Duration::from_secs(10));
+    let status = server.terminate(Duration::from_secs(10)).await;
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "{status:?}\n{}",
+        server.log.lock().unwrap().join("\n")
+    );
+}
+
+/// A client that never answers the server's GOAWAY (its runtime is
+/// blocked) cannot hold the exit past the drain time.
+#[tokio::test]
+async fn a_client_that_never_answers_cannot_hold_the_exit_past_the_drain() {
+    let dir = ConfigDir::new(&[("config.yaml", CONFIG)]);
+    let mut server = Server::start(&dir.path, &["--drain-ms", "300"]);
+    let mut c = server.client().await;
+    assert_eq!(
+        call(&mut c, request("test", &[&[("user", "u")]], 1))
+            .await
+            .overall_code,
+        OK
+    );
+    let start = std::time::Instant::now();
+    let status = server.terminate_blocking(Duration::from_secs(20));
     assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
+    drop(c);
 }
 
 #[tokio::test]
 async fn thirty_two_concurrent_callers_are_admitted_exactly() {
-    let yaml = "domain: load\ndescriptors:\n  - key: tenant\n    rate_limit:\n      policy: \"100/min burst 100 fixed-window\"\n";
+    let yaml = "domain: load\ndescriptors:\n  - key: tenant\n    rate_limit:\n      policy: \"100/min fixed-window\"\n";
     let dir = ConfigDir::new(&[("load.yaml", yaml)]);
     let server = Server::start(&dir.path, &[]);
     let mut tasks = Vec::new();

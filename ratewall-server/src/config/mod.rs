@@ -414,6 +414,24 @@ impl Config {
 
     /// [`Config::load_dir`] with options.
     pub fn load_dir_with(dir: &Path, options: &LoadOptions) -> Result<Config, ConfigError> {
+        Config::from_sources_with(&Config::read_dir(dir, options)?, options)
+    }
+
+    /// The `(path, text)` of every file [`Config::load_dir_with`] reads,
+    /// in path order: what a reload compares to decide whether anything
+    /// changed, and then loads with [`Config::from_sources_with`].
+    ///
+    /// ```no_run
+    /// # use ratewall_server::config::{Config, LoadOptions};
+    /// let options = LoadOptions::default();
+    /// let files = Config::read_dir(std::path::Path::new("config"), &options)?;
+    /// let config = Config::from_sources_with(&files, &options)?;
+    /// # Ok::<(), ratewall_server::config::ConfigError>(())
+    /// ```
+    pub fn read_dir(
+        dir: &Path,
+        options: &LoadOptions,
+    ) -> Result<Vec<(String, String)>, ConfigError> {
         let mut paths = Vec::new();
         collect_files(dir, options, &mut paths)?;
         paths.sort();
@@ -430,7 +448,7 @@ impl Config {
             })?;
             files.push((name, text));
         }
-        Config::from_sources_with(&files, options)
+        Ok(files)
     }
 
     /// Loads `(file name, text)` pairs, in order.

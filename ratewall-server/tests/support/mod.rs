@@ -45,10 +45,11 @@ impl ConfigDir {
         dir
     }
 
-    /// Writes a file whole: into a temporary name, then renamed, as a
-    /// deployment (or a Kubernetes ConfigMap) replaces it.
+    /// Writes a file whole: into a temporary file beside the directory (the
+    /// server reads every file in it), then renamed in, as a deployment
+    /// replaces it.
     pub fn write(&self, name: &str, text: &str) {
-        let tmp = self.path.join(format!(".{name}.tmp"));
+        let tmp = self.path.with_extension(format!("{name}.tmp"));
         std::fs::write(&tmp, text).unwrap();
         std::fs::rename(&tmp, self.path.join(name)).unwrap();
     }
@@ -100,7 +101,10 @@ impl Server {
                 "100",
             ])
             .args(flags)
-            .env("RATEWALL_LOG", "warn")
+            .env(
+                "RATEWALL_LOG",
+                std::env::var("TEST_SERVER_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -168,8 +172,28 @@ impl Server {
             .unwrap()
     }
 
-    /// Sends SIGTERM and waits (at most `within`) for the exit status.
-    pub fn terminate(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+    /// Sends SIGTERM and waits (at most `within`) for the exit status,
+    /// leaving the test's runtime free to run its clients meanwhile.
+    pub async fn terminate(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        None
+    }
+}
+
+impl Server {
+    /// Sends SIGTERM and waits (at most `within`) for the exit status,
+    /// blocking this thread: a client on this thread's runtime cannot
+    /// answer the server meanwhile.
+    pub fn terminate_blocking(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
         let _ = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status();
