@@ -138,6 +138,8 @@ impl ServerBuilder {
 
     /// Loads the configuration, binds both addresses and starts serving.
     pub async fn start(self) -> Result<RunningServer, StartError> {
+        // Before any limit is built: the library registers its handles then.
+        let _ = stats::library_metrics();
         let (fingerprint, config) = load(&self.config_dir, &self.load_options);
         let config = config.map_err(StartError::Config)?;
         let service = Arc::new(Service::new(config, self.options).map_err(StartError::Limit)?);

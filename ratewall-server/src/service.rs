@@ -207,15 +207,62 @@ impl std::fmt::Display for LimitError {
 
 impl std::error::Error for LimitError {}
 
-/// A limit's name in Redis: short, stable across replicas and restarts,
-/// and different whenever the limit's definition is (FNV-1a of its id).
-fn redis_name(id: &str) -> String {
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    fn defs(yaml: &str) -> Vec<Arc<LimitDef>> {
+        Config::from_sources(&[("t.yaml".into(), yaml.into())])
+            .unwrap()
+            .limits()
+    }
+
+    #[test]
+    fn redis_names_are_readable_valid_and_follow_the_definition() {
+        let long = "k".repeat(100);
+        let yaml = |rpu: u32| {
+            format!("domain: d\ndescriptors:\n  - key: \"a:b {{c}}\"\n    rate_limit: {{ unit: minute, requests_per_unit: {rpu} }}\n  - key: {long}\n    rate_limit: {{ unit: minute, requests_per_unit: 1 }}\n")
+        };
+        let (a, b) = (defs(&yaml(5)), defs(&yaml(6)));
+        for d in a.iter().chain(&b) {
+            let n = redis_name(d);
+            assert!(n.len() <= 64, "{n}");
+            assert!(!n.contains([' ', ':', '{', '}']), "{n}");
+        }
+        assert_eq!(redis_name(&a[0]), redis_name(&defs(&yaml(5))[0]), "stable");
+        assert!(
+            redis_name(&a[0]).starts_with("d.a_b__c_~"),
+            "{}",
+            redis_name(&a[0])
+        );
+        assert_ne!(redis_name(&a[0]), redis_name(&b[0]), "a changed limit");
+        assert_eq!(redis_name(&a[1]), redis_name(&b[1]), "an unchanged one");
+    }
+}
+
+/// A limit's name in Redis, in its keys, store events and metrics: its
+/// stats key, readable (bytes Redis names refuse become `_`, at most 47 of
+/// them), then `~` and a hash of its definition (FNV-1a of its id), so the
+/// same on every replica and across restarts, and different whenever the
+/// limit's counting changes (a changed limit starts on fresh keys).
+fn redis_name(def: &LimitDef) -> String {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in id.bytes() {
+    for b in def.id.bytes() {
         h ^= u64::from(b);
         h = h.wrapping_mul(0x0100_0000_01b3);
     }
-    format!("rl{h:016x}")
+    let readable: String = def
+        .full_key
+        .bytes()
+        .take(47)
+        .map(|b| match b {
+            b' ' | b':' | b'{' | b'}' => '_',
+            b if b.is_ascii_graphic() => char::from(b),
+            _ => '_',
+        })
+        .collect();
+    format!("{readable}~{h:016x}")
 }
 
 /// One limit's counters and stats; kept across a reload while the limit
@@ -250,7 +297,7 @@ impl LimitState {
                     deny_cache,
                 } => {
                     let mut b = RedisLimiter::builder(*policy, backend)
-                        .name(redis_name(&def.id))
+                        .name(redis_name(&def))
                         .on_failure(*on_failure);
                     if *deny_cache > 0 {
                         b = b.deny_cache(*deny_cache);

@@ -10,7 +10,27 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use std::sync::OnceLock;
+
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
 use crate::service::{LimitState, Service};
+
+/// The process's recorder of the library's own metrics (Redis calls and
+/// their latency, failovers, the breaker, the deny cache): installed once,
+/// as the `metrics` facade's global recorder, by the first server started.
+/// `None` when another recorder was installed first (an embedding program
+/// with its own exporter: those metrics go there).
+pub(crate) fn library_metrics() -> Option<&'static PrometheusHandle> {
+    static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let recorder = PrometheusBuilder::new().build_recorder();
+            let handle = recorder.handle();
+            metrics::set_global_recorder(recorder).ok().map(|()| handle)
+        })
+        .as_ref()
+}
 
 /// Upper bounds of the call latency histogram, in seconds.
 const BUCKETS: [f64; 12] = [
@@ -174,5 +194,9 @@ pub(crate) fn render(service: &Service, calls: &CallStats) -> String {
         read(&calls.reloads),
         read(&calls.reload_errors)
     );
+    if let Some(library) = library_metrics() {
+        library.run_upkeep();
+        out.push_str(&library.render());
+    }
     out
 }
