@@ -38,10 +38,12 @@
 //! server in-process.
 
 pub mod config;
+mod headers;
 mod json;
 mod server;
 mod service;
 mod stats;
 
+pub use headers::ResponseHeaders;
 pub use server::{RunningServer, ServerBuilder, StartError};
 pub use service::{LimitError, RequestError, Service, ServiceOptions};

@@ -9,7 +9,7 @@ use std::time::Duration;
 use clap::Parser;
 use ratewall::redis::{FailurePolicy, RedisBackend};
 use ratewall_server::config::LoadOptions;
-use ratewall_server::{ServerBuilder, ServiceOptions};
+use ratewall_server::{ResponseHeaders, ServerBuilder, ServiceOptions};
 
 /// An Envoy rate limit service (gRPC ShouldRateLimit) on ratewall, reading
 /// envoyproxy/ratelimit's YAML configuration.
@@ -33,6 +33,12 @@ struct Flags {
     /// Answer OK to every call whatever the limits say (they still count).
     #[arg(long, env = "RATEWALL_SHADOW_MODE")]
     shadow_mode: bool,
+    /// Rate-limit fields for Envoy to add to its response: `off`, `draft03`
+    /// (envoyproxy/ratelimit's RateLimit-Limit/-Remaining/-Reset of the
+    /// most constrained descriptor) or `ietf` (RateLimit and
+    /// RateLimit-Policy, one item per counted descriptor).
+    #[arg(long, env = "RATEWALL_RESPONSE_HEADERS", default_value = "off", value_parser = ["off", "draft03", "ietf"])]
+    response_headers: String,
     /// Count in Redis, shared by every replica: `redis://host:6379` (or
     /// `rediss://` for TLS); several URLs separated by commas name the nodes
     /// of a Redis Cluster. Without it, limits count in memory.
@@ -84,10 +90,16 @@ async fn main() -> ExitCode {
         .with_ansi(false)
         .init();
     let flags = Flags::parse();
+    let stop = stop_signal();
     let mut options = ServiceOptions::default()
         .max_keys_per_limit(flags.max_keys_per_limit)
         .global_shadow_mode(flags.shadow_mode)
-        .answer_ok_without_limiting(flags.answer_ok_without_limiting);
+        .answer_ok_without_limiting(flags.answer_ok_without_limiting)
+        .response_headers(match flags.response_headers.as_str() {
+            "draft03" => ResponseHeaders::Draft03,
+            "ietf" => ResponseHeaders::Ietf,
+            _ => ResponseHeaders::Off,
+        });
     if let Some(url) = &flags.redis_url {
         match redis_options(&flags, url) {
             Ok((backend, on_failure)) => {
@@ -124,7 +136,7 @@ async fn main() -> ExitCode {
         server.grpc_addr(),
         server.http_addr()
     );
-    wait_for_signal().await;
+    stop.await;
     tracing::info!("stopping: draining calls in flight");
     server.shutdown(Duration::from_millis(flags.drain_ms)).await;
     ExitCode::SUCCESS
@@ -164,23 +176,21 @@ fn redis_options(flags: &Flags, url: &str) -> Result<(RedisBackend, FailurePolic
     Ok((backend, on_failure))
 }
 
-async fn wait_for_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
+/// SIGTERM or Ctrl-C: the handlers are installed when this is called (so
+/// before the addresses are announced), and the future waits for either.
+fn stop_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(t) => t,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return;
-                }
-            };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
+    let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    let ctrl_c = tokio::signal::ctrl_c();
+    async move {
+        #[cfg(unix)]
+        if let Some(mut term) = term {
+            tokio::select! {
+                _ = ctrl_c => {}
+                _ = term.recv() => {}
+            }
+            return;
         }
+        let _ = ctrl_c.await;
     }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
 }

@@ -19,6 +19,7 @@ use ratewall::redis::{FailurePolicy, RedisBackend, RedisError, RedisLimiter};
 use ratewall::{Decision, InsufficientCapacity, KeyedPolicyLimiter, WhenFull};
 
 use crate::config::{apply_replaces, Config, Found, LimitDef, LimitKind, Unit};
+use crate::headers::{response_headers, ResponseHeaders, Shown};
 
 /// The share of a limit above which an admitted hit counts as near the
 /// limit (envoyproxy/ratelimit's `NEAR_LIMIT_RATIO` default).
@@ -39,6 +40,7 @@ pub struct ServiceOptions {
     global_shadow_mode: bool,
     floor: bool,
     store: Store,
+    response_headers: ResponseHeaders,
 }
 
 /// Where limits count.
@@ -62,6 +64,7 @@ impl Default for ServiceOptions {
             global_shadow_mode: false,
             floor: false,
             store: Store::Memory,
+            response_headers: ResponseHeaders::Off,
         }
     }
 }
@@ -140,6 +143,20 @@ impl ServiceOptions {
             on_failure,
             deny_cache,
         };
+        self
+    }
+
+    /// The rate-limit fields the answer asks Envoy to add to its response
+    /// (`response_headers_to_add`): none by default.
+    ///
+    /// ```
+    /// use ratewall_server::{ResponseHeaders, ServiceOptions};
+    /// let options = ServiceOptions::default().response_headers(ResponseHeaders::Draft03);
+    /// # let _ = options;
+    /// ```
+    #[must_use]
+    pub fn response_headers(mut self, mode: ResponseHeaders) -> Self {
+        self.response_headers = mode;
         self
     }
 
@@ -586,6 +603,9 @@ impl Service {
         };
         let mut statuses = vec![ok; found.len()];
         let mut remote = Vec::new();
+        // The counted descriptors' decisions, for the IETF fields.
+        let ietf = self.options.response_headers == ResponseHeaders::Ietf;
+        let mut shown: Vec<(Arc<LimitState>, Decision)> = Vec::new();
         for (i, (d, f)) in request.descriptors.iter().zip(&found).enumerate() {
             // `d`: the descriptor as sent; `f`: its limit, if any.
             let Some(f) = f else { continue };
@@ -614,6 +634,9 @@ impl Service {
                 Counter::Memory(l) => {
                     let taken = op.on_memory(l, &f.counter_key);
                     statuses[i] = finish(&state, taken, hits);
+                    if ietf {
+                        shown.extend(taken.decision().map(|d| (Arc::clone(&state), d)));
+                    }
                 }
                 Counter::Redis(_) => remote.push((i, state, counter, f.counter_key.clone(), op)),
             }
@@ -631,6 +654,9 @@ impl Service {
                     cause: e.to_string(),
                 })?;
                 statuses[*i] = finish(state, taken, request_hits(request, *i));
+                if ietf {
+                    shown.extend(taken.decision().map(|d| (Arc::clone(state), d)));
+                }
             }
         }
         let over = statuses.iter().any(|s| s.code == Code::OverLimit as i32);
@@ -639,9 +665,23 @@ impl Service {
         } else {
             Code::Ok
         };
+        let items: Vec<Shown<'_>> = shown
+            .iter()
+            .filter_map(|(state, decision)| match &state.def.kind {
+                LimitKind::Limited { policy, .. } => Some(Shown {
+                    name: state.def.name.as_deref().unwrap_or(&state.def.full_key),
+                    policy: *policy,
+                    decision: *decision,
+                }),
+                _ => None,
+            })
+            .collect();
+        let response_headers_to_add =
+            response_headers(self.options.response_headers, &items, &statuses);
         Ok(RateLimitResponse {
             overall_code: overall as i32,
             statuses,
+            response_headers_to_add,
             ..RateLimitResponse::default()
         })
     }
@@ -691,6 +731,16 @@ enum Taken {
     Looked(Decision),
     /// A limit of 0 (`requests_per_unit: 0`): every hit is over.
     Blocked,
+}
+
+impl Taken {
+    /// The decision, when the counter gave one.
+    fn decision(self) -> Option<Decision> {
+        match self {
+            Taken::Checked(Ok(d)) | Taken::Looked(d) => Some(d),
+            _ => None,
+        }
+    }
 }
 
 impl Op {

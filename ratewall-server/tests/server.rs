@@ -133,6 +133,46 @@ async fn grpc_answers_as_envoyproxy_ratelimit_does() {
 }
 
 #[tokio::test]
+async fn response_headers_are_added_when_asked_for() {
+    let dir = ConfigDir::new(&[("config.yaml", CONFIG)]);
+    let headers = |r: &envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse| {
+        r.response_headers_to_add
+            .iter()
+            .map(|h| (h.key.clone(), h.value.clone()))
+            .collect::<Vec<_>>()
+    };
+    let both = || request("test", &[&[("user", "h")], &[("api_key", "h")]], 1);
+
+    let off = Server::start(&dir.path, &[]);
+    let r = call(&mut off.client().await, both()).await;
+    assert!(headers(&r).is_empty(), "{:?}", headers(&r));
+
+    let ietf = Server::start(&dir.path, &["--response-headers", "ietf"]);
+    let r = call(&mut ietf.client().await, both()).await;
+    assert_eq!(
+        headers(&r),
+        [
+            (
+                "RateLimit-Policy".to_owned(),
+                "\"test.user\";q=3;w=60, \"keys\";q=5;w=60".to_owned()
+            ),
+            (
+                "RateLimit".to_owned(),
+                "\"test.user\";r=2;t=60, \"keys\";r=4;t=12".to_owned()
+            ),
+        ]
+    );
+
+    let draft = Server::start(&dir.path, &["--response-headers", "draft03"]);
+    let mut c = draft.client().await;
+    let r = call(&mut c, both()).await;
+    let h = headers(&r);
+    assert_eq!(h[0], ("RateLimit-Limit".to_owned(), "3".to_owned()));
+    assert_eq!(h[1], ("RateLimit-Remaining".to_owned(), "2".to_owned()));
+    assert_eq!(h[2].0, "RateLimit-Reset");
+}
+
+#[tokio::test]
 async fn json_health_and_a_drain_on_sigterm() {
     let dir = ConfigDir::new(&[("config.yaml", CONFIG)]);
     let mut server = Server::start(&dir.path, &[]);
