@@ -932,7 +932,8 @@ async fn a_rule_that_counts_refused_requests_meets_a_client_hammering_a_shedding
 
 /// `count_refused` where the refusing rule comes first (the check stops
 /// there, and the counting rule is charged all the same) and where it comes
-/// after the counting rule (nothing given back to it); a concurrency rule
+/// after the counting rule (nothing given back to it); a rule that does not
+/// count them is not charged; a concurrency rule
 /// cannot count refused requests (its permit would be held by nobody).
 #[tokio::test]
 async fn count_refused_charges_the_rule_in_either_order_and_only_rate_rules_take_it() {
@@ -946,7 +947,14 @@ async fn count_refused_charges_the_rule_in_either_order_and_only_rate_rules_take
         } else {
             (strict, counting)
         };
-        let layer = RateLimitLayer::builder().rule(a).rule(b).build().unwrap();
+        // A rule that does not count refused requests is not charged for them.
+        let plain = Rule::per_ip("plain", Policy::token_bucket(Rate::per_hour(100)));
+        let layer = RateLimitLayer::builder()
+            .rule(a)
+            .rule(b)
+            .rule(plain)
+            .build()
+            .unwrap();
         let svc = raw_service(&layer);
         let mut seen = Vec::new();
         for _ in 0..5 {
@@ -966,6 +974,11 @@ async fn count_refused_charges_the_rule_in_either_order_and_only_rate_rules_take
         let ratelimit = res.headers()["ratelimit"].to_str().unwrap().to_owned();
         assert!(
             ratelimit.contains("\"counting\";r=94"),
+            "counting first {counting_first}: {ratelimit}"
+        );
+        // The plain rule: the admitted request and this one.
+        assert!(
+            ratelimit.contains("\"plain\";r=98"),
             "counting first {counting_first}: {ratelimit}"
         );
     }
