@@ -43,7 +43,10 @@ mod json;
 mod server;
 mod service;
 mod stats;
+mod store;
+mod together;
 
 pub use headers::ResponseHeaders;
 pub use server::{RunningServer, ServerBuilder, StartError};
-pub use service::{LimitError, RequestError, Service, ServiceOptions};
+pub use service::{RequestError, Service, ServiceOptions};
+pub use store::LimitError;

@@ -33,6 +33,11 @@ struct Flags {
     /// Answer OK to every call whatever the limits say (they still count).
     #[arg(long, env = "RATEWALL_SHADOW_MODE")]
     shadow_mode: bool,
+    /// All or nothing across a request's descriptors: a request refused by
+    /// one limit takes nothing from the others (envoyproxy/ratelimit
+    /// counts each on its own).
+    #[arg(long, env = "RATEWALL_ALL_OR_NOTHING")]
+    all_or_nothing: bool,
     /// Rate-limit fields for Envoy to add to its response: `off`, `draft03`
     /// (envoyproxy/ratelimit's RateLimit-Limit/-Remaining/-Reset of the
     /// most constrained descriptor) or `ietf` (RateLimit and
@@ -95,6 +100,7 @@ async fn main() -> ExitCode {
         .max_keys_per_limit(flags.max_keys_per_limit)
         .global_shadow_mode(flags.shadow_mode)
         .answer_ok_without_limiting(flags.answer_ok_without_limiting)
+        .all_or_nothing(flags.all_or_nothing)
         .response_headers(match flags.response_headers.as_str() {
             "draft03" => ResponseHeaders::Draft03,
             "ietf" => ResponseHeaders::Ietf,

@@ -36,7 +36,7 @@ pub enum StartError {
     Config(ConfigError),
     /// A limit cannot be built (a policy outside ratewall's bounds, or one
     /// Redis cannot run).
-    Limit(crate::service::LimitError),
+    Limit(crate::store::LimitError),
     /// An address cannot be bound.
     Bind {
         /// The address.

@@ -3,27 +3,21 @@
 //! limit's table, and the answer built as envoyproxy/ratelimit builds it.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
-    rate_limit::Unit as PbUnit, Code, DescriptorStatus, RateLimit as PbLimit,
-};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use envoy_types::pb::google::protobuf::Duration as PbDuration;
-use ratewall::redis::{FailurePolicy, RedisBackend, RedisError, RedisLimiter};
-use ratewall::{Decision, InsufficientCapacity, KeyedPolicyLimiter, WhenFull};
+use ratewall::redis::{FailurePolicy, RedisBackend};
+use ratewall::Decision;
 
-use crate::config::{apply_replaces, Config, Found, LimitDef, LimitKind, Unit};
+use crate::config::{apply_replaces, Config, Found, LimitDef, LimitKind};
 use crate::headers::{response_headers, ResponseHeaders, Shown};
-
-/// The share of a limit above which an admitted hit counts as near the
-/// limit (envoyproxy/ratelimit's `NEAR_LIMIT_RATIO` default).
-const NEAR_LIMIT_RATIO: f64 = 0.8;
+use crate::store::{add, finish, unit_of, Counter, LimitError, LimitState, Op, Store, Taken};
+use crate::together::{self, Joint};
 
 /// How the service counts and answers; [`Service::new`] takes it.
 ///
@@ -35,25 +29,13 @@ const NEAR_LIMIT_RATIO: f64 = 0.8;
 /// ```
 #[derive(Clone, Debug)]
 pub struct ServiceOptions {
-    max_keys: usize,
+    pub(crate) max_keys: usize,
     max_override_limits: usize,
     global_shadow_mode: bool,
     floor: bool,
-    store: Store,
+    all_or_nothing: bool,
+    pub(crate) store: Store,
     response_headers: ResponseHeaders,
-}
-
-/// Where limits count.
-#[derive(Clone, Debug)]
-enum Store {
-    /// Bounded tables in this process.
-    Memory,
-    /// Shared through Redis.
-    Redis {
-        backend: RedisBackend,
-        on_failure: FailurePolicy,
-        deny_cache: usize,
-    },
 }
 
 impl Default for ServiceOptions {
@@ -63,6 +45,7 @@ impl Default for ServiceOptions {
             max_override_limits: 1024,
             global_shadow_mode: false,
             floor: false,
+            all_or_nothing: false,
             store: Store::Memory,
             response_headers: ResponseHeaders::Off,
         }
@@ -146,6 +129,24 @@ impl ServiceOptions {
         self
     }
 
+    /// All or nothing across a request's descriptors: each enforced
+    /// descriptor's hits are taken from its limit only if every one of
+    /// them is within its limit; a refused request takes nothing from any.
+    /// Off by default: envoyproxy/ratelimit counts each descriptor on its
+    /// own, so a request refused by one limit still spends the others.
+    /// Shadow-mode limits, refunds and checks of 0 hits stay on their own.
+    ///
+    /// ```
+    /// # use ratewall_server::ServiceOptions;
+    /// let options = ServiceOptions::default().all_or_nothing(true);
+    /// # let _ = options;
+    /// ```
+    #[must_use]
+    pub fn all_or_nothing(mut self, on: bool) -> Self {
+        self.all_or_nothing = on;
+        self
+    }
+
     /// The rate-limit fields the answer asks Envoy to add to its response
     /// (`response_headers_to_add`): none by default.
     ///
@@ -166,180 +167,6 @@ impl ServiceOptions {
     pub fn global_shadow_mode(mut self, on: bool) -> Self {
         self.global_shadow_mode = on;
         self
-    }
-}
-
-/// Per-limit counts, as envoyproxy/ratelimit keeps them (in hits, the
-/// cost units).
-#[derive(Debug, Default)]
-pub(crate) struct LimitStats {
-    pub(crate) total_hits: AtomicU64,
-    pub(crate) over_limit: AtomicU64,
-    pub(crate) near_limit: AtomicU64,
-    pub(crate) within_limit: AtomicU64,
-    pub(crate) shadow_mode: AtomicU64,
-}
-
-fn add(c: &AtomicU64, n: u64) {
-    // Relaxed: a statistic, read alone; it orders nothing.
-    c.fetch_add(n, Ordering::Relaxed);
-}
-
-/// Where one limit counts.
-#[derive(Debug)]
-enum Counter {
-    Memory(KeyedPolicyLimiter<Vec<u8>>),
-    Redis(RedisLimiter),
-}
-
-/// A limit that cannot be built, and which.
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum LimitError {
-    /// The policy is outside ratewall's bounds.
-    Policy {
-        /// The limit (its stats key, `domain.key_value`).
-        limit: String,
-        /// Why.
-        error: ratewall::ConfigError,
-    },
-    /// Redis cannot run the limit (a policy its arithmetic cannot hold
-    /// exactly, or a bad setting).
-    Redis {
-        /// The limit.
-        limit: String,
-        /// Why.
-        error: RedisError,
-    },
-}
-
-impl std::fmt::Display for LimitError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            LimitError::Policy { limit, error } => write!(f, "limit `{limit}`: {error}"),
-            LimitError::Redis { limit, error } => write!(f, "limit `{limit}` on Redis: {error}"),
-        }
-    }
-}
-
-impl std::error::Error for LimitError {}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::config::Config;
-
-    fn defs(yaml: &str) -> Vec<Arc<LimitDef>> {
-        Config::from_sources(&[("t.yaml".into(), yaml.into())])
-            .unwrap()
-            .limits()
-    }
-
-    #[test]
-    fn redis_names_are_readable_valid_and_follow_the_definition() {
-        let long = "k".repeat(100);
-        let yaml = |rpu: u32| {
-            format!("domain: d\ndescriptors:\n  - key: \"a:b {{c}}\"\n    rate_limit: {{ unit: minute, requests_per_unit: {rpu} }}\n  - key: {long}\n    rate_limit: {{ unit: minute, requests_per_unit: 1 }}\n")
-        };
-        let (a, b) = (defs(&yaml(5)), defs(&yaml(6)));
-        for d in a.iter().chain(&b) {
-            let n = redis_name(d);
-            assert!(n.len() <= 64, "{n}");
-            assert!(!n.contains([' ', ':', '{', '}']), "{n}");
-        }
-        assert_eq!(redis_name(&a[0]), redis_name(&defs(&yaml(5))[0]), "stable");
-        assert!(
-            redis_name(&a[0]).starts_with("d.a_b__c_~"),
-            "{}",
-            redis_name(&a[0])
-        );
-        assert_ne!(redis_name(&a[0]), redis_name(&b[0]), "a changed limit");
-        assert_eq!(redis_name(&a[1]), redis_name(&b[1]), "an unchanged one");
-    }
-}
-
-/// A limit's name in Redis, in its keys, store events and metrics: its
-/// stats key, readable (bytes Redis names refuse become `_`, at most 47 of
-/// them), then `~` and a hash of its definition (FNV-1a of its id), so the
-/// same on every replica and across restarts, and different whenever the
-/// limit's counting changes (a changed limit starts on fresh keys).
-fn redis_name(def: &LimitDef) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in def.id.bytes() {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    let readable: String = def
-        .full_key
-        .bytes()
-        .take(47)
-        .map(|b| match b {
-            b' ' | b':' | b'{' | b'}' => '_',
-            b if b.is_ascii_graphic() => char::from(b),
-            _ => '_',
-        })
-        .collect();
-    format!("{readable}~{h:016x}")
-}
-
-/// One limit's counters and stats; kept across a reload while the limit
-/// is unchanged.
-#[derive(Debug)]
-pub(crate) struct LimitState {
-    pub(crate) def: Arc<LimitDef>,
-    /// `None` for an unlimited limit.
-    limiter: Option<Arc<Counter>>,
-    pub(crate) stats: Arc<LimitStats>,
-}
-
-impl LimitState {
-    fn build(def: Arc<LimitDef>, options: &ServiceOptions) -> Result<LimitState, LimitError> {
-        let limiter = match &def.kind {
-            // Nothing to count: always OK, or (`requests_per_unit: 0`) always over.
-            LimitKind::Unlimited | LimitKind::Blocked { .. } => None,
-            LimitKind::Limited { policy, .. } => Some(Arc::new(match &options.store {
-                Store::Memory => Counter::Memory(
-                    KeyedPolicyLimiter::builder(*policy)
-                        .max_keys(options.max_keys)
-                        .when_full(WhenFull::EvictLeastRecent)
-                        .build()
-                        .map_err(|error| LimitError::Policy {
-                            limit: def.full_key.clone(),
-                            error,
-                        })?,
-                ),
-                Store::Redis {
-                    backend,
-                    on_failure,
-                    deny_cache,
-                } => {
-                    let mut b = RedisLimiter::builder(*policy, backend)
-                        .name(redis_name(&def))
-                        .on_failure(*on_failure);
-                    if *deny_cache > 0 {
-                        b = b.deny_cache(*deny_cache);
-                    }
-                    Counter::Redis(b.build().map_err(|error| LimitError::Redis {
-                        limit: def.full_key.clone(),
-                        error,
-                    })?)
-                }
-            })),
-        };
-        Ok(LimitState {
-            def,
-            limiter,
-            stats: Arc::default(),
-        })
-    }
-
-    /// The same counters under a new configuration's definition.
-    fn carried(&self, def: Arc<LimitDef>) -> LimitState {
-        LimitState {
-            def,
-            limiter: self.limiter.clone(),
-            stats: Arc::clone(&self.stats),
-        }
     }
 }
 
@@ -602,20 +429,27 @@ impl Service {
             ..DescriptorStatus::default()
         };
         let mut statuses = vec![ok; found.len()];
-        let mut remote = Vec::new();
         // The counted descriptors' decisions, for the IETF fields.
         let ietf = self.options.response_headers == ResponseHeaders::Ietf;
         let mut shown: Vec<(Arc<LimitState>, Decision)> = Vec::new();
-        for (i, (d, f)) in request.descriptors.iter().zip(&found).enumerate() {
+        // Descriptors counted on their own, on Redis (sent together).
+        let mut remote = Vec::new();
+        // All or nothing: the enforced descriptors, and whether a limit
+        // of 0 among them refuses the request.
+        let together = self.options.all_or_nothing;
+        let (mut joint, mut refused) = (Vec::new(), false);
+        for (i, (d, f)) in request.descriptors.iter().zip(found).enumerate() {
             // `d`: the descriptor as sent; `f`: its limit, if any.
             let Some(f) = f else { continue };
-            let Some(state) = self.state_of(&generation, f) else {
+            let Some(state) = self.state_of(&generation, &f) else {
                 add(&self.overrides_refused, 1);
                 continue;
             };
             let hits = request_hits(request, i);
+            let enforced = together && !state.def.shadow_mode && hits > 0 && !d.is_negative_hits;
             let Some(counter) = state.limiter.clone() else {
                 statuses[i] = if let LimitKind::Blocked { .. } = state.def.kind {
+                    refused |= enforced;
                     finish(&state, Taken::Blocked, hits)
                 } else {
                     DescriptorStatus {
@@ -626,6 +460,16 @@ impl Service {
                 };
                 continue;
             };
+            if enforced {
+                joint.push(Joint {
+                    index: i,
+                    state,
+                    counter,
+                    key: f.counter_key,
+                    hits,
+                });
+                continue;
+            }
             let op = Op {
                 hits,
                 refund: d.is_negative_hits,
@@ -638,7 +482,15 @@ impl Service {
                         shown.extend(taken.decision().map(|d| (Arc::clone(&state), d)));
                     }
                 }
-                Counter::Redis(_) => remote.push((i, state, counter, f.counter_key.clone(), op)),
+                Counter::Redis(_) => remote.push((i, state, counter, f.counter_key, op)),
+            }
+        }
+        // In the joint descriptors' order.
+        let answers = together::check(&joint, refused).await?;
+        for (j, (i, status, decision)) in joint.iter().zip(answers) {
+            statuses[i] = status;
+            if ietf {
+                shown.extend(decision.map(|d| (Arc::clone(&j.state), d)));
             }
         }
         if !remote.is_empty() {
@@ -711,193 +563,5 @@ fn request_hits(request: &RateLimitRequest, i: usize) -> u64 {
     match &request.descriptors[i].hits_addend {
         Some(h) => h.value,
         None => u64::from(request.hits_addend.max(1)),
-    }
-}
-
-/// What one descriptor asks of its counter.
-#[derive(Clone, Copy, Debug)]
-struct Op {
-    hits: u64,
-    /// Give `hits` back (the descriptor's `is_negative_hits`).
-    refund: bool,
-}
-
-/// What a counter answered, whichever store it is in.
-#[derive(Clone, Copy, Debug)]
-enum Taken {
-    /// `hits` were asked for: the decision, or a cost the limit never admits.
-    Checked(Result<Decision, InsufficientCapacity>),
-    /// Nothing was taken (0 hits, or a refund): what is left.
-    Looked(Decision),
-    /// A limit of 0 (`requests_per_unit: 0`): every hit is over.
-    Blocked,
-}
-
-impl Taken {
-    /// The decision, when the counter gave one.
-    fn decision(self) -> Option<Decision> {
-        match self {
-            Taken::Checked(Ok(d)) | Taken::Looked(d) => Some(d),
-            _ => None,
-        }
-    }
-}
-
-impl Op {
-    fn on_memory(self, l: &KeyedPolicyLimiter<Vec<u8>>, key: &[u8]) -> Taken {
-        if self.refund {
-            l.refund_key(key, self.hits);
-            Taken::Looked(l.peek_key(key))
-        } else if self.hits == 0 {
-            Taken::Looked(l.peek_key(key))
-        } else {
-            Taken::Checked(l.check_key_n(key, self.hits))
-        }
-    }
-
-    async fn on_redis(self, l: &RedisLimiter, key: &[u8]) -> Result<Taken, RedisError> {
-        if self.refund {
-            l.refund_key(key, self.hits).await?;
-            return Ok(Taken::Looked(l.peek_key(key).await?.decision()));
-        }
-        if self.hits == 0 {
-            return Ok(Taken::Looked(l.peek_key(key).await?.decision()));
-        }
-        match l.check_key_n(key, self.hits).await {
-            Ok(d) => Ok(Taken::Checked(Ok(d.decision()))),
-            Err(RedisError::InsufficientCapacity(e)) => Ok(Taken::Checked(Err(e))),
-            Err(e) => Err(e),
-        }
-    }
-}
-
-/// Counts a descriptor's answer in its limit's stats and says what to
-/// answer.
-fn finish(state: &LimitState, taken: Taken, hits: u64) -> DescriptorStatus {
-    let (requests_per_unit, unit) = match &state.def.kind {
-        LimitKind::Limited {
-            requests_per_unit,
-            unit,
-            ..
-        } => (*requests_per_unit, *unit),
-        LimitKind::Blocked { unit } => (0, *unit),
-        _ => (0, Unit::Unknown),
-    };
-    let current_limit = Some(PbLimit {
-        name: state.def.name.clone().unwrap_or_default(),
-        requests_per_unit,
-        unit: pb_unit(unit) as i32,
-    });
-    let stats = &state.stats;
-    let over = |stats: &LimitStats| {
-        add(&stats.over_limit, hits);
-        if state.def.shadow_mode {
-            add(&stats.shadow_mode, hits);
-            Code::Ok
-        } else {
-            Code::OverLimit
-        }
-    };
-    add(&stats.total_hits, hits);
-    let checked = match taken {
-        Taken::Looked(d) => return status(Code::Ok, current_limit, &d, true),
-        Taken::Checked(c) => c,
-        Taken::Blocked => {
-            // As envoyproxy/ratelimit answers a limit of 0: over, until
-            // the end of the unit's current window (of wall-clock time).
-            let code = over(stats);
-            return DescriptorStatus {
-                code: code as i32,
-                current_limit,
-                duration_until_reset: unit.length().map(|len| pb_duration(until_window_end(len))),
-                ..DescriptorStatus::default()
-            };
-        }
-    };
-    match checked {
-        Ok(d) if d.is_allowed() => {
-            add(&stats.within_limit, hits);
-            let limit = d.limit();
-            let used_after = limit.saturating_sub(d.remaining());
-            let used_before = used_after.saturating_sub(hits);
-            let near = (limit as f64 * NEAR_LIMIT_RATIO).floor() as u64;
-            if used_after > near {
-                add(&stats.near_limit, used_after - near.max(used_before));
-            }
-            status(Code::Ok, current_limit, &d, true)
-        }
-        Ok(d) => status(over(stats), current_limit, &d, false),
-        // More hits than the limit ever admits at once: over, for good.
-        Err(_) => DescriptorStatus {
-            code: over(stats) as i32,
-            current_limit,
-            ..DescriptorStatus::default()
-        },
-    }
-}
-
-/// A counted descriptor's status. `duration_until_reset` is the time until
-/// the limit is whole again when admitted, and until the same request could
-/// pass when over.
-fn status(
-    code: Code,
-    current_limit: Option<PbLimit>,
-    d: &Decision,
-    allowed: bool,
-) -> DescriptorStatus {
-    let reset = if allowed {
-        d.reset_after()
-    } else {
-        d.retry_after()
-    };
-    DescriptorStatus {
-        code: code as i32,
-        current_limit,
-        limit_remaining: u32::try_from(d.remaining()).unwrap_or(u32::MAX),
-        duration_until_reset: Some(pb_duration(reset)),
-        ..DescriptorStatus::default()
-    }
-}
-
-/// The time left in the current `len`-long window of Unix time.
-fn until_window_end(len: Duration) -> Duration {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    let len_ns = len.as_nanos().max(1);
-    Duration::from_nanos((len_ns - now.as_nanos() % len_ns) as u64)
-}
-
-fn pb_duration(d: Duration) -> PbDuration {
-    PbDuration {
-        seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
-        nanos: d.subsec_nanos() as i32,
-    }
-}
-
-pub(crate) fn pb_unit(unit: Unit) -> PbUnit {
-    match unit {
-        Unit::Second => PbUnit::Second,
-        Unit::Minute => PbUnit::Minute,
-        Unit::Hour => PbUnit::Hour,
-        Unit::Day => PbUnit::Day,
-        Unit::Week => PbUnit::Week,
-        Unit::Month => PbUnit::Month,
-        Unit::Year => PbUnit::Year,
-        _ => PbUnit::Unknown,
-    }
-}
-
-/// A request's unit (an unknown number is `Unknown`).
-pub(crate) fn unit_of(unit: i32) -> Unit {
-    match PbUnit::try_from(unit) {
-        Ok(PbUnit::Second) => Unit::Second,
-        Ok(PbUnit::Minute) => Unit::Minute,
-        Ok(PbUnit::Hour) => Unit::Hour,
-        Ok(PbUnit::Day) => Unit::Day,
-        Ok(PbUnit::Week) => Unit::Week,
-        Ok(PbUnit::Month) => Unit::Month,
-        Ok(PbUnit::Year) => Unit::Year,
-        _ => Unit::Unknown,
     }
 }

@@ -14,7 +14,8 @@ use std::sync::OnceLock;
 
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
-use crate::service::{LimitState, Service};
+use crate::service::Service;
+use crate::store::LimitState;
 
 /// The process's recorder of the library's own metrics (Redis calls and
 /// their latency, failovers, the breaker, the deny cache): installed once,

@@ -148,3 +148,29 @@ async fn redis_killed_under_load_costs_no_call_more_than_its_timeout() {
         "the closed replica did not recover once Redis came back"
     );
 }
+
+/// All or nothing on Redis: a request the `plain` limit refuses takes
+/// nothing from the tenant's limit.
+#[tokio::test]
+async fn all_or_nothing_on_redis_takes_nothing_from_the_others_when_one_refuses() {
+    let redis = RedisServer::start();
+    let dir = ConfigDir::new(&[("shared.yaml", &config("1000/min burst 1000"))]);
+    let server = Server::start(
+        &dir.path,
+        &["--redis-url", &redis.url(), "--all-or-nothing"],
+    );
+    let mut c = server.client().await;
+    let mut admitted = 0;
+    for _ in 0..10 {
+        let r = call(
+            &mut c,
+            request("shared", &[&[("tenant", "t")], &[("plain", "p")]], 1),
+        )
+        .await;
+        admitted += usize::from(r.overall_code == OK);
+    }
+    assert_eq!(admitted, 7);
+    // 7 taken from the tenant, then this one.
+    let r = call(&mut c, request("shared", &[&[("tenant", "t")]], 1)).await;
+    assert_eq!(r.statuses[0].limit_remaining, 1000 - 8);
+}
