@@ -438,6 +438,8 @@ impl Service {
         // of 0 among them refuses the request.
         let together = self.options.all_or_nothing;
         let (mut joint, mut refused) = (Vec::new(), false);
+        // Which descriptors have a quota-mode limit.
+        let mut quota = vec![false; statuses.len()];
         for (i, (d, f)) in request.descriptors.iter().zip(found).enumerate() {
             // `d`: the descriptor as sent; `f`: its limit, if any.
             let Some(f) = f else { continue };
@@ -445,6 +447,7 @@ impl Service {
                 add(&self.overrides_refused, 1);
                 continue;
             };
+            quota[i] = state.def.quota_mode;
             let hits = request_hits(request, i);
             let enforced = together && !state.def.shadow_mode && hits > 0 && !d.is_negative_hits;
             let Some(counter) = state.limiter.clone() else {
@@ -511,7 +514,17 @@ impl Service {
                 }
             }
         }
-        let over = statuses.iter().any(|s| s.code == Code::OverLimit as i32);
+        // As envoyproxy/ratelimit: over when any descriptor is over, except
+        // that quota-mode descriptors make it over only when all of them are.
+        let is_over = |s: &DescriptorStatus| s.code == Code::OverLimit as i32;
+        let rate_over = statuses.iter().zip(&quota).any(|(s, q)| !q && is_over(s));
+        let quota_total = quota.iter().filter(|q| **q).count();
+        let quota_over = statuses
+            .iter()
+            .zip(&quota)
+            .filter(|(s, q)| **q && is_over(s))
+            .count();
+        let over = rate_over || (quota_total > 0 && quota_over == quota_total);
         let overall = if over && !self.options.global_shadow_mode {
             Code::OverLimit
         } else {

@@ -262,4 +262,24 @@ mod tests {
             (false, vec![(false, 0), (false, 3)])
         );
     }
+
+    /// Quota mode (envoyproxy/ratelimit's): a quota-mode descriptor over its
+    /// limit makes the answer over only when every quota-mode descriptor
+    /// of the request is over; its own status says over either way.
+    #[tokio::test]
+    async fn quota_mode_descriptors_refuse_only_together() {
+        let yaml = "domain: d\ndescriptors:\n  - key: q1\n    quota_mode: true\n    rate_limit: { unit: hour, requests_per_unit: 1 }\n  - key: q2\n    quota_mode: true\n    rate_limit: { unit: hour, requests_per_unit: 1 }\n";
+        let config = Config::from_sources(&[("d.yaml".into(), yaml.into())]).unwrap();
+        let s = Service::new(config, ServiceOptions::default()).unwrap();
+        assert!(!ask(&s, &[("q1", 1)]).await.0);
+        // The only quota descriptor, over: over.
+        assert_eq!(ask(&s, &[("q1", 1)]).await, (true, vec![(true, 0)]));
+        // One of two over: OK, though q1 says over.
+        assert_eq!(
+            ask(&s, &[("q1", 1), ("q2", 1)]).await,
+            (false, vec![(true, 0), (false, 0)])
+        );
+        // Both over: over.
+        assert!(ask(&s, &[("q1", 1), ("q2", 1)]).await.0);
+    }
 }
