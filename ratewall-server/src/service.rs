@@ -453,7 +453,7 @@ impl Service {
             let Some(counter) = state.limiter.clone() else {
                 statuses[i] = if let LimitKind::Blocked { .. } = state.def.kind {
                     refused |= enforced;
-                    finish(&state, Taken::Blocked, hits)
+                    finish(&state, Taken::Blocked, hits, &f.stats_key)
                 } else {
                     DescriptorStatus {
                         code: Code::Ok as i32,
@@ -469,6 +469,7 @@ impl Service {
                     state,
                     counter,
                     key: f.counter_key,
+                    stats_key: f.stats_key,
                     hits,
                 });
                 continue;
@@ -480,12 +481,14 @@ impl Service {
             match &*counter {
                 Counter::Memory(l) => {
                     let taken = op.on_memory(l, &f.counter_key);
-                    statuses[i] = finish(&state, taken, hits);
+                    statuses[i] = finish(&state, taken, hits, &f.stats_key);
                     if ietf {
                         shown.extend(taken.decision().map(|d| (Arc::clone(&state), d)));
                     }
                 }
-                Counter::Redis(_) => remote.push((i, state, counter, f.counter_key, op)),
+                Counter::Redis(_) => {
+                    remote.push((i, state, counter, f.counter_key, f.stats_key, op));
+                }
             }
         }
         // In the joint descriptors' order.
@@ -497,18 +500,18 @@ impl Service {
             }
         }
         if !remote.is_empty() {
-            let calls = remote.iter().map(|(_, _, counter, key, op)| async move {
+            let calls = remote.iter().map(|(_, _, counter, key, _, op)| async move {
                 match &**counter {
                     Counter::Redis(l) => op.on_redis(l, key).await,
                     Counter::Memory(l) => Ok(op.on_memory(l, key)),
                 }
             });
             let answers = futures_util::future::join_all(calls).await;
-            for ((i, state, ..), answer) in remote.iter().zip(answers) {
+            for ((i, state, _, _, stats_key, _), answer) in remote.iter().zip(answers) {
                 let taken = answer.map_err(|e| RequestError::StoreUnavailable {
                     cause: e.to_string(),
                 })?;
-                statuses[*i] = finish(state, taken, request_hits(request, *i));
+                statuses[*i] = finish(state, taken, request_hits(request, *i), stats_key);
                 if ietf {
                     shown.extend(taken.decision().map(|d| (Arc::clone(state), d)));
                 }

@@ -10,12 +10,12 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 use crate::service::Service;
-use crate::store::LimitState;
+use crate::store::{LimitState, LimitStats, MAX_SERIES};
 
 /// The process's recorder of the library's own metrics (Redis calls and
 /// their latency, failovers, the breaker, the deny cache): installed once,
@@ -96,7 +96,7 @@ impl CallStats {
 }
 
 /// One of a limit's counters.
-type Field = fn(&LimitState) -> &AtomicU64;
+type Field = fn(&LimitStats) -> &AtomicU64;
 
 /// A label value with `\`, `"` and newlines escaped.
 fn label(v: &str) -> String {
@@ -113,39 +113,67 @@ pub(crate) fn render(service: &Service, calls: &CallStats) -> String {
     let overrides = service.override_states();
     limits.extend(overrides.iter().map(|s| &**s));
     limits.sort_by(|a, b| a.def.full_key.cmp(&b.def.full_key));
+    // Each limit's series, then its values' (`detailed_metric`).
+    let mut rows: Vec<(String, Arc<LimitStats>)> = Vec::new();
+    for l in &limits {
+        rows.push((l.def.full_key.clone(), Arc::clone(&l.stats)));
+        if let Some(series) = &l.series {
+            let map = series.by_key.lock().unwrap_or_else(|e| e.into_inner());
+            let mut values: Vec<_> = map
+                .iter()
+                .map(|(k, v)| (k.clone(), Arc::clone(v)))
+                .collect();
+            values.sort_by(|a, b| a.0.cmp(&b.0));
+            rows.extend(values);
+        }
+    }
     let series: [(&str, &str, Field); 5] = [
         (
             "ratewall_server_hits_total",
             "hits (cost units) counted against a limit",
-            |s| &s.stats.total_hits,
+            |s| &s.total_hits,
         ),
         ("ratewall_server_within_limit_total", "hits admitted", |s| {
-            &s.stats.within_limit
+            &s.within_limit
         }),
         (
             "ratewall_server_near_limit_total",
             "admitted hits above 80% of the limit",
-            |s| &s.stats.near_limit,
+            |s| &s.near_limit,
         ),
         (
             "ratewall_server_over_limit_total",
             "hits over the limit (shadow mode included)",
-            |s| &s.stats.over_limit,
+            |s| &s.over_limit,
         ),
         (
             "ratewall_server_shadow_mode_total",
             "hits over a shadow-mode limit, answered OK",
-            |s| &s.stats.shadow_mode,
+            |s| &s.shadow_mode,
         ),
     ];
     for (name, help, get) in series {
         let _ = writeln!(out, "# HELP {name} {help}.\n# TYPE {name} counter");
-        for s in &limits {
+        for (key, stats) in &rows {
             let _ = writeln!(
                 out,
                 "{name}{{descriptor=\"{}\"}} {}",
-                label(&s.def.full_key),
-                read(get(s))
+                label(key),
+                read(get(stats))
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "# HELP ratewall_server_detailed_values_dropped_total hits of values a detailed_metric limit had no series left for ({MAX_SERIES} per limit).\n# TYPE ratewall_server_detailed_values_dropped_total counter"
+    );
+    for l in &limits {
+        if let Some(series) = &l.series {
+            let _ = writeln!(
+                out,
+                "ratewall_server_detailed_values_dropped_total{{descriptor=\"{}\"}} {}",
+                label(&l.def.full_key),
+                read(&series.dropped)
             );
         }
     }
@@ -200,4 +228,54 @@ pub(crate) fn render(service: &Service, calls: &CallStats) -> String {
         out.push_str(&library.render());
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::ServiceOptions;
+
+    /// `detailed_metric`: one series per value, up to `MAX_SERIES`; past
+    /// that, values count in the limit's own series and as dropped.
+    #[tokio::test]
+    async fn detailed_metric_series_are_per_value_and_bounded() {
+        let yaml = "domain: d\ndescriptors:\n  - key: user\n    detailed_metric: true\n    rate_limit: { unit: hour, requests_per_unit: 2 }\n";
+        let config = Config::from_sources(&[("d.yaml".into(), yaml.into())]).unwrap();
+        let s = Service::new(config, ServiceOptions::default()).unwrap();
+        for _ in 0..3 {
+            s.check("d", &[&[("user", "ada")]], 1).await.unwrap();
+        }
+        let text = render(&s, &CallStats::default());
+        assert!(
+            text.contains("ratewall_server_hits_total{descriptor=\"d.user_ada\"} 3"),
+            "{text}"
+        );
+        assert!(
+            text.contains("ratewall_server_over_limit_total{descriptor=\"d.user_ada\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("ratewall_server_hits_total{descriptor=\"d.user\"} 3"),
+            "{text}"
+        );
+        let extra = 5;
+        for i in 0..MAX_SERIES - 1 + extra {
+            s.check("d", &[&[("user", &format!("u{i}"))]], 1)
+                .await
+                .unwrap();
+        }
+        let text = render(&s, &CallStats::default());
+        let values = text
+            .lines()
+            .filter(|l| l.starts_with("ratewall_server_hits_total{descriptor=\"d.user_"))
+            .count();
+        assert_eq!(values, MAX_SERIES);
+        assert!(
+            text.contains(&format!(
+                "ratewall_server_detailed_values_dropped_total{{descriptor=\"d.user\"}} {extra}"
+            )),
+            "{text}"
+        );
+    }
 }

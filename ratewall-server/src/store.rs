@@ -2,8 +2,9 @@
 //! counter answered, and the descriptor status made of it, with the
 //! limit's stats.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
@@ -42,6 +43,52 @@ pub(crate) struct LimitStats {
     pub(crate) near_limit: AtomicU64,
     pub(crate) within_limit: AtomicU64,
     pub(crate) shadow_mode: AtomicU64,
+}
+
+/// The most per-value series one `detailed_metric` limit reports; the
+/// values past it are counted in the limit's own series only (and in
+/// `Series::dropped`), so a client sending new values cannot grow the
+/// metrics without bound.
+pub(crate) const MAX_SERIES: usize = 1_000;
+
+/// A `detailed_metric` limit's per-value stats, by stats key.
+#[derive(Debug, Default)]
+pub(crate) struct Series {
+    pub(crate) by_key: Mutex<HashMap<String, Arc<LimitStats>>>,
+    /// Hits of values that found no room (past `MAX_SERIES`).
+    pub(crate) dropped: AtomicU64,
+}
+
+impl Series {
+    /// The stats of `key`, made on first use while there is room.
+    fn of(&self, key: &str) -> Option<Arc<LimitStats>> {
+        let mut map = self.by_key.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = map.get(key) {
+            return Some(Arc::clone(s));
+        }
+        if map.len() >= MAX_SERIES {
+            return None;
+        }
+        let s = Arc::new(LimitStats::default());
+        map.insert(key.to_owned(), Arc::clone(&s));
+        Some(s)
+    }
+}
+
+/// Where one descriptor's counts go: its limit's stats and, for a
+/// `detailed_metric` limit, its value's series.
+struct Tally<'a> {
+    limit: &'a LimitStats,
+    value: Option<Arc<LimitStats>>,
+}
+
+impl Tally<'_> {
+    fn add(&self, field: fn(&LimitStats) -> &AtomicU64, n: u64) {
+        add(field(self.limit), n);
+        if let Some(v) = &self.value {
+            add(field(v), n);
+        }
+    }
 }
 
 pub(crate) fn add(c: &AtomicU64, n: u64) {
@@ -154,6 +201,8 @@ pub(crate) struct LimitState {
     /// `None` for an unlimited limit.
     pub(crate) limiter: Option<Arc<Counter>>,
     pub(crate) stats: Arc<LimitStats>,
+    /// Per-value stats, for a `detailed_metric` limit.
+    pub(crate) series: Option<Arc<Series>>,
 }
 
 impl LimitState {
@@ -193,19 +242,25 @@ impl LimitState {
                 }
             })),
         };
+        let series = def.detailed_metric.then(Arc::default);
         Ok(LimitState {
             def,
             limiter,
             stats: Arc::default(),
+            series,
         })
     }
 
     /// The same counters under a new configuration's definition.
     pub(crate) fn carried(&self, def: Arc<LimitDef>) -> LimitState {
+        let series = def
+            .detailed_metric
+            .then(|| self.series.clone().unwrap_or_default());
         LimitState {
             def,
             limiter: self.limiter.clone(),
             stats: Arc::clone(&self.stats),
+            series,
         }
     }
 }
@@ -293,13 +348,34 @@ pub(crate) fn looked(state: &LimitState, d: &Decision) -> DescriptorStatus {
 
 /// Counts a descriptor's answer in its limit's stats and says what to
 /// answer.
-pub(crate) fn finish(state: &LimitState, taken: Taken, hits: u64) -> DescriptorStatus {
+///
+/// `stats_key`: the descriptor's stats key (its values, for a
+/// `detailed_metric` limit).
+pub(crate) fn finish(
+    state: &LimitState,
+    taken: Taken,
+    hits: u64,
+    stats_key: &str,
+) -> DescriptorStatus {
     let current_limit = current_limit(state);
-    let stats = &state.stats;
-    let over = |stats: &LimitStats| {
-        add(&stats.over_limit, hits);
+    let value = match (&state.series, &taken) {
+        (Some(series), Taken::Checked(_) | Taken::Blocked) => {
+            let v = series.of(stats_key);
+            if v.is_none() {
+                add(&series.dropped, hits);
+            }
+            v
+        }
+        _ => None,
+    };
+    let stats = &Tally {
+        limit: &state.stats,
+        value,
+    };
+    let over = |stats: &Tally<'_>| {
+        stats.add(|s| &s.over_limit, hits);
         if state.def.shadow_mode {
-            add(&stats.shadow_mode, hits);
+            stats.add(|s| &s.shadow_mode, hits);
             Code::Ok
         } else {
             Code::OverLimit
@@ -308,11 +384,11 @@ pub(crate) fn finish(state: &LimitState, taken: Taken, hits: u64) -> DescriptorS
     let checked = match taken {
         Taken::Looked(d) => return status(Code::Ok, current_limit, &d, true),
         Taken::Checked(c) => {
-            add(&stats.total_hits, hits);
+            stats.add(|s| &s.total_hits, hits);
             c
         }
         Taken::Blocked => {
-            add(&stats.total_hits, hits);
+            stats.add(|s| &s.total_hits, hits);
             // As envoyproxy/ratelimit answers a limit of 0: over, until
             // the end of the unit's current window (of wall-clock time).
             let code = over(stats);
@@ -330,13 +406,13 @@ pub(crate) fn finish(state: &LimitState, taken: Taken, hits: u64) -> DescriptorS
     };
     match checked {
         Ok(d) if d.is_allowed() => {
-            add(&stats.within_limit, hits);
+            stats.add(|s| &s.within_limit, hits);
             let limit = d.limit();
             let used_after = limit.saturating_sub(d.remaining());
             let used_before = used_after.saturating_sub(hits);
             let near = (limit as f64 * NEAR_LIMIT_RATIO).floor() as u64;
             if used_after > near {
-                add(&stats.near_limit, used_after - near.max(used_before));
+                stats.add(|s| &s.near_limit, used_after - near.max(used_before));
             }
             status(Code::Ok, current_limit, &d, true)
         }

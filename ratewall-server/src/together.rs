@@ -23,6 +23,7 @@ pub(crate) struct Joint {
     pub(crate) state: Arc<LimitState>,
     pub(crate) counter: Arc<Counter>,
     pub(crate) key: Vec<u8>,
+    pub(crate) stats_key: String,
     pub(crate) hits: u64,
 }
 
@@ -59,7 +60,7 @@ pub(crate) async fn check(joint: &[Joint], refused: bool) -> Result<Answers, Req
             .zip(decisions)
             .map(|(j, d)| {
                 let status = if allowed || !d.is_allowed() {
-                    finish(&j.state, Taken::Checked(Ok(d)), j.hits)
+                    finish(&j.state, Taken::Checked(Ok(d)), j.hits, &j.stats_key)
                 } else {
                     // Allowed by its limit, then given back: nothing is
                     // counted, and it has what it had before.
@@ -82,7 +83,7 @@ pub(crate) async fn check(joint: &[Joint], refused: bool) -> Result<Answers, Req
             };
             out[culprit] = (
                 j.index,
-                finish(&j.state, Taken::Checked(Err(never)), j.hits),
+                finish(&j.state, Taken::Checked(Err(never)), j.hits, &j.stats_key),
                 None,
             );
             Ok(out)
