@@ -278,3 +278,79 @@ async fn a_configmap_mount_loads_once_with_ignore_dot_files_and_follows_its_swap
         server.log_lines("not reloaded")
     );
 }
+
+/// Calls `k` of `domain` once, hits 1: the answer's code and the limit it
+/// reports (0 when none).
+async fn code_and_limit(
+    c: &mut envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient<tonic::transport::Channel>,
+    domain: &str,
+    value: &str,
+) -> (i32, u32) {
+    let r = call(c, request(domain, &[&[("k", value)]], 1)).await;
+    let limit = r.statuses[0]
+        .current_limit
+        .as_ref()
+        .map_or(0, |l| l.requests_per_unit);
+    (r.overall_code, limit)
+}
+
+/// What does not change counting (`name`, `shadow_mode`) changes at a
+/// reload without resetting the count; a removed file takes its domain
+/// away; a limit that cannot be built leaves the old configuration serving.
+#[tokio::test]
+async fn reloads_change_flags_in_place_drop_removed_files_and_refuse_unbuildable_limits() {
+    let limited = "domain: one\ndescriptors:\n  - key: k\n    rate_limit: { unit: hour, requests_per_unit: 2 }\n";
+    let other = "domain: two\ndescriptors:\n  - key: k\n    rate_limit: { unit: hour, requests_per_unit: 9 }\n";
+    let dir = ConfigDir::new(&[("one.yaml", limited), ("two.yaml", other)]);
+    let server = Server::start(&dir.path, &[]);
+    let mut c = server.client().await;
+    for _ in 0..2 {
+        assert_eq!(code_and_limit(&mut c, "one", "v").await, (OK, 2));
+    }
+    assert_eq!(code_and_limit(&mut c, "one", "v").await, (OVER, 2));
+
+    // Shadow mode and a name switched on: the count is kept (still over),
+    // but answered OK and counted as shadow.
+    let shadow = "domain: one\ndescriptors:\n  - key: k\n    shadow_mode: true\n    rate_limit: { name: renamed, unit: hour, requests_per_unit: 2 }\n";
+    dir.write("one.yaml", shadow);
+    let series = "ratewall_server_shadow_mode_total{descriptor=\"one.k\"}";
+    let shadowed = eventually(Duration::from_secs(10), || {
+        let mut c = c.clone();
+        async move { code_and_limit(&mut c, "one", "v").await.0 == OK }
+    })
+    .await;
+    assert!(shadowed, "shadow_mode was not loaded");
+    let counted = metric(server.http, series).await.unwrap();
+    assert!(counted >= 1, "{counted}");
+    let r = call(&mut c, request("one", &[&[("k", "v")]], 1)).await;
+    assert_eq!(
+        r.statuses[0].current_limit.as_ref().unwrap().name,
+        "renamed"
+    );
+    assert_eq!(metric(server.http, series).await, Some(counted + 1));
+
+    // The second file removed: its domain has no limit any more.
+    assert_eq!(code_and_limit(&mut c, "two", "v").await, (OK, 9));
+    std::fs::remove_file(dir.path.join("two.yaml")).unwrap();
+    let gone = eventually(Duration::from_secs(10), || {
+        let mut c = c.clone();
+        async move { code_and_limit(&mut c, "two", "v").await == (OK, 0) }
+    })
+    .await;
+    assert!(gone, "the removed file's domain still limits");
+
+    // A policy that reads but that no limiter holds: refused at reload,
+    // the old configuration keeps serving (still shadow, still 2).
+    let errors = "ratewall_server_config_loads_total{result=\"error\"}";
+    dir.write(
+        "one.yaml",
+        "domain: one\ndescriptors:\n  - key: k\n    rate_limit: { policy: \"1000000/s burst 100000000\" }\n",
+    );
+    let refused = eventually(Duration::from_secs(10), || async {
+        metric(server.http, errors).await == Some(1)
+    })
+    .await;
+    assert!(refused, "the unbuildable limit was not reported");
+    assert_eq!(code_and_limit(&mut c, "one", "v").await, (OK, 2));
+    assert_eq!(server.log_lines("not reloaded").len(), 1);
+}
