@@ -134,8 +134,11 @@ async fn every_descriptor_gets_a_status_in_order_and_one_over_makes_429() {
     assert_eq!(statuses[0]["limitRemaining"], 4);
     // No limit: the code alone.
     assert_eq!(statuses[1], json!({"code": "OK"}));
-    // Unlimited: the largest remaining.
-    assert_eq!(statuses[2]["limitRemaining"], u64::from(u32::MAX));
+    // Unlimited: the largest remaining, no limit, no reset.
+    assert_eq!(
+        statuses[2],
+        json!({"code": "OK", "limitRemaining": u64::from(u32::MAX)})
+    );
     assert_eq!(statuses[3]["limitRemaining"], 1);
     post(&server, &body).await;
     let got = post(&server, &body).await;
@@ -148,6 +151,14 @@ async fn every_descriptor_gets_a_status_in_order_and_one_over_makes_429() {
         .map(|s| &s["code"])
         .collect();
     assert_eq!(codes, ["OK", "OK", "OK", "OVER_LIMIT"], "{v}");
+    // A domain nothing configures: 200, the code alone.
+    let unknown = body.replace("\"web\"", "\"elsewhere\"");
+    let got = post(&server, &unknown).await;
+    assert_eq!(got.status, 200, "{got:?}");
+    assert_eq!(
+        answer(&got),
+        json!({"overallCode": "OK", "statuses": [{"code": "OK"}, {"code": "OK"}, {"code": "OK"}, {"code": "OK"}]})
+    );
 }
 
 #[tokio::test]
@@ -221,6 +232,14 @@ async fn requests_that_do_not_read_or_are_refused_are_400() {
         (
             "hitsAddend past uint32",
             json!({"domain": "web", "descriptors": [{"entries": [{"key": "user", "value": "x"}]}], "hitsAddend": 4_294_967_296_u64}).to_string(),
+        ),
+        (
+            "one field in both spellings (protojson: duplicate field)",
+            r#"{"domain":"web","descriptors":[{"entries":[{"key":"user","value":"x"}]}],"hitsAddend":1,"hits_addend":2}"#.to_owned(),
+        ),
+        (
+            "a string where a list goes",
+            json!({"domain": "web", "descriptors": [{"entries": "user=x"}]}).to_string(),
         ),
         (
             "no domain (the service refuses it)",
