@@ -104,3 +104,49 @@ async fn global_shadow_mode_answers_ok_while_statuses_and_stats_say_over() {
     }
     assert_eq!(call(&mut c, user()).await.overall_code, OVER);
 }
+
+const ORDER: &str = r#"
+domain: order
+descriptors:
+  - key: file
+    value: test1
+    rate_limit: { unit: hour, requests_per_unit: 50 }
+  - key: file
+    value: test*
+    share_threshold: true
+    rate_limit: { unit: hour, requests_per_unit: 100 }
+  - key: file
+    value: t*
+    rate_limit: { unit: hour, requests_per_unit: 7 }
+  - key: file
+    rate_limit: { unit: hour, requests_per_unit: 3 }
+"#;
+
+/// envoyproxy/ratelimit's `GetLimit` at one level: the exact `key_value`
+/// first, then the wildcards in the order written (the first that matches
+/// wins), then the bare `key`. From its `test/config/share_threshold.yaml`
+/// ("explicit value takes precedence over wildcard with share_threshold").
+#[tokio::test]
+async fn exact_value_then_wildcards_in_written_order_then_bare_key() {
+    let dir = ConfigDir::new(&[("order.yaml", ORDER)]);
+    let server = Server::start(&dir.path, &[]);
+    let mut c = server.client().await;
+    let mut limit = async |value: &str| {
+        let r = call(&mut c, request("order", &[&[("file", value)]], 1)).await;
+        let s = &r.statuses[0];
+        (
+            s.current_limit.as_ref().unwrap().requests_per_unit,
+            s.limit_remaining,
+        )
+    };
+    assert_eq!(limit("test1").await, (50, 49));
+    // `test*` before `t*`; shared: test2 and test3 count on one counter.
+    assert_eq!(limit("test2").await, (100, 99));
+    assert_eq!(limit("test3").await, (100, 98));
+    assert_eq!(limit("test1").await, (50, 48));
+    // Only `t*` matches; not shared: each value its own.
+    assert_eq!(limit("tx").await, (7, 6));
+    assert_eq!(limit("ty").await, (7, 6));
+    // No value pattern matches: the bare key.
+    assert_eq!(limit("other").await, (3, 2));
+}
