@@ -262,6 +262,8 @@ pub async fn call(
 pub struct HttpGot {
     pub status: u16,
     pub body: String,
+    /// The `content-type` header, if any.
+    pub content_type: Option<String>,
 }
 
 /// One HTTP/1.1 request over a fresh connection.
@@ -280,9 +282,46 @@ pub async fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> Htt
         .unwrap();
     let res = sender.send_request(req).await.unwrap();
     let status = res.status().as_u16();
+    let content_type = res
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
     let body = res.into_body().collect().await.unwrap().to_bytes();
     HttpGot {
         status,
         body: String::from_utf8_lossy(&body).into_owned(),
+        content_type,
+    }
+}
+
+/// The value of one counter in `/metrics`: `series` is the text before the
+/// value (`name{label="…"}`); `None` when the server does not list it.
+pub async fn metric(addr: SocketAddr, series: &str) -> Option<u64> {
+    let got = http(addr, "GET", "/metrics", "").await;
+    assert_eq!(got.status, 200, "{}", got.body);
+    let prefix = format!("{series} ");
+    got.body.lines().find_map(|l| {
+        l.strip_prefix(&prefix)
+            .map(|v| v.trim().parse().unwrap_or_else(|_| panic!("{l:?}")))
+    })
+}
+
+/// Polls `probe` (every 20 ms) until it returns `true` or `within` passes;
+/// whether it did.
+pub async fn eventually<F, Fut>(within: Duration, mut probe: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        if probe().await {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
