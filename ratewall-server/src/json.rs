@@ -58,11 +58,13 @@ struct JsonOverride {
 }
 
 /// An integer as a JSON number or a decimal string (how the JSON mapping
-/// writes 64-bit integers).
+/// writes 64-bit integers); a number in any integral form (`2.0`, `2e0`)
+/// reads as the JSON mapping reads it.
 #[derive(Deserialize)]
 #[serde(untagged)]
 enum JsonUint {
     Number(u64),
+    Float(f64),
     Text(String),
 }
 
@@ -70,6 +72,11 @@ impl JsonUint {
     fn get(&self) -> Result<u64, String> {
         match self {
             JsonUint::Number(n) => Ok(*n),
+            // Integral, and exactly representable below 2^53.
+            JsonUint::Float(f) if f.fract() == 0.0 && *f >= 0.0 && *f < 9_007_199_254_740_992.0 => {
+                Ok(*f as u64)
+            }
+            JsonUint::Float(f) => Err(format!("`{f}` is not a non-negative integer")),
             JsonUint::Text(t) => t.parse().map_err(|_| format!("`{t}` is not an integer")),
         }
     }

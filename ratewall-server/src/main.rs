@@ -16,8 +16,9 @@ use ratewall_server::{ResponseHeaders, ServerBuilder, ServiceOptions};
 #[derive(Debug, Parser)]
 #[command(version, about)]
 struct Flags {
-    /// The directory of YAML configuration files (every `*.yaml`/`*.yml`),
-    /// re-read when a file changes.
+    /// The configuration directory: every regular file under it is read as
+    /// YAML, whatever its extension (as envoyproxy/ratelimit reads it), and
+    /// read again when one changes.
     #[arg(long, env = "RATEWALL_CONFIG_DIR")]
     config_dir: PathBuf,
     /// Where gRPC (ShouldRateLimit, grpc.health.v1) listens.

@@ -85,7 +85,7 @@ pub struct ServerBuilder {
 }
 
 impl ServerBuilder {
-    /// A server reading the YAML files of `config_dir`, on envoyproxy/ratelimit's
+    /// A server reading the files under `config_dir`, on envoyproxy/ratelimit's
     /// default ports (gRPC 8081, HTTP 8080, all interfaces).
     pub fn new(config_dir: impl AsRef<Path>) -> ServerBuilder {
         ServerBuilder {

@@ -10,7 +10,8 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use std::sync::{Arc, OnceLock};
+use std::collections::BTreeMap;
+use std::sync::OnceLock;
 
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
@@ -98,6 +99,15 @@ impl CallStats {
 /// One of a limit's counters.
 type Field = fn(&LimitStats) -> &AtomicU64;
 
+/// A limit's counters, in the order of the series written.
+const FIELDS: [Field; 5] = [
+    |s| &s.total_hits,
+    |s| &s.within_limit,
+    |s| &s.near_limit,
+    |s| &s.over_limit,
+    |s| &s.shadow_mode,
+];
+
 /// A label value with `\`, `"` and newlines escaped.
 fn label(v: &str) -> String {
     v.replace('\\', "\\\\")
@@ -111,72 +121,69 @@ pub(crate) fn render(service: &Service, calls: &CallStats) -> String {
     let generation = service.generation();
     let mut limits: Vec<&LimitState> = generation.by_id.values().map(|s| &**s).collect();
     let overrides = service.override_states();
-    limits.extend(overrides.iter().map(|s| &**s));
-    limits.sort_by(|a, b| a.def.full_key.cmp(&b.def.full_key));
-    // Each limit's series, then its values' (`detailed_metric`).
-    let mut rows: Vec<(String, Arc<LimitStats>)> = Vec::new();
+    // Each configured limit's series, then its values' (`detailed_metric`),
+    // and the descriptors that carried their own limit, by stats key. Rows
+    // of one stats key are summed (a descriptor's own limit and a
+    // configured one can share it, as in the Go service's stats).
+    let mut rows: BTreeMap<String, [u64; 5]> = BTreeMap::new();
+    let mut put = |key: &str, s: &LimitStats| {
+        let row = rows.entry(key.to_owned()).or_default();
+        for (slot, field) in row.iter_mut().zip(FIELDS) {
+            *slot += read(field(s));
+        }
+    };
     for l in &limits {
-        rows.push((l.def.full_key.clone(), Arc::clone(&l.stats)));
-        if let Some(series) = &l.series {
-            let map = series.by_key.lock().unwrap_or_else(|e| e.into_inner());
-            let mut values: Vec<_> = map
-                .iter()
-                .map(|(k, v)| (k.clone(), Arc::clone(v)))
-                .collect();
-            values.sort_by(|a, b| a.0.cmp(&b.0));
-            rows.extend(values);
+        put(&l.def.full_key, &l.stats);
+    }
+    for l in limits.iter().copied().chain(overrides.iter().map(|s| &**s)) {
+        let map = l.series.by_key.lock().unwrap_or_else(|e| e.into_inner());
+        for (k, v) in map.iter() {
+            put(k, v);
         }
     }
-    let series: [(&str, &str, Field); 5] = [
+    limits.sort_by(|a, b| a.def.full_key.cmp(&b.def.full_key));
+    let names: [(&str, &str); 5] = [
         (
             "ratewall_server_hits_total",
             "hits (cost units) counted against a limit",
-            |s| &s.total_hits,
         ),
-        ("ratewall_server_within_limit_total", "hits admitted", |s| {
-            &s.within_limit
-        }),
+        ("ratewall_server_within_limit_total", "hits admitted"),
         (
             "ratewall_server_near_limit_total",
             "admitted hits above 80% of the limit",
-            |s| &s.near_limit,
         ),
         (
             "ratewall_server_over_limit_total",
             "hits over the limit (shadow mode included)",
-            |s| &s.over_limit,
         ),
         (
             "ratewall_server_shadow_mode_total",
             "hits over a shadow-mode limit, answered OK",
-            |s| &s.shadow_mode,
         ),
     ];
-    for (name, help, get) in series {
+    for (i, (name, help)) in names.iter().enumerate() {
         let _ = writeln!(out, "# HELP {name} {help}.\n# TYPE {name} counter");
-        for (key, stats) in &rows {
-            let _ = writeln!(
-                out,
-                "{name}{{descriptor=\"{}\"}} {}",
-                label(key),
-                read(get(stats))
-            );
+        for (key, row) in &rows {
+            let _ = writeln!(out, "{name}{{descriptor=\"{}\"}} {}", label(key), row[i]);
         }
     }
     let _ = writeln!(
         out,
-        "# HELP ratewall_server_detailed_values_dropped_total hits of values a detailed_metric limit had no series left for ({MAX_SERIES} per limit).\n# TYPE ratewall_server_detailed_values_dropped_total counter"
+        "# HELP ratewall_server_series_dropped_total hits counted only in their limit's own series: their stats key (a detailed_metric value, value_to_metric's values) found none of the {MAX_SERIES} per limit left; descriptor=\"\" sums the limits descriptors carried themselves.\n# TYPE ratewall_server_series_dropped_total counter"
     );
     for l in &limits {
-        if let Some(series) = &l.series {
-            let _ = writeln!(
-                out,
-                "ratewall_server_detailed_values_dropped_total{{descriptor=\"{}\"}} {}",
-                label(&l.def.full_key),
-                read(&series.dropped)
-            );
-        }
+        let _ = writeln!(
+            out,
+            "ratewall_server_series_dropped_total{{descriptor=\"{}\"}} {}",
+            label(&l.def.full_key),
+            read(&l.series.dropped)
+        );
     }
+    let own: u64 = overrides.iter().map(|l| read(&l.series.dropped)).sum();
+    let _ = writeln!(
+        out,
+        "ratewall_server_series_dropped_total{{descriptor=\"\"}} {own}"
+    );
     let _ = writeln!(
         out,
         "# HELP ratewall_server_override_limits_refused_total descriptors whose own limit found no room (max_override_limits).\n# TYPE ratewall_server_override_limits_refused_total counter\nratewall_server_override_limits_refused_total {}",
@@ -273,7 +280,7 @@ mod tests {
         assert_eq!(values, MAX_SERIES);
         assert!(
             text.contains(&format!(
-                "ratewall_server_detailed_values_dropped_total{{descriptor=\"d.user\"}} {extra}"
+                "ratewall_server_series_dropped_total{{descriptor=\"d.user\"}} {extra}"
             )),
             "{text}"
         );

@@ -51,7 +51,9 @@ pub(crate) struct LimitStats {
 /// metrics without bound.
 pub(crate) const MAX_SERIES: usize = 1_000;
 
-/// A `detailed_metric` limit's per-value stats, by stats key.
+/// A limit's stats by the stats keys that are not its own (the values of a
+/// `detailed_metric` limit, `value_to_metric`'s runtime values, each
+/// descriptor of a descriptor's own limit).
 #[derive(Debug, Default)]
 pub(crate) struct Series {
     pub(crate) by_key: Mutex<HashMap<String, Arc<LimitStats>>>,
@@ -109,6 +111,8 @@ pub(crate) enum Counter {
 pub enum LimitError {
     /// The policy is outside ratewall's bounds.
     Policy {
+        /// Where the limit is written (`file:line`).
+        source: String,
         /// The limit (its stats key, `domain.key_value`).
         limit: String,
         /// Why.
@@ -117,6 +121,8 @@ pub enum LimitError {
     /// Redis cannot run the limit (a policy its arithmetic cannot hold
     /// exactly, or a bad setting).
     Redis {
+        /// Where the limit is written (`file:line`).
+        source: String,
         /// The limit.
         limit: String,
         /// Why.
@@ -127,8 +133,20 @@ pub enum LimitError {
 impl std::fmt::Display for LimitError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            LimitError::Policy { limit, error } => write!(f, "limit `{limit}`: {error}"),
-            LimitError::Redis { limit, error } => write!(f, "limit `{limit}` on Redis: {error}"),
+            LimitError::Policy {
+                source,
+                limit,
+                error,
+            } => {
+                write!(f, "{source}: limit `{limit}`: {error}")
+            }
+            LimitError::Redis {
+                source,
+                limit,
+                error,
+            } => {
+                write!(f, "{source}: limit `{limit}` on Redis: {error}")
+            }
         }
     }
 }
@@ -201,8 +219,9 @@ pub(crate) struct LimitState {
     /// `None` for an unlimited limit.
     pub(crate) limiter: Option<Arc<Counter>>,
     pub(crate) stats: Arc<LimitStats>,
-    /// Per-value stats, for a `detailed_metric` limit.
-    pub(crate) series: Option<Arc<Series>>,
+    /// Stats by the descriptor's stats key where it is not the limit's
+    /// own (`detailed_metric`, `value_to_metric`, a descriptor's own limit).
+    pub(crate) series: Arc<Series>,
 }
 
 impl LimitState {
@@ -220,6 +239,7 @@ impl LimitState {
                         .when_full(WhenFull::EvictLeastRecent)
                         .build()
                         .map_err(|error| LimitError::Policy {
+                            source: def.source.clone(),
                             limit: def.full_key.clone(),
                             error,
                         })?,
@@ -236,31 +256,28 @@ impl LimitState {
                         b = b.deny_cache(*deny_cache);
                     }
                     Counter::Redis(b.build().map_err(|error| LimitError::Redis {
+                        source: def.source.clone(),
                         limit: def.full_key.clone(),
                         error,
                     })?)
                 }
             })),
         };
-        let series = def.detailed_metric.then(Arc::default);
         Ok(LimitState {
             def,
             limiter,
             stats: Arc::default(),
-            series,
+            series: Arc::default(),
         })
     }
 
     /// The same counters under a new configuration's definition.
     pub(crate) fn carried(&self, def: Arc<LimitDef>) -> LimitState {
-        let series = def
-            .detailed_metric
-            .then(|| self.series.clone().unwrap_or_default());
         LimitState {
             def,
             limiter: self.limiter.clone(),
             stats: Arc::clone(&self.stats),
-            series,
+            series: Arc::clone(&self.series),
         }
     }
 }
@@ -358,11 +375,11 @@ pub(crate) fn finish(
     stats_key: &str,
 ) -> DescriptorStatus {
     let current_limit = current_limit(state);
-    let value = match (&state.series, &taken) {
-        (Some(series), Taken::Checked(_) | Taken::Blocked) => {
-            let v = series.of(stats_key);
+    let value = match taken {
+        Taken::Checked(_) | Taken::Blocked if stats_key != state.def.full_key => {
+            let v = state.series.of(stats_key);
             if v.is_none() {
-                add(&series.dropped, hits);
+                add(&state.series.dropped, hits);
             }
             v
         }

@@ -283,7 +283,6 @@ fn the_error_names_the_bad_file_among_good_ones() {
 /// burst past its slot), is refused like any other bad configuration:
 /// naming the file, the line and the field, not only the limit.
 #[test]
-#[ignore = "bug: a limit refused when built (not when read) names only `limit d.k`, not its file, line or field"]
 fn a_policy_no_limiter_can_hold_names_its_file_line_and_field() {
     let yaml = "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      policy: \"1000000/s burst 100000000\"\n";
     let dir = ConfigDir::new(&[("burst.yaml", yaml)]);

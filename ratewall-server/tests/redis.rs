@@ -14,8 +14,10 @@ use support::{call, request, ConfigDir, Server};
 
 const OK: i32 = Code::Ok as i32;
 
+/// Window limits count by the hour: a window boundary (Redis aligns them
+/// to its clock) cannot fall inside a test but once in hours.
 fn config(policy: &str) -> String {
-    format!("domain: shared\ndescriptors:\n  - key: tenant\n    rate_limit:\n      policy: \"{policy}\"\n  - key: plain\n    rate_limit:\n      unit: minute\n      requests_per_unit: 7\n")
+    format!("domain: shared\ndescriptors:\n  - key: tenant\n    rate_limit:\n      policy: \"{policy}\"\n  - key: plain\n    rate_limit:\n      unit: hour\n      requests_per_unit: 7\n")
 }
 
 /// 16 callers, each calling both replicas in turn: `calls` in all.
@@ -48,7 +50,7 @@ async fn admitted_by(replicas: &[&Server], descriptor: (&str, &str), calls: usiz
 #[tokio::test]
 async fn two_replicas_on_one_redis_admit_exactly_the_limit_together() {
     let redis = RedisServer::start();
-    let dir = ConfigDir::new(&[("shared.yaml", &config("40/min sliding-window"))]);
+    let dir = ConfigDir::new(&[("shared.yaml", &config("40/h sliding-window"))]);
     let flags = ["--redis-url", &redis.url()];
     let a = Server::start(&dir.path, &flags);
     let b = Server::start(&dir.path, &flags);

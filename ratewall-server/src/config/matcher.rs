@@ -221,6 +221,7 @@ pub(crate) fn find_override(
     id.push('=');
     id.push_str(&kind.id_text());
     let limit = LimitDef {
+        source: "request".into(),
         id,
         full_key: stats_key.clone(),
         kind,
@@ -228,7 +229,10 @@ pub(crate) fn find_override(
         replaces: Vec::new(),
         shadow_mode: false,
         quota_mode: false,
-        detailed_metric: false,
+        // Its stats go by each descriptor's stats key, as the Go service
+        // names an own limit's stats (one limit serves every descriptor
+        // with the same rate).
+        detailed_metric: true,
         metadata: None,
     };
     Some(Found {

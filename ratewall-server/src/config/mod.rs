@@ -63,7 +63,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ratewall::{Policy, Window};
+use ratewall::{Policy, Rate, Window};
 
 use matcher::Node;
 
@@ -173,7 +173,7 @@ impl Unit {
 /// What a limit does to a matching descriptor.
 ///
 /// ```
-/// use ratewall::{Policy, Window};
+/// use ratewall::{Policy, Rate, Window};
 /// use ratewall_server::config::{LimitKind, Unit};
 ///
 /// let kind = LimitKind::from_unit(100, Unit::Minute).unwrap();
@@ -213,13 +213,24 @@ impl LimitKind {
     /// The kind of envoyproxy/ratelimit's `requests_per_unit` per `unit`: a
     /// fixed window, or [`LimitKind::Blocked`] for 0; `None` for
     /// [`Unit::Unknown`].
+    ///
+    /// A count above 16,777,215 (the most a keyed fixed window counts)
+    /// becomes a token bucket of the same rate with a burst of the whole
+    /// count.
     pub fn from_unit(requests_per_unit: u32, unit: Unit) -> Option<LimitKind> {
         let length = unit.length()?;
         Some(if requests_per_unit == 0 {
             LimitKind::Blocked { unit }
         } else {
             LimitKind::Limited {
-                policy: Policy::fixed_window(Window::new(u64::from(requests_per_unit), length)),
+                policy: if u64::from(requests_per_unit) <= MAX_FIXED_WINDOW {
+                    Policy::fixed_window(Window::new(u64::from(requests_per_unit), length))
+                } else {
+                    // Past a keyed fixed window's count: the same rate
+                    // and burst as a token bucket.
+                    let n = u64::from(requests_per_unit);
+                    Policy::token_bucket(Rate::new(n, length).burst(n))
+                },
                 requests_per_unit,
                 unit,
             }
@@ -251,6 +262,9 @@ impl LimitKind {
     }
 }
 
+/// The most a keyed fixed window counts (its slot's count field).
+const MAX_FIXED_WINDOW: u64 = (1 << 24) - 1;
+
 /// One configured limit: a descriptor node's `rate_limit`.
 ///
 /// ```
@@ -266,6 +280,9 @@ impl LimitKind {
 #[derive(Debug)]
 #[non_exhaustive]
 pub struct LimitDef {
+    /// Where it is written: `file:line` (`request` for a descriptor's own
+    /// limit), for messages about it.
+    pub source: String,
     /// The same for a limit that did not change across a reload (domain,
     /// descriptor path, `share_threshold` along the path, and the kind with
     /// its policy): its counters are kept. Names, stats flags and

@@ -535,6 +535,7 @@ impl Ctx<'_> {
                     }
                 }
                 let limit = Arc::new(LimitDef {
+                    source: format!("{}:{at}", self.file),
                     id: format!("{id}={}", kind.id_text()),
                     full_key: full_key.clone(),
                     kind,
@@ -662,6 +663,9 @@ impl Ctx<'_> {
                     ),
                 )
             })?;
+            // Refused here, with its file and line, rather than when the
+            // server builds the limit's table.
+            fits_a_table(policy).map_err(|e| err(*line, "rate_limit.policy", format!("{e}")))?;
             return Ok(LimitKind::from_policy(policy));
         }
         if raw.unlimited {
@@ -708,8 +712,13 @@ impl Ctx<'_> {
                     .into(),
             ));
         };
-        LimitKind::from_unit(requests_per_unit, unit)
-            .ok_or_else(|| err(at, "rate_limit.unit", "the unit has no length".into()))
+        let kind = LimitKind::from_unit(requests_per_unit, unit)
+            .ok_or_else(|| err(at, "rate_limit.unit", "the unit has no length".into()))?;
+        if let LimitKind::Limited { policy, .. } = &kind {
+            fits_a_table(*policy)
+                .map_err(|e| err(at, "rate_limit.requests_per_unit", format!("{e}")))?;
+        }
+        Ok(kind)
     }
 
     /// `metadata`, as JSON (`None` when absent or empty).
@@ -775,4 +784,13 @@ impl Ctx<'_> {
             _ => Value::Null,
         })
     }
+}
+
+/// Whether a keyed table can hold `policy`'s state (a table of one key is
+/// enough to know: the bounds are the policy's, not the table's size).
+fn fits_a_table(policy: Policy) -> Result<(), ratewall::ConfigError> {
+    ratewall::KeyedPolicyLimiter::<Vec<u8>>::builder(policy)
+        .max_keys(1)
+        .build()
+        .map(|_| ())
 }
