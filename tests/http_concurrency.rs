@@ -988,3 +988,23 @@ async fn count_refused_charges_the_rule_in_either_order_and_only_rate_rules_take
         .unwrap_err();
     assert!(err.to_string().contains("count_refused"), "{err}");
 }
+
+/// A cost a rate rule can never admit, in a layer with concurrency rules:
+/// the 413 that names the rule (not a 429), and no permit is held.
+#[tokio::test]
+async fn a_cost_never_admitted_beside_a_concurrency_rule_is_a_413() {
+    let layer = RateLimitLayer::builder()
+        .rule(Rule::concurrent("c", Key::global(), 4))
+        .rule(
+            Rule::global("bulk", Policy::token_bucket(Rate::per_minute(10))).cost_fn(|_, _, _| 20),
+        )
+        .build()
+        .unwrap();
+    let res = raw_service(&layer).oneshot(request("/")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["violated-policies"], serde_json::json!(["bulk"]));
+    let s = layer.stats();
+    assert_eq!((s[0].in_flight(), s[1].errors()), (0, 1));
+}
