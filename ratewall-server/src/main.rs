@@ -59,6 +59,13 @@ struct Flags {
     /// milliseconds.
     #[arg(long, env = "RATEWALL_REDIS_TIMEOUT_MS", default_value_t = 50)]
     redis_timeout_ms: u64,
+    /// The most checks sent to Redis in one script call (concurrent calls'
+    /// descriptors are batched; 1 turns batching off).
+    #[arg(long, env = "RATEWALL_REDIS_MAX_BATCH", default_value_t = 128)]
+    redis_max_batch: usize,
+    /// How many batches may wait on Redis at once.
+    #[arg(long, env = "RATEWALL_REDIS_BATCHES_IN_FLIGHT", default_value_t = 2)]
+    redis_batches_in_flight: usize,
     /// Keys per limit remembered as denied until their retry time, answered
     /// without a Redis call (0: none).
     #[arg(long, env = "RATEWALL_REDIS_DENY_CACHE", default_value_t = 10_000)]
@@ -178,6 +185,8 @@ fn redis_options(flags: &Flags, url: &str) -> Result<(RedisBackend, FailurePolic
     };
     let backend = builder
         .timeout(Duration::from_millis(flags.redis_timeout_ms.max(1)))
+        .max_batch(flags.redis_max_batch)
+        .batches_in_flight(flags.redis_batches_in_flight)
         .build()
         .map_err(|e| format!("--redis-url: {e}"))?;
     Ok((backend, on_failure))

@@ -51,9 +51,20 @@ async fn admitted_by(replicas: &[&Server], descriptor: (&str, &str), calls: usiz
 async fn two_replicas_on_one_redis_admit_exactly_the_limit_together() {
     let redis = RedisServer::start();
     let dir = ConfigDir::new(&[("shared.yaml", &config("40/h sliding-window"))]);
-    let flags = ["--redis-url", &redis.url()];
-    let a = Server::start(&dir.path, &flags);
-    let b = Server::start(&dir.path, &flags);
+    let url = redis.url();
+    let a = Server::start(&dir.path, &["--redis-url", &url]);
+    // The other unbatched, with more batches in flight: the same count.
+    let b = Server::start(
+        &dir.path,
+        &[
+            "--redis-url",
+            &url,
+            "--redis-max-batch",
+            "1",
+            "--redis-batches-in-flight",
+            "4",
+        ],
+    );
     assert_eq!(admitted_by(&[&a, &b], ("tenant", "t1"), 160).await, 40);
     // envoyproxy/ratelimit's own form (a fixed window) too.
     assert_eq!(admitted_by(&[&a, &b], ("plain", "p"), 64).await, 7);
