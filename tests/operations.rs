@@ -62,6 +62,20 @@ impl Snap {
     }
 }
 
+/// A real server answering "ok" at `/` behind `layer`.
+async fn serve_ok(
+    layer: &RateLimitLayer,
+) -> (
+    std::net::SocketAddr,
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+) {
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer.clone());
+    serve("127.0.0.1:0", app).await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_metrics_and_top_offenders_match_what_the_client_saw() {
     let recorder = DebuggingRecorder::new();
@@ -81,10 +95,7 @@ async fn http_metrics_and_top_offenders_match_what_the_client_saw() {
             .build()
             .unwrap()
     });
-    let app = Router::new()
-        .route("/", get(|| async { "ok" }))
-        .layer(layer.clone());
-    let (addr, stop, server) = serve("127.0.0.1:0", app).await;
+    let (addr, stop, server) = serve_ok(&layer).await;
     let (mut ok, mut limited) = (0u64, 0u64);
     for i in 0..40 {
         // Two keys: a noisy one (3 in 4 requests) and a quiet one.
@@ -400,10 +411,7 @@ async fn evictions_are_counted_whether_or_not_the_layer_writes_headers() {
                 .build()
                 .unwrap()
         });
-        let app = Router::new()
-            .route("/", get(|| async { "ok" }))
-            .layer(layer.clone());
-        let (addr, stop, server) = serve("127.0.0.1:0", app).await;
+        let (addr, stop, server) = serve_ok(&layer).await;
         for key in ["k1", "k2", "k3", "k4", "k5", "k6"] {
             let got = fetch(addr, "GET", "/", &[("x-api-key", key)]).await;
             assert_eq!(got.status, StatusCode::OK);

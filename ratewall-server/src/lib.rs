@@ -48,5 +48,5 @@ mod together;
 
 pub use headers::ResponseHeaders;
 pub use server::{RunningServer, ServerBuilder, StartError};
-pub use service::{RequestError, Service, ServiceOptions};
+pub use service::{request, RequestError, Service, ServiceOptions};
 pub use store::LimitError;

@@ -358,23 +358,7 @@ impl Service {
         descriptors: &[&[(&str, &str)]],
         hits: u32,
     ) -> Result<bool, RequestError> {
-        let request = RateLimitRequest {
-            domain: domain.to_owned(),
-            descriptors: descriptors
-                .iter()
-                .map(|entries| RateLimitDescriptor {
-                    entries: entries
-                        .iter()
-                        .map(|(k, v)| Entry {
-                            key: (*k).to_owned(),
-                            value: (*v).to_owned(),
-                        })
-                        .collect(),
-                    ..RateLimitDescriptor::default()
-                })
-                .collect(),
-            hits_addend: hits,
-        };
+        let request = request(domain, descriptors, hits);
         let response = self.should_rate_limit(&request).await?;
         Ok(response.overall_code == Code::Ok as i32)
     }
@@ -570,6 +554,34 @@ impl Service {
         let state = Arc::new(LimitState::build(Arc::clone(&f.limit), &self.options).ok()?);
         overrides.insert(f.limit.id.clone(), Arc::clone(&state));
         Some(state)
+    }
+}
+
+/// A `ShouldRateLimit` request of `domain`, each descriptor given as its
+/// `(key, value)` entries, costing `hits` (0 means 1): what a client builds
+/// from Envoy's published protos, in one call.
+///
+/// ```
+/// let r = ratewall_server::request("edge", &[&[("remote_address", "10.0.0.1")]], 1);
+/// assert_eq!(r.descriptors[0].entries[0].value, "10.0.0.1");
+/// ```
+pub fn request(domain: &str, descriptors: &[&[(&str, &str)]], hits: u32) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: domain.to_owned(),
+        descriptors: descriptors
+            .iter()
+            .map(|entries| RateLimitDescriptor {
+                entries: entries
+                    .iter()
+                    .map(|(k, v)| Entry {
+                        key: (*k).to_owned(),
+                        value: (*v).to_owned(),
+                    })
+                    .collect(),
+                ..RateLimitDescriptor::default()
+            })
+            .collect(),
+        hits_addend: hits,
     }
 }
 

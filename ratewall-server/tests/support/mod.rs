@@ -12,8 +12,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use http_body_util::{BodyExt, Full};
@@ -175,36 +173,43 @@ impl Server {
     /// Sends SIGTERM and waits (at most `within`) for the exit status,
     /// leaving the test's runtime free to run its clients meanwhile.
     pub async fn terminate(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        let deadline = Instant::now() + within;
-        while Instant::now() < deadline {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return Some(status);
+        let deadline = self.sigterm(within);
+        loop {
+            match self.exited(deadline) {
+                Ok(status) => return status,
+                Err(()) => tokio::time::sleep(Duration::from_millis(20)).await,
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        None
     }
-}
 
-impl Server {
-    /// Sends SIGTERM and waits (at most `within`) for the exit status,
-    /// blocking this thread: a client on this thread's runtime cannot
-    /// answer the server meanwhile.
+    /// [`terminate`](Self::terminate), blocking this thread: a client on
+    /// this thread's runtime cannot answer the server meanwhile.
     pub fn terminate_blocking(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = self.sigterm(within);
+        loop {
+            match self.exited(deadline) {
+                Ok(status) => return status,
+                Err(()) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+    }
+
+    /// Sends SIGTERM; the deadline `within` from now.
+    fn sigterm(&self, within: Duration) -> Instant {
         let _ = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status();
-        let deadline = Instant::now() + within;
-        while Instant::now() < deadline {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return Some(status);
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        Instant::now() + within
+    }
+
+    /// `Ok`: the exit status, or `None` once past `deadline`; `Err`: still
+    /// running, wait and ask again.
+    fn exited(&mut self, deadline: Instant) -> Result<Option<std::process::ExitStatus>, ()> {
+        match self.child.try_wait() {
+            Ok(Some(status)) => Ok(Some(status)),
+            _ if Instant::now() >= deadline => Ok(None),
+            _ => Err(()),
         }
-        None
     }
 }
 
@@ -225,25 +230,8 @@ pub fn refused(dir: &Path) -> Refused {
 }
 
 /// A request of one domain, each descriptor a list of (key, value).
-pub fn request(domain: &str, descriptors: &[&[(&str, &str)]], hits: u32) -> RateLimitRequest {
-    RateLimitRequest {
-        domain: domain.into(),
-        descriptors: descriptors
-            .iter()
-            .map(|entries| RateLimitDescriptor {
-                entries: entries
-                    .iter()
-                    .map(|(k, v)| Entry {
-                        key: (*k).into(),
-                        value: (*v).into(),
-                    })
-                    .collect(),
-                ..RateLimitDescriptor::default()
-            })
-            .collect(),
-        hits_addend: hits,
-    }
-}
+#[allow(unused_imports)] // each test file uses a part
+pub use ratewall_server::request;
 
 /// One call; panics on a transport error.
 pub async fn call(
