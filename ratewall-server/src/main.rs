@@ -50,6 +50,16 @@ struct Flags {
     /// of a Redis Cluster. Without it, limits count in memory.
     #[arg(long, env = "RATEWALL_REDIS_URL")]
     redis_url: Option<String>,
+    /// A PEM file of the CA that signed Redis's certificate (`rediss://`
+    /// with a private CA); the platform's trust store otherwise.
+    #[arg(long, env = "RATEWALL_REDIS_TLS_CA")]
+    redis_tls_ca: Option<PathBuf>,
+    /// A PEM certificate for mutual TLS with Redis (with `--redis-tls-key`).
+    #[arg(long, env = "RATEWALL_REDIS_TLS_CERT", requires = "redis_tls_key")]
+    redis_tls_cert: Option<PathBuf>,
+    /// The PEM private key of `--redis-tls-cert`.
+    #[arg(long, env = "RATEWALL_REDIS_TLS_KEY", requires = "redis_tls_cert")]
+    redis_tls_key: Option<PathBuf>,
     /// What a call gets when Redis cannot answer: `open` (admitted),
     /// `closed` (gRPC UNAVAILABLE: Envoy's failure_mode_deny decides) or
     /// `fallback-share N` (limited here at 1/N of each limit, N replicas).
@@ -183,6 +193,19 @@ fn redis_options(flags: &Flags, url: &str) -> Result<(RedisBackend, FailurePolic
     } else {
         RedisBackend::builder(url.trim())
     };
+    let read = |flag: &str, path: &PathBuf| {
+        std::fs::read(path).map_err(|e| format!("{flag} {}: {e}", path.display()))
+    };
+    let mut builder = builder;
+    if let Some(ca) = &flags.redis_tls_ca {
+        builder = builder.tls_root_certificate(read("--redis-tls-ca", ca)?);
+    }
+    if let (Some(cert), Some(key)) = (&flags.redis_tls_cert, &flags.redis_tls_key) {
+        builder = builder.tls_client_certificate(
+            read("--redis-tls-cert", cert)?,
+            read("--redis-tls-key", key)?,
+        );
+    }
     let backend = builder
         .timeout(Duration::from_millis(flags.redis_timeout_ms.max(1)))
         .max_batch(flags.redis_max_batch)
