@@ -93,6 +93,9 @@ struct Flags {
     /// connections still open are closed, in milliseconds.
     #[arg(long, env = "RATEWALL_DRAIN_MS", default_value_t = 10_000)]
     drain_ms: u64,
+    /// Threads answering calls (0: one per CPU).
+    #[arg(long, env = "RATEWALL_WORKER_THREADS", default_value_t = 0)]
+    worker_threads: usize,
     /// Answer OK without limiting (a benchmark's floor: the transport alone).
     #[arg(long, hide = true)]
     answer_ok_without_limiting: bool,
@@ -101,8 +104,22 @@ struct Flags {
     reload_ms: u64,
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
+    let flags = Flags::parse();
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if flags.worker_threads > 0 {
+        runtime.worker_threads(flags.worker_threads);
+    }
+    match runtime.enable_all().build() {
+        Ok(rt) => rt.block_on(serve(flags)),
+        Err(e) => {
+            eprintln!("ratewall-server: cannot start the runtime: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(flags: Flags) -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("RATEWALL_LOG")
@@ -112,7 +129,6 @@ async fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(false)
         .init();
-    let flags = Flags::parse();
     let stop = stop_signal();
     let mut options = ServiceOptions::default()
         .max_keys_per_limit(flags.max_keys_per_limit)
