@@ -138,6 +138,12 @@ impl ServerBuilder {
     }
 
     /// Loads the configuration, binds both addresses and starts serving.
+    ///
+    /// The first server of a process installs a Prometheus recorder as the
+    /// `metrics` facade's global recorder (for the library's Redis metrics
+    /// in `/metrics`), unless the program installed one before: then those
+    /// metrics go to the program's recorder, and `/metrics` has the
+    /// server's own.
     pub async fn start(self) -> Result<RunningServer, StartError> {
         // Before any limit is built: the library registers its handles then.
         let _ = stats::library_metrics();
