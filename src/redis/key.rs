@@ -43,8 +43,11 @@ pub(crate) fn redis_key(base: &[u8], key: &[u8]) -> Result<Vec<u8>, RedisError> 
     } else {
         let digest = sha1_smol::Sha1::from(key).digest().bytes();
         out.push(b'#');
+        const HEX: &[u8; 16] = b"0123456789abcdef";
         for b in &digest[..16] {
-            out.extend_from_slice(format!("{b:02x}").as_bytes());
+            // Two lowercase hex digits, without a formatter's allocation.
+            out.push(HEX[usize::from(b >> 4)]);
+            out.push(HEX[usize::from(b & 0xf)]);
         }
     }
     Ok(out)
@@ -75,7 +78,10 @@ mod tests {
             let k = redis_key(b"rw:x:", key).unwrap();
             assert_eq!(k.len(), 5 + 33, "{key:?}");
             assert_eq!(k[5], b'#');
-            assert!(k[6..].iter().all(u8::is_ascii_hexdigit));
+            // The first 16 bytes of the key's SHA-1, in lowercase hex (the
+            // names every existing key in Redis was written under).
+            let sha1 = sha1_smol::Sha1::from(key).digest().to_string();
+            assert_eq!(&k[6..], &sha1.as_bytes()[..32], "{key:?}");
         }
         // Different keys, different names; the same key, the same name.
         assert_ne!(
