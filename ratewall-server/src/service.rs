@@ -408,6 +408,18 @@ impl Service {
             found.push(generation.config.find(&request.domain, &entries, own));
         }
         apply_replaces(&mut found);
+        // Each found limit's state, borrowed from the generation this call
+        // holds (no reference count touched), or a descriptor's own limit.
+        let states: Vec<Option<StateRef<'_>>> = found
+            .iter()
+            .map(|f| {
+                let state = self.state_of(&generation, f.as_ref()?);
+                if state.is_none() {
+                    add(&self.overrides_refused, 1);
+                }
+                state
+            })
+            .collect();
         let ok = DescriptorStatus {
             code: Code::Ok as i32,
             ..DescriptorStatus::default()
@@ -415,7 +427,7 @@ impl Service {
         let mut statuses = vec![ok; found.len()];
         // The counted descriptors' decisions, for the IETF fields.
         let ietf = self.options.response_headers == ResponseHeaders::Ietf;
-        let mut shown: Vec<(Arc<LimitState>, Decision)> = Vec::new();
+        let mut shown: Vec<(&LimitState, Decision)> = Vec::new();
         // Descriptors counted on their own, on Redis (sent together).
         let mut remote = Vec::new();
         // All or nothing: the enforced descriptors, and whether a limit
@@ -424,20 +436,20 @@ impl Service {
         let (mut joint, mut refused) = (Vec::new(), false);
         // Which descriptors have a quota-mode limit.
         let mut quota = vec![false; statuses.len()];
-        for (i, (d, f)) in request.descriptors.iter().zip(found).enumerate() {
+        let described = request.descriptors.iter().zip(&found).zip(&states);
+        for (i, ((d, f), state)) in described.enumerate() {
             // `d`: the descriptor as sent; `f`: its limit, if any.
-            let Some(f) = f else { continue };
-            let Some(state) = self.state_of(&generation, &f) else {
-                add(&self.overrides_refused, 1);
+            let (Some(f), Some(state)) = (f, state) else {
                 continue;
             };
+            let state: &LimitState = state;
             quota[i] = state.def.quota_mode;
             let hits = request_hits(request, i);
             let enforced = together && !state.def.shadow_mode && hits > 0 && !d.is_negative_hits;
-            let Some(counter) = state.limiter.clone() else {
+            let Some(counter) = state.limiter.as_deref() else {
                 statuses[i] = if let LimitKind::Blocked { .. } = state.def.kind {
                     refused |= enforced;
-                    finish(&state, Taken::Blocked, hits, &f.stats_key)
+                    finish(state, Taken::Blocked, hits, &f.stats_key)
                 } else {
                     DescriptorStatus {
                         code: Code::Ok as i32,
@@ -452,8 +464,8 @@ impl Service {
                     index: i,
                     state,
                     counter,
-                    key: f.counter_key,
-                    stats_key: f.stats_key,
+                    key: &f.counter_key,
+                    stats_key: &f.stats_key,
                     hits,
                 });
                 continue;
@@ -462,17 +474,15 @@ impl Service {
                 hits,
                 refund: d.is_negative_hits,
             };
-            match &*counter {
+            match counter {
                 Counter::Memory(l) => {
                     let taken = op.on_memory(l, &f.counter_key);
-                    statuses[i] = finish(&state, taken, hits, &f.stats_key);
+                    statuses[i] = finish(state, taken, hits, &f.stats_key);
                     if ietf {
-                        shown.extend(taken.decision().map(|d| (Arc::clone(&state), d)));
+                        shown.extend(taken.decision().map(|d| (state, d)));
                     }
                 }
-                Counter::Redis(_) => {
-                    remote.push((i, state, counter, f.counter_key, f.stats_key, op));
-                }
+                Counter::Redis(l) => remote.push((i, state, l, f, op)),
             }
         }
         // In the joint descriptors' order.
@@ -480,24 +490,21 @@ impl Service {
         for (j, (i, status, decision)) in joint.iter().zip(answers) {
             statuses[i] = status;
             if ietf {
-                shown.extend(decision.map(|d| (Arc::clone(&j.state), d)));
+                shown.extend(decision.map(|d| (j.state, d)));
             }
         }
         if !remote.is_empty() {
-            let calls = remote.iter().map(|(_, _, counter, key, _, op)| async move {
-                match &**counter {
-                    Counter::Redis(l) => op.on_redis(l, key).await,
-                    Counter::Memory(l) => Ok(op.on_memory(l, key)),
-                }
-            });
+            let calls = remote
+                .iter()
+                .map(|(_, _, l, f, op)| op.on_redis(l, &f.counter_key));
             let answers = futures_util::future::join_all(calls).await;
-            for ((i, state, _, _, stats_key, _), answer) in remote.iter().zip(answers) {
+            for ((i, state, _, f, op), answer) in remote.iter().zip(answers) {
                 let taken = answer.map_err(|e| RequestError::StoreUnavailable {
                     cause: e.to_string(),
                 })?;
-                statuses[*i] = finish(state, taken, request_hits(request, *i), stats_key);
+                statuses[*i] = finish(state, taken, op.hits, &f.stats_key);
                 if ietf {
-                    shown.extend(taken.decision().map(|d| (Arc::clone(state), d)));
+                    shown.extend(taken.decision().map(|d| (*state, d)));
                 }
             }
         }
@@ -519,11 +526,11 @@ impl Service {
         };
         let items: Vec<Shown<'_>> = shown
             .iter()
-            .filter_map(|(state, decision)| match &state.def.kind {
+            .filter_map(|&(state, decision)| match &state.def.kind {
                 LimitKind::Limited { policy, .. } => Some(Shown {
                     name: state.def.name.as_deref().unwrap_or(&state.def.full_key),
                     policy: *policy,
-                    decision: *decision,
+                    decision,
                 }),
                 _ => None,
             })
@@ -540,20 +547,38 @@ impl Service {
 
     /// The state of a found limit: configured, or carried by the
     /// descriptor (made on first use, up to `max_override_limits`).
-    fn state_of(&self, generation: &Generation, f: &Found) -> Option<Arc<LimitState>> {
+    fn state_of<'g>(&self, generation: &'g Generation, f: &Found) -> Option<StateRef<'g>> {
         if let Some(s) = generation.by_def.get(&def_addr(&f.limit)) {
-            return Some(Arc::clone(s));
+            return Some(StateRef::Configured(s));
         }
         let mut overrides = self.overrides.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(s) = overrides.get(&f.limit.id) {
-            return Some(Arc::clone(s));
+            return Some(StateRef::Own(Arc::clone(s)));
         }
         if overrides.len() >= self.options.max_override_limits {
             return None;
         }
         let state = Arc::new(LimitState::build(Arc::clone(&f.limit), &self.options).ok()?);
         overrides.insert(f.limit.id.clone(), Arc::clone(&state));
-        Some(state)
+        Some(StateRef::Own(state))
+    }
+}
+
+/// A found limit's state: a configured limit's, borrowed from the
+/// generation the call holds, or a descriptor's own limit's, shared with
+/// the service's map of them.
+enum StateRef<'g> {
+    Configured(&'g LimitState),
+    Own(Arc<LimitState>),
+}
+
+impl std::ops::Deref for StateRef<'_> {
+    type Target = LimitState;
+    fn deref(&self) -> &LimitState {
+        match self {
+            StateRef::Configured(s) => s,
+            StateRef::Own(s) => s,
+        }
     }
 }
 

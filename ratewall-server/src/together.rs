@@ -5,8 +5,6 @@
 //! refused request spends nothing, and a client hammering a limit it is
 //! over does not drain its other limits.
 
-use std::sync::Arc;
-
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::DescriptorStatus;
 use ratewall::redis::RedisLimiter;
 use ratewall::{check_each, Decision, KeyedPolicyLimiter, Limit};
@@ -17,13 +15,13 @@ use crate::store::{finish, looked, Counter, LimitState, Taken};
 
 /// One enforced descriptor's share of an all-or-nothing check.
 #[derive(Debug)]
-pub(crate) struct Joint {
+pub(crate) struct Joint<'a> {
     /// The descriptor's position in the request.
     pub(crate) index: usize,
-    pub(crate) state: Arc<LimitState>,
-    pub(crate) counter: Arc<Counter>,
-    pub(crate) key: Vec<u8>,
-    pub(crate) stats_key: String,
+    pub(crate) state: &'a LimitState,
+    pub(crate) counter: &'a Counter,
+    pub(crate) key: &'a [u8],
+    pub(crate) stats_key: &'a str,
     pub(crate) hits: u64,
 }
 
@@ -34,7 +32,7 @@ pub(crate) type Answers = Vec<(usize, DescriptorStatus, Option<Decision>)>;
 /// Checks `joint` all or nothing; `refused` (a limit of 0 among the
 /// request's enforced descriptors) refuses it before anything is taken.
 /// A descriptor that another refused reports what it has left, uncounted.
-pub(crate) async fn check(joint: &[Joint], refused: bool) -> Result<Answers, RequestError> {
+pub(crate) async fn check(joint: &[Joint<'_>], refused: bool) -> Result<Answers, RequestError> {
     if joint.is_empty() {
         return Ok(Vec::new());
     }
@@ -43,7 +41,7 @@ pub(crate) async fn check(joint: &[Joint], refused: bool) -> Result<Answers, Req
     }
     let memory: Vec<&KeyedPolicyLimiter<Vec<u8>>> = joint
         .iter()
-        .filter_map(|j| match &*j.counter {
+        .filter_map(|j| match j.counter {
             Counter::Memory(l) => Some(l),
             Counter::Redis(_) => None,
         })
@@ -60,11 +58,11 @@ pub(crate) async fn check(joint: &[Joint], refused: bool) -> Result<Answers, Req
             .zip(decisions)
             .map(|(j, d)| {
                 let status = if allowed || !d.is_allowed() {
-                    finish(&j.state, Taken::Checked(Ok(d)), j.hits, &j.stats_key)
+                    finish(j.state, Taken::Checked(Ok(d)), j.hits, j.stats_key)
                 } else {
                     // Allowed by its limit, then given back: nothing is
                     // counted, and it has what it had before.
-                    let mut s = looked(&j.state, &d);
+                    let mut s = looked(j.state, &d);
                     let before = d.remaining().saturating_add(j.hits).min(d.limit());
                     s.limit_remaining = u32::try_from(before).unwrap_or(u32::MAX);
                     s
@@ -83,7 +81,7 @@ pub(crate) async fn check(joint: &[Joint], refused: bool) -> Result<Answers, Req
             };
             out[culprit] = (
                 j.index,
-                finish(&j.state, Taken::Checked(Err(never)), j.hits, &j.stats_key),
+                finish(j.state, Taken::Checked(Err(never)), j.hits, j.stats_key),
                 None,
             );
             Ok(out)
@@ -92,25 +90,25 @@ pub(crate) async fn check(joint: &[Joint], refused: bool) -> Result<Answers, Req
 }
 
 fn capacity(j: &Joint) -> u64 {
-    match &j.state.def.kind {
+    match j.state.def.kind {
         LimitKind::Limited { policy, .. } => policy.limit(),
         _ => 0,
     }
 }
 
 /// The first joint descriptor whose cost its limit can never admit.
-fn culprit(joint: &[Joint]) -> usize {
+fn culprit(joint: &[Joint<'_>]) -> usize {
     joint.iter().position(|j| j.hits > capacity(j)).unwrap_or(0)
 }
 
 fn on_memory(
-    joint: &[Joint],
+    joint: &[Joint<'_>],
     memory: &[&KeyedPolicyLimiter<Vec<u8>>],
 ) -> Result<(bool, Vec<Decision>), usize> {
     let refs: Vec<_> = memory
         .iter()
         .zip(joint)
-        .map(|(l, j)| l.with_key(&j.key[..]))
+        .map(|(l, j)| l.with_key(j.key))
         .collect();
     let limits: Vec<(&dyn Limit<_>, u64)> = refs
         .iter()
@@ -125,18 +123,20 @@ fn on_memory(
                 .into_iter()
                 .zip(memory.iter().zip(joint))
                 // A limit the check did not reach: what it has left.
-                .map(|(d, (l, j))| d.unwrap_or_else(|| l.peek_key(&j.key[..])))
+                .map(|(d, (l, j))| d.unwrap_or_else(|| l.peek_key(j.key)))
                 .collect(),
         )),
         Err(_) => Err(culprit(joint)),
     }
 }
 
-async fn on_redis(joint: &[Joint]) -> Result<Result<(bool, Vec<Decision>), usize>, RequestError> {
+async fn on_redis(
+    joint: &[Joint<'_>],
+) -> Result<Result<(bool, Vec<Decision>), usize>, RequestError> {
     let limits: Vec<(&RedisLimiter, &[u8], u64)> = joint
         .iter()
-        .filter_map(|j| match &*j.counter {
-            Counter::Redis(l) => Some((l, &j.key[..], j.hits)),
+        .filter_map(|j| match j.counter {
+            Counter::Redis(l) => Some((l, j.key, j.hits)),
             Counter::Memory(_) => None,
         })
         .collect();
@@ -153,20 +153,20 @@ async fn on_redis(joint: &[Joint]) -> Result<Result<(bool, Vec<Decision>), usize
 }
 
 /// Every joint descriptor's standing, nothing taken or counted.
-async fn peek_all(joint: &[Joint]) -> Result<Answers, RequestError> {
+async fn peek_all(joint: &[Joint<'_>]) -> Result<Answers, RequestError> {
     let mut out = Vec::with_capacity(joint.len());
     for j in joint {
-        let d = match &*j.counter {
-            Counter::Memory(l) => l.peek_key(&j.key[..]),
+        let d = match j.counter {
+            Counter::Memory(l) => l.peek_key(j.key),
             Counter::Redis(l) => l
-                .peek_key(&j.key)
+                .peek_key(j.key)
                 .await
                 .map_err(|e| RequestError::StoreUnavailable {
                     cause: e.to_string(),
                 })?
                 .decision(),
         };
-        out.push((j.index, looked(&j.state, &d), Some(d)));
+        out.push((j.index, looked(j.state, &d), Some(d)));
     }
     Ok(out)
 }
