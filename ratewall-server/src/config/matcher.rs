@@ -6,6 +6,7 @@
 //! Wildcard nodes also sit in an ordered list with their pattern split on
 //! `*` at load time, so a match allocates nothing.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -90,7 +91,11 @@ struct Step<'c> {
 }
 
 /// `GetLimit` without an override.
-pub(crate) fn find(root: &Node, domain: &str, entries: &[(&str, &str)]) -> Option<Found> {
+pub(crate) fn find<'c>(
+    root: &'c Node,
+    domain: &str,
+    entries: &[(&str, &str)],
+) -> Option<Found<'c>> {
     // How each entry matched: on the stack for the usual few entries.
     const INLINE: usize = 8;
     let unmatched = Step {
@@ -187,7 +192,7 @@ pub(crate) fn find(root: &Node, domain: &str, entries: &[(&str, &str)]) -> Optio
         }
     }
     Some(Found {
-        limit: Arc::clone(limit),
+        limit: Cow::Borrowed(limit),
         counter_key,
         stats_key,
     })
@@ -199,7 +204,7 @@ pub(crate) fn find_override(
     entries: &[(&str, &str)],
     requests_per_unit: u32,
     unit: Unit,
-) -> Option<Found> {
+) -> Option<Found<'static>> {
     let kind = LimitKind::from_unit(requests_per_unit, unit)?;
     let mut stats_key = String::with_capacity(domain.len() + 16 * entries.len());
     stats_key.push_str(domain);
@@ -236,7 +241,7 @@ pub(crate) fn find_override(
         metadata: None,
     };
     Some(Found {
-        limit: Arc::new(limit),
+        limit: Cow::Owned(Arc::new(limit)),
         counter_key,
         stats_key,
     })

@@ -57,6 +57,7 @@ mod tests_errors;
 #[cfg(test)]
 mod tests_more;
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -310,9 +311,10 @@ pub struct LimitDef {
 /// A descriptor's limit and which of its counters it takes.
 #[derive(Clone, Debug)]
 #[non_exhaustive]
-pub struct Found {
-    /// The limit.
-    pub limit: Arc<LimitDef>,
+pub struct Found<'c> {
+    /// The limit: the configuration's own (borrowed, so a lookup touches
+    /// no reference count), or the descriptor's own `limit` (made for it).
+    pub limit: Cow<'c, Arc<LimitDef>>,
     /// The counter within the limit: the descriptor's entries as matched
     /// (a wildcard with `share_threshold` names the pattern, not the value),
     /// each key and value length-prefixed, so no two descriptors share a
@@ -541,7 +543,7 @@ impl Config {
         domain: &str,
         entries: &[(&str, &str)],
         limit_override: Option<(u32, Unit)>,
-    ) -> Option<Found> {
+    ) -> Option<Found<'_>> {
         let root = self.domains.get(domain)?;
         match limit_override {
             Some((requests_per_unit, unit)) => {
@@ -575,7 +577,7 @@ impl Config {
 /// assert!(found[0].is_none() && found[1].is_some());
 /// # Ok::<(), ratewall_server::config::ConfigError>(())
 /// ```
-pub fn apply_replaces(found: &mut [Option<Found>]) {
+pub fn apply_replaces(found: &mut [Option<Found<'_>>]) {
     let replaced: Vec<&str> = found
         .iter()
         .flatten()
