@@ -1,13 +1,17 @@
 //! ratewall's main job, in process and with no set-up:
-//! `cargo run --release --example demo`.
+//! `cargo run --release -p ratewall-demo`.
 //!
 //! It plays a scripted burst through each limiter on the real clock, prints
 //! what each request got, and ends with checks per second on this machine.
-//! With `--features redis` it also shows three instances sharing one limit
-//! in a throwaway `redis-server` (started on a free port when installed),
-//! and with `--all-features` the HTTP layer (`examples/server.rs` and a real
-//! client), locally and then as two server instances on one Redis limit,
-//! and the client pacing layer calling an in-process server.
+//! It also shows three instances sharing one limit in a throwaway
+//! `redis-server` (started on a free port when installed), the HTTP layer
+//! (`examples/server.rs` and a real client), locally and then as two server
+//! instances on one Redis limit, and the client pacing layer calling an
+//! in-process server.
+//!
+//! A workspace member of its own (`demo/`), with every library feature it
+//! shows always on; it includes `examples/server.rs` and
+//! `tests/support/backend_sim.rs` by path.
 
 use ratewall::{
     check_all, FixedWindow, KeyedTokenBucket, LeakyBucket, ManualClock, Policy, Rate,
@@ -154,14 +158,8 @@ fn measure(run: Duration, mut f: impl FnMut() -> bool) -> (u64, Duration) {
     (ops, start.elapsed())
 }
 
-#[cfg(feature = "quanta")]
 fn clock_name(c: &ratewall::QuantaClock) -> String {
     format!("QuantaClock, source {}", c.source())
-}
-
-#[cfg(not(feature = "quanta"))]
-fn clock_name<C: ratewall::Clock>(c: &C) -> String {
-    format!("{c:?}")
 }
 
 /// The five algorithms on the same adversarial traffic, in simulated time (a
@@ -182,7 +180,7 @@ fn side_by_side() {
         for &(at_ms, count) in BURSTS {
             clock.set(Duration::from_millis(at_ms));
             let ok = (0..count).filter(|_| check()).count();
-            admitted_at.extend(std::iter::repeat(at_ms).take(ok));
+            admitted_at.extend(std::iter::repeat_n(at_ms, ok));
             per_burst.push(ok);
         }
         let worst = admitted_at
@@ -251,14 +249,12 @@ fn multi_limit() {
 /// A throwaway `redis-server` on a free loopback port, with no
 /// persistence, in its own directory; killed by its PID (and the directory
 /// removed) however the demo ends.
-#[cfg(feature = "redis")]
 struct ThrowawayRedis {
     child: std::process::Child,
     port: u16,
     dir: std::path::PathBuf,
 }
 
-#[cfg(feature = "redis")]
 impl ThrowawayRedis {
     /// `None` when `redis-server` is not installed.
     fn start() -> Option<ThrowawayRedis> {
@@ -299,7 +295,6 @@ impl ThrowawayRedis {
     }
 }
 
-#[cfg(feature = "redis")]
 impl Drop for ThrowawayRedis {
     fn drop(&mut self) {
         self.kill();
@@ -307,13 +302,11 @@ impl Drop for ThrowawayRedis {
     }
 }
 
-#[cfg(feature = "redis")]
 const NO_REDIS_SERVER: &str =
     "  (redis-server is not installed: `apt-get install redis-server` to see this part)\n";
 
 /// Three instances behind a load balancer: with local limits they admit
 /// 3 x L, sharing the limit in Redis they admit L.
-#[cfg(feature = "redis")]
 fn distributed() {
     use ratewall::redis::{DecisionSource, FailurePolicy, RedisBackend, RedisLimiter};
     use ratewall::{KeyedPolicyLimiter, Policy};
@@ -369,11 +362,6 @@ fn distributed() {
         }
         println!("  Redis killed (kill -9), local fallback with each instance's share: {ok:>2} admitted ({fallback} of 45 from the fallback)\n");
     });
-}
-
-#[cfg(not(feature = "redis"))]
-fn distributed() {
-    println!("Distributed: `cargo run --release --example demo --features redis` shows 3 instances sharing one limit in Redis\n");
 }
 
 /// A keyed limiter over one million distinct keys: memory and speed.
@@ -437,7 +425,6 @@ fn rss_bytes() -> Option<u64> {
 
 /// The same allow path on `CoarseClock`: a cached reading (about 1 ns, 1 ms
 /// granularity) instead of the TSC (about 10 ns).
-#[cfg(feature = "quanta")]
 fn coarse_clock() {
     use ratewall::{Clock, CoarseClock, QuantaClock};
     let run = Duration::from_millis(400);
@@ -454,9 +441,6 @@ fn coarse_clock() {
         elapsed.as_nanos() as f64 / ops as f64
     );
 }
-
-#[cfg(not(feature = "quanta"))]
-fn coarse_clock() {}
 
 /// A clock that jumps backwards, and an absurd instant: neither causes a
 /// wrong decision nor a panic.
@@ -567,14 +551,12 @@ fn soft_and_elastic() {
     println!("  and went above it once the pool grew\n");
 }
 
-#[cfg(feature = "axum")]
-#[path = "server.rs"]
+#[path = "../../examples/server.rs"]
 #[allow(dead_code)]
 mod server;
 
 /// One request over a fresh HTTP/1.1 connection (hyper's client); returns
 /// the response head and body.
-#[cfg(feature = "axum")]
 async fn fetch(
     addr: std::net::SocketAddr,
     method: &str,
@@ -605,7 +587,6 @@ async fn fetch(
 
 /// Prints a request (`label` names the instance, if any) and its answer:
 /// status, the retry and rate-limit headers, the body.
-#[cfg(feature = "axum")]
 fn show(
     label: &str,
     method: &str,
@@ -633,7 +614,6 @@ fn show(
 }
 
 /// The examples' tokio runtime: two workers, I/O and time.
-#[cfg(feature = "axum")]
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -643,7 +623,6 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 /// Serves `app` on a free port of 127.0.0.1 until the sender is dropped.
-#[cfg(feature = "axum")]
 async fn serve(
     app: axum::Router,
 ) -> (
@@ -673,7 +652,6 @@ async fn serve(
 /// The tower layer over real HTTP: `examples/server.rs` on a free port on
 /// 127.0.0.1, driven by a real HTTP/1.1 client (hyper). Shows allowed
 /// responses with their `RateLimit` fields, then failed logins until a 429.
-#[cfg(feature = "axum")]
 fn http_layer() {
     async fn send(addr: std::net::SocketAddr, method: &str, path: &str, headers: &[(&str, &str)]) {
         let res = fetch(addr, method, path, headers).await;
@@ -705,15 +683,9 @@ fn http_layer() {
     println!();
 }
 
-#[cfg(not(feature = "axum"))]
-fn http_layer() {
-    println!("The HTTP layer: run `cargo run --release --example demo --features axum` to see it.");
-}
-
 /// The same server with its per-IP and per-API-key limits in a throwaway
 /// Redis: two instances on two ports, one client alternating between them,
 /// spends one shared budget (bursts of 20 for the fleet, not 20 each).
-#[cfg(all(feature = "axum", feature = "redis"))]
 fn http_on_redis() {
     println!(
         "The HTTP layer on Redis: two instances of examples/server.rs, one throwaway redis-server"
@@ -726,20 +698,17 @@ fn http_on_redis() {
     let rt = runtime();
     rt.block_on(async {
         // The limits of examples/http_limits_redis.toml (`store = "redis"`
-        // rules) with `serde`, else the same limits set in Rust.
-        #[cfg(feature = "serde")]
+        // rules).
         let (layer, from) = (
             || {
                 let file = concat!(
                     env!("CARGO_MANIFEST_DIR"),
-                    "/examples/http_limits_redis.toml"
+                    "/../examples/http_limits_redis.toml"
                 );
                 server::limits_from_file_on_redis(std::path::Path::new(file), &url)
             },
             "examples/http_limits_redis.toml",
         );
-        #[cfg(not(feature = "serde"))]
-        let (layer, from) = (|| server::redis_limits(&url), "server::redis_limits");
         let mut instances = Vec::new();
         for _ in 0..2 {
             match layer() {
@@ -784,12 +753,7 @@ fn http_on_redis() {
     drop(redis);
 }
 
-#[cfg(not(all(feature = "axum", feature = "redis")))]
-fn http_on_redis() {
-    println!("The HTTP layer on Redis: `cargo run --release --example demo --all-features` shows two instances sharing one limit in Redis\n");
-}
-
-#[path = "../tests/support/backend_sim.rs"]
+#[path = "../../tests/support/backend_sim.rs"]
 #[allow(dead_code)]
 mod backend_sim;
 
@@ -959,7 +923,6 @@ fn waiting_run(
 /// hyper-util client, calling an in-process server limited to 20/s per
 /// client: the same burst of 30 requests from 10 tasks, without the layer
 /// and through it.
-#[cfg(all(feature = "axum", feature = "client"))]
 fn client_pacing() {
     use hyper_util::client::legacy::Client;
     use ratewall::client::PacingLayer;
@@ -1071,11 +1034,4 @@ fn client_pacing() {
             .expect("request");
         let _ = svc.clone().oneshot(req).await.expect("response");
     }
-}
-
-#[cfg(not(all(feature = "axum", feature = "client")))]
-fn client_pacing() {
-    println!(
-        "The client pacing layer: `cargo run --release --example demo --all-features` shows it\n"
-    );
 }
