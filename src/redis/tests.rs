@@ -663,59 +663,71 @@ fn one_batch_at_a_time(
 /// A call that fails inside a batch (its key holds another policy's state,
 /// or a value of another type) is an error for that call only; the other
 /// calls of the batch get their decisions, and the foreign keys are left
-/// as they were.
+/// as they were. For every algorithm the batch reads ahead with its MGET
+/// (which reads a key of another type as absent, so its write must fail).
 // One thread: the calls of a group all queue before the runner sends,
 // so the batches are the same on every run.
 #[tokio::test(flavor = "current_thread")]
 async fn a_failing_call_in_a_batch_fails_alone() {
     let server = RedisServer::start();
-    let l = one_batch_at_a_time(
-        &server,
-        super::DEFAULT_MAX_BATCH,
-        Policy::token_bucket(Rate::per_second(10).burst(5)),
-        "iso",
-    );
-    server.cmd(&["SET", "ratewall:iso:text", "not-a-number"]);
-    server.cmd(&["ZADD", "ratewall:iso:zset", "1", "a"]);
-    // Load both scripts (a call alone, then a batch) before counting.
-    let warm = [&b"w1"[..], b"w2", b"w3"];
-    for r in futures_util::future::join_all(warm.iter().map(|k| l.check_key(k))).await {
-        assert!(r.unwrap().is_allowed());
-    }
-    let before = evalsha_calls(&server);
-    let keys: Vec<&[u8]> = vec![b"a", b"text", b"b", b"zset", b"a", b"zset", b"c", b"a"];
-    let replies = futures_util::future::join_all(keys.iter().map(|k| l.check_key(k))).await;
-    for (k, r) in keys.iter().zip(&replies) {
-        match *k {
-            // The script's own message for that call, not a parse error.
-            b"text" => assert!(
-                matches!(r, Err(super::RedisError::Server { message }) if message.contains("state of another policy") && !message.contains("unexpected")),
-                "{r:?}"
-            ),
-            b"zset" => assert!(
-                matches!(r, Err(super::RedisError::Server { message }) if message.contains("WRONGTYPE") && !message.contains("unexpected")),
-                "{r:?}"
-            ),
-            _ => assert!(r.as_ref().is_ok_and(|d| d.is_allowed()), "{r:?}"),
+    let policies = [
+        ("gcra", Policy::token_bucket(Rate::per_second(10).burst(5))),
+        (
+            "fixed",
+            Policy::fixed_window(Window::new(5, Duration::from_secs(60))),
+        ),
+        (
+            "sliding",
+            Policy::sliding_window_counter(Window::new(5, Duration::from_secs(60))),
+        ),
+    ];
+    for (name, policy) in policies {
+        let l = one_batch_at_a_time(&server, super::DEFAULT_MAX_BATCH, policy, name);
+        let text = format!("ratewall:{name}:text");
+        let zset = format!("ratewall:{name}:zset");
+        server.cmd(&["SET", &text, "not-a-number"]);
+        server.cmd(&["ZADD", &zset, "1", "a"]);
+        // Load both scripts (a call alone, then a batch) before counting.
+        let warm = [&b"w1"[..], b"w2", b"w3"];
+        for r in futures_util::future::join_all(warm.iter().map(|k| l.check_key(k))).await {
+            assert!(r.unwrap().is_allowed());
         }
+        let before = evalsha_calls(&server);
+        let keys: Vec<&[u8]> = vec![b"a", b"text", b"b", b"zset", b"a", b"zset", b"c", b"a"];
+        let replies = futures_util::future::join_all(keys.iter().map(|k| l.check_key(k))).await;
+        for (k, r) in keys.iter().zip(&replies) {
+            match *k {
+                // The script's own message for that call, not a parse error.
+                b"text" => assert!(
+                    matches!(r, Err(super::RedisError::Server { message }) if message.contains("state of another policy") && !message.contains("unexpected")),
+                    "{name}: {r:?}"
+                ),
+                b"zset" => assert!(
+                    matches!(r, Err(super::RedisError::Server { message }) if message.contains("WRONGTYPE") && !message.contains("unexpected")),
+                    "{name}: {r:?}"
+                ),
+                _ => assert!(r.as_ref().is_ok_and(|d| d.is_allowed()), "{name}: {r:?}"),
+            }
+        }
+        // The three checks of "a" took three units, in order.
+        let remaining: Vec<u64> = keys
+            .iter()
+            .zip(&replies)
+            .filter(|(k, _)| **k == b"a")
+            .map(|(_, r)| r.as_ref().unwrap().remaining())
+            .collect();
+        assert_eq!(remaining, [4, 3, 2], "{name}");
+        assert!(
+            server.cmd(&["GET", &text]).contains("not-a-number"),
+            "{name}"
+        );
+        assert!(server.cmd(&["TYPE", &zset]).contains("zset"), "{name}");
+        // All eight in one script call: the warm-up's runner still holds its
+        // slot (it yields once before looking at the queue again), so every
+        // call queues and it sends them together.
+        let after = evalsha_calls(&server);
+        assert_eq!(after - before, 1, "{name}: {before} -> {after}");
     }
-    // The three checks of "a" took three units, in order.
-    let remaining: Vec<u64> = keys
-        .iter()
-        .zip(&replies)
-        .filter(|(k, _)| **k == b"a")
-        .map(|(_, r)| r.as_ref().unwrap().remaining())
-        .collect();
-    assert_eq!(remaining, [4, 3, 2]);
-    assert!(server
-        .cmd(&["GET", "ratewall:iso:text"])
-        .contains("not-a-number"));
-    assert!(server.cmd(&["TYPE", "ratewall:iso:zset"]).contains("zset"));
-    // All eight in one script call: the warm-up's runner still holds its
-    // slot (it yields once before looking at the queue again), so every
-    // call queues and it sends them together.
-    let after = evalsha_calls(&server);
-    assert_eq!(after - before, 1, "{before} -> {after}");
 }
 
 /// Outside a tokio runtime, building a backend or calling one is a typed
