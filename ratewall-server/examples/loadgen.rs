@@ -15,7 +15,10 @@
 //! `--connections` connections get (closed loop), then the latency at a
 //! fixed offered load (`--offered`, calls per second, open loop: a late
 //! call's latency counts from when it was due). It prints every round and
-//! the median ratio limiting/floor with its spread.
+//! the median ratio limiting/floor with its spread, and where the CPU went
+//! in the closed loop: microseconds of CPU per call of the generator, the
+//! server and each `--watch-pid` process (a `redis-server`, say), from
+//! `/proc/<pid>/stat` (Linux).
 //!
 //! Loopback only; each server is stopped by PID when its run ends.
 
@@ -42,6 +45,8 @@ struct Args {
     offered: u64,
     server: PathBuf,
     store: Vec<String>,
+    /// Other processes whose CPU per call is reported (a Redis server).
+    watch: Vec<u32>,
 }
 
 fn parse_args() -> Args {
@@ -62,6 +67,7 @@ fn parse_args() -> Args {
         offered: 5_000,
         server,
         store: Vec::new(),
+        watch: Vec::new(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -77,6 +83,7 @@ fn parse_args() -> Args {
             "--server" => a.server = PathBuf::from(value()),
             // Extra flags for the limiting server (a store, say).
             "--server-flag" => a.store.push(value()),
+            "--watch-pid" => a.watch.push(value().parse().expect("--watch-pid PID")),
             other => panic!("unknown flag {other}; see the file's documentation"),
         }
     }
@@ -133,9 +140,31 @@ fn spawn(args: &Args, dir: &std::path::Path, floor: bool) -> Spawned {
 #[derive(Debug, Clone, Copy)]
 struct Run {
     calls_per_sec: f64,
+    calls: u64,
     p50_us: f64,
     p99_us: f64,
     over_limit: u64,
+}
+
+/// CPU time (user and system, all threads) a process has used, in
+/// microseconds: fields 14 and 15 of `/proc/<pid>/stat`, in the kernel's
+/// user-visible ticks of 10 ms (USER_HZ is 100 on Linux). None off Linux or
+/// for a process gone.
+fn cpu_us(pid: &str) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces: count after its ')'.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let mut f = rest.split_whitespace().skip(11);
+    let user: u64 = f.next()?.parse().ok()?;
+    let system: u64 = f.next()?.parse().ok()?;
+    Some((user + system) * 10_000)
+}
+
+/// The CPU time of the generator, the server and the watched processes.
+fn cpu_now(server: u32, watch: &[u32]) -> Vec<Option<u64>> {
+    let mut out = vec![cpu_us("self"), cpu_us(&server.to_string())];
+    out.extend(watch.iter().map(|p| cpu_us(&p.to_string())));
+    out
 }
 
 fn request(args: &Args, n: u64) -> RateLimitRequest {
@@ -229,6 +258,7 @@ async fn run(args: &Args, addr: SocketAddr, offered: u64) -> Run {
     all.sort_unstable();
     Run {
         calls_per_sec: all.len() as f64 / took,
+        calls: all.len() as u64,
         p50_us: percentile(&all, 0.5),
         p99_us: percentile(&all, 0.99),
         over_limit,
@@ -273,7 +303,10 @@ async fn main() {
         "{cpu}; {} rounds of {} s; {} callers on {} connections; {} descriptors per call over {} keys; latency at {} calls/s offered",
         args.rounds, args.seconds, args.concurrency, args.connections, args.descriptors, args.keys, args.offered
     );
-    println!("round  server    calls/s   p50 µs   p99 µs (at offered load)");
+    println!(
+        "round  server    calls/s   p50 µs   p99 µs (at offered load)   CPU µs per call: generator, server{}",
+        ", watched".repeat(args.watch.len())
+    );
     let mut ratios = Vec::new();
     let (mut floor_p99, mut limit_p99) = (Vec::new(), Vec::new());
     for round in 0..args.rounds {
@@ -286,7 +319,17 @@ async fn main() {
         };
         for floor in order {
             let server = spawn(&args, &dir, floor);
+            let before = cpu_now(server.child.id(), &args.watch);
             let max = run(&args, server.grpc, 0).await;
+            let after = cpu_now(server.child.id(), &args.watch);
+            let per_call: Vec<String> = before
+                .iter()
+                .zip(&after)
+                .map(|(b, a)| match (b, a) {
+                    (Some(b), Some(a)) => format!("{:.1}", (a - b) as f64 / max.calls as f64),
+                    _ => "?".into(),
+                })
+                .collect();
             let at = run(&args, server.grpc, args.offered).await;
             assert_eq!(
                 max.over_limit + at.over_limit,
@@ -294,11 +337,12 @@ async fn main() {
                 "calls over the limit: the benchmark's limits are too low"
             );
             println!(
-                "{round:>5}  {:<8} {:>9.0} {:>8.0} {:>8.0}",
+                "{round:>5}  {:<8} {:>9.0} {:>8.0} {:>8.0}   {}",
                 if floor { "floor" } else { "limiting" },
                 max.calls_per_sec,
                 at.p50_us,
-                at.p99_us
+                at.p99_us,
+                per_call.join(", ")
             );
             got[usize::from(!floor)] = Some((max, at));
         }
