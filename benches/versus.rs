@@ -44,7 +44,7 @@ mod common;
 use common::{cpu_name, flag_num, median, splitmix64, thread_cpu_ns};
 use governor::clock::QuantaUpkeepClock;
 use governor::{Quota, RateLimiter};
-use ratewall::{CoarseClock, KeyedTokenBucket, Rate, TokenBucket, WhenFull};
+use ratewall::{check_all, CoarseClock, KeyedTokenBucket, Rate, TokenBucket, WhenFull};
 use std::hint::black_box;
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -531,6 +531,132 @@ fn child(side: &str, args: &ChildArgs, secs: f64) -> Result<f64, String> {
     }
 }
 
+/// Keys per batch in the batch rows.
+const BATCH: usize = 16;
+
+/// The batch rows (issue 33), in this process, 1 thread, on-CPU rates in
+/// checks per second: `n` keys (all inserted first, tables for N), checked
+/// in a splitmix64 order, 16 at a time.
+/// - `batch of 16`: `check_keys` on 16 keys against 16 governor
+///   `check_key` calls;
+/// - `batch of 16 ... [vs one at a time]`: `check_keys` on 16 keys against
+///   16 of ratewall's own `check_key` calls (the "governor" column);
+/// - `check_all of 3 tables`: `check_all` of one key in each of three
+///   tables against three governor `check_key` calls on three limiters.
+fn batch_rows(o: &Opts, out: &mut Vec<Rounds>) {
+    let want = |name: &str| o.only.as_deref().map_or(true, |w| name.contains(w));
+    let mut sizes = vec![1_000_000u64];
+    if o.big {
+        sizes.push(10_000_000);
+    }
+    for n in sizes {
+        let keys = format!("{}M keys", n / 1_000_000);
+        let row = KeyedRow {
+            n,
+            cap: 1,
+            threads: 1,
+            hot: false,
+        };
+        let batch = format!("batch of {BATCH}, {keys}, table for N, 1 thread");
+        let own = format!("{batch} [vs one at a time]");
+        if want(&batch) || want(&own) {
+            let rw = &row.ratewall();
+            // 16 keys from the stream: one batch's.
+            let next16 = |c: &mut u64| -> [u64; BATCH] {
+                std::array::from_fn(|_| {
+                    *c += 1;
+                    key_at(*c, n)
+                })
+            };
+            let batched = || {
+                per_check(measure(1, o.secs, |i| {
+                    let mut c = stream(i);
+                    move || {
+                        let keys = next16(&mut c);
+                        rw.check_keys(&keys).filter(|d| d.is_allowed()).count() == BATCH
+                    }
+                }))
+            };
+            if want(&batch) {
+                let gv = &row.governor();
+                let one_by_one = || {
+                    per_check(measure(1, o.secs, |i| {
+                        let mut c = stream(i);
+                        move || {
+                            let keys = next16(&mut c);
+                            keys.iter().filter(|k| gv.check_key(k).is_ok()).count() == BATCH
+                        }
+                    }))
+                };
+                let r = alternate(o.rounds, &batch, batched, one_by_one);
+                push_row(out, &batch, 4.0, r);
+            }
+            if want(&own) {
+                let own_one_by_one = || {
+                    per_check(measure(1, o.secs, |i| {
+                        let mut c = stream(i);
+                        move || {
+                            let keys = next16(&mut c);
+                            keys.iter().filter(|k| rw.check_key(k).is_allowed()).count() == BATCH
+                        }
+                    }))
+                };
+                let r = alternate(o.rounds, &own, batched, own_one_by_one);
+                push_row(out, &own, 2.0, r);
+            }
+        }
+        let name = format!("check_all of 3 tables, {keys} each, 1 thread");
+        if n == 1_000_000 && want(&name) {
+            let rws = &[row.ratewall(), row.ratewall(), row.ratewall()];
+            let gvs = &[row.governor(), row.governor(), row.governor()];
+            let r = alternate(
+                o.rounds,
+                &name,
+                || {
+                    measure(1, o.secs, |i| {
+                        let mut c = stream(i);
+                        move || {
+                            c += 1;
+                            let k = key_at(c, n);
+                            check_all(&[
+                                &rws[0].with_key(&k),
+                                &rws[1].with_key(&k),
+                                &rws[2].with_key(&k),
+                            ])
+                            .is_allowed()
+                        }
+                    })
+                },
+                || {
+                    measure(1, o.secs, |i| {
+                        let mut c = stream(i);
+                        move || {
+                            c += 1;
+                            let k = key_at(c, n);
+                            gvs.iter().all(|g| g.check_key(&k).is_ok())
+                        }
+                    })
+                },
+            );
+            push_row(out, &name, 2.5, r);
+        }
+    }
+}
+
+/// Checks per second from batches per second.
+fn per_check(batches_per_sec: f64) -> f64 {
+    batches_per_sec * BATCH as f64
+}
+
+fn push_row(out: &mut Vec<Rounds>, name: &str, target: f64, rounds: Vec<(f64, f64)>) {
+    out.push(Rounds {
+        name: name.to_string(),
+        target,
+        max_spread: 0.0,
+        rounds,
+    });
+}
+
 /// The `max_keys` promise: distinct keys tracked by a table built for `n`,
 /// under each policy, with a quota that keeps every key active; and the
 /// table's own bytes per requested key.
@@ -584,6 +710,7 @@ fn main() {
     let mut out = Vec::new();
     if o.mode != Mode::Procs {
         one_limiter(&o, &mut out);
+        batch_rows(&o, &mut out);
     }
     let want = |name: &str| o.only.as_deref().map_or(true, |w| name.contains(w));
     for row in keyed_rows(o.big) {

@@ -103,10 +103,10 @@ pub use decision::{Decision, Tracking};
 pub use elastic::{ElasticBuilder, ElasticLimiter};
 pub use error::{ConfigError, InsufficientCapacity, InvalidPolicyName};
 pub use keyed::{
-    HotKeys, KeyedBuilder, KeyedConcurrencyBuilder, KeyedConcurrencyLimiter, KeyedFixedWindow,
-    KeyedLeakyBucket, KeyedLimiter, KeyedPermit, KeyedPolicyBuilder, KeyedPolicyLimiter, KeyedRef,
-    KeyedSlidingWindowCounter, KeyedSlidingWindowLog, KeyedTokenBucket, OwnedKeyedPermit,
-    TableOptions, WhenFull, MAX_KEYS,
+    CheckKeys, HotKeys, KeyedBuilder, KeyedConcurrencyBuilder, KeyedConcurrencyLimiter,
+    KeyedFixedWindow, KeyedLeakyBucket, KeyedLimiter, KeyedPermit, KeyedPolicyBuilder,
+    KeyedPolicyLimiter, KeyedRef, KeyedSlidingWindowCounter, KeyedSlidingWindowLog,
+    KeyedTokenBucket, OwnedKeyedPermit, TableOptions, WhenFull, MAX_KEYS,
 };
 pub use lease::{LeaseOptions, StripedLimiter};
 pub use limiter::{

@@ -151,12 +151,21 @@ async fn retry_after_rounds_sub_second_waits_up_and_t_is_the_wait_not_time_to_fu
 
 #[tokio::test]
 async fn a_denied_request_takes_nothing_from_the_other_rules() {
+    // Small tables, and a per-IP table large enough (6 MB) that a request
+    // loads its rules' slots ahead before the all-or-nothing check.
+    for max_keys in [None, Some(500_000)] {
+        denied_request_takes_nothing(max_keys).await;
+    }
+}
+
+async fn denied_request_takes_nothing(max_keys: Option<usize>) {
     let clock = ManualClock::new();
+    let ip = Rule::per_ip("ip", Policy::token_bucket(Rate::per_minute(100)));
     let layer = builder(&clock)
-        .rule(Rule::per_ip(
-            "ip",
-            Policy::token_bucket(Rate::per_minute(100)),
-        ))
+        .rule(match max_keys {
+            Some(n) => ip.max_keys(n),
+            None => ip,
+        })
         .rule(Rule::global(
             "all",
             Policy::fixed_window(Window::per_minute(1000)),

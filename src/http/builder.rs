@@ -620,6 +620,9 @@ impl<C: Clock + Clone> RateLimitBuilder<C> {
         let unit_costs = rules
             .iter()
             .all(|r| matches!(r.rule.cost, rule::Cost::Units(0 | 1)));
+        let prefetch = rules
+            .iter()
+            .any(|r| r.local().is_some_and(|l| l.prefetches()));
         let plain = !concurrent
             && rules
                 .iter()
@@ -671,6 +674,7 @@ impl<C: Clock + Clone> RateLimitBuilder<C> {
                 origin: self.origin,
                 plain,
                 unit_costs,
+                prefetch,
                 keep_decisions: self.headers != Headers::None
                     || self.decisions_extension
                     || any_refund

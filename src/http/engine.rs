@@ -79,6 +79,9 @@ pub(super) struct Shared<C: Clock> {
     pub(super) plain: bool,
     /// Every rule costs a constant of at most one unit.
     pub(super) unit_costs: bool,
+    /// Some local rule's table outgrows the caches, so a request loads
+    /// its rules' slots ahead, all at once (`LimitSet::prefetches`).
+    pub(super) prefetch: bool,
     /// An admitted request's decisions are read after the check (headers,
     /// the decisions extension, refunds or shadow rules).
     pub(super) keep_decisions: bool,
@@ -191,6 +194,9 @@ pub(super) struct LocalSet<'a, C: Clock> {
     /// Whether the decisions of an admitted request are kept in the
     /// entries (headers, the extension, refunds and Redis rules read them).
     pub(super) keep: bool,
+    /// Some rule's table outgrows the caches: the check loads every
+    /// entry's slot before the first take (`Shared::prefetch`).
+    pub(super) prefetch: bool,
 }
 
 impl<C: Clock> LocalSet<'_, C> {
@@ -244,6 +250,16 @@ impl<C: Clock> LimitSet<C> for LocalSet<'_, C> {
     }
     fn capacity(&self, i: usize) -> u64 {
         self.limit(i).map_or(u64::MAX, |l| l.capacity())
+    }
+    #[inline]
+    fn touch(&self, i: usize) {
+        if let Some(l) = self.limit(i) {
+            l.touch();
+        }
+    }
+    #[inline]
+    fn prefetches(&self) -> bool {
+        self.prefetch
     }
     #[inline]
     fn max_cost(&self) -> u64 {
@@ -522,6 +538,7 @@ impl<C: Clock + 'static> Shared<C> {
             unit_costs: self.unit_costs,
             // With metrics, an admitted request's decisions are read too.
             keep: keep || cfg!(feature = "metrics"),
+            prefetch: self.prefetch,
         };
         let allowed = match check_set(&mut set) {
             Ok(allowed) => allowed,

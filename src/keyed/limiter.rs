@@ -285,6 +285,11 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
         self.key_run(key, Some(now), n, false)
     }
 
+    /// Whether a batch loads this table's slots ahead (`Table::prefetches`).
+    pub(crate) fn prefetches(&self) -> bool {
+        self.table.prefetches()
+    }
+
     /// The shard count in use.
     ///
     /// ```
@@ -384,6 +389,15 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedCore for KeyedLimiter<K, A, C> {
             }
         };
         self.check_hashed(h, self.clamp(now))
+    }
+
+    #[inline]
+    fn key_touch<Q: Hash + ?Sized>(&self, key: &Q) {
+        // A table that stays in the caches has no miss to overlap: not even
+        // the hash.
+        if self.table.prefetches() {
+            self.table.touch(self.hash(key));
+        }
     }
 
     fn key_capacity<Q: Hash + ?Sized>(&self, key: &Q) -> u64 {

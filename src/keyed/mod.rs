@@ -42,7 +42,7 @@ pub use builder::{KeyedBuilder, TableOptions, WhenFull, MAX_KEYS};
 pub use concurrency::{
     KeyedConcurrencyBuilder, KeyedConcurrencyLimiter, KeyedPermit, OwnedKeyedPermit,
 };
-pub use family::KeyedRef;
+pub use family::{CheckKeys, KeyedRef};
 pub use hot_slots::HotKeys;
 pub use limiter::KeyedLimiter;
 pub use log::KeyedSlidingWindowLog;

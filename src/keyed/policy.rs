@@ -297,6 +297,20 @@ impl<K, C: Clock> fmt::Debug for KeyedPolicyBuilder<K, C> {
     }
 }
 
+impl<K, C: Clock> KeyedPolicyLimiter<K, C> {
+    /// Whether a batch loads this table's slots ahead (a table that
+    /// outgrows the caches; the sliding log keeps its own lists: no).
+    pub(crate) fn prefetches(&self) -> bool {
+        match &self.inner {
+            Inner::Token(l) => l.prefetches(),
+            Inner::Leaky(l) => l.prefetches(),
+            Inner::Fixed(l) => l.prefetches(),
+            Inner::Sliding(l) => l.prefetches(),
+            Inner::Log(_) => false,
+        }
+    }
+}
+
 impl<K, C: Clock> KeyedCore for KeyedPolicyLimiter<K, C> {
     type Key = K;
     type Clock = C;
@@ -320,6 +334,11 @@ impl<K, C: Clock> KeyedCore for KeyedPolicyLimiter<K, C> {
     fn check_key_with<Q: Hash + ?Sized>(&self, key: &Q, now: Option<u64>) -> Decision {
         self.soft
             .view(dispatch!(&self.inner, l => l.check_key_with(key, now)))
+    }
+
+    #[inline]
+    fn key_touch<Q: Hash + ?Sized>(&self, key: &Q) {
+        dispatch!(&self.inner, l => l.key_touch(key))
     }
 
     fn key_capacity<Q: Hash + ?Sized>(&self, key: &Q) -> u64 {

@@ -77,6 +77,12 @@ const OWNER_BYTES: usize = 1024;
 
 /// Bytes per slot.
 const SLOT: usize = 8;
+/// Slots from which loading a key's slot ahead of a batch's checks pays
+/// (`Table::prefetches`): 2 MiB of them, twice a server core's L2 cache.
+/// A smaller table mostly stays in the caches, where a load ahead costs a
+/// second hash and finds nothing to overlap (measured: 181 instructions a
+/// request with 3 HTTP rules on small tables, docs/benchmarks.md).
+const PREFETCH_MIN_BYTES: usize = 2 << 20;
 
 /// A slot word: the key's tag above `STATE_BITS`, its packed state below.
 #[inline]
@@ -242,6 +248,8 @@ pub(crate) struct Table<P> {
     wrap: Wrap,
     /// The packing (as each shard's copy), for `time`.
     packing: P,
+    /// Whether a batch loads its keys' slots ahead (`PREFETCH_MIN_BYTES`).
+    prefetches: bool,
 }
 
 impl<P: Packing> Table<P> {
@@ -281,12 +289,21 @@ impl<P: Packing> Table<P> {
             .collect();
         let shard_mask = shards.len() as u64 - 1;
         let wrap = Wrap::new(packing.sweep_period(), shards.len(), now);
+        let slot_bytes: usize = shards.iter().map(|s| s.slots.len() * SLOT).sum();
         Table {
             shards,
             shard_mask,
             wrap,
             packing,
+            prefetches: slot_bytes >= PREFETCH_MIN_BYTES,
         }
+    }
+
+    /// Whether the slots outgrow the caches enough that a batch should load
+    /// its keys' slots ahead (`touch`) before checking them.
+    #[inline]
+    pub(crate) fn prefetches(&self) -> bool {
+        self.prefetches
     }
 
     #[inline]
