@@ -57,6 +57,21 @@ pub trait KeyedCore {
     fn key_touch<Q: Hash + ?Sized>(&self, key: &Q) {
         let _ = key;
     }
+    /// A batch's first pass over `key` ([`CheckKeys`]): what its check
+    /// can work out ahead (a table's hash of the key), with the load of its
+    /// slot started as by `key_touch`. By default nothing: 0.
+    #[inline]
+    fn key_prepare<Q: Hash + ?Sized>(&self, key: &Q) -> u64 {
+        self.key_touch(key);
+        0
+    }
+    /// A unit check of `key` at `now` (a reading of this limiter's clock),
+    /// given what `key_prepare` returned for it: `check_key_with`.
+    #[inline]
+    fn check_prepared<Q: Hash + ?Sized>(&self, key: &Q, prepared: u64, now: u64) -> Decision {
+        let _ = prepared;
+        self.check_key_with(key, Some(now))
+    }
     fn key_capacity<Q: Hash + ?Sized>(&self, key: &Q) -> u64;
     /// A multi-limit check's take: [`key_run`](Self::key_run) at `now`,
     /// noting in `memo` what its give-back needs.
@@ -217,7 +232,8 @@ const BATCH: usize = 16;
 pub struct CheckKeys<'l, 'k, L, Q: ?Sized, I> {
     limiter: &'l L,
     keys: I,
-    group: [Option<&'k Q>; BATCH],
+    /// The group's keys, each with what `key_prepare` returned for it.
+    group: [Option<(&'k Q, u64)>; BATCH],
     len: usize,
     next: usize,
     now: u64,
@@ -254,8 +270,7 @@ where
             self.len = 0;
             self.next = 0;
             for key in self.keys.by_ref().take(BATCH) {
-                self.limiter.key_touch(key);
-                self.group[self.len] = Some(key);
+                self.group[self.len] = Some((key, self.limiter.key_prepare(key)));
                 self.len += 1;
             }
             if self.len == 0 {
@@ -263,9 +278,9 @@ where
             }
             self.now = self.limiter.key_now();
         }
-        let key = self.group[self.next].take()?;
+        let (key, prepared) = self.group[self.next].take()?;
         self.next += 1;
-        Some(self.limiter.check_key_with(key, Some(self.now)))
+        Some(self.limiter.check_prepared(key, prepared, self.now))
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {

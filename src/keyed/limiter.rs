@@ -400,6 +400,21 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedCore for KeyedLimiter<K, A, C> {
         }
     }
 
+    #[inline]
+    fn key_prepare<Q: Hash + ?Sized>(&self, key: &Q) -> u64 {
+        let h = self.hash(key);
+        if self.table.prefetches() {
+            self.table.touch(h);
+        }
+        h
+    }
+
+    #[inline]
+    fn check_prepared<Q: Hash + ?Sized>(&self, _: &Q, h: u64, now: u64) -> Decision {
+        // `h` is the key's hash (`key_prepare`).
+        self.check_hashed(h, self.clamp(now))
+    }
+
     fn key_capacity<Q: Hash + ?Sized>(&self, key: &Q) -> u64 {
         self.capacity_for(key)
     }

@@ -341,6 +341,17 @@ impl<K, C: Clock> KeyedCore for KeyedPolicyLimiter<K, C> {
         dispatch!(&self.inner, l => l.key_touch(key))
     }
 
+    #[inline]
+    fn key_prepare<Q: Hash + ?Sized>(&self, key: &Q) -> u64 {
+        dispatch!(&self.inner, l => l.key_prepare(key))
+    }
+
+    #[inline]
+    fn check_prepared<Q: Hash + ?Sized>(&self, key: &Q, prepared: u64, now: u64) -> Decision {
+        self.soft
+            .view(dispatch!(&self.inner, l => l.check_prepared(key, prepared, now)))
+    }
+
     fn key_capacity<Q: Hash + ?Sized>(&self, key: &Q) -> u64 {
         dispatch!(&self.inner, l => l.key_capacity(key))
     }
