@@ -286,6 +286,8 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedLimiter<K, A, C> {
     }
 
     /// Whether a batch loads this table's slots ahead (`Table::prefetches`).
+    // The HTTP layer's build asks (feature `tower`).
+    #[cfg_attr(not(feature = "tower"), allow(dead_code))]
     pub(crate) fn prefetches(&self) -> bool {
         self.table.prefetches()
     }

@@ -300,6 +300,8 @@ impl<K, C: Clock> fmt::Debug for KeyedPolicyBuilder<K, C> {
 impl<K, C: Clock> KeyedPolicyLimiter<K, C> {
     /// Whether a batch loads this table's slots ahead (a table that
     /// outgrows the caches; the sliding log keeps its own lists: no).
+    // The HTTP layer's build asks (feature `tower`).
+    #[cfg_attr(not(feature = "tower"), allow(dead_code))]
     pub(crate) fn prefetches(&self) -> bool {
         match &self.inner {
             Inner::Token(l) => l.prefetches(),
