@@ -33,7 +33,12 @@
 //!   timing, checked in a splitmix64 order (thread `i` runs its own stream);
 //!   ratewall's table built for `N` or `2N` keys (`max_keys`), governor's
 //!   default keyed limiter; targets from issue 24;
-//! - `hot key, 2 threads`: both threads check the same key.
+//! - `hot key, 2 threads`: both threads check the same key;
+//! - `batch of 16, ...` and `check_all of 3 tables` (in this process only;
+//!   see `batch_rows`);
+//! - with `--mode procs` or `both`, the one-limiter rows with default
+//!   clocks also run with each side in its own process (`--child SIDE
+//!   --one allow|deny`).
 //!
 //! Then, unless `--no-promise`: the `max_keys` promise (a table built for N
 //! tracks N distinct keys under every `WhenFull` policy) and the table's own
@@ -210,6 +215,9 @@ struct ChildArgs {
     cap: u64,
     threads: usize,
     hot: bool,
+    /// `--one allow|deny`: the one-limiter row (default clocks) instead
+    /// of a keyed one.
+    one: Option<bool>,
 }
 
 fn parse() -> Result<Opts, String> {
@@ -228,6 +236,7 @@ fn parse() -> Result<Opts, String> {
         cap: 2,
         threads: 1,
         hot: false,
+        one: None,
     };
     let mut side = None;
     let mut args = std::env::args().skip(1);
@@ -253,6 +262,13 @@ fn parse() -> Result<Opts, String> {
             "--cap" => c.cap = flag_num("--cap", val())?,
             "--threads" => c.threads = flag_num("--threads", val())?,
             "--hot" => c.hot = true,
+            "--one" => {
+                c.one = match val()?.as_str() {
+                    "allow" => Some(true),
+                    "deny" => Some(false),
+                    w => return Err(format!("--one {w}: use allow or deny")),
+                }
+            }
             // Relaxed: set before any measuring thread starts.
             "--wall" => WALL.store(true, Ordering::Relaxed),
             "--bench" => {} // passed by `cargo bench`
@@ -479,27 +495,52 @@ fn keyed(o: &Opts, row: KeyedRow) -> Vec<(f64, f64)> {
 /// process.
 fn keyed_procs(o: &Opts, row: KeyedRow) -> Vec<(f64, f64)> {
     let name = format!("{} [procs]", row.name());
-    let child = |side: &str| -> f64 {
-        let exe = std::env::current_exe().expect("own executable");
-        let out = std::process::Command::new(exe)
-            .args(["--child", side])
-            .args(["--keys", &row.n.to_string(), "--cap", &row.cap.to_string()])
-            .args(["--threads", &row.threads.to_string()])
-            .args(["--secs", &o.secs.to_string()])
-            .args(if row.hot { &["--hot"][..] } else { &[][..] })
-            .output()
-            .expect("start a child");
-        let text = String::from_utf8_lossy(&out.stdout);
-        match text.trim().parse() {
-            Ok(v) if out.status.success() => v,
-            _ => panic!(
-                "child {side} failed: {}{}",
-                text,
-                String::from_utf8_lossy(&out.stderr)
-            ),
-        }
-    };
+    let (n, cap, threads) = (
+        row.n.to_string(),
+        row.cap.to_string(),
+        row.threads.to_string(),
+    );
+    let mut args = vec!["--keys", &n, "--cap", &cap, "--threads", &threads];
+    if row.hot {
+        args.push("--hot");
+    }
+    let child = |side: &str| run_child(side, &args, o.secs);
     alternate(o.rounds, &name, || child("ratewall"), || child("governor"))
+}
+
+/// Starts this binary as `--child side` with `args`; its ops/s.
+fn run_child(side: &str, args: &[&str], secs: f64) -> f64 {
+    let exe = std::env::current_exe().expect("own executable");
+    let out = std::process::Command::new(exe)
+        .args(["--child", side])
+        .args(args)
+        .args(["--secs", &secs.to_string()])
+        .output()
+        .expect("start a child");
+    let text = String::from_utf8_lossy(&out.stdout);
+    match text.trim().parse() {
+        Ok(v) if out.status.success() => v,
+        _ => panic!(
+            "child {side} failed: {}{}",
+            text,
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    }
+}
+
+/// The one-limiter rows with default clocks, each side in its own process
+/// and wall time (`--child SIDE --one allow|deny`).
+fn one_limiter_procs(o: &Opts, out: &mut Vec<Rounds>) {
+    for which in ["allow", "deny"] {
+        let name = format!("one limiter, {which}, default clocks [procs]");
+        if o.only.as_deref().is_some_and(|w| !name.contains(w)) {
+            continue;
+        }
+        let args = ["--one", which];
+        let child = |side: &str| run_child(side, &args, o.secs);
+        let r = alternate(o.rounds, &name, || child("ratewall"), || child("governor"));
+        push_row(out, &name, 1.0, r);
+    }
 }
 
 /// `--child SIDE`: builds one side's table, one unmeasured pass, then one
@@ -514,6 +555,25 @@ fn child(side: &str, args: &ChildArgs, secs: f64) -> Result<f64, String> {
         hot: args.hot,
     };
     let warm = (secs / 3.0).min(0.1);
+    if let Some(allow) = args.one {
+        return match side {
+            "ratewall" => {
+                let rw = TokenBucket::new(if allow { rw_allow() } else { rw_deny() }).unwrap();
+                let _ = rw.check();
+                let check = || rw.check().is_allowed();
+                let _ = measure(1, warm, |_| check);
+                Ok(measure(1, secs, |_| check))
+            }
+            "governor" => {
+                let gv = RateLimiter::direct(if allow { gov_allow() } else { gov_deny() });
+                let _ = gv.check();
+                let check = || gv.check().is_ok();
+                let _ = measure(1, warm, |_| check);
+                Ok(measure(1, secs, |_| check))
+            }
+            other => Err(format!("--child {other}: use ratewall or governor")),
+        };
+    }
     match side {
         "ratewall" => {
             let rw = row.ratewall();
@@ -710,6 +770,11 @@ fn main() {
     let mut out = Vec::new();
     if o.mode != Mode::Procs {
         one_limiter(&o, &mut out);
+    }
+    if o.mode != Mode::In {
+        one_limiter_procs(&o, &mut out);
+    }
+    if o.mode != Mode::Procs {
         batch_rows(&o, &mut out);
     }
     let want = |name: &str| o.only.as_deref().map_or(true, |w| name.contains(w));
