@@ -628,39 +628,25 @@ fn batch_rows(o: &Opts, out: &mut Vec<Rounds>) {
                     key_at(*c, n)
                 })
             };
-            let batched = || {
+            // Checks per second of `check` on 16 keys at a time from the
+            // stream (`check` says how many it admitted: all of them).
+            let per16 = |check: &(dyn Fn(&[u64; BATCH]) -> usize + Sync)| {
                 per_check(measure(1, o.secs, |i| {
                     let mut c = stream(i);
-                    move || {
-                        let keys = next16(&mut c);
-                        rw.check_keys(&keys).filter(|d| d.is_allowed()).count() == BATCH
-                    }
+                    move || check(&next16(&mut c)) == BATCH
                 }))
             };
+            let batched = || per16(&|keys| rw.check_keys(keys).filter(|d| d.is_allowed()).count());
             if want(&batch) {
                 let gv = &row.governor();
-                let one_by_one = || {
-                    per_check(measure(1, o.secs, |i| {
-                        let mut c = stream(i);
-                        move || {
-                            let keys = next16(&mut c);
-                            keys.iter().filter(|k| gv.check_key(k).is_ok()).count() == BATCH
-                        }
-                    }))
-                };
+                let one_by_one =
+                    || per16(&|keys| keys.iter().filter(|k| gv.check_key(k).is_ok()).count());
                 let r = alternate(o.rounds, &batch, batched, one_by_one);
                 push_row(out, &batch, 4.0, r);
             }
             if want(&own) {
-                let own_one_by_one = || {
-                    per_check(measure(1, o.secs, |i| {
-                        let mut c = stream(i);
-                        move || {
-                            let keys = next16(&mut c);
-                            keys.iter().filter(|k| rw.check_key(k).is_allowed()).count() == BATCH
-                        }
-                    }))
-                };
+                let own_one_by_one =
+                    || per16(&|keys| keys.iter().filter(|k| rw.check_key(k).is_allowed()).count());
                 let r = alternate(o.rounds, &own, batched, own_one_by_one);
                 push_row(out, &own, 2.0, r);
             }
