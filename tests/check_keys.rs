@@ -128,6 +128,12 @@ fn the_batch_knows_its_length() {
     assert_eq!(it.size_hint(), (35, Some(35)));
     let _ = it.next();
     assert_eq!(it.size_hint(), (34, Some(34)));
+    // The group of 16 holds 15 keys not yet checked.
+    let shown = format!("{it:?}");
+    assert!(
+        shown.starts_with("CheckKeys { queued: 15, now: "),
+        "{shown}"
+    );
     assert_eq!(l.check_keys(&[] as &[u64]).count(), 0);
     // One decision read: one key checked (the rest of its group was only
     // loaded), and the empty batch checked none.

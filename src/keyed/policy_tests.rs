@@ -148,3 +148,21 @@ fn refund_reset_and_peek_reach_every_algorithm() {
         assert_eq!(l.len(), 0, "{policy:?}");
     }
 }
+
+/// A table loads a batch's slots ahead from 2 MiB of slots (1M keys: 12
+/// MB), whatever its algorithm; the sliding log (per-key lists) never.
+#[test]
+fn large_tables_of_every_counter_algorithm_load_ahead_and_the_log_never() {
+    for policy in all_policies() {
+        let build = |max_keys| {
+            KeyedPolicyLimiter::<u64, _>::builder(policy)
+                .max_keys(max_keys)
+                .clock(ManualClock::new())
+                .build()
+                .unwrap()
+        };
+        let is_log = policy.algorithm() == PolicyAlgorithm::SlidingWindowLog;
+        assert_eq!(build(1_000_000).prefetches(), !is_log, "{policy:?}");
+        assert!(!build(1_000).prefetches(), "{policy:?}");
+    }
+}

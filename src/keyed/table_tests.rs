@@ -572,3 +572,37 @@ fn a_full_table_fits_with_its_stashes_mostly_empty() {
         Inserted::Full { .. }
     ));
 }
+
+/// A table loads a batch's slots ahead only from 2 MiB of slots: 174,763
+/// keys' worth at 12 bytes a key (1.5 slots of 8 bytes), not one key
+/// fewer.
+#[test]
+fn only_tables_of_at_least_2_mib_of_slots_load_ahead() {
+    let slot_bytes =
+        |t: &Table<Plain>| -> usize { t.shards.iter().map(|s| s.slots.len() * SLOT).sum() };
+    for (keys, shards) in [(100, 1), (65_536, 64), (150_000, 64), (1_000_000, 64)] {
+        let t = Table::new(keys, shards, Plain, 0);
+        assert_eq!(
+            t.prefetches(),
+            slot_bytes(&t) >= PREFETCH_MIN_BYTES,
+            "{keys} keys: {} bytes of slots",
+            slot_bytes(&t)
+        );
+        assert_eq!(t.prefetches(), keys >= 1_000_000, "{keys} keys");
+    }
+    // At the boundary: the smallest one-shard table that loads ahead, and
+    // the largest that does not.
+    let at = |keys| Table::new(keys, 1, Plain, 0);
+    // Slots grow with keys: a binary search for the first that loads ahead.
+    let (mut lo, mut hi) = (1, 400_000);
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        if slot_bytes(&at(mid)) >= PREFETCH_MIN_BYTES {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    assert!(at(lo).prefetches() && !at(lo - 1).prefetches(), "{lo}");
+    assert!((170_000..180_000).contains(&lo), "{lo}");
+}
