@@ -17,7 +17,12 @@
 //! - `ratewall 1`/`ratewall 3`: per IP / per IP + per API key + global, with
 //!   the default draft `RateLimit` and `RateLimit-Policy` headers;
 //! - `ratewall 1 no headers`/`ratewall 3 no headers`: the same rules with
-//!   `Headers::None` (compare with `tower_governor 1`, which sends none).
+//!   `Headers::None` (compare with `tower_governor 1`, which sends none);
+//! - `..., 1M clients`: `tower_governor 1`, `ratewall 1 no headers` and
+//!   `ratewall 3 no headers` on requests from 1,000,000 client addresses and
+//!   API keys in turn (a splitmix64 order), ratewall's tables built for 1M
+//!   keys: each rule's lookup misses the caches, as with many real
+//!   clients.
 
 use axum::body::Body;
 use axum::extract::ConnectInfo;
@@ -41,15 +46,37 @@ use tower_governor::GovernorLayer;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn request() -> Request<Body> {
+    client_request(0x00c0_0002_01, "key-0123456789abcdef")
+}
+
+/// A request from client `ip` (its low 32 bits, an IPv4 address) with API
+/// key `key`.
+fn client_request(ip: u64, key: &str) -> Request<Body> {
     let mut req = Request::builder()
         .uri("/")
-        .header("x-api-key", "key-0123456789abcdef")
+        .header("x-api-key", key)
         .body(Body::empty())
         .unwrap();
     // axum's connect info: what both layers read under axum.
+    let ip = (ip as u32).to_be_bytes();
     req.extensions_mut()
-        .insert(ConnectInfo(SocketAddr::from(([192, 0, 2, 1], 40_000))));
+        .insert(ConnectInfo(SocketAddr::from((ip, 40_000))));
     req
+}
+
+/// Clients of the `1M clients` contenders.
+const CLIENTS: u64 = 1_000_000;
+
+/// The `c`-th request of the `1M clients` contenders: client and API key
+/// `i` of 1M, drawn in a splitmix64 order (the same for every contender).
+fn many_clients_request(c: u64) -> Request<Body> {
+    let mut z = c.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    let i = (u128::from(z ^ (z >> 31)) * u128::from(CLIENTS) >> 64) as u64;
+    // 10.0.0.0/8 holds them all; the key's text is built per request, as a
+    // server reads it from the request.
+    client_request(0x0a00_0000 | i, &format!("key-{i:016x}"))
 }
 
 #[derive(Clone)]
@@ -77,13 +104,23 @@ where
     S::Response: Status,
     S::Error: std::fmt::Debug,
 {
+    once_with(svc, request)
+}
+
+/// One request `make` builds through `svc`, to completion; the status.
+fn once_with<S>(svc: &mut S, make: impl FnOnce() -> Request<Body>) -> u16
+where
+    S: Service<Request<Body>>,
+    S::Response: Status,
+    S::Error: std::fmt::Debug,
+{
     let waker = Waker::from(Arc::new(Noop));
     let mut cx = Context::from_waker(&waker);
     match svc.poll_ready(&mut cx) {
         Poll::Ready(Ok(())) => {}
         _ => panic!("not ready"),
     }
-    let fut = pin!(svc.call(request()));
+    let fut = pin!(svc.call(make()));
     match fut.poll(&mut cx) {
         Poll::Ready(Ok(res)) => res.status_code(),
         _ => panic!("not ready"),
@@ -165,6 +202,56 @@ fn contenders() -> Vec<(&'static str, OneRequest)> {
     out.push(("ratewall 3", Box::new(move || once(&mut rw3))));
     let mut rw3n = three(Headers::None).layer(Inner);
     out.push(("ratewall 3 no headers", Box::new(move || once(&mut rw3n))));
+
+    // The same, on requests from 1M clients (tables built for them).
+    let mut tgm = GovernorLayer::new(
+        GovernorConfigBuilder::default()
+            .per_nanosecond(1)
+            .burst_size(u32::MAX)
+            .key_extractor(PeerIpKeyExtractor)
+            .finish()
+            .unwrap(),
+    )
+    .layer(Inner);
+    let mut c = 0;
+    out.push((
+        "tower_governor 1, 1M clients",
+        Box::new(move || {
+            c += 1;
+            once_with(&mut tgm, || many_clients_request(c))
+        }),
+    ));
+    let n = CLIENTS as usize;
+    let mut rw1m = RateLimitLayer::builder()
+        .headers(Headers::None)
+        .rule(Rule::per_ip("ip", unlimited()).max_keys(n))
+        .build()
+        .unwrap()
+        .layer(Inner);
+    let mut c = 0;
+    out.push((
+        "ratewall 1 no headers, 1M clients",
+        Box::new(move || {
+            c += 1;
+            once_with(&mut rw1m, || many_clients_request(c))
+        }),
+    ));
+    let mut rw3m = RateLimitLayer::builder()
+        .headers(Headers::None)
+        .rule(Rule::per_ip("ip", unlimited()).max_keys(n))
+        .rule(Rule::per_header("key", "x-api-key", unlimited()).max_keys(n))
+        .rule(Rule::global("all", unlimited()))
+        .build()
+        .unwrap()
+        .layer(Inner);
+    let mut c = 0;
+    out.push((
+        "ratewall 3 no headers, 1M clients",
+        Box::new(move || {
+            c += 1;
+            once_with(&mut rw3m, || many_clients_request(c))
+        }),
+    ));
     out
 }
 
