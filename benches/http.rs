@@ -46,7 +46,7 @@ use tower_governor::GovernorLayer;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn request() -> Request<Body> {
-    client_request(0x00c0_0002_01, "key-0123456789abcdef")
+    client_request(0xc000_0201, "key-0123456789abcdef")
 }
 
 /// A request from client `ip` (its low 32 bits, an IPv4 address) with API
@@ -73,7 +73,7 @@ fn many_clients_request(c: u64) -> Request<Body> {
     let mut z = c.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    let i = (u128::from(z ^ (z >> 31)) * u128::from(CLIENTS) >> 64) as u64;
+    let i = ((u128::from(z ^ (z >> 31)) * u128::from(CLIENTS)) >> 64) as u64;
     // 10.0.0.0/8 holds them all; the key's text is built per request, as a
     // server reads it from the request.
     client_request(0x0a00_0000 | i, &format!("key-{i:016x}"))
