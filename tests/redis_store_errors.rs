@@ -165,6 +165,12 @@ async fn under_oom_redis_still_denies_what_it_would_deny() {
     for r in futures_util::future::join_all(warm.iter().map(|k| l.check_key(k))).await {
         assert!(r.unwrap().is_allowed());
     }
+    // Let the warm-up's batch runner see its queue empty and give its slot
+    // back (it yields once after a batch before it looks again): with no
+    // call in flight, the first call below goes alone. (Without this, a
+    // loaded machine could still find the runner holding its slot here, and
+    // all five calls would queue behind it and go as one batch.)
+    tokio::time::sleep(Duration::from_millis(50)).await;
     fill_until_oom(&server);
     // The first alone, then a batch of four: two script calls.
     let before = evalsha_calls(&server);
