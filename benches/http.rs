@@ -204,7 +204,7 @@ fn contenders() -> Vec<(&'static str, OneRequest)> {
     out.push(("ratewall 3 no headers", Box::new(move || once(&mut rw3n))));
 
     // The same, on requests from 1M clients (tables built for them).
-    let mut tgm = GovernorLayer::new(
+    let tgm = GovernorLayer::new(
         GovernorConfigBuilder::default()
             .per_nanosecond(1)
             .burst_size(u32::MAX)
@@ -213,30 +213,16 @@ fn contenders() -> Vec<(&'static str, OneRequest)> {
             .unwrap(),
     )
     .layer(Inner);
-    let mut c = 0;
-    out.push((
-        "tower_governor 1, 1M clients",
-        Box::new(move || {
-            c += 1;
-            once_with(&mut tgm, || many_clients_request(c))
-        }),
-    ));
+    out.push(many_clients("tower_governor 1, 1M clients", tgm));
     let n = CLIENTS as usize;
-    let mut rw1m = RateLimitLayer::builder()
+    let rw1m = RateLimitLayer::builder()
         .headers(Headers::None)
         .rule(Rule::per_ip("ip", unlimited()).max_keys(n))
         .build()
         .unwrap()
         .layer(Inner);
-    let mut c = 0;
-    out.push((
-        "ratewall 1 no headers, 1M clients",
-        Box::new(move || {
-            c += 1;
-            once_with(&mut rw1m, || many_clients_request(c))
-        }),
-    ));
-    let mut rw3m = RateLimitLayer::builder()
+    out.push(many_clients("ratewall 1 no headers, 1M clients", rw1m));
+    let rw3m = RateLimitLayer::builder()
         .headers(Headers::None)
         .rule(Rule::per_ip("ip", unlimited()).max_keys(n))
         .rule(Rule::per_header("key", "x-api-key", unlimited()).max_keys(n))
@@ -244,15 +230,25 @@ fn contenders() -> Vec<(&'static str, OneRequest)> {
         .build()
         .unwrap()
         .layer(Inner);
+    out.push(many_clients("ratewall 3 no headers, 1M clients", rw3m));
+    out
+}
+
+/// A contender sending `svc` the requests of 1M clients in turn.
+fn many_clients<S>(name: &'static str, mut svc: S) -> (&'static str, OneRequest)
+where
+    S: Service<Request<Body>> + 'static,
+    S::Response: Status,
+    S::Error: std::fmt::Debug,
+{
     let mut c = 0;
-    out.push((
-        "ratewall 3 no headers, 1M clients",
+    (
+        name,
         Box::new(move || {
             c += 1;
-            once_with(&mut rw3m, || many_clients_request(c))
+            once_with(&mut svc, || many_clients_request(c))
         }),
-    ));
-    out
+    )
 }
 
 fn overhead(c: &mut Criterion) {
