@@ -48,7 +48,6 @@ pub trait KeyedCore {
     fn check_key_with<Q: Hash + ?Sized>(&self, key: &Q, now: Option<u64>) -> Decision {
         unit(self.key_run(key, now, 1, true))
     }
-    /// The largest cost `key` can ever pass at once.
     /// Starts the load of `key`'s slot and discards it (a prefetch), so
     /// that its cache miss overlaps other work: the other keys of a batch
     /// ([`CheckKeys`]) or of a multi-limit check. Decides and publishes
@@ -72,6 +71,7 @@ pub trait KeyedCore {
         let _ = prepared;
         self.check_key_with(key, Some(now))
     }
+    /// The largest cost `key` can ever pass at once.
     fn key_capacity<Q: Hash + ?Sized>(&self, key: &Q) -> u64;
     /// A multi-limit check's take: [`key_run`](Self::key_run) at `now`,
     /// noting in `memo` what its give-back needs.
