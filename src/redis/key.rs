@@ -41,16 +41,20 @@ pub(crate) fn redis_key(base: &[u8], key: &[u8]) -> Result<Vec<u8>, RedisError> 
     if readable(key) {
         out.extend_from_slice(key);
     } else {
-        let digest = sha1_smol::Sha1::from(key).digest().bytes();
         out.push(b'#');
-        const HEX: &[u8; 16] = b"0123456789abcdef";
-        for b in &digest[..16] {
-            // Two lowercase hex digits, without a formatter's allocation.
-            out.push(HEX[usize::from(b >> 4)]);
-            out.push(HEX[usize::from(b & 0xf)]);
-        }
+        push_hex128(&mut out, &sha1_smol::Sha1::from(key).digest().bytes());
     }
     Ok(out)
+}
+
+/// Appends the first 128 bits of `digest` as 32 lowercase hex digits,
+/// without a formatter's allocation per byte.
+pub(crate) fn push_hex128(out: &mut Vec<u8>, digest: &[u8; 20]) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for b in &digest[..16] {
+        out.push(HEX[usize::from(b >> 4)]);
+        out.push(HEX[usize::from(b & 0xf)]);
+    }
 }
 
 #[cfg(test)]

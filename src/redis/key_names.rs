@@ -55,15 +55,10 @@ impl KeyNames {
         };
         let mut out = Vec::with_capacity(33);
         out.push(b'~');
-        for b in &digest[..16] {
-            out.push(HEX[usize::from(b >> 4)]);
-            out.push(HEX[usize::from(b & 15)]);
-        }
+        super::key::push_hex128(&mut out, &digest);
         out
     }
 }
-
-const HEX: &[u8; 16] = b"0123456789abcdef";
 
 /// HMAC-SHA-1 (RFC 2104) of `message` under `key`: a keyed pseudo-random
 /// function, which is all a name needs (SHA-1's collision attacks do not
