@@ -51,6 +51,7 @@
 use super::wrap::Wrap;
 use crate::sync::{lock, AtomicU64, Mutex, Ordering};
 use crate::word::{Packing, STATE_BITS, STATE_MASK};
+use ahead::PREFETCH_MIN_BYTES;
 use crossbeam_utils::CachePadded;
 use std::fmt;
 use std::sync::Arc;
@@ -77,12 +78,6 @@ const OWNER_BYTES: usize = 1024;
 
 /// Bytes per slot.
 const SLOT: usize = 8;
-/// Slots from which loading a key's slot ahead of a batch's checks pays
-/// (`Table::prefetches`): 2 MiB of them, twice a server core's L2 cache.
-/// A smaller table mostly stays in the caches, where a load ahead costs a
-/// second hash and finds nothing to overlap (measured: 181 instructions a
-/// request with 3 HTTP rules on small tables, docs/benchmarks.md).
-const PREFETCH_MIN_BYTES: usize = 2 << 20;
 
 /// A slot word: the key's tag above `STATE_BITS`, its packed state below.
 #[inline]
@@ -299,13 +294,6 @@ impl<P: Packing> Table<P> {
         }
     }
 
-    /// Whether the slots outgrow the caches enough that a batch should load
-    /// its keys' slots ahead (`touch`) before checking them.
-    #[inline]
-    pub(crate) fn prefetches(&self) -> bool {
-        self.prefetches
-    }
-
     #[inline]
     fn locate(&self, h: u64) -> (&Shard<P>, usize) {
         let shard = &self.shards[(h & self.shard_mask) as usize];
@@ -313,23 +301,6 @@ impl<P: Packing> Table<P> {
         // The high bits pick the start (the low ones picked the shard).
         let start = ((u128::from(h) * n) >> 64) as usize;
         (shard, start)
-    }
-
-    /// Loads the first slot of the key's probe window and discards the
-    /// value: a prefetch, so that the slot's cache miss overlaps what the
-    /// caller does next (the clock read) instead of following it. A check
-    /// then finds the line on its way in. Not a part of the slot protocol
-    /// (it publishes and decides nothing), so not compiled under loom.
-    #[inline]
-    pub(crate) fn touch(&self, h: u64) {
-        #[cfg(not(ratewall_loom))]
-        {
-            let (shard, start) = self.locate(h);
-            // Relaxed: the value is discarded.
-            let _ = shard.slots[start].load(Ordering::Relaxed);
-        }
-        #[cfg(ratewall_loom)]
-        let _ = h;
     }
 
     /// Runs `step` on the key's state if the key is tracked, with the slot
@@ -1011,6 +982,10 @@ impl<P: Packing> fmt::Debug for Table<P> {
             .finish()
     }
 }
+
+// Loading a key's slot ahead of its check (`touch`, `prefetches`).
+#[path = "table_ahead.rs"]
+mod ahead;
 
 #[cfg(all(test, not(ratewall_loom)))]
 #[path = "table_tests.rs"]
