@@ -659,30 +659,16 @@ fn batch_rows(o: &Opts, out: &mut Vec<Rounds>) {
                 o.rounds,
                 &name,
                 || {
-                    measure(1, o.secs, |i| {
-                        let mut c = stream(i);
-                        move || {
-                            c += 1;
-                            let k = key_at(c, n);
-                            check_all(&[
-                                &rws[0].with_key(&k),
-                                &rws[1].with_key(&k),
-                                &rws[2].with_key(&k),
-                            ])
-                            .is_allowed()
-                        }
+                    row.run(o.secs, |k| {
+                        check_all(&[
+                            &rws[0].with_key(&k),
+                            &rws[1].with_key(&k),
+                            &rws[2].with_key(&k),
+                        ])
+                        .is_allowed()
                     })
                 },
-                || {
-                    measure(1, o.secs, |i| {
-                        let mut c = stream(i);
-                        move || {
-                            c += 1;
-                            let k = key_at(c, n);
-                            gvs.iter().all(|g| g.check_key(&k).is_ok())
-                        }
-                    })
-                },
+                || row.run(o.secs, |k| gvs.iter().all(|g| g.check_key(&k).is_ok())),
             );
             push_row(out, &name, 2.5, r);
         }
