@@ -25,6 +25,10 @@ use std::time::{Duration, Instant};
 /// The script: (pause before the group, requests in the group).
 const SCRIPT: &[(u64, usize)] = &[(0, 8), (250, 3), (500, 4)];
 
+// Two rows in files of their own (they use this file's helpers).
+mod gateway;
+mod pacing;
+
 fn main() {
     println!("ratewall demo: a scripted burst on the real clock\n");
     token_bucket();
@@ -40,8 +44,8 @@ fn main() {
     concurrency();
     http_layer();
     http_on_redis();
-    client_pacing();
-    gateway();
+    pacing::client_pacing();
+    gateway::gateway();
 }
 
 fn header(title: &str) {
@@ -919,199 +923,4 @@ fn waiting_run(
     w.mean_wait_ms = wait_sum.as_secs_f64() * 1e3 / (admitted.max(1) as f64);
     w.mean_latency_ms = latency_sum as f64 / 1e6 / (admitted.max(1) as f64);
     w
-}
-
-/// The client pacing layer (`ratewall::client::PacingLayer`) over a real
-/// hyper-util client, calling an in-process server limited to 20/s per
-/// client: the same burst of 30 requests from 10 tasks, without the layer
-/// and through it.
-fn client_pacing() {
-    use hyper_util::client::legacy::Client;
-    use ratewall::client::PacingLayer;
-    use ratewall::http::{RateLimitLayer, Rule};
-    use ratewall::Policy;
-    use std::sync::atomic::{AtomicU64, Ordering};
-    use std::sync::Arc;
-    use tower::{Service, ServiceExt};
-
-    type Body = http_body_util::Empty<bytes::Bytes>;
-
-    /// 30 GETs from 10 tasks; returns the time and the 429s.
-    async fn burst<S>(svc: S, addr: std::net::SocketAddr) -> (Duration, u64)
-    where
-        S: Service<http::Request<Body>, Response = http::Response<hyper::body::Incoming>>
-            + Clone
-            + Send
-            + Sync
-            + 'static,
-        S::Future: Send,
-        S::Error: std::fmt::Debug,
-    {
-        use http_body_util::BodyExt;
-        let refused = Arc::new(AtomicU64::new(0));
-        let start = Instant::now();
-        let tasks: Vec<_> = (0..10)
-            .map(|_| {
-                let (svc, refused) = (svc.clone(), refused.clone());
-                tokio::spawn(async move {
-                    for _ in 0..3 {
-                        let req = http::Request::get(format!("http://{addr}/"))
-                            .body(Body::new())
-                            .expect("request");
-                        let res = svc.clone().oneshot(req).await.expect("response");
-                        if res.status() == http::StatusCode::TOO_MANY_REQUESTS {
-                            refused.fetch_add(1, Ordering::Relaxed);
-                        }
-                        res.into_body().collect().await.expect("body");
-                    }
-                })
-            })
-            .collect();
-        for t in tasks {
-            t.await.expect("task");
-        }
-        (start.elapsed(), refused.load(Ordering::Relaxed))
-    }
-
-    println!(
-        "The client pacing layer: a hyper-util client calling a server limited to 20/s per client"
-    );
-    let rt = runtime();
-    rt.block_on(async {
-        let app = || {
-            let limit = RateLimitLayer::builder()
-                .rule(Rule::per_ip(
-                    "ip",
-                    Policy::token_bucket(Rate::per_second(20)),
-                ))
-                .build()
-                .expect("limits");
-            axum::Router::new()
-                .route("/", axum::routing::get(|| async { "ok" }))
-                .layer(limit)
-        };
-        let client = || Client::builder(hyper_util::rt::TokioExecutor::new()).build_http::<Body>();
-
-        let (addr, stop, serving) = serve(app()).await;
-        let (took, refused) = burst(client(), addr).await;
-        println!(
-            "  without the layer: 30 requests from 10 tasks in {}, {refused} x 429",
-            fmt_ms(took)
-        );
-        drop(stop);
-        serving.await.expect("server task");
-
-        let (addr, stop, serving) = serve(app()).await;
-        // No pace of its own: it keeps the pace the server announces.
-        let pacing = PacingLayer::builder()
-            .jitter(Duration::from_millis(5))
-            .build()
-            .expect("pacing layer");
-        let paced = tower::ServiceBuilder::new()
-            .layer(pacing.clone())
-            .service(client());
-        // One request teaches it the quota; then the same burst.
-        burst_of_one(&paced, addr).await;
-        let (took, refused) = burst(paced, addr).await;
-        println!(
-            "  through the layer: 30 requests from 10 tasks in {}, {refused} x 429",
-            fmt_ms(took)
-        );
-        for (authority, view) in pacing.views() {
-            println!("  learned for {authority}: {view}");
-        }
-        drop(stop);
-        serving.await.expect("server task");
-    });
-    println!("  the layer keeps the announced quota (q at once, then q per w), lowered to what");
-    println!("  the server says is left: its burst, and no 429\n");
-
-    async fn burst_of_one<S>(svc: &S, addr: std::net::SocketAddr)
-    where
-        S: Service<http::Request<Body>, Response = http::Response<hyper::body::Incoming>> + Clone,
-        S::Error: std::fmt::Debug,
-    {
-        let req = http::Request::get(format!("http://{addr}/"))
-            .body(Body::new())
-            .expect("request");
-        let _ = svc.clone().oneshot(req).await.expect("response");
-    }
-}
-
-/// The gateway: `ratewall-server` started in-process on free loopback
-/// ports from an envoyproxy/ratelimit configuration written here, asked
-/// over gRPC (`ShouldRateLimit`, as Envoy asks) until its limit answers
-/// OVER_LIMIT, then shut down. (`cargo run -p ratewall-server --example
-/// demo` shows more of it: ratewall's policies, `/json`.)
-fn gateway() {
-    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{rate_limit, Code};
-    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-
-    const CONFIG: &str = "\
-domain: edge
-descriptors:
-  - key: remote_address
-    rate_limit: { unit: minute, requests_per_unit: 3 }
-";
-    let dir = std::env::temp_dir().join(format!("ratewall-demo-gateway-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("a temporary directory");
-    std::fs::write(dir.join("edge.yaml"), CONFIG).expect("the configuration file");
-    let over_limit = runtime().block_on(async {
-        let free: std::net::SocketAddr = "127.0.0.1:0".parse().expect("an address");
-        let server = ratewall_server::ServerBuilder::new(&dir)
-            .grpc_addr(free)
-            .http_addr(free)
-            .start()
-            .await
-            .expect("the gateway starts");
-        println!(
-            "The gateway: ratewall-server in-process, gRPC on {}, as Envoy asks it",
-            server.grpc_addr()
-        );
-        println!("  edge.yaml (envoyproxy/ratelimit's form): remote_address, 3 per minute");
-        println!(
-            "  {:>7}  {:>3}  {:>10}  {:>12}  {:>9}  {:>9}",
-            "t (ms)", "#", "code", "limit", "remaining", "reset"
-        );
-        let mut client = RateLimitServiceClient::connect(format!("http://{}", server.grpc_addr()))
-            .await
-            .expect("a gRPC connection");
-        let start = Instant::now();
-        let mut over_limit = false;
-        // Until the limit answers OVER_LIMIT: the 4th call, or a few more
-        // if a minute's window ends between the calls.
-        for i in 1..=8 {
-            let ask = ratewall_server::request("edge", &[&[("remote_address", "10.0.0.1")]], 1);
-            let answer = client.should_rate_limit(ask).await.expect("an answer");
-            let answer = answer.into_inner();
-            let status = &answer.statuses[0];
-            let limit = status.current_limit.as_ref().map_or("none".into(), |l| {
-                let unit = rate_limit::Unit::try_from(l.unit).map_or("?", |u| u.as_str_name());
-                format!("{} per {}", l.requests_per_unit, unit.to_lowercase())
-            });
-            let reset = status.duration_until_reset.map_or(Duration::ZERO, |d| {
-                Duration::new(
-                    d.seconds.try_into().unwrap_or(0),
-                    d.nanos.try_into().unwrap_or(0),
-                )
-            });
-            let code = Code::try_from(answer.overall_code).unwrap_or(Code::Unknown);
-            println!(
-                "  {:>7.1}  {i:>3}  {:>10}  {limit:>12}  {:>9}  {:>9}",
-                start.elapsed().as_secs_f64() * 1e3,
-                code.as_str_name(),
-                status.limit_remaining,
-                format!("{:.1} s", reset.as_secs_f64()),
-            );
-            if code == Code::OverLimit {
-                over_limit = true;
-                break;
-            }
-        }
-        server.shutdown(Duration::from_secs(5)).await;
-        over_limit
-    });
-    let _ = std::fs::remove_dir_all(&dir);
-    assert!(over_limit, "the gateway never answered OVER_LIMIT");
-    println!("  OVER_LIMIT is what Envoy turns into a 429; the server is shut down\n");
 }
