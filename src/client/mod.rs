@@ -54,6 +54,7 @@
 
 mod announce;
 mod backoff;
+mod flights;
 mod layer;
 mod pacer;
 mod partition;

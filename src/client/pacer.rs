@@ -17,8 +17,9 @@
 //! still in flight may not be counted in `r` yet, and the one unit of
 //! margin covers the fraction of a unit the bucket may hold beyond its
 //! whole units, so the bucket never holds more than the upstream does
-//! (both refill at the announced rate from then on). Raising is never
-//! done: a larger `r` is not believed. Before the bucket exists (no pace
+//! (both refill at the announced rate from then on). A larger `r` is not
+//! believed: the only units given back are those a cut is proven to have
+//! taken twice (`flights.rs`). Before the bucket exists (no pace
 //! known yet), the latest such cap is kept with the time it was learned,
 //! and applied when the bucket is made, plus what the pace refilled since.
 
@@ -37,8 +38,9 @@ struct Bucket<C: Clock> {
 }
 
 impl<C: Clock> Bucket<C> {
-    /// Takes whole units until at most `units` are left (nothing if fewer).
-    fn lower_to(&self, units: u64) {
+    /// Takes whole units until at most `units` are left (nothing if fewer):
+    /// the whole units it held, and how many it took.
+    fn lower_to(&self, units: u64) -> (u64, u64) {
         let peek = self.limiter.peek();
         // Allowed: `remaining` counts the units left after this one.
         let held = if peek.is_allowed() {
@@ -46,10 +48,12 @@ impl<C: Clock> Bucket<C> {
         } else {
             0
         };
-        if held > units {
-            // At most what the bucket holds: always admitted, never an error.
-            let _ = self.limiter.check_n(held - units);
+        if held <= units {
+            return (held, 0);
         }
+        // At most what the bucket holds: always admitted, never an error.
+        let _ = self.limiter.check_n(held - units);
+        (held, held - units)
     }
 }
 
@@ -100,12 +104,31 @@ fn refilled(pace: Rate, at: u64, now: u64) -> u64 {
 
 impl<C: Clock> Pacer<C> {
     /// Lowers the bucket to at most `units` whole units at `now` (see the
-    /// module docs); before the bucket exists, keeps the cap for it.
-    pub(crate) fn lower_to(&self, units: u64, now: u64) {
+    /// module docs): the whole units it held and how many it took. Before
+    /// the bucket exists, keeps the cap for it (`None`).
+    pub(crate) fn lower_to(&self, units: u64, now: u64) -> Option<(u64, u64)> {
         let mut state = lock(&self.state);
         match state.bucket.as_ref() {
-            Some(b) => b.lower_to(units),
-            None => state.cap = Some((units, now)),
+            Some(b) => Some(b.lower_to(units)),
+            None => {
+                state.cap = Some((units, now));
+                None
+            }
+        }
+    }
+
+    /// Gives `units` back to the bucket (units a cut took twice,
+    /// `flights.rs`), at most up to its burst; before the bucket exists,
+    /// to the cap kept for it.
+    pub(crate) fn give_back(&self, units: u64) {
+        if units == 0 {
+            return;
+        }
+        let state = &mut *lock(&self.state);
+        match (state.bucket.as_ref(), state.cap.as_mut()) {
+            (Some(b), _) => b.limiter.refund(units),
+            (None, Some((cap, _))) => *cap = cap.saturating_add(units),
+            (None, None) => {}
         }
     }
 }
@@ -180,7 +203,7 @@ mod tests {
                 too_many_requests: true,
                 ..Announcement::default()
             },
-            0,
+            None,
         );
         for _ in 0..3 {
             let d = admit(&p, &clock, user);
@@ -204,7 +227,7 @@ mod tests {
                 .count(),
             10
         );
-        p.learn(clock.now(), &quota(10, 1000), 0);
+        p.learn(clock.now(), &quota(10, 1000), None);
         let d = admit(&p, &clock, user);
         assert!(!d.is_allowed());
         assert!(d.retry_after() > Duration::ZERO && d.retry_after() <= Duration::from_millis(100));
@@ -212,7 +235,7 @@ mod tests {
         assert!(admit(&p, &clock, user).is_allowed());
         assert!(!admit(&p, &clock, user).is_allowed());
         // A looser announcement never raises the user's pace.
-        p.learn(clock.now(), &quota(1000, 1000), 0);
+        p.learn(clock.now(), &quota(1000, 1000), None);
         clock.advance(Duration::from_secs(1));
         assert_eq!(
             (0..20)
@@ -244,7 +267,7 @@ mod tests {
         // pace used to be burst 1 (one every 20 ms from the start).
         let clock = ManualClock::new();
         let p = Partition::default();
-        p.learn(clock.now(), &quota(100, 2000), 0);
+        p.learn(clock.now(), &quota(100, 2000), None);
         assert_eq!(burst(&p, &clock, None), 100);
         clock.advance(Duration::from_millis(20));
         assert_eq!(burst(&p, &clock, None), 1);
@@ -252,7 +275,7 @@ mod tests {
         assert_eq!(burst(&p, &clock, None), 100, "full again after w");
         // A user's burst below it is kept.
         let p = Partition::default();
-        p.learn(clock.now(), &quota(100, 2000), 0);
+        p.learn(clock.now(), &quota(100, 2000), None);
         let user = Some(Rate::per_second(50).burst(10));
         assert_eq!(burst(&p, &clock, user), 10);
     }
@@ -263,10 +286,10 @@ mod tests {
         // Learned before the bucket exists: applied when it is made, with
         // what the pace refilled since.
         let p = Partition::default();
-        p.learn(clock.now(), &left(10, 1000, 9), 0);
+        p.learn(clock.now(), &left(10, 1000, 9), None);
         assert_eq!(burst(&p, &clock, None), 8, "r=9, one unit of margin");
         let later = Partition::default();
-        later.learn(clock.now(), &left(10, 1000, 3), 0);
+        later.learn(clock.now(), &left(10, 1000, 3), None);
         clock.advance(Duration::from_millis(250));
         assert_eq!(
             burst(&later, &clock, None),
@@ -276,27 +299,121 @@ mod tests {
         // Learned after: the bucket is lowered in place, and never raised.
         clock.advance(Duration::from_secs(1));
         // One sent before the answered one (counted in its `r`), three after.
-        let older = p.send();
-        let answered = p.send();
-        let newer: Vec<_> = (0..3).map(|_| p.send()).collect();
+        let older = p.send(clock.now());
+        let answered = p.send(clock.now());
+        let newer: Vec<_> = (0..3).map(|_| p.send(clock.now())).collect();
         assert_eq!(answered.newer(), 3);
-        p.learn(clock.now(), &left(10, 1000, 6), answered.newer());
+        p.learn(clock.now(), &left(10, 1000, 6), Some(&answered));
         assert_eq!(burst(&p, &clock, None), 2, "6 - 1 - 3 sent after it");
         drop((older, answered, newer));
-        p.learn(clock.now(), &left(10, 1000, 10), 0);
+        p.learn(clock.now(), &left(10, 1000, 10), None);
         assert_eq!(burst(&p, &clock, None), 0, "a larger r raises nothing");
         clock.advance(Duration::from_secs(1));
         assert_eq!(burst(&p, &clock, None), 10, "refilled at the pace");
         // One left: the margin takes it; nothing admitted until the
         // bucket refills (r=0 would pause the partition instead).
         clock.advance(Duration::from_secs(1));
-        p.learn(clock.now(), &left(10, 1000, 1), 0);
+        p.learn(clock.now(), &left(10, 1000, 1), None);
         assert_eq!(burst(&p, &clock, None), 0);
         clock.advance(Duration::from_millis(100));
         assert_eq!(burst(&p, &clock, None), 1);
     }
 
+    #[test]
+    fn answers_proving_a_cut_counted_twice_give_its_units_back() {
+        // The 300-call run's loss: 20 requests in flight to a `50/s burst
+        // 100` upstream that counts them newest first, answered oldest
+        // first. The first answer says 80 left with 19 newer in flight: the
+        // cut lowers the pace to 60, though the upstream has counted all
+        // 19. Each later answer says more than 80 were left after it, so
+        // it was counted first: its unit comes back.
+        let clock = ManualClock::new();
+        let p = Partition::default();
+        p.learn(clock.now(), &quota(100, 2000), None);
+        let flights: Vec<_> = (0..20)
+            .map(|_| {
+                assert!(admit(&p, &clock, None).is_allowed());
+                p.send(clock.now())
+            })
+            .collect();
+        for (i, flight) in (0u64..).zip(&flights) {
+            clock.advance(Duration::from_micros(50));
+            p.learn(clock.now(), &left(100, 2000, 80 + i), Some(flight));
+            if i == 0 {
+                assert_eq!(held(&p), 60, "80 - 1 - 19 newer");
+            }
+        }
+        drop(flights);
+        assert_eq!(held(&p), 79, "the upstream's 80, less the margin");
+    }
+
+    /// The whole units the pace holds now (a peek: nothing taken).
+    fn held(p: &Partition<ManualClock>) -> u64 {
+        let peek = lock(&p.pacer_for_tests().state)
+            .bucket
+            .as_ref()
+            .unwrap()
+            .limiter
+            .peek();
+        if peek.is_allowed() {
+            peek.remaining() + 1
+        } else {
+            0
+        }
+    }
+
     proptest! {
+        /// A paced client against a real upstream bucket (`q` per `w`,
+        /// burst `q`, as announced) that others had used `used` of, which
+        /// the client learns first; then requests counted upstream in the
+        /// order sent but answered in any order, at any times: the
+        /// upstream refuses none. The cuts and what they give back keep
+        /// the pace at or below what the upstream holds.
+        #[test]
+        fn answers_in_any_order_never_overrun_the_upstream(
+            q in 1u64..30,
+            used in 0u64..30,
+            w_ms in 100u64..2000,
+            ops in proptest::collection::vec((0u8..4, 0u64..30, 0usize..50), 1..400),
+        ) {
+            let clock = ManualClock::new();
+            let p = Partition::default();
+            let interval = Duration::from_nanos((w_ms * 1_000_000).div_ceil(q));
+            let upstream =
+                TokenBucket::with_clock(Rate::every(interval).burst(q), clock.clone()).unwrap();
+            let used = used.min(q);
+            if used > 0 {
+                prop_assert!(upstream.check_n(used).unwrap().is_allowed());
+            }
+            p.learn(clock.now(), &left(q, w_ms, q - used), None);
+            // Sent and not counted yet (oldest first); counted, unanswered.
+            let mut sent = std::collections::VecDeque::new();
+            let mut counted = Vec::new();
+            for (op, ms, pick) in ops {
+                match op {
+                    0 => clock.advance(Duration::from_millis(ms)),
+                    1 => {
+                        if admit(&p, &clock, None).is_allowed() {
+                            sent.push_back(p.send(clock.now()));
+                        }
+                    }
+                    2 => {
+                        if let Some(flight) = sent.pop_front() {
+                            let d = upstream.check();
+                            prop_assert!(d.is_allowed(), "the upstream refused at {}", clock.now());
+                            counted.push((flight, d.remaining()));
+                        }
+                    }
+                    _ => {
+                        if !counted.is_empty() {
+                            let (flight, r) = counted.swap_remove(pick % counted.len());
+                            p.learn(clock.now(), &left(q, w_ms, r), Some(&flight));
+                        }
+                    }
+                }
+            }
+        }
+
         /// Against the reference: the admissions conform to the upstream's
         /// own bucket, `q` at once and one more per `ceil(w/q)` (at most
         /// `q + d / ceil(w/q)` in any span `d`), whatever the user's (faster)
@@ -311,7 +428,7 @@ mod tests {
         ) {
             let clock = ManualClock::new();
             let p = Partition::default();
-            p.learn(clock.now(), &quota(q, w_ms), 0);
+            p.learn(clock.now(), &quota(q, w_ms), None);
             let user = Some(Rate::per_second(1000).burst(50));
             let mut admitted = Vec::new();
             for (advance_ms, tries) in steps {
@@ -330,7 +447,7 @@ mod tests {
                 }
             }
             clock.advance(Duration::from_millis(w_ms));
-            p.learn(clock.now(), &left(q, w_ms, r), 0);
+            p.learn(clock.now(), &left(q, w_ms, r), None);
             let at_once = burst(&p, &clock, user) as u64;
             prop_assert!(at_once <= r.saturating_sub(1).min(q), "{at_once} after r={r}");
         }

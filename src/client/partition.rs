@@ -13,7 +13,9 @@
 //! - What is left (`r`) lowers the partition's local pace to at most
 //!   `r - 1 - newer` units, `newer` being the requests a pacing layer sent
 //!   after the one answered and has no response for yet (`pacer.rs`); it
-//!   never raises it.
+//!   never raises it, but a later response can prove that such a cut
+//!   counted a request the upstream had already counted, and that unit is
+//!   given back (`flights.rs`).
 //! - Memory is bounded: at most `capacity` partitions. A new partition in
 //!   a full table evicts the **least recently used** one (used: any call
 //!   but the read-only views), found by a scan of the table. Eviction
@@ -32,6 +34,7 @@
 //! a pacing layer), so evicting it forgets the pace with what was learned.
 
 use super::announce::{Announcement, Quota, Remaining, MAX_PAUSE};
+use super::flights::Flights;
 use super::pacer::{come_back_in, Pacer};
 use super::refusals::{RefusalCounters, Refusals};
 use crate::clock::Clock;
@@ -39,7 +42,7 @@ use crate::decision::Decision;
 use crate::limiter::DefaultClock;
 use crate::quota::Rate;
 use crate::sync::{lock, AtomicU64, Mutex, Ordering};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::fmt;
 use std::hash::Hash;
 use std::sync::Arc;
@@ -123,10 +126,10 @@ impl<C: Clock> Default for Partition<C> {
 }
 
 impl<C: Clock> Partition<C> {
-    /// Applies one response's announcement, read at `now`; `newer` is how
-    /// many requests were sent after the one answered and are still in
-    /// flight (the upstream's `r` may not count them yet).
-    pub(crate) fn learn(&self, now: u64, said: &Announcement, newer: u64) {
+    /// Applies one response's announcement, read at `now`; `answered` is
+    /// the request it answers, if a pacing layer sent it (the requests sent
+    /// after it and still in flight may not be counted in its `r` yet).
+    pub(crate) fn learn(&self, now: u64, said: &Announcement, answered: Option<&InFlight<'_, C>>) {
         self.refusals.record(said);
         if let Some(pause) = said.pause() {
             let end = now.saturating_add(nanos(pause));
@@ -146,21 +149,44 @@ impl<C: Clock> Partition<C> {
         if let Some(r) = said.remaining {
             let until = r.within.map(|w| now.saturating_add(nanos(w)));
             learned.remaining = Some((r.available, until));
+            let upstream = learned.quota.and_then(|q| announced_pace(q, learned.burst));
             drop(learned);
-            // One unit of margin: the bucket may hold a fraction of a unit
-            // beyond its whole ones (see `pacer.rs`).
-            let units = r.available.saturating_sub(1).saturating_sub(newer);
-            self.pacer.lower_to(units, now);
+            self.keep_in_step(now, r.available, upstream, answered.map(|a| a.ticket));
         }
     }
 
-    /// Marks one request sent by a pacing layer until the guard drops
-    /// (its response read, or the call failed or was dropped).
-    pub(crate) fn send(&self) -> InFlight<'_, C> {
+    /// Keeps the local pace at or below what the upstream says is `left`
+    /// after the request `ticket` (if a pacing layer sent it): first gives
+    /// back what earlier cuts are proven to have taken twice, then cuts
+    /// (`flights.rs`). `upstream` is the upstream's announced pace.
+    fn keep_in_step(&self, now: u64, left: u64, upstream: Option<Rate>, ticket: Option<u64>) {
+        // Lock order: the flights, then the pace's own lock (in `pacer`).
         let mut flights = lock(&self.in_flight);
-        let ticket = flights.next;
-        flights.next += 1;
-        flights.open.insert(ticket);
+        if let Some(t) = ticket {
+            self.pacer.give_back(flights.prove(t, left, now, upstream));
+        }
+        let newer = ticket.map_or(0, |t| flights.newer(t));
+        // One unit of margin: the bucket may hold a fraction of a unit
+        // beyond its whole ones (see `pacer.rs`).
+        let bound = left.saturating_sub(1).saturating_sub(newer);
+        // Before the bucket exists, the cap kept for it may count the
+        // `newer` requests twice as well: a cut of up to that many.
+        let (held, taken) = self
+            .pacer
+            .lower_to(bound, now)
+            .unwrap_or((bound.saturating_add(newer), newer));
+        flights.cut(ticket, left, bound, held, taken);
+    }
+
+    #[cfg(test)]
+    pub(crate) fn pacer_for_tests(&self) -> &Pacer<C> {
+        &self.pacer
+    }
+
+    /// Marks one request sent by a pacing layer at `now` until the guard
+    /// drops (its response read, or the call failed or was dropped).
+    pub(crate) fn send(&self, now: u64) -> InFlight<'_, C> {
+        let ticket = lock(&self.in_flight).open(now);
         InFlight {
             partition: self,
             ticket,
@@ -232,15 +258,6 @@ fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// The requests a pacing layer sent to a partition and has no response
-/// for: one ticket each, in the order sent (at most as many as the calls
-/// in progress).
-#[derive(Debug, Default)]
-struct Flights {
-    next: u64,
-    open: BTreeSet<u64>,
-}
-
 /// One request sent and not answered yet (see [`Partition::send`]).
 pub(crate) struct InFlight<'p, C: Clock> {
     partition: &'p Partition<C>,
@@ -249,16 +266,15 @@ pub(crate) struct InFlight<'p, C: Clock> {
 
 impl<C: Clock> InFlight<'_, C> {
     /// How many requests sent after this one are still in flight.
+    #[cfg(test)]
     pub(crate) fn newer(&self) -> u64 {
-        let flights = lock(&self.partition.in_flight);
-        let newer = flights.open.range(self.ticket + 1..).count();
-        u64::try_from(newer).unwrap_or(u64::MAX)
+        lock(&self.partition.in_flight).newer(self.ticket)
     }
 }
 
 impl<C: Clock> Drop for InFlight<'_, C> {
     fn drop(&mut self) {
-        lock(&self.partition.in_flight).open.remove(&self.ticket);
+        lock(&self.partition.in_flight).close(self.ticket);
     }
 }
 
@@ -550,7 +566,7 @@ impl<K: Hash + Eq + Clone, C: Clock> Partitions<K, C> {
     /// ```
     pub fn learn(&self, key: &K, said: &Announcement) {
         let now = self.clock.now();
-        self.partition(key).learn(now, said, 0);
+        self.partition(key).learn(now, said, None);
     }
 
     /// How much longer partition `key` is paused (`None`: not paused).

@@ -168,14 +168,13 @@ where
     loop {
         let partition = shared.partitions.partition(&key);
         turn(&shared, &partition).await?;
-        let sent = partition.send();
+        let sent = partition.send(shared.partitions.clock().now());
         let response = inner.call(req).await.map_err(PacingError::Inner)?;
-        // What is left, as the response says it, may miss the requests
-        // sent after this one and not answered yet.
-        let newer = sent.newer();
-        drop(sent);
         let said = Announcement::read(response.status(), response.headers());
-        partition.learn(shared.partitions.clock().now(), &said, newer);
+        // What is left, as the response says it, may miss the requests
+        // sent after this one and not answered yet: `learn` reads them.
+        partition.learn(shared.partitions.clock().now(), &said, Some(&sent));
+        drop(sent);
         shared.refusals.record(&said);
         let refused = said.too_many_requests || said.unavailable;
         match &replay {
