@@ -87,6 +87,12 @@ fn counted_before(cut: &Cut, left_j: u64, now: u64, upstream: Rate) -> bool {
     u128::from(gained) * upstream.period().as_nanos() >= elapsed * u128::from(upstream.count())
 }
 
+/// Keeps a cut that can gain no more proofs as its slack alone: the
+/// smallest such slack.
+fn settle(settled: &mut Option<u64>, slack: u64) {
+    *settled = Some(settled.map_or(slack, |s| s.min(slack)));
+}
+
 impl Flights {
     /// Marks one request sent at `now`: its ticket.
     pub(crate) fn open(&mut self, now: u64) -> u64 {
@@ -127,7 +133,7 @@ impl Flights {
         let settled = &mut self.settled;
         self.cuts.retain(|cut| {
             if cut.counted.is_empty() {
-                *settled = Some(settled.map_or(cut.slack, |s| s.min(cut.slack)));
+                settle(settled, cut.slack);
             }
             !cut.counted.is_empty()
         });
@@ -203,11 +209,11 @@ impl Flights {
                 slack,
                 counted,
             }),
-            _ => self.settled = Some(self.settled.map_or(slack, |s| s.min(slack))),
+            _ => settle(&mut self.settled, slack),
         }
         if self.cuts.len() > MAX_CUTS {
             let oldest = self.cuts.remove(0);
-            self.settled = Some(self.settled.map_or(oldest.slack, |s| s.min(oldest.slack)));
+            settle(&mut self.settled, oldest.slack);
         }
     }
 }
