@@ -232,23 +232,27 @@ mod tests {
 
     #[test]
     fn a_request_counted_before_the_cut_gives_its_unit_back() {
+        // Sent 10 s into the clock: the refill counts from k's send.
+        let at = 10_000 * MS;
         let mut f = Flights::default();
-        let k = f.open(0);
-        let j: Vec<u64> = (0..3).map(|_| f.open(0)).collect();
+        let k = f.open(at);
+        let j: Vec<u64> = (0..3).map(|_| f.open(at)).collect();
+        assert_eq!(f.sent_at(k), Some(at));
         // k's response: 83 left, 3 newer in flight; the pace held 90 and
         // was cut to 83 - 1 - 3 = 79.
         assert_eq!(f.newer(k), 3);
         f.cut(Some(k), 83, 79, 90, 11);
         f.close(k);
+        assert_eq!(f.sent_at(k), None, "answered");
         // j[0] says 85: counted before k (85 >= 83 + 1 ms of refill).
-        assert_eq!(f.prove(j[0], 85, MS, upstream()), 1);
+        assert_eq!(f.prove(j[0], 85, at + MS, upstream()), 1);
         f.close(j[0]);
         // j[1] says 82: counted after k; nothing.
-        assert_eq!(f.prove(j[1], 82, MS, upstream()), 0);
+        assert_eq!(f.prove(j[1], 82, at + MS, upstream()), 0);
         f.close(j[1]);
         // j[2] says 84, but 40 ms later: two units refilled since k's send
         // could explain it; nothing.
-        assert_eq!(f.prove(j[2], 84, 40 * MS, upstream()), 0);
+        assert_eq!(f.prove(j[2], 84, at + 40 * MS, upstream()), 0);
         f.close(j[2]);
         assert!(f.cuts.is_empty(), "every counted request answered");
     }
@@ -286,6 +290,29 @@ mod tests {
     }
 
     #[test]
+    fn a_settled_cut_limits_every_give_back_after_it() {
+        let mut f = Flights::default();
+        let k = f.open(0);
+        let j: Vec<u64> = (0..3).map(|_| f.open(0)).collect();
+        // k: cut from 12 to 10 (took 2), counting the three j.
+        f.cut(Some(k), 14, 10, 12, 2);
+        // A response about no request of ours: its bound is 1 above the pace.
+        f.cut(None, 20, 11, 10, 0);
+        assert_eq!(f.settled, Some(1));
+        // Two proofs for k, but the settled bound leaves room for one unit.
+        assert_eq!(f.prove(j[0], 20, MS, upstream()), 1);
+        assert_eq!(f.settled, Some(0));
+        assert_eq!(f.prove(j[1], 20, MS, upstream()), 0);
+        assert_eq!(f.owed, 1);
+        // An answer with nothing newer in flight can gain no proof: only
+        // its slack is kept.
+        let last = f.open(MS);
+        f.cut(Some(last), 30, 12, 12, 0);
+        assert_eq!(f.cuts.len(), 1, "only k's cut waits for proofs");
+        assert_eq!(f.settled, Some(0));
+    }
+
+    #[test]
     fn nothing_owed_forgets_the_cuts_and_gone_requests_settle_them() {
         let mut f = Flights::default();
         let k = f.open(0);
@@ -311,12 +338,18 @@ mod tests {
         fn a_proof_is_never_wrong(
             burst in 1u64..30,
             interval_ms in 1u64..50,
+            per_second in proptest::option::of(20u64..1000),
             reqs in proptest::collection::vec((0u64..100, 0u64..200, 0u64..100), 2..40),
         ) {
             use crate::clock::ManualClock;
             use crate::limiter::TokenBucket;
-            let interval = Duration::from_millis(interval_ms);
-            let rate = Rate::every(interval).burst(burst);
+            // One unit per `interval` (an announced pace's form), or
+            // `per_second` units per second (a count above one).
+            let rate = match per_second {
+                None => Rate::every(Duration::from_millis(interval_ms)),
+                Some(n) => Rate::per_second(n),
+            }
+            .burst(burst);
             let upstream = TokenBucket::with_clock(rate, ManualClock::new()).unwrap();
             // (sent, counted, read) in ns, in the order sent.
             let mut sent = 0;
