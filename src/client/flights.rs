@@ -151,14 +151,18 @@ impl Flights {
         upstream: Option<Rate>,
     ) -> u64 {
         for cut in &mut self.cuts {
-            let proven = upstream.is_some_and(|up| counted_before(cut, left, now, up));
-            if cut.counted.remove(&ticket) && proven {
+            // Removed whether or not it proves anything: it is answered.
+            if cut.counted.remove(&ticket)
+                && upstream.is_some_and(|up| counted_before(cut, left, now, up))
+            {
                 cut.slack = cut.slack.saturating_add(1);
             }
         }
         self.settle_done();
+        // While anything is owed there is a cut or a settled slack (`cut`
+        // records one), so no room means nothing to give.
         let room = self.cuts.iter().map(|c| c.slack).chain(self.settled).min();
-        let give = room.map_or(self.owed, |room| room.min(self.owed));
+        let give = room.map_or(0, |room| room.min(self.owed));
         if give > 0 {
             self.owed -= give;
             for cut in &mut self.cuts {

@@ -38,16 +38,21 @@ struct Bucket<C: Clock> {
 }
 
 impl<C: Clock> Bucket<C> {
-    /// Takes whole units until at most `units` are left (nothing if fewer):
-    /// the whole units it held, and how many it took.
-    fn lower_to(&self, units: u64) -> (u64, u64) {
+    /// The whole units it holds now (a peek: nothing taken).
+    fn held(&self) -> u64 {
         let peek = self.limiter.peek();
         // Allowed: `remaining` counts the units left after this one.
-        let held = if peek.is_allowed() {
+        if peek.is_allowed() {
             peek.remaining().saturating_add(1)
         } else {
             0
-        };
+        }
+    }
+
+    /// Takes whole units until at most `units` are left (nothing if fewer):
+    /// the whole units it held, and how many it took.
+    fn lower_to(&self, units: u64) -> (u64, u64) {
+        let held = self.held();
         if held <= units {
             return (held, 0);
         }
@@ -115,6 +120,12 @@ impl<C: Clock> Pacer<C> {
                 None
             }
         }
+    }
+
+    /// The whole units the bucket holds now (0 before it exists).
+    #[cfg(test)]
+    pub(crate) fn held(&self) -> u64 {
+        lock(&self.state).bucket.as_ref().map_or(0, Bucket::held)
     }
 
     /// Gives `units` back to the bucket (units a cut took twice,
@@ -349,17 +360,7 @@ mod tests {
 
     /// The whole units the pace holds now (a peek: nothing taken).
     fn held(p: &Partition<ManualClock>) -> u64 {
-        let peek = lock(&p.pacer_for_tests().state)
-            .bucket
-            .as_ref()
-            .unwrap()
-            .limiter
-            .peek();
-        if peek.is_allowed() {
-            peek.remaining() + 1
-        } else {
-            0
-        }
+        p.pacer_for_tests().held()
     }
 
     proptest! {
