@@ -500,6 +500,12 @@ pub(super) fn single_header<'h>(
     headers: &'h HeaderMap,
     name: &HeaderName,
 ) -> Result<&'h HeaderValue, Absent> {
+    // No name with a second line in the whole map (its value count is its
+    // name count, two counters it keeps): the first line is the only one,
+    // and the walk over the name's lines is not needed.
+    if headers.len() == headers.keys_len() {
+        return headers.get(name).ok_or(Absent::Value);
+    }
     let mut lines = headers.get_all(name).iter();
     let first = lines.next().ok_or(Absent::Value)?;
     match lines.next() {

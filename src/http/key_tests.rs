@@ -379,3 +379,30 @@ fn without_redis_a_rule_key_is_the_local_fingerprint() {
         Err(e) => panic!("{e:?}"),
     }
 }
+
+/// `single_header` answers the same whether or not some name in the map has
+/// a second line (the walk over a name's lines is skipped when none does).
+#[test]
+fn one_line_of_a_header_is_found_whatever_other_headers_repeat() {
+    let name = HeaderName::from_static("x-api-key");
+    let mut h = HeaderMap::new();
+    assert_eq!(single_header(&h, &name).err(), Some(Absent::Value));
+    h.insert("accept", "a".parse().unwrap());
+    assert_eq!(single_header(&h, &name).err(), Some(Absent::Value));
+    h.insert("x-api-key", "alpha".parse().unwrap());
+    assert_eq!(single_header(&h, &name).unwrap(), "alpha");
+    // Another name sent twice: the map has more lines than names.
+    h.append("accept", "b".parse().unwrap());
+    assert!(h.len() > h.keys_len());
+    assert_eq!(single_header(&h, &name).unwrap(), "alpha");
+    h.remove("x-api-key");
+    assert_eq!(single_header(&h, &name).err(), Some(Absent::Value));
+    // The name itself sent twice, alone or beside another repeated name.
+    h.insert("x-api-key", "alpha".parse().unwrap());
+    h.append("x-api-key", "beta".parse().unwrap());
+    assert_eq!(single_header(&h, &name).err(), Some(Absent::Repeated));
+    h.remove("accept");
+    assert_eq!(h.len(), 2);
+    assert_eq!(h.keys_len(), 1);
+    assert_eq!(single_header(&h, &name).err(), Some(Absent::Repeated));
+}
