@@ -160,9 +160,8 @@ where
             // response, no `After` is moved (it is large) on its way into the
             // future.
             Verdict::Pass(None) if insert.is_none() => ResponseFuture {
-                state: State::Inner {
+                state: State::Plain {
                     fut: self.inner.call(req),
-                    after: None,
                 },
             },
             Verdict::Pass(after) => {
@@ -170,10 +169,7 @@ where
                     req.extensions_mut().insert(info);
                 }
                 ResponseFuture {
-                    state: State::Inner {
-                        fut: self.inner.call(req),
-                        after,
-                    },
+                    state: State::after(self.inner.call(req), after),
                 }
             }
             Verdict::Reject(res) => ResponseFuture {
@@ -215,16 +211,30 @@ pin_project! {
     #[project = StateProj]
     #[allow(dead_code)] // `Remote` is built only with the `redis` feature.
     enum State<F> {
+        // Nothing to do after the response but wrap its body: no `After`
+        // written into the future, moved with it or dropped with it.
+        Plain { #[pin] fut: F },
         Inner { #[pin] fut: F, after: Option<After> },
         Ready { res: Option<Response<Bytes>> },
         Remote { check: RemoteSlot, call: Option<CallSlot<F>> },
     }
 }
 
+impl<F> State<F> {
+    /// The inner service's future, with what its response gets if anything.
+    #[inline]
+    fn after(fut: F, after: Option<After>) -> State<F> {
+        match after {
+            None => State::Plain { fut },
+            after => State::Inner { fut, after },
+        }
+    }
+}
+
 impl<F> fmt::Debug for ResponseFuture<F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self.state {
-            State::Inner { .. } => "ResponseFuture::Inner",
+            State::Plain { .. } | State::Inner { .. } => "ResponseFuture::Inner",
             State::Ready { .. } => "ResponseFuture::Ready",
             State::Remote { .. } => "ResponseFuture::Remote",
         })
@@ -258,10 +268,7 @@ fn remote_done<F>(
 ) -> Poll<State<F>> {
     let (verdict, info) = ready!(check.as_mut().poll(cx));
     Poll::Ready(match (verdict, call.take()) {
-        (Verdict::Pass(after), Some(call)) => State::Inner {
-            fut: call(info),
-            after,
-        },
+        (Verdict::Pass(after), Some(call)) => State::after(call(info), after),
         (Verdict::Reject(res), _) => State::Ready { res: Some(res) },
         // Polled after completion, or a nested remote verdict (never
         // returned by the remote check): an empty 500.
@@ -323,6 +330,10 @@ where
 {
     {
         match state {
+            StateProj::Plain { fut } => {
+                let res = ready!(fut.poll(cx))?;
+                Poll::Ready(Ok(res.map(ResponseBody::new)))
+            }
             StateProj::Inner { fut, after } => {
                 // An error leaves the permits in `after`: dropped with this
                 // future, as a request that got no response.
