@@ -467,6 +467,7 @@ impl ClientIp {
     }
 
     /// The TCP peer's address, unmapped.
+    #[inline]
     pub(super) fn peer_addr(&self, ext: &Extensions) -> Option<IpAddr> {
         if let Some(f) = &self.peer_fn {
             if let Some(ip) = f(ext) {
@@ -489,7 +490,23 @@ impl ClientIp {
 
     /// The client's address for a request with these headers and
     /// extensions. Allocates nothing.
+    #[inline]
     pub(super) fn resolve(&self, headers: &HeaderMap, ext: &Extensions) -> Resolved {
+        // The default, no proxy trusted: the peer, whatever the headers say
+        // (and whichever networks `from_peers` named). Inline: the layer's
+        // every request asks, and most layers trust no proxy.
+        if let Trust::Peer = self.trust {
+            return match self.peer_addr(ext) {
+                Some(peer) => Resolved::Ip(peer),
+                None => Resolved::NoPeer,
+            };
+        }
+        self.resolve_behind_proxies(headers, ext)
+    }
+
+    /// [`resolve`](Self::resolve) when some proxy is trusted.
+    #[inline(never)]
+    fn resolve_behind_proxies(&self, headers: &HeaderMap, ext: &Extensions) -> Resolved {
         let Some(peer) = self.peer_addr(ext) else {
             return Resolved::NoPeer;
         };
