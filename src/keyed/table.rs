@@ -22,8 +22,11 @@
 //! lies between the chain's start and the key (linear probing; empties never
 //! come back). The stash takes the rare key whose window is full of live
 //! keys: with windows of 32 slots at a two-thirds load, about one key in
-//! 1,000 to 2,000 (by simulation: at most 29 per shard of 15,625 keys),
-//! which a stash of up to 128 slots holds with a wide margin.
+//! 1,000 to 2,000 (by simulation: at most 29 per shard of 15,625 keys).
+//! The stash is a sixteenth of the share up to 128 slots, and one slot per
+//! 512 keys of a share above 65,536 keys: at 10M keys over 64 shards a
+//! stash of 128 overflowed (11 keys of 10M untracked with one seed,
+//! `tests/keyed_promise_big.rs`), one of 305 does not.
 //!
 //! # Sizing: `max_keys` is a promise
 //!
@@ -70,8 +73,16 @@ const SWEEP: usize = 64;
 const EVICT_ATTEMPTS: usize = 4;
 /// Bytes per key of `max_keys`, shard headers included: 1.5 slots per key.
 const BYTES_PER_KEY: usize = 12;
-/// Largest stash per shard (slots).
+/// Largest stash per shard (slots) for shares of up to
+/// `MAX_STASH * KEYS_PER_STASH_SLOT` keys (65,536); a larger share gets
+/// one stash slot per `KEYS_PER_STASH_SLOT` keys.
 const MAX_STASH: usize = 128;
+/// Keys of a large share per stash slot. A full window sends about one
+/// key in 1,000 to 2,000 to the stash at a full table, so a share of
+/// 156,000 keys (10M keys over 64 shards) sends about 100, at times more
+/// than 128: a stash of `share / 512` slots (305 there) holds them with a
+/// margin of about three.
+const KEYS_PER_STASH_SLOT: usize = 512;
 /// Bytes set aside from the budget for the table's and the limiter's own
 /// headers (the budget is per requested key, everything included).
 const OWNER_BYTES: usize = 1024;
@@ -271,7 +282,7 @@ impl<P: Packing> Table<P> {
                 let budget = (share * BYTES_PER_KEY).saturating_sub(header) / SLOT;
                 let small = (share * 3).div_ceil(2).min(share + 64).max(share + 1);
                 let n = budget.max(small);
-                let stash = (share / 16).min(MAX_STASH);
+                let stash = (share / 16).min(MAX_STASH.max(share / KEYS_PER_STASH_SLOT));
                 CachePadded::new(Shard {
                     slots: (0..n).map(|_| AtomicU64::new(0)).collect(),
                     main: n - stash,
