@@ -73,15 +73,10 @@ const SWEEP: usize = 64;
 const EVICT_ATTEMPTS: usize = 4;
 /// Bytes per key of `max_keys`, shard headers included: 1.5 slots per key.
 const BYTES_PER_KEY: usize = 12;
-/// Largest stash per shard (slots) for shares of up to
-/// `MAX_STASH * KEYS_PER_STASH_SLOT` keys (65,536); a larger share gets
-/// one stash slot per `KEYS_PER_STASH_SLOT` keys.
+/// Largest stash per shard (slots) for shares up to 65,536 keys.
 const MAX_STASH: usize = 128;
-/// Keys of a large share per stash slot. A full window sends about one
-/// key in 1,000 to 2,000 to the stash at a full table, so a share of
-/// 156,000 keys (10M keys over 64 shards) sends about 100, at times more
-/// than 128: a stash of `share / 512` slots (305 there) holds them with a
-/// margin of about three.
+/// Keys per stash slot above that: a share of 156,000 keys (10M over 64
+/// shards) sends about 100 keys to the stash, at times more than 128.
 const KEYS_PER_STASH_SLOT: usize = 512;
 /// Bytes set aside from the budget for the table's and the limiter's own
 /// headers (the budget is per requested key, everything included).
