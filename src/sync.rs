@@ -69,6 +69,17 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     }
 }
 
+/// Locks a mutex if no one holds it (poisoning ignored, as by [`lock`]):
+/// for a thread that already holds another lock of the same kind, which
+/// must never wait for a second one.
+pub(crate) fn try_lock<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
+    match m.try_lock() {
+        Ok(g) => Some(g),
+        Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => None,
+    }
+}
+
 /// A small number for the calling thread, handed out in the order threads
 /// first ask (0, 1, 2, ...), so that threads spread over a striped limiter's
 /// stripes (`src/lease/`). Always `std`'s atomics, even under loom: the

@@ -323,3 +323,166 @@ fn debug_output_names_the_key() {
         "{text}"
     );
 }
+
+/// `max_keys` is a promise for the log too: `n` distinct keys, all active,
+/// fit in a log built for `n` however they split between its shards (a cap
+/// per shard tracked 99,015 of 100,000), under every policy; every peek
+/// predicts its check; the next key finds the table full.
+#[test]
+fn a_log_built_for_n_keys_tracks_n_distinct_keys_under_every_policy() {
+    for (n, shards) in [(3, Some(2)), (5_000, Some(64)), (100_000, None)] {
+        for policy in [
+            WhenFull::RejectNew,
+            WhenFull::AdmitUntracked,
+            WhenFull::EvictLeastRecent,
+        ] {
+            let mut b = KeyedSlidingWindowLog::<u64, _>::builder(Window::per_hour(1))
+                .max_keys(n)
+                .when_full(policy)
+                .seed(0x5eed)
+                .clock(ManualClock::new());
+            if let Some(s) = shards {
+                b = b.shards(s);
+            }
+            let log = b.build().unwrap();
+            for k in 0..n as u64 {
+                let peek = log.peek_key(&k);
+                let d = log.check_key(&k);
+                assert_eq!(peek, d, "key {k} of {n} ({policy:?})");
+                assert_eq!(
+                    d.tracking(),
+                    Tracking::Tracked,
+                    "key {k} of {n} ({policy:?})"
+                );
+            }
+            assert_eq!(log.len(), n, "{policy:?}");
+            let peek = log.peek_key(&u64::MAX);
+            let d = log.check_key(&u64::MAX);
+            assert_eq!(peek, d, "{policy:?}");
+            let want = match policy {
+                WhenFull::RejectNew => Tracking::Rejected,
+                WhenFull::AdmitUntracked => Tracking::Untracked,
+                _ => Tracking::EvictedOther,
+            };
+            assert_eq!(d.tracking(), want, "{policy:?}");
+            assert_eq!(log.len(), n, "never more than max_keys ({policy:?})");
+        }
+    }
+}
+
+/// A full log takes a new key whose shard holds no key: other shards' idle
+/// keys make room, and `EvictLeastRecent` evicts from another shard, so no
+/// key is locked out because of where it hashes; a refused key is told to
+/// come back within a window. Two keys in a log of two shards built for
+/// two: over 40 trios, some land the third key in an empty shard.
+#[test]
+fn a_full_log_takes_a_key_whatever_shard_it_hashes_to() {
+    for t in 0..40u64 {
+        let (a, b, c) = (t, 1_000 + t, 2_000 + t);
+        for policy in [WhenFull::RejectNew, WhenFull::EvictLeastRecent] {
+            let clock = ManualClock::new();
+            let log = KeyedSlidingWindowLog::<u64, _>::builder(Window::per_second(1))
+                .max_keys(2)
+                .shards(2)
+                .when_full(policy)
+                .seed(0x5eed)
+                .clock(clock.clone())
+                .build()
+                .unwrap();
+            assert_eq!(log.check_key(&a).tracking(), Tracking::Tracked);
+            assert_eq!(log.check_key(&b).tracking(), Tracking::Tracked, "trio {t}");
+            // Both active: evicted, or refused until a window has passed.
+            let peek = log.peek_key(&c);
+            let d = log.check_key(&c);
+            assert_eq!(peek, d, "trio {t} ({policy:?})");
+            match policy {
+                WhenFull::EvictLeastRecent => {
+                    assert_eq!(d.tracking(), Tracking::EvictedOther, "trio {t}");
+                }
+                _ => {
+                    assert_eq!(d.tracking(), Tracking::Rejected, "trio {t}");
+                    let wait = d.retry_after();
+                    assert!(wait <= Duration::from_secs(1), "trio {t}: {wait:?}");
+                }
+            }
+            assert_eq!(log.len(), 2, "trio {t} ({policy:?})");
+            // Every key idle: the new key takes an idle key's place.
+            clock.advance(Duration::from_secs(2));
+            let (d, e) = (2_500 + t, 3_000 + t);
+            for key in [d, e] {
+                let peek = log.peek_key(&key);
+                let got = log.check_key(&key);
+                assert_eq!(peek, got, "trio {t} ({policy:?})");
+                assert!(got.is_allowed(), "trio {t} ({policy:?})");
+                assert_eq!(got.tracking(), Tracking::Tracked, "trio {t} ({policy:?})");
+            }
+            assert_eq!(log.len(), 2, "trio {t} ({policy:?})");
+        }
+    }
+}
+
+/// The log's key count stays exact under concurrent inserts, evictions,
+/// resets and reclaims: never more than `max_keys` tracked, and afterwards
+/// new keys fill the log to exactly `max_keys` (no unit lost or kept
+/// twice).
+#[test]
+fn the_key_count_stays_exact_under_concurrency() {
+    for policy in [WhenFull::RejectNew, WhenFull::EvictLeastRecent] {
+        let clock = ManualClock::new();
+        let log = Arc::new(
+            KeyedSlidingWindowLog::<u64, _>::builder(Window::per_second(1))
+                .max_keys(64)
+                .shards(8)
+                .when_full(policy)
+                .seed(0x5eed)
+                .clock(clock.clone())
+                .build()
+                .unwrap(),
+        );
+        let start = Arc::new(Barrier::new(4));
+        let threads: Vec<_> = (0..4u64)
+            .map(|t| {
+                let (log, start, clock) = (log.clone(), start.clone(), clock.clone());
+                std::thread::spawn(move || {
+                    start.wait();
+                    for i in 0..2_000u64 {
+                        let key = t * 1_000_000 + i;
+                        let _ = log.check_key(&key);
+                        match i % 97 {
+                            0 => log.reset_key(&key.saturating_sub(3)),
+                            1 if t == 0 => {
+                                clock.advance(Duration::from_millis(700));
+                                let _ = log.retain_active();
+                            }
+                            _ => {}
+                        }
+                        assert!(log.len() <= 64, "{} tracked ({policy:?})", log.len());
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert!(log.len() <= 64);
+        // Every key active from here on: new keys fill what is left.
+        let mut k = 10_000_000u64;
+        while log.len() < 64 {
+            let d = log.check_key(&k);
+            assert_eq!(
+                d.tracking(),
+                Tracking::Tracked,
+                "{} tracked ({policy:?})",
+                log.len()
+            );
+            k += 1;
+        }
+        let d = log.check_key(&k);
+        let want = match policy {
+            WhenFull::RejectNew => Tracking::Rejected,
+            _ => Tracking::EvictedOther,
+        };
+        assert_eq!(d.tracking(), want, "{policy:?}");
+        assert_eq!(log.len(), 64, "{policy:?}");
+    }
+}

@@ -5,8 +5,9 @@
 //!
 //! ```text
 //! shards: [CachePadded<Mutex<Shard>>; power of two]   picked by the key hash's low bits
-//! Shard  { rings: HashMap<fingerprint, LogRing>,      pre-sized to the shard's cap: never rehashes
-//!          cap, sweep_credit }
+//! Shard  { rings: HashMap<fingerprint, LogRing>,      pre-sized past the shard's share
+//!          next_idle_at, idle_exact }
+//! count: the keys tracked, across the shards (at most `max_keys`)
 //! LogRing: Mutex { VecDeque<Run> grown with use, base, floor } (src/algo/log.rs)
 //! ```
 //!
@@ -16,8 +17,16 @@
 //!   lock). The log was already a per-key lock; here the lock is per shard,
 //!   so keys of one shard serialize. Checks of a hot log key are not
 //!   read-only: pick a window counter for mostly-denied hot keys.
+//! - `max_keys` is a promise, as for the slot table: the keys tracked are
+//!   counted across the shards (an insert reserves a unit with a
+//!   compare-and-add that fails at `max_keys`), and no shard has a cap of
+//!   its own, so `max_keys` distinct keys fit however they split between
+//!   the shards. (With a cap per shard adding up to `max_keys`, 100,000
+//!   keys over 64 shards tracked 99,015.) Each shard's map is sized for
+//!   its share and a margin of a few standard deviations of the split, so
+//!   it rarely grows.
 //! - Memory: 64 bytes of map entry, lock and deque header per key, for at
-//!   most `max_keys` keys (caps per shard add up to `max_keys`), plus 16
+//!   most `max_keys` keys, plus 16
 //!   bytes of ring per distinct admission time still in the key's window
 //!   (at most `L`; a cost-`n` admission is one run). A new key allocates
 //!   nothing until it is admitted, and then one small block; a reclaimed
@@ -30,7 +39,10 @@
 //!   either frees a key or could not have (a refund lowers that time). Then
 //!   `WhenFull` applies: `RejectNew` says when the shard's first key goes
 //!   idle; `EvictLeastRecent` evicts, among a sample of 32 keys, the one
-//!   whose newest admission is oldest (the least time to idle).
+//!   whose newest admission is oldest (the least time to idle), from the
+//!   key's shard, or from another when its own holds no key (taken with
+//!   `try_lock` while the own shard is held: never two shard locks waited
+//!   for, so no lock order to keep).
 //! - Quota changes take every shard lock first, then run the `ParamCell`
 //!   change (odd version, rescale every ring, publish): no check holds a
 //!   shard lock while the version is odd, so none can wait on it.
@@ -46,7 +58,7 @@ use crate::decision::{Decision, Tracking};
 use crate::error::{ConfigError, InsufficientCapacity};
 use crate::limiter::DefaultClock;
 use crate::quota::Window;
-use crate::sync::{lock, Mutex};
+use crate::sync::{lock, try_lock, AtomicU64, Mutex, Ordering};
 use crate::word::ParamCell;
 use crossbeam_utils::CachePadded;
 use std::fmt;
@@ -55,6 +67,10 @@ use std::marker::PhantomData;
 
 /// How many keys `EvictLeastRecent` compares to pick a victim.
 const EVICT_SAMPLE: usize = 32;
+/// Other shards an insert into a full table looks at, for idle keys and
+/// (when its own shard holds none) a key to evict: a window that moves on
+/// with each such insert, so that retries reach every shard.
+const ELSEWHERE: usize = 8;
 
 /// A keyed exact sliding-window log: for every key, never more than
 /// `limit` admissions in any rolling window of `length`. Bounded by
@@ -90,6 +106,12 @@ pub struct KeyedSlidingWindowLog<K, C: Clock = DefaultClock> {
     hasher: ahash::RandomState,
     policy: WhenFull,
     max_keys: usize,
+    /// Keys tracked across the shards; at most `max_keys`. Changed only
+    /// under the changing shard's lock (an insert reserves its unit first).
+    count: AtomicU64,
+    /// Where the next insert into a full table starts looking at other
+    /// shards (`elsewhere`).
+    cursor: AtomicU64,
     /// Serializes quota changes; holds the window they were built from.
     config: Mutex<Window>,
     _key: PhantomData<fn(&K)>,
@@ -102,7 +124,6 @@ table_methods!([K, C: Clock] KeyedSlidingWindowLog<K, C>);
 
 struct Shard {
     rings: hashbrown::HashMap<u64, LogRing, Fingerprint>,
-    cap: usize,
     /// No key can be idle before this time (the earliest expiry the last
     /// sweep saw, lowered by refunds and inserts): a full shard does not
     /// sweep again until then.
@@ -185,10 +206,12 @@ impl<K, C: Clock> KeyedBuilder<K, SlidingLog, C> {
         let (base, extra) = (max_keys / shards, max_keys % shards);
         let shards: Box<[_]> = (0..shards)
             .map(|i| {
-                let cap = base + usize::from(i < extra);
+                let share = base + usize::from(i < extra);
+                // The share and four standard deviations of a random split
+                // (about its square root), never more than `max_keys`.
+                let room = (share + 4 * (share as f64).sqrt() as usize + 8).min(max_keys);
                 CachePadded::new(Mutex::new(Shard {
-                    rings: hashbrown::HashMap::with_capacity_and_hasher(cap, Fingerprint),
-                    cap,
+                    rings: hashbrown::HashMap::with_capacity_and_hasher(room, Fingerprint),
                     next_idle_at: 0,
                     idle_exact: false,
                 }))
@@ -203,6 +226,8 @@ impl<K, C: Clock> KeyedBuilder<K, SlidingLog, C> {
             hasher,
             policy: self.table.when_full,
             max_keys,
+            count: AtomicU64::new(0),
+            cursor: AtomicU64::new(0),
             config: Mutex::new(self.config),
             _key: PhantomData,
         })
@@ -306,19 +331,27 @@ impl<K, C: Clock> KeyedSlidingWindowLog<K, C> {
         if n == 0 || !d.is_allowed() {
             return Ok(d);
         }
+        let own = (fp & self.shard_mask) as usize;
         if !consume {
-            // A peek: what the check would do, full-shard policy included.
-            return Ok(match self.room(&shard, &params, now) {
+            // A peek: what the check would do, full-table policy included.
+            return Ok(match self.room(&shard, own, &params, now) {
                 Some(tracking) => d.with_tracking(tracking),
                 None => self.when_no_room(&mut shard, &params, now, d),
             });
         }
-        let (ring, tracking) = match self.make_room(&mut shard, &params, now) {
+        let (ring, tracking) = match self.make_room(&mut shard, own, &params, now) {
             Some(room) => room,
             None => return Ok(self.when_no_room(&mut shard, &params, now, d)),
         };
         let ring = ring.unwrap_or(fresh);
-        let d = SlidingLog::check(&ring, &self.params, now, n, true)?;
+        let d = match SlidingLog::check(&ring, &self.params, now, n, true) {
+            Ok(d) => d,
+            Err(e) => {
+                // The unit made room for a key that is not inserted.
+                self.release(1);
+                return Err(e);
+            }
+        };
         shard.lower_next_idle(expiry(&ring, params.length));
         shard.rings.insert(fp, ring);
         Ok(d.with_tracking(tracking))
@@ -336,14 +369,49 @@ impl<K, C: Clock> KeyedSlidingWindowLog<K, C> {
         if self.policy == WhenFull::AdmitUntracked {
             return fresh.with_tracking(Tracking::Untracked);
         }
-        let wait = shard.soonest_idle(params.length).saturating_sub(now).max(1);
+        // When the shard's first key goes idle (a retry reclaims it); a
+        // shard with no key: within a window, when every key held now has
+        // gone idle at the latest.
+        let idle_at = if shard.rings.is_empty() {
+            now.saturating_add(params.length)
+        } else {
+            shard.soonest_idle(params.length)
+        };
+        let wait = idle_at.saturating_sub(now).max(1);
         Decision::deny(fresh.limit(), 0, wait, wait).with_tracking(Tracking::Rejected)
     }
 
-    /// What `make_room` would do, read only: `Some(Tracked)` if the shard
-    /// has room or an idle key, `Some(EvictedOther)` if a key would be
-    /// evicted, `None` if there is no room.
-    fn room(&self, shard: &Shard, params: &SlidingLog, now: u64) -> Option<Tracking> {
+    /// Reserves a unit of `max_keys` for a new key; `false` when full.
+    fn reserve(&self) -> bool {
+        // Relaxed: the count only bounds how many keys exist; each key is
+        // published by its shard's lock, which every reader takes.
+        self.count
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| {
+                (c < self.max_keys as u64).then_some(c + 1)
+            })
+            .is_ok()
+    }
+
+    /// Gives back the units of `k` keys removed.
+    fn release(&self, k: usize) {
+        if k > 0 {
+            // Relaxed: as `reserve`.
+            self.count.fetch_sub(k as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// The other shards an insert into shard `own` looks at, from `start`
+    /// (the cursor): at most `ELSEWHERE`, never `own`.
+    fn elsewhere(&self, own: usize, start: u64) -> impl Iterator<Item = usize> {
+        let n = self.shards.len();
+        let others = n - 1;
+        (0..ELSEWHERE.min(others)).map(move |i| (own + 1 + (start as usize + i) % others) % n)
+    }
+
+    /// What `make_room` would do, read only: `Some(Tracked)` if the table
+    /// has room or a shard it looks at an idle key, `Some(EvictedOther)`
+    /// if a key would be evicted, `None` if there is no room.
+    fn room(&self, shard: &Shard, own: usize, params: &SlidingLog, now: u64) -> Option<Tracking> {
         let idle = |shard: &Shard| {
             now >= shard.next_idle_at
                 && shard
@@ -351,66 +419,114 @@ impl<K, C: Clock> KeyedSlidingWindowLog<K, C> {
                     .values()
                     .any(|r| SlidingLog::is_idle(r, params, now))
         };
-        if shard.rings.len() < shard.cap || idle(shard) {
-            Some(Tracking::Tracked)
-        } else if self.policy == WhenFull::EvictLeastRecent && !shard.rings.is_empty() {
-            Some(Tracking::EvictedOther)
-        } else {
-            None
+        // Relaxed: as `reserve`.
+        if self.count.load(Ordering::Relaxed) < self.max_keys as u64 || idle(shard) {
+            return Some(Tracking::Tracked);
         }
+        // Relaxed: the cursor only spreads the search; it publishes nothing.
+        let start = self.cursor.load(Ordering::Relaxed);
+        let others = || {
+            self.elsewhere(own, start)
+                .filter_map(|j| try_lock(&self.shards[j]))
+        };
+        if others().any(|other| idle(&other)) {
+            return Some(Tracking::Tracked);
+        }
+        let evicts = self.policy == WhenFull::EvictLeastRecent
+            && (!shard.rings.is_empty() || others().any(|other| !other.rings.is_empty()));
+        evicts.then_some(Tracking::EvictedOther)
     }
 
-    /// Room for one more key in a full shard, if the policy allows: a ring
-    /// to reuse (cleared) if one was freed, and how the room was made.
-    /// `None`: no room (the policy says reject or admit untracked).
+    /// Room for one more key, if the policy allows: a ring to reuse
+    /// (cleared) if one was freed, and how the room was made. In order: a
+    /// unit of `max_keys`; the key's shard's idle keys; other shards' idle
+    /// keys; then, under `EvictLeastRecent`, a key of its shard, or of
+    /// another when its shard holds none. `None`: no room (the policy says
+    /// reject or admit untracked).
     fn make_room(
         &self,
         shard: &mut Shard,
+        own: usize,
         params: &SlidingLog,
         now: u64,
     ) -> Option<(Option<LogRing>, Tracking)> {
-        if shard.rings.len() < shard.cap {
+        if self.reserve() {
             return Some((None, Tracking::Tracked));
         }
-        // Full: reclaim idle keys, unless none can be idle yet.
-        if now >= shard.next_idle_at {
-            let mut next_idle_at = u64::MAX;
-            let mut reused = None;
-            shard.rings.retain(|_, ring| {
-                if SlidingLog::is_idle(ring, params, now) {
-                    if reused.is_none() {
-                        reused = Some(std::mem::replace(ring, LogRing::new()));
-                    }
-                    false
-                } else {
-                    next_idle_at = next_idle_at.min(expiry(ring, params.length));
-                    true
+        // Full: reclaim idle keys, unless none can be idle yet. One ring is
+        // the new key's, with its unit.
+        if let (removed, Some(ring)) = reclaim_idle(shard, params, now) {
+            self.release(removed - 1);
+            return Some((Some(ring), Tracking::Tracked));
+        }
+        // Relaxed: as in `room`.
+        let start = self.cursor.fetch_add(1, Ordering::Relaxed);
+        for j in self.elsewhere(own, start) {
+            if let Some(mut other) = try_lock(&self.shards[j]) {
+                let (removed, _) = reclaim_idle(&mut other, params, now);
+                self.release(removed);
+                if removed > 0 && self.reserve() {
+                    return Some((None, Tracking::Tracked));
                 }
-            });
-            // Exact: the earliest expiry of the keys left. The key about to
-            // be inserted lowers it if it must (`lower_next_idle`).
-            shard.next_idle_at = next_idle_at;
-            shard.idle_exact = true;
-            if let Some(ring) = reused {
-                SlidingLog::reset(&ring);
-                return Some((Some(ring), Tracking::Tracked));
             }
         }
         if self.policy != WhenFull::EvictLeastRecent {
             return None;
         }
-        // The sampled key whose newest admission is oldest.
-        let victim = shard
-            .rings
-            .iter()
-            .take(EVICT_SAMPLE)
-            .min_by_key(|(_, r)| r.newest())
-            .map(|(&fp, _)| fp)?;
-        let ring = shard.rings.remove(&victim)?;
-        shard.idle_exact = false;
-        SlidingLog::reset(&ring);
-        Some((Some(ring), Tracking::EvictedOther))
+        // An evicted key's unit passes to the new key.
+        if let Some(ring) = evict(shard) {
+            return Some((Some(ring), Tracking::EvictedOther));
+        }
+        self.elsewhere(own, start).find_map(|j| {
+            let ring = evict(&mut *try_lock(&self.shards[j])?)?;
+            Some((Some(ring), Tracking::EvictedOther))
+        })
     }
+}
+
+/// Removes `shard`'s idle keys, unless none can be idle yet: how many, and
+/// one of their rings, cleared, to reuse.
+fn reclaim_idle(shard: &mut Shard, params: &SlidingLog, now: u64) -> (usize, Option<LogRing>) {
+    if now < shard.next_idle_at {
+        return (0, None);
+    }
+    let before = shard.rings.len();
+    let mut next_idle_at = u64::MAX;
+    let mut reused = None;
+    shard.rings.retain(|_, ring| {
+        if SlidingLog::is_idle(ring, params, now) {
+            if reused.is_none() {
+                reused = Some(std::mem::replace(ring, LogRing::new()));
+            }
+            false
+        } else {
+            next_idle_at = next_idle_at.min(expiry(ring, params.length));
+            true
+        }
+    });
+    // Exact: the earliest expiry of the keys left. A key inserted next
+    // lowers it if it must (`lower_next_idle`).
+    shard.next_idle_at = next_idle_at;
+    shard.idle_exact = true;
+    if let Some(ring) = &reused {
+        SlidingLog::reset(ring);
+    }
+    (before - shard.rings.len(), reused)
+}
+
+/// Removes the sampled key of `shard` whose newest admission is oldest:
+/// its ring, cleared, to reuse; `None` if the shard holds no key.
+fn evict(shard: &mut Shard) -> Option<LogRing> {
+    let victim = shard
+        .rings
+        .iter()
+        .take(EVICT_SAMPLE)
+        .min_by_key(|(_, r)| r.newest())
+        .map(|(&fp, _)| fp)?;
+    let ring = shard.rings.remove(&victim)?;
+    shard.idle_exact = false;
+    SlidingLog::reset(&ring);
+    Some(ring)
 }
 
 impl<K, C: Clock> fmt::Debug for KeyedSlidingWindowLog<K, C> {
@@ -470,13 +586,18 @@ impl<K, C: Clock> KeyedRefund for KeyedSlidingWindowLog<K, C> {
         let mut shard = lock(self.shard(fp));
         if shard.rings.remove(&fp).is_some() {
             shard.idle_exact = false;
+            self.release(1);
         }
     }
 }
 
 impl<K, C: Clock> KeyedTable for KeyedSlidingWindowLog<K, C> {
     fn table_len(&self) -> usize {
-        self.shards.iter().map(|s| lock(s).rings.len()).sum()
+        // The count, not a sum over the shards: a key evicted from one
+        // shard for a key of another would be counted twice by a sum that
+        // read the first shard before the eviction and the second after.
+        // Relaxed: as `reserve`.
+        self.count.load(Ordering::Relaxed) as usize
     }
 
     fn table_max_keys(&self) -> usize {
@@ -499,7 +620,9 @@ impl<K, C: Clock> KeyedTable for KeyedSlidingWindowLog<K, C> {
                     .rings
                     .retain(|_, ring| !SlidingLog::is_idle(ring, &params, now));
                 shard.idle_exact = false;
-                before - shard.rings.len()
+                let removed = before - shard.rings.len();
+                self.release(removed);
+                removed
             })
             .sum()
     }
