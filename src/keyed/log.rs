@@ -627,3 +627,42 @@ impl<K, C: Clock> KeyedTable for KeyedSlidingWindowLog<K, C> {
             .sum()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+
+    /// The shards an insert into a full log looks at besides its own: never
+    /// its own, all distinct, `ELSEWHERE` of them (or every other shard,
+    /// when there are fewer), and over as many inserts as there are other
+    /// shards, every other shard.
+    #[test]
+    fn the_window_of_other_shards_moves_over_all_of_them() {
+        for shards in [1usize, 2, 4, 16, 64] {
+            let log = KeyedSlidingWindowLog::<u64, _>::builder(Window::per_second(1))
+                .max_keys(shards * 4)
+                .shards(shards)
+                .clock(ManualClock::new())
+                .build()
+                .unwrap();
+            for own in [0, shards / 2, shards - 1] {
+                let mut seen = vec![false; shards];
+                for start in 0..shards as u64 {
+                    let window: Vec<usize> = log.elsewhere(own, start).collect();
+                    assert_eq!(window.len(), ELSEWHERE.min(shards - 1), "{shards} shards");
+                    let mut distinct = window.clone();
+                    distinct.sort_unstable();
+                    distinct.dedup();
+                    assert_eq!(distinct.len(), window.len(), "{window:?}");
+                    for j in window {
+                        assert!(j < shards && j != own, "{j} from {own} of {shards}");
+                        seen[j] = true;
+                    }
+                }
+                let reached = seen.iter().filter(|&&s| s).count();
+                assert_eq!(reached, shards - 1, "from {own} of {shards}");
+            }
+        }
+    }
+}
