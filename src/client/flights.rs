@@ -94,6 +94,17 @@ fn settle(settled: &mut Option<u64>, slack: u64) {
 }
 
 impl Flights {
+    /// Changes every slack, the waiting cuts' and the settled one, alike
+    /// (units taken raise them all; units given back lower them all).
+    fn each_slack(&mut self, change: impl Fn(u64) -> u64) {
+        for cut in &mut self.cuts {
+            cut.slack = change(cut.slack);
+        }
+        if let Some(s) = self.settled.as_mut() {
+            *s = change(*s);
+        }
+    }
+
     /// Marks one request sent at `now`: its ticket.
     pub(crate) fn open(&mut self, now: u64) -> u64 {
         let ticket = self.next;
@@ -165,12 +176,8 @@ impl Flights {
         let give = room.map_or(0, |room| room.min(self.owed));
         if give > 0 {
             self.owed -= give;
-            for cut in &mut self.cuts {
-                cut.slack -= give;
-            }
-            if let Some(s) = self.settled.as_mut() {
-                *s -= give;
-            }
+            // No slack is below `room`, so none goes below zero.
+            self.each_slack(|s| s - give);
         }
         give
     }
@@ -188,12 +195,7 @@ impl Flights {
     ) {
         if taken > 0 {
             self.owed = self.owed.saturating_add(taken);
-            for cut in &mut self.cuts {
-                cut.slack = cut.slack.saturating_add(taken);
-            }
-            if let Some(s) = self.settled.as_mut() {
-                *s = s.saturating_add(taken);
-            }
+            self.each_slack(|s| s.saturating_add(taken));
         }
         if self.owed == 0 {
             self.cuts.clear();
