@@ -303,8 +303,13 @@ impl<K, C: Clock> KeyedSlidingWindowLog<K, C> {
         self.hasher.hash_one(key)
     }
 
+    /// The index of the shard of the key with fingerprint `fp`.
+    fn shard_of(&self, fp: u64) -> usize {
+        (fp & self.shard_mask) as usize
+    }
+
     fn shard(&self, fp: u64) -> &Mutex<Shard> {
-        &self.shards[(fp & self.shard_mask) as usize]
+        &self.shards[self.shard_of(fp)]
     }
 
     fn run<Q: Hash + ?Sized>(
@@ -331,7 +336,7 @@ impl<K, C: Clock> KeyedSlidingWindowLog<K, C> {
         if n == 0 || !d.is_allowed() {
             return Ok(d);
         }
-        let own = (fp & self.shard_mask) as usize;
+        let own = self.shard_of(fp);
         if !consume {
             // A peek: what the check would do, full-table policy included.
             return Ok(match self.room(&shard, own, &params, now) {
@@ -425,16 +430,19 @@ impl<K, C: Clock> KeyedSlidingWindowLog<K, C> {
         }
         // Relaxed: the cursor only spreads the search; it publishes nothing.
         let start = self.cursor.load(Ordering::Relaxed);
-        let others = || {
-            self.elsewhere(own, start)
-                .filter_map(|j| try_lock(&self.shards[j]))
-        };
-        if others().any(|other| idle(&other)) {
-            return Some(Tracking::Tracked);
+        // One pass over the other shards: an idle key anywhere comes first;
+        // else a key to evict, in the own shard or in one of them.
+        let mut some_key = !shard.rings.is_empty();
+        for other in self
+            .elsewhere(own, start)
+            .filter_map(|j| try_lock(&self.shards[j]))
+        {
+            if idle(&other) {
+                return Some(Tracking::Tracked);
+            }
+            some_key |= !other.rings.is_empty();
         }
-        let evicts = self.policy == WhenFull::EvictLeastRecent
-            && (!shard.rings.is_empty() || others().any(|other| !other.rings.is_empty()));
-        evicts.then_some(Tracking::EvictedOther)
+        (self.policy == WhenFull::EvictLeastRecent && some_key).then_some(Tracking::EvictedOther)
     }
 
     /// Room for one more key, if the policy allows: a ring to reuse
