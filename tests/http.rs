@@ -799,6 +799,81 @@ async fn header_generations_and_hidden_rules() {
     assert_eq!(got.headers["x-ratelimit-reset"], got.headers["retry-after"]);
 }
 
+/// The decisions extension reaches the handler whether or not the layer
+/// writes rate headers: with them off, an admitted request has nothing to
+/// do after its response, and takes the response future's plain path.
+#[tokio::test]
+async fn the_decisions_extension_reaches_the_handler_with_or_without_rate_headers() {
+    let rule = || Rule::per_ip("ip", Policy::fixed_window(Window::per_minute(10)));
+    for headers in [Headers::None, Headers::default()] {
+        let clock = ManualClock::new();
+        let layer = builder(&clock)
+            .headers(headers)
+            .decisions_extension(true)
+            .rule(rule())
+            .build()
+            .unwrap();
+        let got = send(&make_app(layer), "GET", "/info", "192.0.2.1", &[]).await;
+        assert_eq!(&got.body[..], b"ip=9", "{headers:?}");
+        // Off: the handler sees none.
+        let layer = builder(&clock)
+            .headers(headers)
+            .rule(rule())
+            .build()
+            .unwrap();
+        let got = send(&make_app(layer), "GET", "/info", "192.0.2.1", &[]).await;
+        assert_eq!(&got.body[..], b"none", "{headers:?}");
+    }
+}
+
+/// A response future says which path it is on: the inner service's
+/// (with or without anything to do after the response) or a refusal's.
+#[tokio::test]
+async fn a_response_future_names_its_path() {
+    use tower::{Layer, Service};
+    let clock = ManualClock::new();
+    let inner = tower::service_fn(|_: Request<Body>| async {
+        Ok::<_, std::convert::Infallible>(http::Response::new(Body::empty()))
+    });
+    for headers in [Headers::None, Headers::default()] {
+        let layer = builder(&clock)
+            .headers(headers)
+            .rule(Rule::per_ip(
+                "ip",
+                Policy::fixed_window(Window::per_minute(1)),
+            ))
+            .build()
+            .unwrap();
+        let mut svc = layer.layer(inner);
+        let request = || {
+            let mut req = Request::get("/").body(Body::empty()).unwrap();
+            req.extensions_mut()
+                .insert(axum::extract::ConnectInfo(SocketAddr::from((
+                    [192, 0, 2, 1],
+                    1,
+                ))));
+            req
+        };
+        let admitted = svc.call(request());
+        assert_eq!(
+            format!("{admitted:?}"),
+            "ResponseFuture::Inner",
+            "{headers:?}"
+        );
+        assert_eq!(admitted.await.unwrap().status(), StatusCode::OK);
+        let refused = svc.call(request());
+        assert_eq!(
+            format!("{refused:?}"),
+            "ResponseFuture::Ready",
+            "{headers:?}"
+        );
+        assert_eq!(
+            refused.await.unwrap().status(),
+            StatusCode::TOO_MANY_REQUESTS
+        );
+    }
+}
+
 #[tokio::test]
 async fn custom_responder_grpc_and_the_decisions_extension() {
     let clock = ManualClock::new();
