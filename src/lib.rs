@@ -33,7 +33,7 @@
 //!
 //! See `docs/design.md` for the bit layouts, the CAS protocol and the
 //! memory orderings.
-#![cfg_attr(not(ratewall_loom), forbid(unsafe_code))]
+#![cfg_attr(not(ratewall_loom), deny(unsafe_code))]
 #![warn(
     missing_docs,
     missing_debug_implementations,

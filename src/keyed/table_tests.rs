@@ -608,3 +608,30 @@ fn only_tables_of_at_least_2_mib_of_slots_load_ahead() {
     assert!(at(lo).prefetches() && !at(lo - 1).prefetches(), "{lo}");
     assert!((170_000..180_000).contains(&lo), "{lo}");
 }
+
+/// A load ahead (`touch`, the prefetch under it) is a hint: it changes no
+/// slot and no answer, on a tracked key's slot, an empty one, any shard.
+/// Under miri (`.ci/miri.sh` runs the unit tests), this is the test of the
+/// crate's one `unsafe` block.
+#[test]
+fn a_touch_changes_no_slot() {
+    let t = Table::new(8, 2, Plain, 0);
+    let (a, b) = (hash_at(&t, 0, 1, 0), hash_at(&t, 1, 2, 0));
+    assert!(matches!(put(&t, a, 5, Full::Reject), Inserted::New { .. }));
+    let words = |t: &Table<Plain>| -> Vec<u64> {
+        t.shards
+            .iter()
+            .flat_map(|s| s.slots.iter().map(|w| w.load(Ordering::Relaxed)))
+            .collect()
+    };
+    let before = words(&t);
+    for h in [a, b, 0, u64::MAX] {
+        t.touch(h);
+    }
+    assert_eq!(words(&t), before);
+    assert_eq!(state(&t, a), Some(5));
+    assert_eq!(state(&t, b), None);
+    let slot = AtomicU64::new(7);
+    ahead::prefetch(&slot);
+    assert_eq!(slot.load(Ordering::Relaxed), 7);
+}
