@@ -210,7 +210,6 @@ impl<C: Clock + 'static> Shared<C> {
                 map: Some(&rate_map),
                 unit_costs: false,
                 keep: true,
-                prefetch: self.prefetch,
             },
             rates: rate_map.len(),
             conc: &conc_map,

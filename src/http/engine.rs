@@ -80,7 +80,7 @@ pub(super) struct Shared<C: Clock> {
     /// Every rule costs a constant of at most one unit.
     pub(super) unit_costs: bool,
     /// Some local rule's table outgrows the caches, so a request loads
-    /// its rules' slots ahead, all at once (`LimitSet::prefetches`).
+    /// each rule's slot ahead as soon as it has the rule's key (`check`).
     pub(super) prefetch: bool,
     /// An admitted request's decisions are read after the check (headers,
     /// the decisions extension, refunds or shadow rules).
@@ -194,9 +194,6 @@ pub(super) struct LocalSet<'a, C: Clock> {
     /// Whether the decisions of an admitted request are kept in the
     /// entries (headers, the extension, refunds and Redis rules read them).
     pub(super) keep: bool,
-    /// Some rule's table outgrows the caches: the check loads every
-    /// entry's slot before the first take (`Shared::prefetch`).
-    pub(super) prefetch: bool,
 }
 
 impl<C: Clock> LocalSet<'_, C> {
@@ -251,15 +248,11 @@ impl<C: Clock> LimitSet<C> for LocalSet<'_, C> {
     fn capacity(&self, i: usize) -> u64 {
         self.limit(i).map_or(u64::MAX, |l| l.capacity())
     }
-    #[inline]
-    fn touch(&self, i: usize) {
-        if let Some(l) = self.limit(i) {
-            l.touch();
-        }
-    }
+    /// No: `Shared::check` loaded each entry's slot ahead already, as
+    /// soon as it had the entry's key.
     #[inline]
     fn prefetches(&self) -> bool {
-        self.prefetch
+        false
     }
     #[inline]
     fn max_cost(&self) -> u64 {
@@ -288,6 +281,16 @@ impl<C: Clock> LimitSet<C> for LocalSet<'_, C> {
             Some(m) => usize::from(m[i]),
         };
         self.entries[at].decision = d;
+    }
+}
+
+/// Starts loading `key`'s slot in a local rule's table (`Shared::check`,
+/// when some table outgrows the caches). Out of line: the rule loop of a
+/// layer whose tables stay in the caches keeps its registers.
+#[inline(never)]
+fn load_ahead<C: Clock>(local: Option<&KeyedPolicyLimiter<u128, C>>, key: u128) {
+    if let Some(l) = local {
+        l.prefetch_key(&key);
     }
 }
 
@@ -351,6 +354,7 @@ impl<C: Clock + 'static> Shared<C> {
             client,
         };
         let mut entries = Entries::new();
+        let prefetch = self.prefetch;
         #[cfg(feature = "redis")]
         let mut remote_keys: Vec<(usize, Vec<u8>)> = Vec::new();
         for (i, r) in self.rules.iter().enumerate() {
@@ -388,6 +392,13 @@ impl<C: Clock + 'static> Shared<C> {
             };
             #[cfg(not(feature = "redis"))]
             let key = key.into_local();
+            // A table larger than the caches: start loading the key's slot
+            // now, so that its miss overlaps the next rules' keys, the clock
+            // read and the set-up of the check, not only the other rules'
+            // misses (the check itself loads nothing ahead).
+            if prefetch {
+                load_ahead(r.local(), key);
+            }
             entries.push(Entry {
                 // Fits: `build` caps the rule count at u16::MAX.
                 rule: i as u16,
@@ -538,7 +549,6 @@ impl<C: Clock + 'static> Shared<C> {
             unit_costs: self.unit_costs,
             // With metrics, an admitted request's decisions are read too.
             keep: keep || cfg!(feature = "metrics"),
-            prefetch: self.prefetch,
         };
         let allowed = match check_set(&mut set) {
             Ok(allowed) => allowed,
