@@ -533,6 +533,34 @@ fn ops(case: &str, n: u64) -> Result<(), String> {
                     .is_ok()
             })
         }
+        // 16 keys of a 1M-key table (tables for N, every key inserted
+        // first) a call: `check_keys` on the 16 against 16 `check_key`
+        // calls; an op is the 16 (divide by 16 for a check). The table
+        // loads its slots ahead (12 MB of slots).
+        "rw-batch16-1m" | "rw-one16-1m" => {
+            const KEYS: usize = 1_000_000;
+            let l = KeyedTokenBucket::<u64>::builder(gov_keyed_rate())
+                .max_keys(KEYS)
+                .seed(0x5eed)
+                .build()
+                .unwrap();
+            for i in 0..KEYS as u64 {
+                let _ = l.check_key(&u64_key(i));
+            }
+            let seq = key_sequence(KEYS, SEQ_LEN, Dist::Uniform, 1);
+            let batch = case == "rw-batch16-1m";
+            run(n, |i| {
+                let at = i as usize * 16;
+                let keys: [u64; 16] =
+                    std::array::from_fn(|j| u64_key(seq[(at + j) & (SEQ_LEN - 1)]));
+                let admitted = if batch {
+                    l.check_keys(&keys).filter(|d| d.is_allowed()).count()
+                } else {
+                    keys.iter().filter(|k| l.check_key(*k).is_allowed()).count()
+                };
+                admitted == 16
+            })
+        }
         "rw-multi3-allow" | "rw-multi3-deny" => {
             // `check_all` of 3 as in `benches/keyed.rs`'s multi-limit group:
             // per-IP keyed, per-user keyed, one global limiter. Denied: the
