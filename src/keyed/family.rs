@@ -64,7 +64,14 @@ pub trait KeyedCore {
         self.key_touch(key);
         0
     }
-    /// A unit check of `key` at `now` (a reading of this limiter's clock),
+    /// The reading a batch's checks share ([`check_prepared`](Self::check_prepared)'s
+    /// `now`): [`key_now`](Self::key_now), or what a check would make of
+    /// it first (a table clamps it once for the batch, not once a key).
+    #[inline]
+    fn key_batch_now(&self) -> u64 {
+        self.key_now()
+    }
+    /// A unit check of `key` at `now` (from [`key_batch_now`](Self::key_batch_now)),
     /// given what `key_prepare` returned for it: `check_key_with`.
     #[inline]
     fn check_prepared<Q: Hash + ?Sized>(&self, key: &Q, prepared: u64, now: u64) -> Decision {
@@ -276,9 +283,9 @@ where
             if self.len == 0 {
                 return None;
             }
-            self.now = self.limiter.key_now();
+            self.now = self.limiter.key_batch_now();
         }
-        let (key, prepared) = self.group[self.next].take()?;
+        let (key, prepared) = self.group[self.next]?;
         self.next += 1;
         Some(self.limiter.check_prepared(key, prepared, self.now))
     }

@@ -412,9 +412,17 @@ impl<K, A: KeyedAlgorithm, C: Clock> KeyedCore for KeyedLimiter<K, A, C> {
     }
 
     #[inline]
+    fn key_batch_now(&self) -> u64 {
+        // What every check does to its reading (and the wrap sweep, if due),
+        // done once for the batch: `clamp` is idempotent.
+        self.clamp(self.time.now())
+    }
+
+    #[inline]
     fn check_prepared<Q: Hash + ?Sized>(&self, _: &Q, h: u64, now: u64) -> Decision {
-        // `h` is the key's hash (`key_prepare`).
-        self.check_hashed(h, self.clamp(now))
+        // `h` is the key's hash (`key_prepare`), `now` clamped
+        // (`key_batch_now`).
+        self.check_hashed(h, now)
     }
 
     fn key_capacity<Q: Hash + ?Sized>(&self, key: &Q) -> u64 {

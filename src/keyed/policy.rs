@@ -323,6 +323,11 @@ impl<K, C: Clock> KeyedCore for KeyedPolicyLimiter<K, C> {
         dispatch!(&self.inner, l => l.key_now())
     }
 
+    #[inline]
+    fn key_batch_now(&self) -> u64 {
+        dispatch!(&self.inner, l => l.key_batch_now())
+    }
+
     fn key_clock(&self) -> &C {
         dispatch!(&self.inner, l => l.key_clock())
     }
