@@ -33,6 +33,8 @@
 //!
 //! See `docs/design.md` for the bit layouts, the CAS protocol and the
 //! memory orderings.
+// `deny`, not `forbid`: one function allows it, the x86-64 prefetch under a
+// keyed slot's load ahead (`keyed/table_ahead.rs`, run under miri).
 #![cfg_attr(not(ratewall_loom), deny(unsafe_code))]
 #![warn(
     missing_docs,

@@ -13,7 +13,9 @@
 //! prefetch retires at once. Measured on the HTTP layer with three rules
 //! and 1M clients, each rule's slot loaded ahead as soon as its key is
 //! known: 658 ns a request with loads, 530 with prefetches, against 568
-//! with loads issued together just before the check (docs/benchmarks.md).
+//! with loads issued together just before the check (medians of four
+//! alternating rounds, the request's making included; docs/benchmarks.md,
+//! "The final build").
 
 use super::Table;
 #[cfg(not(ratewall_loom))]
