@@ -505,18 +505,7 @@ fn ops(case: &str, n: u64) -> Result<(), String> {
             })
         }
         "rw-keyed-100k" => {
-            // A fixed seed: with a random one the table's layout (and so the
-            // probe lengths) changes from run to run, and the count by up to
-            // 5 instructions per check.
-            let l = KeyedTokenBucket::<u64>::builder(gov_keyed_rate())
-                .max_keys(SPREAD_KEYS)
-                .seed(0x5eed)
-                .build()
-                .unwrap();
-            for i in 0..SPREAD_KEYS as u64 {
-                let _ = l.check_key(&u64_key(i));
-            }
-            let seq = key_sequence(SPREAD_KEYS, SEQ_LEN, Dist::Uniform, 1);
+            let (l, seq) = filled_table(SPREAD_KEYS);
             run(n, |i| {
                 l.check_key(&u64_key(seq[i as usize & (SEQ_LEN - 1)]))
                     .is_allowed()
@@ -538,14 +527,14 @@ fn ops(case: &str, n: u64) -> Result<(), String> {
         // calls; an op is the 16 (divide by 16 for a check). The table
         // loads its slots ahead (12 MB of slots).
         "rw-batch16-1m" => {
-            let (l, seq) = table_1m();
+            let (l, seq) = filled_table(1_000_000);
             run(n, |i| {
                 let keys = keys16(&seq, i);
                 l.check_keys(&keys).filter(|d| d.is_allowed()).count() == 16
             })
         }
         "rw-one16-1m" => {
-            let (l, seq) = table_1m();
+            let (l, seq) = filled_table(1_000_000);
             run(n, |i| {
                 let keys = keys16(&seq, i);
                 keys.iter().filter(|k| l.check_key(*k).is_allowed()).count() == 16
@@ -876,20 +865,22 @@ fn main() {
     write(&o.md, t);
 }
 
-/// The `rw-batch16-1m` and `rw-one16-1m` table: 1M keys, every one inserted
-/// first, in a table built for them (12 MB of slots, so its checks load
-/// ahead), with a uniform key sequence over them.
-fn table_1m() -> (KeyedTokenBucket<u64>, Vec<u64>) {
-    const KEYS: usize = 1_000_000;
+/// A keyed token bucket built for `keys` keys, every one inserted first,
+/// with a uniform sequence over them: `rw-keyed-100k`'s table, and the
+/// 1M-key one of `rw-batch16-1m` and `rw-one16-1m` (12 MB of slots, so its
+/// checks load ahead). A fixed seed: with a random one the table's layout
+/// (and so the probe lengths) changes from run to run, and the count by up
+/// to 5 instructions per check.
+fn filled_table(keys: usize) -> (KeyedTokenBucket<u64>, Vec<u64>) {
     let l = KeyedTokenBucket::<u64>::builder(gov_keyed_rate())
-        .max_keys(KEYS)
+        .max_keys(keys)
         .seed(0x5eed)
         .build()
         .unwrap();
-    for i in 0..KEYS as u64 {
+    for i in 0..keys as u64 {
         let _ = l.check_key(&u64_key(i));
     }
-    (l, key_sequence(KEYS, SEQ_LEN, Dist::Uniform, 1))
+    (l, key_sequence(keys, SEQ_LEN, Dist::Uniform, 1))
 }
 
 /// Op `i`'s 16 keys of `seq` (an op of the two cases above is 16 checks:
